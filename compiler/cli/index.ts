@@ -1,0 +1,64 @@
+// The CLI as a library call: run(argv) → exit code. The `lfc` binary only forwards to it, and
+// tests call it in-process. User errors print one line and return 2; internal errors print the
+// stack and return 1.
+
+import { Command, CommanderError } from 'commander';
+import { UserError } from '../errors.js';
+import { addInspectCommand } from './inspect.js';
+import { addDemoCommand } from './demo.js';
+
+export interface CliIO {
+  out: (text: string) => void;
+  err: (text: string) => void;
+}
+
+export const processIO: CliIO = {
+  out: (t) => process.stdout.write(t),
+  err: (t) => process.stderr.write(t),
+};
+
+export function makeProgram(io: CliIO): Command {
+  const program = new Command('lfc')
+    .description('lfc: a dataflow-graph compiler for multimodal training steps')
+    .version('0.1.0')
+    .exitOverride()
+    .showSuggestionAfterError(true)
+    .configureOutput({
+      writeOut: io.out,
+      writeErr: io.err,
+      // commander's own usage errors: one line, our prefix
+      outputError: (text, write) => write(`lfc: ${text.replace(/\n(?=.)/g, ' ').trim()}\n`),
+    });
+  addInspectCommand(program, io);
+  addDemoCommand(program, io);
+  for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
+  return program;
+}
+
+export async function run(argv: readonly string[], io: CliIO = processIO): Promise<number> {
+  const program = makeProgram(io);
+  if (argv.length === 0) {
+    io.out(program.helpInformation());
+    return 0;
+  }
+  try {
+    await program.parseAsync([...argv], { from: 'user' });
+    return 0;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      if (
+        e.code === 'commander.helpDisplayed' ||
+        e.code === 'commander.version' ||
+        e.code === 'commander.help'
+      )
+        return 0;
+      return 2; // commander already printed the one-line message
+    }
+    if (e instanceof UserError) {
+      io.err(`lfc: error: ${e.message}\n`);
+      return 2;
+    }
+    io.err(`lfc: internal error: ${(e as Error).stack ?? String(e)}\n`);
+    return 1;
+  }
+}

@@ -1,0 +1,69 @@
+// lfc inspect <model> [overrides…]: parameters, FLOPs and memory by module.
+
+import type { Command } from 'commander';
+import { buildForwardGraph } from '../frontend/build.js';
+import { loadModelConfig, type ModelConfig } from '../frontend/config.js';
+import { formatInspect, inspectModel } from '../inspect.js';
+import { printGraph } from '../../ir/printer.js';
+import { assertValid } from '../../ir/verify.js';
+import { UserError } from '../errors.js';
+import type { CliIO } from './index.js';
+import { imageSize, positiveInt } from './options.js';
+
+interface InspectOptions {
+  modelName?: string;
+  seqLength?: number;
+  imageSize?: [number, number];
+  json?: boolean;
+  printIr?: boolean;
+}
+
+export function defaultImageSize(cfg: ModelConfig): [number, number] {
+  const e = cfg.model.image_encoder;
+  const unit = e.patch_size * e.spatial_merge_size;
+  const side = Math.max(unit, Math.floor(Math.min(e.max_image_size, 448) / unit) * unit);
+  return [side, side];
+}
+
+export function addInspectCommand(program: Command, io: CliIO): void {
+  program
+    .command('inspect')
+    .description(
+      'parameters per module, training FLOPs per text token and per image, weight/grad/optimizer bytes',
+    )
+    .argument('[model]', 'preset name, LoongForge alias or YAML file')
+    .argument('[overrides...]', 'Hydra-style overrides: key=value, +key=value, ~key')
+    .option(
+      '--model-name <name>',
+      'the model, by preset name or LoongForge name (instead of the argument)',
+    )
+    .option(
+      '--seq-length <n>',
+      "tokens per sequence for FLOPs (default: the preset's)",
+      positiveInt('--seq-length'),
+    )
+    .option(
+      '--image-size <HxW>',
+      'image resolution for per-image FLOPs (default: 448x448 or the largest the encoder takes)',
+      imageSize,
+    )
+    .option('--json', 'print the report as JSON')
+    .option('--print-ir', 'print the forward graph of one microbatch in the IR text form')
+    .action((model: string | undefined, overrides: string[], opts: InspectOptions) => {
+      const ref = opts.modelName ?? model;
+      if (!ref)
+        throw new UserError('inspect: name a model (a preset, a LoongForge name or a YAML file)');
+      if (opts.modelName && model) overrides = [model, ...overrides];
+      const cfg = loadModelConfig(ref, overrides);
+      const seqLength = opts.seqLength ?? cfg.training.seq_length;
+      const graph = buildForwardGraph(cfg, { seqLength });
+      assertValid(graph, 'model builder');
+      if (opts.printIr) {
+        io.out(printGraph(graph));
+        return;
+      }
+      const [imageHeight, imageWidth] = opts.imageSize ?? defaultImageSize(cfg);
+      const report = inspectModel(graph, cfg, { seqLength, imageHeight, imageWidth });
+      io.out(opts.json ? JSON.stringify(report, null, 2) + '\n' : formatInspect(report));
+    });
+}

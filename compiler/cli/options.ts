@@ -1,0 +1,22 @@
+// Option parsers shared by the commands: every bad value is a UserError naming the flag.
+
+import { InvalidArgumentError } from 'commander';
+
+export function positiveInt(flag: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!/^\s*\d+\s*$/.test(v) || !Number.isInteger(n) || n < 1) {
+      throw new InvalidArgumentError(`${flag} must be a positive integer, got '${v}'`);
+    }
+    return n;
+  };
+}
+
+export function imageSize(v: string): [number, number] {
+  const m = /^(\d+)(?:x(\d+))?$/.exec(v.trim());
+  if (!m) throw new InvalidArgumentError(`--image-size must be HxW or N pixels, got '${v}'`);
+  const h = Number(m[1]);
+  const w = m[2] ? Number(m[2]) : h;
+  if (h < 1 || w < 1) throw new InvalidArgumentError(`--image-size must be positive, got '${v}'`);
+  return [h, w];
+}

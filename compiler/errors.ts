@@ -1,0 +1,36 @@
+// Errors that are the user's to fix: printed as one line, exit code 2, never a stack trace.
+
+export class UserError extends Error {
+  override readonly name = 'UserError';
+}
+
+/** Levenshtein distance, for "did you mean" suggestions. */
+function distance(a: string, b: string): number {
+  const dp = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = dp[0];
+    dp[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const cur = dp[j];
+      dp[j] = Math.min(dp[j] + 1, dp[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = cur;
+    }
+  }
+  return dp[b.length];
+}
+
+/** The closest candidate, if it is close enough to be a plausible typo. */
+export function nearest(word: string, candidates: Iterable<string>): string | undefined {
+  let best: string | undefined;
+  let bestD = Infinity;
+  for (const c of candidates) {
+    const d = distance(word.toLowerCase(), c.toLowerCase());
+    if (d < bestD) [best, bestD] = [c, d];
+  }
+  return best !== undefined && bestD <= Math.max(2, Math.floor(word.length / 3)) ? best : undefined;
+}
+
+export function didYouMean(word: string, candidates: Iterable<string>): string {
+  const n = nearest(word, candidates);
+  return n ? ` (did you mean '${n}'?)` : '';
+}

@@ -1,0 +1,379 @@
+// The model builder: the forward graph of one microbatch of a vision-language model, from its
+// config. Encoder (`visual.*`), projector (`visual.merger`, deepstack mergers), merge_visual into
+// the text embeddings, decoder layers (`model.layers.*`, dense or MoE), final norm, lm_head and
+// the loss (cross-entropy, plus the MoE auxiliary loss). Symbolic dims:
+//   S   tokens of a microbatch (micro-batch size × sequence length, packed)
+//   Nv  visual tokens of a microbatch; the encoder sees 4·Nv patches (spatial merge 2×2)
+
+import { GraphBuilder, type Graph } from '../../ir/graph.js';
+import { dimDiv, dimMul, formatDim, type Dim } from '../../ir/shape.js';
+import type { Attrs } from '../../ir/types.js';
+import type { DecoderConfig, EncoderConfig, ModelConfig, ProjectorConfig } from './config.js';
+import { UserError } from '../errors.js';
+
+export interface BuildOptions {
+  /** tokens per sequence; default the preset's training.seq_length */
+  seqLength?: number;
+  microBatchSize?: number;
+  /** bound of Nv; default the token count S (every position could be visual) */
+  maxVisualTokens?: number;
+  /** microbatches in the global batch: the auxiliary loss is their mean */
+  numMicrobatches?: number;
+}
+
+const INIT_WEIGHT = 'normal(0.02)';
+const PLACEHOLDER = 1;
+
+export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Graph {
+  const seq = opts.seqLength ?? cfg.training.seq_length;
+  const mbs = opts.microBatchSize ?? 1;
+  for (const [k, v] of [
+    ['seq-length', seq],
+    ['micro-batch-size', mbs],
+    ['max visual tokens', opts.maxVisualTokens ?? 1],
+    ['microbatches', opts.numMicrobatches ?? 1],
+  ] as const) {
+    if (!Number.isInteger(v) || v < 1)
+      throw new UserError(`${k} must be a positive integer, got ${v}`);
+  }
+  const b = new GraphBuilder(cfg.name);
+  const S = b.symbol('S', seq * mbs, 'tokens of a microbatch (packed sequences)');
+  const Nv = b.symbol('Nv', opts.maxVisualTokens ?? seq * mbs, 'visual tokens of a microbatch');
+  const enc = cfg.model.image_encoder;
+  const merge = enc.spatial_merge_size * enc.spatial_merge_size;
+  const Np = dimMul(Nv, merge);
+
+  const visual = buildEncoder(b, enc, Np);
+  const { embeds, deepstack } = buildProjector(
+    b,
+    cfg.model.image_projector,
+    enc,
+    cfg.model.text_decoder,
+    visual,
+  );
+  buildDecoder(b, cfg.model.text_decoder, S, embeds, deepstack, opts.numMicrobatches ?? 1);
+  return b.build();
+}
+
+function norm(
+  b: GraphBuilder,
+  kind: 'layernorm' | 'rmsnorm',
+  x: string,
+  name: string,
+  size: Dim,
+  eps: number,
+  trainable: boolean,
+): string {
+  const w = b.param(`${name}.weight`, [size], { init: 'ones', trainable });
+  if (kind === 'rmsnorm')
+    return b.in(name.split('.').pop()!, () => b.op1('rmsnorm', [x, w], { eps }));
+  const bias = b.param(`${name}.bias`, [size], { init: 'zeros', trainable });
+  return b.in(name.split('.').pop()!, () => b.op1('layernorm', [x, w, bias], { eps }));
+}
+
+function linear(
+  b: GraphBuilder,
+  x: string,
+  name: string,
+  out: number,
+  inp: number,
+  bias: boolean,
+  trainable: boolean,
+): string {
+  const w = b.param(`${name}.weight`, [out, inp], { init: INIT_WEIGHT, trainable });
+  const args = [x, w];
+  if (bias) args.push(b.param(`${name}.bias`, [out], { init: 'zeros', trainable }));
+  return b.in(name.split('.').pop()!, () => b.op1('linear', args));
+}
+
+/** The vision encoder over the patches of a microbatch; returns the hidden states after each block. */
+function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
+  const trainable = !e.freeze;
+  const hv = e.hidden_size;
+  const heads = e.num_attention_heads;
+  const hd = hv / heads;
+  const patchIn = e.in_channels * e.temporal_patch_size * e.patch_size * e.patch_size;
+  const patches = b.input(
+    'patches',
+    'f32',
+    [Np, patchIn],
+    'flattened patches in merge-block order',
+  );
+  const imageSeg = b.input('image_segments', 'i32', [Np], 'image index of each patch');
+  const windowSeg =
+    e.window_size > 0
+      ? b.input('window_segments', 'i32', [Np], 'attention window of each patch')
+      : undefined;
+  const windowPatches = (e.window_size / e.patch_size) ** 2;
+  return b.in('visual', () => {
+    let x = b.in('patch_embed', () => {
+      const w = b.param('visual.patch_embed.proj.weight', [hv, patchIn], {
+        init: INIT_WEIGHT,
+        trainable,
+      });
+      const args = [patches, w];
+      if (e.patch_embed_bias)
+        args.push(b.param('visual.patch_embed.proj.bias', [hv], { init: 'zeros', trainable }));
+      return b.op1('patch_embed', args);
+    });
+    let ropePos: string | undefined;
+    if (e.position_embedding === 'learned_row_col') {
+      const side = e.max_image_size / e.patch_size;
+      const rows = b.input('patch_rows', 'i32', [Np], 'row of each patch in its image');
+      const cols = b.input('patch_cols', 'i32', [Np], 'column of each patch in its image');
+      const tr = b.param('visual.pos_embed_row', [side, hv], { init: INIT_WEIGHT, trainable });
+      const tc = b.param('visual.pos_embed_col', [side, hv], { init: INIT_WEIGHT, trainable });
+      x = b.in('pos_embed', () => {
+        const pr = b.op1('embedding', [rows, tr]);
+        const pc = b.op1('embedding', [cols, tc]);
+        return b.op1('add', [x, b.op1('add', [pr, pc])]);
+      });
+    } else if (e.position_embedding === 'learned') {
+      const ids = b.input('patch_pos_ids', 'i32', [Np], 'position-table row of each patch');
+      const t = b.param('visual.pos_embed.weight', [e.num_position_embeddings, hv], {
+        init: INIT_WEIGHT,
+        trainable,
+      });
+      x = b.in('pos_embed', () => b.op1('add', [x, b.op1('embedding', [ids, t])]));
+    } else {
+      ropePos = b.input(
+        'patch_positions',
+        'i32',
+        [Np, 2],
+        'row and column of each patch (2-D rotary)',
+      );
+    }
+    const states: string[] = [];
+    for (let i = 0; i < e.num_layers; i++) {
+      const p = `visual.blocks.${i}`;
+      x = b.in(`blocks.${i}`, () => {
+        const h = norm(b, e.normalization, x, `${p}.norm1`, hv, e.norm_epsilon, trainable);
+        const a = b.in('attn', () => {
+          const qkv = linear(b, h, `${p}.attn.qkv`, 3 * hv, hv, e.add_qkv_bias, trainable);
+          let [q, k, v] = b.op('split', [qkv], { sizes: [hv, hv, hv] });
+          const heads3 = { shape: [formatDim(Np), String(heads), String(hd)] };
+          [q, k, v] = [q, k, v].map((t) => b.op1('reshape', [t], heads3));
+          if (ropePos) {
+            const rope = { theta: e.rotary_base, sections: [hd / 4, hd / 4] };
+            q = b.op1('rope', [q, ropePos], rope);
+            k = b.op1('rope', [k, ropePos], rope);
+          }
+          const windowed = windowSeg !== undefined && !e.fullatt_block_indexes.includes(i);
+          const attrs: Attrs = windowed
+            ? { causal: false, scale: 1 / Math.sqrt(hd), max_segment: windowPatches }
+            : { causal: false, scale: 1 / Math.sqrt(hd) };
+          const o = b.op1('attention', [q, k, v, windowed ? windowSeg : imageSeg], attrs);
+          const flat = b.op1('reshape', [o], { shape: [formatDim(Np), String(hv)] });
+          return linear(b, flat, `${p}.attn.proj`, hv, hv, e.add_bias_linear, trainable);
+        });
+        const x1 = b.op1('add', [x, a]);
+        const h2 = norm(b, e.normalization, x1, `${p}.norm2`, hv, e.norm_epsilon, trainable);
+        const m = b.in('mlp', () =>
+          mlp(b, h2, `${p}.mlp`, e.activation, hv, e.ffn_hidden_size, e.add_bias_linear, trainable),
+        );
+        return b.op1('add', [x1, m]);
+      });
+      states.push(x);
+    }
+    return states;
+  });
+}
+
+function mlp(
+  b: GraphBuilder,
+  x: string,
+  p: string,
+  act: 'gelu_tanh' | 'swiglu',
+  h: number,
+  f: number,
+  bias: boolean,
+  trainable: boolean,
+): string {
+  if (act === 'swiglu') {
+    const g = linear(b, x, `${p}.gate_proj`, f, h, bias, trainable);
+    const u = linear(b, x, `${p}.up_proj`, f, h, bias, trainable);
+    return linear(b, b.op1('swiglu', [g, u]), `${p}.down_proj`, h, f, bias, trainable);
+  }
+  const a = b.op1('gelu', [linear(b, x, `${p}.fc1`, f, h, bias, trainable)]);
+  return linear(b, a, `${p}.fc2`, h, f, bias, trainable);
+}
+
+/** The merger (and Qwen3-VL's deepstack mergers): patches → visual tokens of decoder width. */
+function buildProjector(
+  b: GraphBuilder,
+  pc: ProjectorConfig,
+  e: EncoderConfig,
+  d: DecoderConfig,
+  states: string[],
+) {
+  const trainable = !pc.freeze;
+  const hv = e.hidden_size;
+  const merge = e.spatial_merge_size * e.spatial_merge_size;
+  const wide = hv * merge;
+  const tokensOf = (x: string) => {
+    const np = b.typeOf(x).shape[0];
+    return formatDim(dimDiv(np, merge));
+  };
+  const head = (x: string, p: string, normFirst: boolean) => {
+    // normFirst: norm each patch, then concatenate each merge block; otherwise concatenate, then norm
+    let y = normFirst
+      ? norm(b, pc.normalization, x, `${p}.norm`, hv, pc.norm_epsilon, trainable)
+      : x;
+    y = b.op1('reshape', [y], { shape: [tokensOf(x), String(wide)] });
+    if (!normFirst) y = norm(b, pc.normalization, y, `${p}.norm`, wide, pc.norm_epsilon, trainable);
+    const a = b.op1('gelu', [linear(b, y, `${p}.fc1`, wide, wide, true, trainable)]);
+    return linear(b, a, `${p}.fc2`, d.hidden_size, wide, true, trainable);
+  };
+  const embeds = b.in('visual.merger', () =>
+    head(states[states.length - 1], 'visual.merger', true),
+  );
+  const deepstack = e.deepstack_layers.map((layer, j) =>
+    b.in(`visual.deepstack_merger_list.${j}`, () =>
+      head(states[layer], `visual.deepstack_merger_list.${j}`, false),
+    ),
+  );
+  return { embeds, deepstack };
+}
+
+function buildDecoder(
+  b: GraphBuilder,
+  d: DecoderConfig,
+  S: Dim,
+  embeds: string,
+  deepstack: string[],
+  numMicrobatches: number,
+): void {
+  const trainable = !d.freeze;
+  const h = d.hidden_size;
+  const nh = d.num_attention_heads;
+  const nkv = d.num_query_groups;
+  const hd = d.kv_channels;
+  const tokens = b.input('tokens', 'i32', [S], 'token ids (1 = image placeholder, 0 = padding)');
+  const labels = b.input('labels', 'i32', [S], 'next token of the same sample, 0 where none');
+  const mask = b.input('loss_mask', 'u8', [S], '1 where the label is a text token');
+  const positions =
+    d.mrope_section.length === 1
+      ? b.input('positions', 'i32', [S], 'index of each token within its sample')
+      : b.input(
+          'positions',
+          'i32',
+          [S, d.mrope_section.length],
+          'rotary position of each token per section',
+        );
+  const segments = b.input('segments', 'i32', [S], 'sample index of each token, -1 on padding');
+  const lossTokens = b.input('loss_tokens', 'f32', [], 'loss tokens of the whole global batch');
+  const s = formatDim(S);
+  const auxLosses: string[] = [];
+
+  const embedW = b.param('model.embed_tokens.weight', [d.vocab_size, h], {
+    init: INIT_WEIGHT,
+    trainable,
+  });
+  let x = b.in('model.embed_tokens', () => b.op1('embedding', [tokens, embedW]));
+  x = b.in('model.merge_visual', () =>
+    b.op1('merge_visual', [x, embeds, tokens], { placeholder: PLACEHOLDER, mode: 'replace' }),
+  );
+
+  for (let i = 0; i < d.num_layers; i++) {
+    const p = `model.layers.${i}`;
+    x = b.in(`model.layers.${i}`, () => {
+      const hn = norm(b, 'rmsnorm', x, `${p}.input_layernorm`, h, d.norm_epsilon, trainable);
+      const a = b.in('self_attn', () => {
+        const proj = (name: string, heads: number) => {
+          const y = linear(
+            b,
+            hn,
+            `${p}.self_attn.${name}`,
+            heads * hd,
+            h,
+            d.add_qkv_bias,
+            trainable,
+          );
+          return b.op1('reshape', [y], { shape: [s, String(heads), String(hd)] });
+        };
+        let q = proj('q_proj', nh);
+        let k = proj('k_proj', nkv);
+        const v = proj('v_proj', nkv);
+        if (d.qk_layernorm) {
+          q = norm(b, 'rmsnorm', q, `${p}.self_attn.q_norm`, hd, d.norm_epsilon, trainable);
+          k = norm(b, 'rmsnorm', k, `${p}.self_attn.k_norm`, hd, d.norm_epsilon, trainable);
+        }
+        const rope = { theta: d.rotary_base, sections: d.mrope_section };
+        q = b.op1('rope', [q, positions], rope);
+        k = b.op1('rope', [k, positions], rope);
+        const o = b.op1('attention', [q, k, v, segments], {
+          causal: true,
+          scale: 1 / Math.sqrt(hd),
+        });
+        const flat = b.op1('reshape', [o], { shape: [s, String(nh * hd)] });
+        return linear(b, flat, `${p}.self_attn.o_proj`, h, nh * hd, false, trainable);
+      });
+      const x1 = b.op1('add', [x, a]);
+      const h2 = norm(
+        b,
+        'rmsnorm',
+        x1,
+        `${p}.post_attention_layernorm`,
+        h,
+        d.norm_epsilon,
+        trainable,
+      );
+      const m = b.in('mlp', () => {
+        if (d.num_experts === 0)
+          return mlp(b, h2, `${p}.mlp`, 'swiglu', h, d.ffn_hidden_size, false, trainable);
+        const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable);
+        const [probs, weights, experts] = b.op('router_topk', [logits], { k: d.moe_router_topk });
+        const aux = b.op1('moe_aux_loss', [probs, experts, segments], {
+          coeff: d.moe_aux_loss_coeff / numMicrobatches,
+        });
+        auxLosses.push(aux);
+        const [rows, counts, rowOf] = b.op('moe_permute', [h2, experts], {
+          num_experts: d.num_experts,
+        });
+        const f = d.moe_ffn_hidden_size;
+        const expertW = (name: string, out: number, inp: number) =>
+          Array.from({ length: d.num_experts }, (_, e) =>
+            b.param(`${p}.mlp.experts.${e}.${name}.weight`, [out, inp], {
+              init: INIT_WEIGHT,
+              trainable,
+            }),
+          );
+        const gw = expertW('gate_proj', f, h);
+        const uw = expertW('up_proj', f, h);
+        const dw = expertW('down_proj', h, f);
+        const y = b.in('experts', () => {
+          const g = b.op1('grouped_linear', [rows, counts, ...gw]);
+          const u = b.op1('grouped_linear', [rows, counts, ...uw]);
+          return b.op1('grouped_linear', [b.op1('swiglu', [g, u]), counts, ...dw]);
+        });
+        return b.op1('moe_unpermute', [y, rowOf, weights]);
+      });
+      let out = b.op1('add', [x1, m]);
+      if (i < deepstack.length) {
+        out = b.in('deepstack', () =>
+          b.op1('merge_visual', [out, deepstack[i], tokens], {
+            placeholder: PLACEHOLDER,
+            mode: 'add',
+          }),
+        );
+      }
+      return out;
+    });
+  }
+  const xn = b.in('model', () => norm(b, 'rmsnorm', x, 'model.norm', h, d.norm_epsilon, trainable));
+  const headW = d.untie_embeddings_and_output_weights
+    ? b.param('lm_head.weight', [d.vocab_size, h], { init: INIT_WEIGHT, trainable })
+    : embedW;
+  const logits = b.in('lm_head', () => b.op1('linear', [xn, headW]));
+  const ce = b.in('loss', () => b.op1('cross_entropy', [logits, labels, mask, lossTokens]));
+  if (!auxLosses.length) {
+    b.output(ce); // the loss
+    return;
+  }
+  b.in('loss', () => {
+    const aux = auxLosses.reduce((acc, a) => b.op1('add', [acc, a]));
+    b.output(b.op1('add', [ce, aux])); // the loss, then its two terms
+    b.output(ce);
+    b.output(aux);
+  });
+}

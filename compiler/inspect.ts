@@ -1,0 +1,181 @@
+// `lfc inspect`: parameters per module (total, trainable, active per token for MoE), training
+// FLOPs per text token and per image, and weight / gradient / optimizer bytes, all read off the
+// forward graph and the op table.
+//
+// FLOP convention (README): matmul FLOPs only (2·m·n·k); a training step is forward + backward =
+// 3 × forward; causal attention counts half of the full S² work.
+
+import { MODULES, paramModule, type Graph, type ModuleName } from '../ir/graph.js';
+import { nodeFlops } from '../ir/ops.js';
+import { numel } from '../ir/shape.js';
+import { valueTypes } from '../ir/graph.js';
+import type { ModelConfig } from './frontend/config.js';
+import { UserError } from './errors.js';
+
+export interface ModuleParams {
+  total: number;
+  trainable: number;
+  /** parameters a token passes through: experts counted k/E */
+  activePerToken: number;
+}
+
+export interface InspectReport {
+  model: string;
+  aliases: string[];
+  moe: boolean;
+  params: Record<ModuleName, ModuleParams> & { total: ModuleParams };
+  flops: {
+    seqLength: number;
+    /** training FLOPs (3 × forward) of the decoder per text token, at seqLength */
+    perTextToken: number;
+    image: { height: number; width: number; patches: number; visualTokens: number };
+    /** training FLOPs of encoder + projector for one image of that size */
+    perImage: number;
+  };
+  /** bytes: bf16 weights, fp32 master weights, fp32 grads, Adam m and v in fp32 */
+  memory: { weightBytes: number; masterBytes: number; gradBytes: number; optimizerBytes: number };
+}
+
+export function countParams(g: Graph, cfg: ModelConfig): InspectReport['params'] {
+  const d = cfg.model.text_decoder;
+  const experts = new Set<string>();
+  for (const n of g.nodes)
+    if (n.op === 'grouped_linear') n.inputs.slice(2).forEach((w) => experts.add(w));
+  const activeFrac = d.num_experts > 0 ? d.moe_router_topk / d.num_experts : 1;
+  const zero = (): ModuleParams => ({ total: 0, trainable: 0, activePerToken: 0 });
+  const out = {
+    image_encoder: zero(),
+    image_projector: zero(),
+    text_decoder: zero(),
+    total: zero(),
+  };
+  const bounds = () => 0; // parameters have numeric shapes
+  for (const p of g.params) {
+    const n = numel(p.type.shape, bounds);
+    for (const m of [out[p.module], out.total]) {
+      m.total += n;
+      if (p.trainable) m.trainable += n;
+      m.activePerToken += experts.has(p.name) ? n * activeFrac : n;
+    }
+  }
+  return out;
+}
+
+/** Forward matmul FLOPs of the nodes of some modules, at given symbol sizes. */
+export function forwardFlops(
+  g: Graph,
+  modules: readonly ModuleName[],
+  sizes: Record<string, number>,
+): number {
+  const types = valueTypes(g);
+  const size = (s: string) => {
+    const v = sizes[s];
+    if (v === undefined) throw new Error(`no size for symbol ${s}`);
+    return v;
+  };
+  let total = 0;
+  for (const n of g.nodes) {
+    if (!modules.includes(paramModule(n.scope))) continue;
+    const ins = n.inputs.map((i) => types.get(i)!);
+    total += nodeFlops(
+      n.op,
+      ins,
+      n.outputs.map((o) => o.type),
+      n.attrs,
+      size,
+    );
+  }
+  return total;
+}
+
+export function inspectModel(
+  g: Graph,
+  cfg: ModelConfig,
+  opts: { seqLength: number; imageHeight: number; imageWidth: number },
+): InspectReport {
+  const e = cfg.model.image_encoder;
+  const unit = e.patch_size * e.spatial_merge_size;
+  const { imageHeight: h, imageWidth: w } = opts;
+  if (h % unit !== 0 || w % unit !== 0) {
+    throw new UserError(
+      `image size ${h}x${w}: both sides must be multiples of patch × merge = ${unit}`,
+    );
+  }
+  const patches = (h / e.patch_size) * (w / e.patch_size);
+  const visualTokens = patches / (e.spatial_merge_size * e.spatial_merge_size);
+  const params = countParams(g, cfg);
+  const S = opts.seqLength;
+  const perText = (3 * forwardFlops(g, ['text_decoder'], { S, Nv: 0 })) / S;
+  const perImage =
+    3 * forwardFlops(g, ['image_encoder', 'image_projector'], { S, Nv: visualTokens });
+  const total = params.total;
+  return {
+    model: cfg.name,
+    aliases: cfg.aliases,
+    moe: cfg.model.text_decoder.num_experts > 0,
+    params,
+    flops: {
+      seqLength: S,
+      perTextToken: perText,
+      image: { height: h, width: w, patches, visualTokens },
+      perImage,
+    },
+    memory: {
+      weightBytes: 2 * total.total,
+      masterBytes: 4 * total.trainable,
+      gradBytes: 4 * total.trainable,
+      optimizerBytes: 8 * total.trainable,
+    },
+  };
+}
+
+// ---- formatting for people -------------------------------------------------------------------
+
+function group(n: number): string {
+  return Math.round(n).toLocaleString('en-US');
+}
+
+function si(n: number, unit: string): string {
+  const units = ['', 'K', 'M', 'G', 'T', 'P', 'E'];
+  let i = 0;
+  while (Math.abs(n) >= 1000 && i < units.length - 1) {
+    n /= 1000;
+    i++;
+  }
+  return `${n.toFixed(n < 10 ? 2 : n < 100 ? 1 : 0)} ${units[i]}${unit}`;
+}
+
+function gib(bytes: number): string {
+  return `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+}
+
+export function formatInspect(r: InspectReport): string {
+  const rows: string[][] = [
+    ['module', 'parameters', 'trainable', ...(r.moe ? ['active / token'] : [])],
+  ];
+  for (const m of [...MODULES, 'total'] as const) {
+    const p = r.params[m];
+    rows.push([m, group(p.total), group(p.trainable), ...(r.moe ? [group(p.activePerToken)] : [])]);
+  }
+  const widths = rows[0].map((_, c) => Math.max(...rows.map((row) => row[c].length)));
+  const table = rows.map((row) =>
+    row.map((cell, c) => (c === 0 ? cell.padEnd(widths[c]) : cell.padStart(widths[c]))).join('   '),
+  );
+  table.splice(1, 0, widths.map((w) => '-'.repeat(w)).join('   '));
+  table.splice(table.length - 1, 0, widths.map((w) => '-'.repeat(w)).join('   '));
+  const f = r.flops;
+  const mem = r.memory;
+  return [
+    `${r.model}${r.aliases.length ? ` (aliases: ${r.aliases.join(', ')})` : ''}${r.moe ? ', MoE decoder' : ''}`,
+    '',
+    ...table,
+    '',
+    'training FLOPs (matmul only, forward + backward = 3 × forward, causal attention at half):',
+    `  per text token, sequence ${f.seqLength}: ${si(f.perTextToken, 'FLOP')}`,
+    `  per image ${f.image.height}x${f.image.width} (${f.image.patches} patches, ${f.image.visualTokens} visual tokens): ${si(f.perImage, 'FLOP')}`,
+    '',
+    'memory (bf16 weights; fp32 master weights, gradients and Adam m, v for trainable parameters):',
+    `  weights ${gib(mem.weightBytes)}   master ${gib(mem.masterBytes)}   gradients ${gib(mem.gradBytes)}   optimizer ${gib(mem.optimizerBytes)}   total ${gib(mem.weightBytes + mem.masterBytes + mem.gradBytes + mem.optimizerBytes)}`,
+    '',
+  ].join('\n');
+}

@@ -1,0 +1,217 @@
+// The graph: symbols, data inputs, parameters, nodes in topological order, outputs.
+// Values are named once (single assignment); node outputs are numbered, inputs and parameters
+// carry their checkpoint-style names. The printer marks parameters with `@`, other values `%`.
+
+import type { DType } from './dtype.js';
+import { inferTypes, type OpKind } from './ops.js';
+import { sym, type Shape, type SymbolDecl, type SymDim } from './shape.js';
+import type { Attrs, TensorType } from './types.js';
+
+export type Phase = 'forward' | 'backward' | 'optimizer';
+export const PHASES: readonly Phase[] = ['forward', 'backward', 'optimizer'];
+
+/** The three modules of a vision-language model; parallel contexts attach to them. */
+export type ModuleName = 'image_encoder' | 'image_projector' | 'text_decoder';
+export const MODULES: readonly ModuleName[] = ['image_encoder', 'image_projector', 'text_decoder'];
+
+export type ParamRole = 'param' | 'grad' | 'optimizer_state';
+export const PARAM_ROLES: readonly ParamRole[] = ['param', 'grad', 'optimizer_state'];
+
+export interface ValueDecl {
+  readonly name: string;
+  readonly type: TensorType;
+}
+
+export interface InputDecl extends ValueDecl {
+  readonly doc: string;
+}
+
+export interface ParamDecl extends ValueDecl {
+  readonly role: ParamRole;
+  readonly trainable: boolean;
+  readonly module: ModuleName;
+  /** initializer, e.g. `normal(0.02)`, `ones` */
+  readonly init: string;
+}
+
+export interface Node {
+  readonly op: OpKind;
+  readonly inputs: readonly string[];
+  readonly outputs: readonly ValueDecl[];
+  readonly attrs: Attrs;
+  /** module path, e.g. `visual.blocks.3.attn` */
+  readonly scope: string;
+  readonly phase: Phase;
+}
+
+export interface Graph {
+  readonly name: string;
+  readonly symbols: readonly SymbolDecl[];
+  readonly inputs: readonly InputDecl[];
+  readonly params: readonly ParamDecl[];
+  readonly nodes: readonly Node[];
+  readonly outputs: readonly string[];
+}
+
+/** Map from value name to its type, over inputs, params and node outputs. */
+export function valueTypes(g: Graph): Map<string, TensorType> {
+  const m = new Map<string, TensorType>();
+  for (const v of g.inputs) m.set(v.name, v.type);
+  for (const p of g.params) m.set(p.name, p.type);
+  for (const n of g.nodes) for (const o of n.outputs) m.set(o.name, o.type);
+  return m;
+}
+
+export function symbolBounds(g: Graph): (s: string) => number {
+  const m = new Map(g.symbols.map((s) => [s.name, s.bound]));
+  return (s) => {
+    const b = m.get(s);
+    if (b === undefined) throw new Error(`undeclared symbol ${s}`);
+    return b;
+  };
+}
+
+export function paramModule(scope: string): ModuleName {
+  if (scope.startsWith('visual.merger') || scope.startsWith('visual.deepstack_merger'))
+    return 'image_projector';
+  if (scope.startsWith('visual.')) return 'image_encoder';
+  return 'text_decoder';
+}
+
+/** Builds a graph in topological order, deriving every output type from the op table. */
+export class GraphBuilder {
+  private readonly symbols: SymbolDecl[] = [];
+  private readonly inputs: InputDecl[] = [];
+  private readonly params: ParamDecl[] = [];
+  private readonly nodes: Node[] = [];
+  private readonly outputs: string[] = [];
+  private readonly types = new Map<string, TensorType>();
+  private readonly scopes: string[] = [];
+  private next = 0;
+
+  constructor(private readonly name: string) {}
+
+  symbol(name: string, bound: number, doc: string): SymDim {
+    if (!Number.isInteger(bound) || bound < 1)
+      throw new Error(`symbol ${name}: bound ${bound} must be a positive integer`);
+    this.symbols.push({ name, bound, doc });
+    return sym(name);
+  }
+
+  input(name: string, dtype: DType, shape: Shape, doc = ''): string {
+    this.define(name, { dtype, shape });
+    this.inputs.push({ name, type: { dtype, shape }, doc });
+    return name;
+  }
+
+  param(
+    name: string,
+    shape: Shape,
+    opts: { init: string; trainable?: boolean; module?: ModuleName; dtype?: DType },
+  ): string {
+    const type: TensorType = { dtype: opts.dtype ?? 'f32', shape };
+    this.define(name, type);
+    this.params.push({
+      name,
+      type,
+      role: 'param',
+      trainable: opts.trainable ?? true,
+      module: opts.module ?? paramModule(name),
+      init: opts.init,
+    });
+    return name;
+  }
+
+  /** Adds a node; returns the names of its outputs. */
+  op(
+    kind: OpKind,
+    inputs: readonly string[],
+    attrs: Attrs = {},
+    phase: Phase = 'forward',
+  ): string[] {
+    const inTypes = inputs.map((n) => {
+      const t = this.types.get(n);
+      if (!t) throw new Error(`${kind} in ${this.scope()}: undefined value ${n}`);
+      return t;
+    });
+    let outTypes: TensorType[];
+    try {
+      outTypes = inferTypes(kind, inTypes, attrs);
+    } catch (e) {
+      throw new Error(`${kind} in ${this.scope() || '<root>'}: ${(e as Error).message}`, {
+        cause: e,
+      });
+    }
+    const outputs = outTypes.map((type) => {
+      const name = String(this.next++);
+      this.define(name, type);
+      return { name, type };
+    });
+    this.nodes.push({
+      op: kind,
+      inputs: [...inputs],
+      outputs,
+      attrs: sortedAttrs(attrs),
+      scope: this.scope(),
+      phase,
+    });
+    return outputs.map((o) => o.name);
+  }
+
+  /** Adds a single-output node and returns its output. */
+  op1(kind: OpKind, inputs: readonly string[], attrs: Attrs = {}): string {
+    const outs = this.op(kind, inputs, attrs);
+    if (outs.length !== 1) throw new Error(`${kind} has ${outs.length} outputs, op1 wants one`);
+    return outs[0];
+  }
+
+  /** Runs fn with `name` appended to the module scope. */
+  in<T>(name: string, fn: () => T): T {
+    this.scopes.push(name);
+    try {
+      return fn();
+    } finally {
+      this.scopes.pop();
+    }
+  }
+
+  scope(): string {
+    return this.scopes.join('.');
+  }
+
+  typeOf(name: string): TensorType {
+    const t = this.types.get(name);
+    if (!t) throw new Error(`undefined value ${name}`);
+    return t;
+  }
+
+  output(name: string): void {
+    this.typeOf(name);
+    this.outputs.push(name);
+  }
+
+  build(): Graph {
+    return {
+      name: this.name,
+      symbols: [...this.symbols],
+      inputs: [...this.inputs],
+      params: [...this.params],
+      nodes: [...this.nodes],
+      outputs: [...this.outputs],
+    };
+  }
+
+  private define(name: string, t: TensorType): void {
+    if (this.types.has(name)) throw new Error(`value ${name} defined twice`);
+    this.types.set(name, t);
+  }
+}
+
+/** Attributes with their keys in sorted order: the canonical form the printer and JSON share. */
+export function sortedAttrs(attrs: Attrs): Attrs {
+  return Object.fromEntries(
+    Object.keys(attrs)
+      .sort()
+      .map((k) => [k, attrs[k]]),
+  );
+}

@@ -1,0 +1,861 @@
+// The op table: every op kind of the IR, closed. One record per op gives its arity, attributes,
+// shape rule, cost (matmul FLOPs by the project's convention, bytes moved), purity and kernel.
+// Adding an op kind without a record here fails type checking (`satisfies Record<OpKind, OpInfo>`),
+// and the per-op rule tables in passes/ (gradients, sharding) are keyed the same way.
+//
+// Dimension letters used in the shape comments:
+//   T tokens of a microbatch (S, or Np for the encoder)   H hidden   V vocab   E experts
+//   k top-k   N rows (tokens × k, permuted)   nh/nkv query/KV heads   d head dim   P group size
+
+import { isFloat, isInt, type DType } from './dtype.js';
+import {
+  dimDiv,
+  dimEq,
+  dimMul,
+  formatShape,
+  parseDim,
+  resolveShape,
+  sameNumel,
+  ShapeError,
+  shapeEq,
+  type Dim,
+  type Shape,
+} from './shape.js';
+import type { Attrs, AttrValue, TensorType } from './types.js';
+
+export const OP_KINDS = [
+  // compute
+  'embedding',
+  'patch_embed',
+  'linear',
+  'layernorm',
+  'rmsnorm',
+  'rope',
+  'attention',
+  'gelu',
+  'swiglu',
+  'add',
+  'merge_visual',
+  'router_topk',
+  'moe_permute',
+  'grouped_linear',
+  'moe_unpermute',
+  'moe_aux_loss',
+  'cross_entropy',
+  // layout
+  'reshape',
+  'split',
+  // optimizer
+  'adamw',
+  // collectives
+  'all_reduce',
+  'all_gather',
+  'reduce_scatter',
+  'broadcast',
+  'all_to_all_v',
+  'gather_v',
+  'scatter_v',
+  'send',
+  'recv',
+  // memory
+  'offload',
+  'reload',
+] as const;
+export type OpKind = (typeof OP_KINDS)[number];
+
+export type OpCategory = 'compute' | 'layout' | 'optimizer' | 'collective' | 'memory';
+
+export type AttrType = 'number' | 'int' | 'bool' | 'string' | 'ints' | 'dims' | 'dtype';
+export interface AttrSpec {
+  readonly type: AttrType;
+  readonly required: boolean;
+  readonly doc: string;
+}
+
+/** Resolved sizes of one node, for cost functions. */
+export interface CostArgs {
+  readonly inputs: readonly number[][];
+  readonly outputs: readonly number[][];
+  readonly attrs: Attrs;
+}
+
+export interface OpInfo {
+  readonly summary: string;
+  readonly category: OpCategory;
+  /** [min, max] number of inputs; max Infinity for variadic */
+  readonly inputs: readonly [number, number];
+  readonly attrs: Readonly<Record<string, AttrSpec>>;
+  /** output types from input types and attributes; throws ShapeError naming the problem */
+  readonly shape: (inputs: readonly TensorType[], attrs: Attrs) => TensorType[];
+  /** matmul FLOPs only (2·m·n·k), forward; causal attention at half the full work */
+  readonly flops: (c: CostArgs) => number;
+  /** no side effects beyond its outputs (collectives, send/recv and memory moves are not pure) */
+  readonly pure: boolean;
+  readonly kernel: string;
+}
+
+// ---- helpers for shape rules ------------------------------------------------------------------
+
+function need(cond: boolean, msg: string): asserts cond {
+  if (!cond) throw new ShapeError(msg);
+}
+
+function floatT(t: TensorType, what: string): void {
+  need(isFloat(t.dtype), `${what} must be a float tensor, got ${t.dtype}`);
+}
+
+function intT(t: TensorType, what: string): void {
+  need(isInt(t.dtype), `${what} must be an integer tensor, got ${t.dtype}`);
+}
+
+function rank(t: TensorType, r: number, what: string): void {
+  need(t.shape.length === r, `${what} must have rank ${r}, got ${formatShape(t.shape)}`);
+}
+
+function sameDim(a: Dim, b: Dim, what: string): void {
+  need(dimEq(a, b), `${what}: ${formatShape([a])} ≠ ${formatShape([b])}`);
+}
+
+function last(s: Shape): Dim {
+  return s[s.length - 1];
+}
+
+function num(attrs: Attrs, k: string): number {
+  return attrs[k] as number;
+}
+
+function dimsAttr(attrs: Attrs, k: string): Dim[] {
+  return (attrs[k] as readonly string[]).map(parseDim);
+}
+
+function elems(s: readonly number[]): number {
+  return s.reduce((a, b) => a * b, 1);
+}
+
+const noFlops = (): number => 0;
+
+const scalarF32: TensorType = { dtype: 'f32', shape: [] };
+
+function attr(type: AttrType, doc: string, required = true): AttrSpec {
+  return { type, required, doc };
+}
+
+const collectiveAttrs = {
+  group: attr('string', 'name of the process group'),
+  group_size: attr('int', 'number of ranks in the group'),
+};
+
+function elementwise(inputs: readonly TensorType[]): TensorType[] {
+  const [a, ...rest] = inputs;
+  floatT(a, 'input');
+  for (const b of rest) {
+    need(b.dtype === a.dtype, `dtype mismatch: ${a.dtype} vs ${b.dtype}`);
+    need(
+      shapeEq(a.shape, b.shape),
+      `shape mismatch: ${formatShape(a.shape)} vs ${formatShape(b.shape)}`,
+    );
+  }
+  return [{ dtype: a.dtype, shape: a.shape }];
+}
+
+// ---- the table -------------------------------------------------------------------------------
+
+export const OP_TABLE = {
+  embedding: {
+    summary: 'rows of a table at integer ids: ids [T], table [V, H] → [T, H]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: ([ids, table]) => {
+      intT(ids, 'ids');
+      floatT(table, 'table');
+      rank(table, 2, 'table');
+      return [{ dtype: table.dtype, shape: [...ids.shape, table.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'embedding',
+  },
+  patch_embed: {
+    summary: 'flattened patches to hidden: patches [Np, C], weight [H, C], bias? [H] → [Np, H]',
+    category: 'compute',
+    inputs: [2, 3],
+    attrs: {},
+    shape: ([x, w, b]) => linearShape(x, w, b),
+    flops: linearFlops,
+    pure: true,
+    kernel: 'linear',
+  },
+  linear: {
+    summary: 'y = x·Wᵀ + b: x [..., in], W [out, in], b? [out] → [..., out]',
+    category: 'compute',
+    inputs: [2, 3],
+    attrs: {},
+    shape: ([x, w, b]) => linearShape(x, w, b),
+    flops: linearFlops,
+    pure: true,
+    kernel: 'linear',
+  },
+  layernorm: {
+    summary: 'LayerNorm over the last dim with weight and bias: x [..., H], w [H], b [H]',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: { eps: attr('number', 'added to the variance') },
+    shape: ([x, w, b]) => {
+      floatT(x, 'x');
+      rank(w, 1, 'weight');
+      rank(b, 1, 'bias');
+      sameDim(w.shape[0], last(x.shape), 'weight size vs last dim of x');
+      sameDim(b.shape[0], last(x.shape), 'bias size vs last dim of x');
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'layernorm',
+  },
+  rmsnorm: {
+    summary: 'RMSNorm over the last dim with weight: x [..., H], w [H]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { eps: attr('number', 'added to the mean square') },
+    shape: ([x, w]) => {
+      floatT(x, 'x');
+      rank(w, 1, 'weight');
+      sameDim(w.shape[0], last(x.shape), 'weight size vs last dim of x');
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'rmsnorm',
+  },
+  rope: {
+    summary:
+      'rotate-half RoPE over the head dim: x [T, nh, d], positions [T] or [T, sections] → x; ' +
+      'section j rotates its share of the d/2 frequencies by positions[:, j]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {
+      theta: attr('number', 'base of the frequencies'),
+      sections: attr('ints', 'frequencies per position section; sums to d/2'),
+    },
+    shape: ([x, pos], attrs) => {
+      floatT(x, 'x');
+      rank(x, 3, 'x');
+      intT(pos, 'positions');
+      sameDim(pos.shape[0], x.shape[0], 'positions vs tokens of x');
+      const sections = attrs.sections as readonly number[];
+      const want = pos.shape.length === 1 ? 1 : pos.shape[1];
+      need(pos.shape.length <= 2, `positions must have rank 1 or 2, got ${formatShape(pos.shape)}`);
+      need(
+        sections.length === want,
+        `${sections.length} sections for ${String(want)} position columns`,
+      );
+      const d = x.shape[2];
+      need(
+        typeof d === 'number' && d % 2 === 0,
+        `head dim must be an even number, got ${String(d)}`,
+      );
+      const half = sections.reduce((a, b) => a + b, 0);
+      need(half === d / 2, `sections sum to ${half}, head dim/2 is ${d / 2}`);
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'rope',
+  },
+  attention: {
+    summary:
+      'scaled dot-product attention with GQA over packed segments: q [T, nh, d], k, v [T, nkv, d], ' +
+      'segments [T] (−1 padding) → [T, nh, d]; causal within a segment, or block-diagonal',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {
+      causal: attr('bool', 'causal inside each segment; otherwise bidirectional inside it'),
+      scale: attr('number', 'multiplies q·k, usually 1/√d'),
+      max_segment: attr('int', 'longest segment (window), for cost; 0 or absent: T', false),
+    },
+    shape: ([q, k, v, seg]) => {
+      for (const [t, n] of [
+        [q, 'q'],
+        [k, 'k'],
+        [v, 'v'],
+      ] as const) {
+        floatT(t, n);
+        rank(t, 3, n);
+      }
+      need(
+        shapeEq(k.shape, v.shape),
+        `k ${formatShape(k.shape)} and v ${formatShape(v.shape)} differ`,
+      );
+      sameDim(k.shape[0], q.shape[0], 'tokens of k vs q');
+      sameDim(k.shape[2], q.shape[2], 'head dim of k vs q');
+      const nh = q.shape[1];
+      const nkv = k.shape[1];
+      need(
+        typeof nh === 'number' && typeof nkv === 'number' && nh % nkv === 0,
+        `query heads ${String(nh)} must be a multiple of KV heads ${String(nkv)}`,
+      );
+      intT(seg, 'segments');
+      rank(seg, 1, 'segments');
+      sameDim(seg.shape[0], q.shape[0], 'segments vs tokens');
+      return [{ dtype: q.dtype, shape: q.shape }];
+    },
+    flops: ({ inputs: [q], attrs }) => {
+      const [t, nh, d] = q;
+      const seg = Math.min(t, (attrs.max_segment as number | undefined) || t);
+      return (4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
+    },
+    pure: true,
+    kernel: 'attention',
+  },
+  gelu: {
+    summary: 'GELU, tanh approximation',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: {},
+    shape: elementwise,
+    flops: noFlops,
+    pure: true,
+    kernel: 'gelu',
+  },
+  swiglu: {
+    summary: 'silu(gate) · up, elementwise: gate, up [..., F] → [..., F]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: elementwise,
+    flops: noFlops,
+    pure: true,
+    kernel: 'swiglu',
+  },
+  add: {
+    summary: 'a + b, same shapes',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: elementwise,
+    flops: noFlops,
+    pure: true,
+    kernel: 'add',
+  },
+  merge_visual: {
+    summary:
+      'visual rows into the text at placeholder positions, in order: text [T, H], visual [Nv, H], ' +
+      'tokens [T] → [T, H]; mode replace (embeddings) or add (deepstack features)',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {
+      placeholder: attr('int', 'token id marking a visual position'),
+      mode: attr('string', "'replace' or 'add'"),
+    },
+    shape: ([text, vis, tokens], attrs) => {
+      floatT(text, 'text');
+      floatT(vis, 'visual');
+      rank(text, 2, 'text');
+      rank(vis, 2, 'visual');
+      intT(tokens, 'tokens');
+      rank(tokens, 1, 'tokens');
+      sameDim(tokens.shape[0], text.shape[0], 'tokens vs text rows');
+      sameDim(vis.shape[1], text.shape[1], 'visual hidden vs text hidden');
+      need(vis.dtype === text.dtype, `dtype mismatch: ${vis.dtype} vs ${text.dtype}`);
+      need(
+        attrs.mode === 'replace' || attrs.mode === 'add',
+        `mode must be replace or add, got ${String(attrs.mode)}`,
+      );
+      return [{ dtype: text.dtype, shape: text.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'merge_visual',
+  },
+  router_topk: {
+    summary:
+      'softmax over expert logits, top-k (ties to the lower index), weights renormalized to sum 1: ' +
+      'logits [T, E] → probs [T, E], weights [T, k], experts i32 [T, k]',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: { k: attr('int', 'experts per token') },
+    shape: ([logits], attrs) => {
+      floatT(logits, 'logits');
+      rank(logits, 2, 'logits');
+      const k = num(attrs, 'k');
+      const e = logits.shape[1];
+      need(typeof e === 'number' && k >= 1 && k <= e, `top-k ${k} must be in [1, ${String(e)}]`);
+      const t = logits.shape[0];
+      return [
+        { dtype: logits.dtype, shape: logits.shape },
+        { dtype: logits.dtype, shape: [t, k] },
+        { dtype: 'i32', shape: [t, k] },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'router_topk',
+  },
+  moe_permute: {
+    summary:
+      'rows grouped by expert (stable in token order): x [T, H], experts [T, k] → ' +
+      'rows [T·k, H], counts i32 [E], row_of i32 [T·k] (row of assignment t·k+j)',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { num_experts: attr('int', 'experts E (local to the rank after expert parallelism)') },
+    shape: ([x, experts], attrs) => {
+      floatT(x, 'x');
+      rank(x, 2, 'x');
+      intT(experts, 'experts');
+      rank(experts, 2, 'experts');
+      sameDim(experts.shape[0], x.shape[0], 'experts vs tokens');
+      const k = experts.shape[1];
+      need(typeof k === 'number', 'top-k must be a number');
+      const n = dimMul(x.shape[0], k);
+      return [
+        { dtype: x.dtype, shape: [n, x.shape[1]] },
+        { dtype: 'i32', shape: [num(attrs, 'num_experts')] },
+        { dtype: 'i32', shape: [n] },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_permute',
+  },
+  grouped_linear: {
+    summary:
+      'one linear per expert over its consecutive rows: x [N, in], counts i32 [E], W_0 … W_{E−1} ' +
+      '[out, in] → [N, out]',
+    category: 'compute',
+    inputs: [3, Infinity],
+    attrs: {},
+    shape: ([x, counts, ...ws]) => {
+      floatT(x, 'x');
+      rank(x, 2, 'x');
+      intT(counts, 'counts');
+      rank(counts, 1, 'counts');
+      need(
+        counts.shape[0] === ws.length,
+        `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
+      );
+      const w0 = ws[0];
+      rank(w0, 2, 'expert weight');
+      for (const w of ws) {
+        need(
+          shapeEq(w.shape, w0.shape),
+          `expert weights differ: ${formatShape(w.shape)} vs ${formatShape(w0.shape)}`,
+        );
+        need(w.dtype === x.dtype, `dtype mismatch: ${w.dtype} vs ${x.dtype}`);
+      }
+      sameDim(w0.shape[1], x.shape[1], 'expert weight in vs x');
+      return [{ dtype: x.dtype, shape: [x.shape[0], w0.shape[0]] }];
+    },
+    flops: ({ inputs }) => 2 * inputs[0][0] * inputs[0][1] * inputs[2][0],
+    pure: true,
+    kernel: 'grouped_linear',
+  },
+  moe_unpermute: {
+    summary:
+      "weighted sum of each token's expert rows: rows [N, H], row_of i32 [T·k], weights [T, k] → [T, H]",
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {},
+    shape: ([rows, rowOf, w]) => {
+      floatT(rows, 'rows');
+      rank(rows, 2, 'rows');
+      intT(rowOf, 'row_of');
+      rank(w, 2, 'weights');
+      const k = w.shape[1];
+      need(typeof k === 'number', 'top-k must be a number');
+      sameDim(rowOf.shape[0], dimMul(w.shape[0], k), 'row_of vs tokens·k');
+      return [{ dtype: rows.dtype, shape: [w.shape[0], rows.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_unpermute',
+  },
+  moe_aux_loss: {
+    summary:
+      'load-balancing loss coeff · E · Σₑ fₑ·Pₑ over non-padding tokens: probs [T, E], experts [T, k], ' +
+      'segments [T] → scalar',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {
+      coeff: attr('number', 'aux-loss coefficient divided by the microbatches of the global batch'),
+    },
+    shape: ([probs, experts, seg]) => {
+      floatT(probs, 'probs');
+      rank(probs, 2, 'probs');
+      intT(experts, 'experts');
+      sameDim(experts.shape[0], probs.shape[0], 'experts vs tokens');
+      intT(seg, 'segments');
+      sameDim(seg.shape[0], probs.shape[0], 'segments vs tokens');
+      return [scalarF32];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_aux_loss',
+  },
+  cross_entropy: {
+    summary:
+      'Σ over masked-in tokens of −log softmax(logits)[label], divided by the loss tokens of the ' +
+      'global batch: logits [T, V], labels i32 [T], mask u8 [T], loss_tokens f32 [] → scalar',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {},
+    shape: ([logits, labels, mask, count]) => {
+      floatT(logits, 'logits');
+      rank(logits, 2, 'logits');
+      intT(labels, 'labels');
+      intT(mask, 'mask');
+      sameDim(labels.shape[0], logits.shape[0], 'labels vs tokens');
+      sameDim(mask.shape[0], logits.shape[0], 'mask vs tokens');
+      need(
+        count.shape.length === 0,
+        `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
+      );
+      return [scalarF32];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'cross_entropy',
+  },
+  reshape: {
+    summary: 'same elements, new shape (row-major)',
+    category: 'layout',
+    inputs: [1, 1],
+    attrs: { shape: attr('dims', 'the new shape') },
+    shape: ([x], attrs) => {
+      const shape = dimsAttr(attrs, 'shape');
+      need(
+        sameNumel(x.shape, shape),
+        `cannot reshape ${formatShape(x.shape)} to ${formatShape(shape)}`,
+      );
+      return [{ dtype: x.dtype, shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'reshape',
+  },
+  split: {
+    summary: 'split along the last dim into parts of the given sizes',
+    category: 'layout',
+    inputs: [1, 1],
+    attrs: { sizes: attr('ints', 'size of each part along the last dim') },
+    shape: ([x], attrs) => {
+      const sizes = attrs.sizes as readonly number[];
+      const total = sizes.reduce((a, b) => a + b, 0);
+      need(
+        dimEq(last(x.shape), total),
+        `parts sum to ${total}, last dim is ${formatShape([last(x.shape)])}`,
+      );
+      return sizes.map((s) => ({ dtype: x.dtype, shape: [...x.shape.slice(0, -1), s] }));
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'split',
+  },
+  adamw: {
+    summary: 'AdamW update: param, grad, m, v → param, m, v (lr and step come from the schedule)',
+    category: 'optimizer',
+    inputs: [4, 4],
+    attrs: {
+      beta1: attr('number', 'first-moment decay'),
+      beta2: attr('number', 'second-moment decay'),
+      eps: attr('number', 'added to √v̂'),
+      weight_decay: attr('number', 'decoupled weight decay'),
+    },
+    shape: ([p, g, m, v]) => {
+      floatT(p, 'param');
+      for (const [t, n] of [
+        [g, 'grad'],
+        [m, 'm'],
+        [v, 'v'],
+      ] as const) {
+        need(
+          shapeEq(t.shape, p.shape),
+          `${n} ${formatShape(t.shape)} vs param ${formatShape(p.shape)}`,
+        );
+        floatT(t, n);
+      }
+      return [p, m, v].map((t) => ({ dtype: t.dtype, shape: t.shape }));
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'adamw',
+  },
+  all_reduce: {
+    summary: 'sum over the group, result on every rank',
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: collectiveAttrs,
+    shape: ([x]) => [{ dtype: x.dtype, shape: x.shape }],
+    flops: noFlops,
+    pure: false,
+    kernel: 'all_reduce',
+  },
+  all_gather: {
+    summary: "concatenate every rank's block along dim 0, in group order",
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: collectiveAttrs,
+    shape: ([x], attrs) => {
+      need(x.shape.length >= 1, 'all_gather needs rank ≥ 1');
+      return [
+        {
+          dtype: x.dtype,
+          shape: [dimMul(x.shape[0], num(attrs, 'group_size')), ...x.shape.slice(1)],
+        },
+      ];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'all_gather',
+  },
+  reduce_scatter: {
+    summary: 'sum over the group, rank i keeps block i along dim 0',
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: collectiveAttrs,
+    shape: ([x], attrs) => {
+      need(x.shape.length >= 1, 'reduce_scatter needs rank ≥ 1');
+      return [
+        {
+          dtype: x.dtype,
+          shape: [dimDiv(x.shape[0], num(attrs, 'group_size')), ...x.shape.slice(1)],
+        },
+      ];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'reduce_scatter',
+  },
+  broadcast: {
+    summary: "the root's tensor on every rank of the group",
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: { ...collectiveAttrs, root: attr('int', 'group rank that sends') },
+    shape: ([x]) => [{ dtype: x.dtype, shape: x.shape }],
+    flops: noFlops,
+    pure: false,
+    kernel: 'broadcast',
+  },
+  all_to_all_v: {
+    summary:
+      'rows [N, H] sent in consecutive blocks of send_counts i32 [P] to each rank (counts exchanged ' +
+      'first) → received rows [out_rows, H] (a bounded symbolic dim), recv_counts i32 [P]',
+    category: 'collective',
+    inputs: [2, 2],
+    attrs: { ...collectiveAttrs, out_rows: attr('dims', 'received rows, one dim (bounded)') },
+    shape: ([x, counts], attrs) => {
+      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      intT(counts, 'send_counts');
+      need(
+        dimEq(counts.shape[0], num(attrs, 'group_size')),
+        'send_counts must have one entry per rank',
+      );
+      const [rows] = dimsAttr(attrs, 'out_rows');
+      return [
+        { dtype: x.dtype, shape: [rows, x.shape[1]] },
+        { dtype: 'i32', shape: counts.shape },
+      ];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'all_to_all_v',
+  },
+  gather_v: {
+    summary:
+      'variable-row blocks concatenated on the root in group order (sizes exchanged first): ' +
+      'x [n, H] → [out_rows, H] on the root',
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: {
+      ...collectiveAttrs,
+      root: attr('int', 'group rank that receives'),
+      out_rows: attr('dims', 'rows on the root, one dim (bounded)'),
+    },
+    shape: ([x], attrs) => {
+      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      const [rows] = dimsAttr(attrs, 'out_rows');
+      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'gather_v',
+  },
+  scatter_v: {
+    summary:
+      "the root's rows split in variable blocks, block i to group rank i (sizes sent first): " +
+      'x [n, H] on the root → [out_rows, H]',
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: {
+      ...collectiveAttrs,
+      root: attr('int', 'group rank that sends'),
+      out_rows: attr('dims', 'rows received, one dim (bounded)'),
+    },
+    shape: ([x], attrs) => {
+      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      const [rows] = dimsAttr(attrs, 'out_rows');
+      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'scatter_v',
+  },
+  send: {
+    summary: 'point-to-point send to a peer rank (pipeline stages)',
+    category: 'collective',
+    inputs: [1, 1],
+    attrs: { peer: attr('int', 'global rank that receives'), tag: attr('int', 'matches the recv') },
+    shape: () => [],
+    flops: noFlops,
+    pure: false,
+    kernel: 'send',
+  },
+  recv: {
+    summary: 'point-to-point receive from a peer rank, of a declared type',
+    category: 'collective',
+    inputs: [0, 0],
+    attrs: {
+      peer: attr('int', 'global rank that sends'),
+      tag: attr('int', 'matches the send'),
+      dtype: attr('dtype', 'element type received'),
+      shape: attr('dims', 'shape received'),
+    },
+    shape: (_inputs, attrs) => [{ dtype: attrs.dtype as DType, shape: dimsAttr(attrs, 'shape') }],
+    flops: noFlops,
+    pure: false,
+    kernel: 'recv',
+  },
+  offload: {
+    summary: 'copy a device tensor to host memory (copy stream)',
+    category: 'memory',
+    inputs: [1, 1],
+    attrs: {},
+    shape: ([x]) => {
+      need((x.space ?? 'device') === 'device', 'offload reads a device tensor');
+      return [{ dtype: x.dtype, shape: x.shape, space: 'host' }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'copy',
+  },
+  reload: {
+    summary: 'copy a host tensor back to device memory (copy stream)',
+    category: 'memory',
+    inputs: [1, 1],
+    attrs: {},
+    shape: ([x]) => {
+      need(x.space === 'host', 'reload reads a host tensor');
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'copy',
+  },
+} as const satisfies Record<OpKind, OpInfo>;
+
+function linearShape(x: TensorType, w: TensorType, b: TensorType | undefined): TensorType[] {
+  floatT(x, 'x');
+  floatT(w, 'weight');
+  rank(w, 2, 'weight');
+  need(x.shape.length >= 1, 'x must have rank ≥ 1');
+  need(w.dtype === x.dtype, `dtype mismatch: weight ${w.dtype} vs x ${x.dtype}`);
+  sameDim(w.shape[1], last(x.shape), 'weight in-features vs last dim of x');
+  if (b) {
+    rank(b, 1, 'bias');
+    sameDim(b.shape[0], w.shape[0], 'bias size vs weight out-features');
+  }
+  return [{ dtype: x.dtype, shape: [...x.shape.slice(0, -1), w.shape[0]] }];
+}
+
+function linearFlops({ inputs: [x, w] }: CostArgs): number {
+  return 2 * (elems(x) / x[x.length - 1]) * w[0] * w[1];
+}
+
+export function opInfo(kind: OpKind): OpInfo {
+  return OP_TABLE[kind];
+}
+
+export function isOpKind(s: string): s is OpKind {
+  return Object.prototype.hasOwnProperty.call(OP_TABLE, s);
+}
+
+/** Groups derived from the table, never listed again. */
+export const COLLECTIVE_OPS: readonly OpKind[] = OP_KINDS.filter(
+  (k) => OP_TABLE[k].category === 'collective',
+);
+export const MATMUL_OPS: readonly OpKind[] = [
+  'linear',
+  'patch_embed',
+  'grouped_linear',
+  'attention',
+];
+
+/** Checks attribute presence and types against the table; returns problems (empty when fine). */
+export function checkAttrs(kind: OpKind, attrs: Attrs): string[] {
+  const specs = OP_TABLE[kind].attrs as Readonly<Record<string, AttrSpec>>;
+  const problems: string[] = [];
+  for (const [name, spec] of Object.entries(specs)) {
+    const v = attrs[name];
+    if (v === undefined) {
+      if (spec.required) problems.push(`missing attribute '${name}' (${spec.doc})`);
+      continue;
+    }
+    if (!attrTypeOk(spec.type, v))
+      problems.push(`attribute '${name}' must be ${spec.type}, got ${JSON.stringify(v)}`);
+  }
+  for (const name of Object.keys(attrs)) {
+    if (!(name in specs)) problems.push(`unknown attribute '${name}' for ${kind}`);
+  }
+  return problems;
+}
+
+function attrTypeOk(t: AttrType, v: AttrValue): boolean {
+  switch (t) {
+    case 'number':
+      return typeof v === 'number' && Number.isFinite(v);
+    case 'int':
+      return typeof v === 'number' && Number.isInteger(v);
+    case 'bool':
+      return typeof v === 'boolean';
+    case 'string':
+    case 'dtype':
+      return typeof v === 'string';
+    case 'ints':
+      return Array.isArray(v) && v.every((x) => typeof x === 'number' && Number.isInteger(x));
+    case 'dims':
+      return Array.isArray(v) && v.every((x) => typeof x === 'string');
+  }
+}
+
+/** Output types of a node; throws ShapeError when the inputs break the op's rule. */
+export function inferTypes(
+  kind: OpKind,
+  inputs: readonly TensorType[],
+  attrs: Attrs,
+): TensorType[] {
+  const info: OpInfo = OP_TABLE[kind];
+  const [lo, hi] = info.inputs;
+  if (inputs.length < lo || inputs.length > hi) {
+    throw new ShapeError(
+      `${kind} takes ${lo === hi ? lo : `${lo}–${hi}`} inputs, got ${inputs.length}`,
+    );
+  }
+  const problems = checkAttrs(kind, attrs);
+  if (problems.length) throw new ShapeError(problems.join('; '));
+  return info.shape(inputs, attrs);
+}
+
+/** Matmul FLOPs of one forward node at given symbol sizes. */
+export function nodeFlops(
+  kind: OpKind,
+  inputs: readonly TensorType[],
+  outputs: readonly TensorType[],
+  attrs: Attrs,
+  sizes: (sym: string) => number,
+): number {
+  return OP_TABLE[kind].flops({
+    inputs: inputs.map((t) => resolveShape(t.shape, sizes)),
+    outputs: outputs.map((t) => resolveShape(t.shape, sizes)),
+    attrs,
+  });
+}

@@ -1,0 +1,66 @@
+// The sharding table: how each op kind splits under tensor / expert / sequence parallelism
+// (exhaustive by type). The parallel passes read it.
+//   follows    elementwise or row-wise: output shards are the input shards, no communication
+//   replicate  needs whole tensors; the pass gathers its inputs first
+//   collective the op is itself communication, inserted by the passes
+//   not_yet    the rule is not written yet (the pass refuses to shard it, naming the op)
+
+import type { OpKind } from '../ir/ops.js';
+
+export type ShardEntry =
+  | { readonly kind: 'follows' }
+  | { readonly kind: 'replicate'; readonly why: string }
+  | { readonly kind: 'collective' }
+  | { readonly kind: 'not_yet'; readonly plan: string };
+
+export const SHARDING_RULES = {
+  embedding: {
+    kind: 'not_yet',
+    plan: 'vocab-parallel: rows of the table per TP rank, all-reduce of the masked lookup',
+  },
+  patch_embed: { kind: 'not_yet', plan: 'column-parallel like linear' },
+  linear: {
+    kind: 'not_yet',
+    plan: 'column-parallel (split out) or row-parallel (split in, all-reduce)',
+  },
+  layernorm: { kind: 'follows' },
+  rmsnorm: { kind: 'follows' },
+  rope: { kind: 'follows' },
+  attention: {
+    kind: 'not_yet',
+    plan: 'split query heads and KV heads together, respecting GQA groups',
+  },
+  gelu: { kind: 'follows' },
+  swiglu: { kind: 'follows' },
+  add: { kind: 'follows' },
+  merge_visual: { kind: 'replicate', why: 'placeholder positions index the whole sequence' },
+  router_topk: { kind: 'replicate', why: 'top-k needs every expert logit of a token' },
+  moe_permute: {
+    kind: 'not_yet',
+    plan: 'expert-parallel: permute to local buffers, all_to_all_v dispatch',
+  },
+  grouped_linear: { kind: 'not_yet', plan: 'experts split over ep; expert TP like linear' },
+  moe_unpermute: { kind: 'not_yet', plan: 'all_to_all_v combine, then the weighted sum' },
+  moe_aux_loss: {
+    kind: 'not_yet',
+    plan: 'statistics reduced over the ranks that split the tokens',
+  },
+  cross_entropy: {
+    kind: 'not_yet',
+    plan: 'vocab-parallel: max, sum-exp and target logit all-reduced',
+  },
+  reshape: { kind: 'follows' },
+  split: { kind: 'not_yet', plan: 'split per shard when parts are shard-aligned' },
+  adamw: { kind: 'follows' },
+  all_reduce: { kind: 'collective' },
+  all_gather: { kind: 'collective' },
+  reduce_scatter: { kind: 'collective' },
+  broadcast: { kind: 'collective' },
+  all_to_all_v: { kind: 'collective' },
+  gather_v: { kind: 'collective' },
+  scatter_v: { kind: 'collective' },
+  send: { kind: 'collective' },
+  recv: { kind: 'collective' },
+  offload: { kind: 'follows' },
+  reload: { kind: 'follows' },
+} as const satisfies Record<OpKind, ShardEntry>;

@@ -1,0 +1,56 @@
+// Sets up what lfc needs on first use, so the quick-start commands work on a fresh machine:
+// npm packages (npm ci), the TypeScript build (dist/). Plain Node, no dependencies.
+import { execFileSync } from 'node:child_process';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const root = dirname(dirname(fileURLToPath(import.meta.url)));
+
+function newestMtime(dir) {
+  let newest = 0;
+  if (!existsSync(dir)) return 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, entry.name);
+    if (entry.isDirectory()) newest = Math.max(newest, newestMtime(p));
+    else if (entry.name.endsWith('.ts')) newest = Math.max(newest, statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+function say(quiet, text) {
+  if (!quiet) process.stderr.write(`lfc setup: ${text}\n`);
+}
+
+export function ensureDeps({ quiet = false } = {}) {
+  const marker = join(root, 'node_modules', '.package-lock.json');
+  const lock = join(root, 'package-lock.json');
+  if (existsSync(marker) && statSync(marker).mtimeMs >= statSync(lock).mtimeMs) return;
+  process.stderr.write('lfc setup: installing npm packages (npm ci)…\n');
+  execFileSync('npm', ['ci', '--no-audit', '--no-fund'], {
+    cwd: root,
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  say(quiet, 'npm packages installed');
+}
+
+export async function ensureBuilt({ quiet = false } = {}) {
+  ensureDeps({ quiet });
+  const info = join(root, 'dist', '.tsbuildinfo');
+  const sources = Math.max(...['ir', 'passes', 'compiler'].map((d) => newestMtime(join(root, d))));
+  if (
+    existsSync(info) &&
+    statSync(info).mtimeMs >= sources &&
+    existsSync(join(root, 'dist/compiler/cli/main.js'))
+  )
+    return;
+  process.stderr.write('lfc setup: compiling TypeScript…\n');
+  execFileSync(
+    process.execPath,
+    [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(root, 'tsconfig.build.json')],
+    {
+      cwd: root,
+      stdio: ['ignore', 'inherit', 'inherit'],
+    },
+  );
+}

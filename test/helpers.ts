@@ -1,0 +1,26 @@
+// Shared by tests: every preset's forward graph, built once per test file.
+import { buildForwardGraph } from '../compiler/frontend/build.js';
+import { listPresets, loadModelConfig } from '../compiler/frontend/config.js';
+import type { Graph } from '../ir/graph.js';
+import { run, type CliIO } from '../compiler/cli/index.js';
+
+export const PRESETS = listPresets().map((p) => p.name);
+
+const cache = new Map<string, Graph>();
+export function presetGraph(name: string): Graph {
+  let g = cache.get(name);
+  if (!g) {
+    g = buildForwardGraph(loadModelConfig(name));
+    cache.set(name, g);
+  }
+  return g;
+}
+
+/** Runs the CLI in-process; returns exit code and captured output. */
+export async function cli(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  let out = '';
+  let err = '';
+  const io: CliIO = { out: (t) => (out += t), err: (t) => (err += t) };
+  const code = await run(argv, io);
+  return { code, out, err };
+}

@@ -1,0 +1,319 @@
+// Every op's shape rule: one valid case with its expected output types, one invalid case with
+// the message it must give. The case table is keyed by OpKind, so a new op without cases fails
+// type checking here too.
+import { describe, expect, it } from 'vitest';
+import { inferTypes, OP_KINDS, OP_TABLE, nodeFlops, type OpKind } from '../../ir/ops.js';
+import { parseType, formatType } from '../../ir/index.js';
+import type { Attrs } from '../../ir/types.js';
+
+interface Case {
+  inputs: string[];
+  attrs?: Attrs;
+  out: string[];
+  bad: { inputs: string[]; attrs?: Attrs; error: RegExp };
+}
+
+const CASES: Record<OpKind, Case> = {
+  embedding: {
+    inputs: ['i32[S]', 'f32[512, 128]'],
+    out: ['f32[S, 128]'],
+    bad: { inputs: ['f32[S]', 'f32[512, 128]'], error: /ids must be an integer tensor/ },
+  },
+  patch_embed: {
+    inputs: ['f32[4*Nv, 48]', 'f32[64, 48]', 'f32[64]'],
+    out: ['f32[4*Nv, 64]'],
+    bad: { inputs: ['f32[4*Nv, 47]', 'f32[64, 48]'], error: /in-features vs last dim/ },
+  },
+  linear: {
+    inputs: ['f32[S, 8, 128]', 'f32[64, 128]'],
+    out: ['f32[S, 8, 64]'],
+    bad: {
+      inputs: ['f32[S, 128]', 'f32[64, 128]', 'f32[32]'],
+      error: /bias size vs weight out-features/,
+    },
+  },
+  layernorm: {
+    inputs: ['f32[Nv, 64]', 'f32[64]', 'f32[64]'],
+    attrs: { eps: 1e-6 },
+    out: ['f32[Nv, 64]'],
+    bad: {
+      inputs: ['f32[Nv, 64]', 'f32[64]', 'f32[63]'],
+      attrs: { eps: 1e-6 },
+      error: /bias size vs last dim/,
+    },
+  },
+  rmsnorm: {
+    inputs: ['f32[S, 8, 16]', 'f32[16]'],
+    attrs: { eps: 1e-6 },
+    out: ['f32[S, 8, 16]'],
+    bad: { inputs: ['f32[S, 8, 16]', 'f32[16]'], error: /missing attribute 'eps'/ },
+  },
+  rope: {
+    inputs: ['f32[S, 8, 128]', 'i32[S, 3]'],
+    attrs: { theta: 1e6, sections: [24, 20, 20] },
+    out: ['f32[S, 8, 128]'],
+    bad: {
+      inputs: ['f32[S, 8, 128]', 'i32[S, 3]'],
+      attrs: { theta: 1e6, sections: [24, 20, 21] },
+      error: /sections sum to 65, head dim\/2 is 64/,
+    },
+  },
+  attention: {
+    inputs: ['f32[S, 8, 16]', 'f32[S, 4, 16]', 'f32[S, 4, 16]', 'i32[S]'],
+    attrs: { causal: true, scale: 0.25 },
+    out: ['f32[S, 8, 16]'],
+    bad: {
+      inputs: ['f32[S, 6, 16]', 'f32[S, 4, 16]', 'f32[S, 4, 16]', 'i32[S]'],
+      attrs: { causal: true, scale: 0.25 },
+      error: /query heads 6 must be a multiple of KV heads 4/,
+    },
+  },
+  gelu: {
+    inputs: ['f32[S, 256]'],
+    out: ['f32[S, 256]'],
+    bad: { inputs: ['i32[S, 256]'], error: /must be a float tensor/ },
+  },
+  swiglu: {
+    inputs: ['f32[2*S, 128]', 'f32[2*S, 128]'],
+    out: ['f32[2*S, 128]'],
+    bad: { inputs: ['f32[2*S, 128]', 'f32[S, 128]'], error: /shape mismatch/ },
+  },
+  add: {
+    inputs: ['f32[]', 'f32[]'],
+    out: ['f32[]'],
+    bad: { inputs: ['f32[S]', 'f64[S]'], error: /dtype mismatch/ },
+  },
+  merge_visual: {
+    inputs: ['f32[S, 128]', 'f32[Nv, 128]', 'i32[S]'],
+    attrs: { placeholder: 1, mode: 'replace' },
+    out: ['f32[S, 128]'],
+    bad: {
+      inputs: ['f32[S, 128]', 'f32[Nv, 64]', 'i32[S]'],
+      attrs: { placeholder: 1, mode: 'replace' },
+      error: /visual hidden vs text hidden/,
+    },
+  },
+  router_topk: {
+    inputs: ['f32[S, 8]'],
+    attrs: { k: 2 },
+    out: ['f32[S, 8]', 'f32[S, 2]', 'i32[S, 2]'],
+    bad: { inputs: ['f32[S, 8]'], attrs: { k: 9 }, error: /top-k 9 must be in \[1, 8\]/ },
+  },
+  moe_permute: {
+    inputs: ['f32[S, 128]', 'i32[S, 2]'],
+    attrs: { num_experts: 8 },
+    out: ['f32[2*S, 128]', 'i32[8]', 'i32[2*S]'],
+    bad: {
+      inputs: ['f32[S, 128]', 'i32[Nv, 2]'],
+      attrs: { num_experts: 8 },
+      error: /experts vs tokens/,
+    },
+  },
+  grouped_linear: {
+    inputs: ['f32[2*S, 128]', 'i32[2]', 'f32[64, 128]', 'f32[64, 128]'],
+    out: ['f32[2*S, 64]'],
+    bad: {
+      inputs: ['f32[2*S, 128]', 'i32[3]', 'f32[64, 128]', 'f32[64, 128]'],
+      error: /counts has 3 experts, 2 weights given/,
+    },
+  },
+  moe_unpermute: {
+    inputs: ['f32[2*S, 128]', 'i32[2*S]', 'f32[S, 2]'],
+    out: ['f32[S, 128]'],
+    bad: { inputs: ['f32[2*S, 128]', 'i32[S]', 'f32[S, 2]'], error: /row_of vs tokens·k/ },
+  },
+  moe_aux_loss: {
+    inputs: ['f32[S, 8]', 'i32[S, 2]', 'i32[S]'],
+    attrs: { coeff: 0.001 },
+    out: ['f32[]'],
+    bad: {
+      inputs: ['f32[S, 8]', 'i32[S, 2]', 'i32[Nv]'],
+      attrs: { coeff: 0.001 },
+      error: /segments vs tokens/,
+    },
+  },
+  cross_entropy: {
+    inputs: ['f32[S, 512]', 'i32[S]', 'u8[S]', 'f32[]'],
+    out: ['f32[]'],
+    bad: {
+      inputs: ['f32[S, 512]', 'i32[S]', 'u8[S]', 'f32[1]'],
+      error: /loss_tokens must be a scalar/,
+    },
+  },
+  reshape: {
+    inputs: ['f32[4*Nv, 64]'],
+    attrs: { shape: ['Nv', '256'] },
+    out: ['f32[Nv, 256]'],
+    bad: { inputs: ['f32[4*Nv, 64]'], attrs: { shape: ['Nv', '128'] }, error: /cannot reshape/ },
+  },
+  split: {
+    inputs: ['f32[Nv, 192]'],
+    attrs: { sizes: [64, 64, 64] },
+    out: ['f32[Nv, 64]', 'f32[Nv, 64]', 'f32[Nv, 64]'],
+    bad: { inputs: ['f32[Nv, 192]'], attrs: { sizes: [64, 64] }, error: /parts sum to 128/ },
+  },
+  adamw: {
+    inputs: ['f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]'],
+    attrs: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
+    out: ['f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]'],
+    bad: {
+      inputs: ['f32[64, 48]', 'f32[64, 47]', 'f32[64, 48]', 'f32[64, 48]'],
+      attrs: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
+      error: /grad \[64, 47\] vs param/,
+    },
+  },
+  all_reduce: {
+    inputs: ['f32[S, 128]'],
+    attrs: { group: 'tp', group_size: 2 },
+    out: ['f32[S, 128]'],
+    bad: {
+      inputs: ['f32[S, 128]'],
+      attrs: { group: 'tp' },
+      error: /missing attribute 'group_size'/,
+    },
+  },
+  all_gather: {
+    inputs: ['f32[S, 64]'],
+    attrs: { group: 'tp', group_size: 2 },
+    out: ['f32[2*S, 64]'],
+    bad: { inputs: ['f32[]'], attrs: { group: 'tp', group_size: 2 }, error: /needs rank ≥ 1/ },
+  },
+  reduce_scatter: {
+    inputs: ['f32[S, 64]'],
+    attrs: { group: 'tp', group_size: 2 },
+    out: ['f32[S/2, 64]'],
+    bad: {
+      inputs: ['f32[7, 64]'],
+      attrs: { group: 'tp', group_size: 2 },
+      error: /7 is not divisible by 2/,
+    },
+  },
+  broadcast: {
+    inputs: ['f32[Nv, 128]'],
+    attrs: { group: 'tp', group_size: 2, root: 0 },
+    out: ['f32[Nv, 128]'],
+    bad: {
+      inputs: ['f32[Nv, 128]'],
+      attrs: { group: 'tp', group_size: 2, root: 'zero' },
+      error: /'root' must be int/,
+    },
+  },
+  all_to_all_v: {
+    inputs: ['f32[2*S, 128]', 'i32[4]'],
+    attrs: { group: 'ep', group_size: 4, out_rows: ['8*S'] },
+    out: ['f32[8*S, 128]', 'i32[4]'],
+    bad: {
+      inputs: ['f32[2*S, 128]', 'i32[2]'],
+      attrs: { group: 'ep', group_size: 4, out_rows: ['8*S'] },
+      error: /one entry per rank/,
+    },
+  },
+  gather_v: {
+    inputs: ['f32[Nv, 128]'],
+    attrs: { group: 'mp', group_size: 4, root: 0, out_rows: ['4*Nv'] },
+    out: ['f32[4*Nv, 128]'],
+    bad: {
+      inputs: ['f32[Nv]'],
+      attrs: { group: 'mp', group_size: 4, root: 0, out_rows: ['4*Nv'] },
+      error: /rows must have rank 2/,
+    },
+  },
+  scatter_v: {
+    inputs: ['f32[4*Nv, 128]'],
+    attrs: { group: 'mp', group_size: 4, root: 0, out_rows: ['Nv'] },
+    out: ['f32[Nv, 128]'],
+    bad: {
+      inputs: ['f32[4*Nv, 128]'],
+      attrs: { group: 'mp', group_size: 4, root: 0, out_rows: 'Nv' },
+      error: /'out_rows' must be dims/,
+    },
+  },
+  send: {
+    inputs: ['f32[S, 128]'],
+    attrs: { peer: 1, tag: 3 },
+    out: [],
+    bad: { inputs: [], attrs: { peer: 1, tag: 3 }, error: /send takes 1 inputs, got 0/ },
+  },
+  recv: {
+    inputs: [],
+    attrs: { peer: 0, tag: 3, dtype: 'f32', shape: ['S', '128'] },
+    out: ['f32[S, 128]'],
+    bad: {
+      inputs: [],
+      attrs: { peer: 0, tag: 3, dtype: 'f32' },
+      error: /missing attribute 'shape'/,
+    },
+  },
+  offload: {
+    inputs: ['f32[Nv, 128]'],
+    out: ['f32@host[Nv, 128]'],
+    bad: { inputs: ['f32@host[Nv, 128]'], error: /offload reads a device tensor/ },
+  },
+  reload: {
+    inputs: ['f32@host[Nv, 128]'],
+    out: ['f32[Nv, 128]'],
+    bad: { inputs: ['f32[Nv, 128]'], error: /reload reads a host tensor/ },
+  },
+};
+
+describe('op table shape rules', () => {
+  it('has a case for every op kind', () => {
+    expect(Object.keys(CASES).sort()).toEqual([...OP_KINDS].sort());
+  });
+  for (const kind of OP_KINDS) {
+    const c = CASES[kind];
+    it(`${kind}: derives ${c.out.join(', ') || 'no outputs'}`, () => {
+      const outs = inferTypes(kind, c.inputs.map(parseType), c.attrs ?? {});
+      expect(outs.map(formatType)).toEqual(c.out);
+    });
+    it(`${kind}: rejects a broken case`, () => {
+      expect(() => inferTypes(kind, c.bad.inputs.map(parseType), c.bad.attrs ?? {})).toThrow(
+        c.bad.error,
+      );
+    });
+  }
+});
+
+describe('op table costs', () => {
+  const sizes = (s: string) => ({ S: 128, Nv: 16 })[s] ?? 0;
+  it('linear is 2·m·n·k', () => {
+    const x = parseType('f32[S, 8, 128]');
+    const w = parseType('f32[64, 128]');
+    expect(nodeFlops('linear', [x, w], [parseType('f32[S, 8, 64]')], {}, sizes)).toBe(
+      2 * 128 * 8 * 64 * 128,
+    );
+  });
+  it('causal attention is half of 4·T²·nh·d; a window caps the segment', () => {
+    const q = parseType('f32[S, 8, 16]');
+    const kv = parseType('f32[S, 4, 16]');
+    const args = [q, kv, kv, parseType('i32[S]')];
+    expect(nodeFlops('attention', args, [q], { causal: true, scale: 1 }, sizes)).toBe(
+      (4 * 128 * 128 * 8 * 16) / 2,
+    );
+    expect(nodeFlops('attention', args, [q], { causal: false, scale: 1 }, sizes)).toBe(
+      4 * 128 * 128 * 8 * 16,
+    );
+    expect(
+      nodeFlops('attention', args, [q], { causal: false, scale: 1, max_segment: 64 }, sizes),
+    ).toBe(4 * 128 * 64 * 8 * 16);
+  });
+  it('grouped_linear counts every row once', () => {
+    const x = parseType('f32[2*S, 128]');
+    const w = parseType('f32[64, 128]');
+    expect(
+      nodeFlops(
+        'grouped_linear',
+        [x, parseType('i32[2]'), w, w],
+        [parseType('f32[2*S, 64]')],
+        {},
+        sizes,
+      ),
+    ).toBe(2 * 256 * 128 * 64);
+  });
+  it('collectives are flagged from the table, not a list', () => {
+    const coll = OP_KINDS.filter((k) => OP_TABLE[k].category === 'collective');
+    expect(coll).toContain('all_to_all_v');
+    expect(coll).not.toContain('linear');
+    for (const k of coll) expect(OP_TABLE[k].pure).toBe(false);
+  });
+});
