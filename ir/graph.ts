@@ -88,8 +88,52 @@ export class GraphBuilder {
   private readonly types = new Map<string, TensorType>();
   private readonly scopes: string[] = [];
   private next = 0;
+  private phase: Phase = 'forward';
 
   constructor(private readonly name: string) {}
+
+  /** A builder that continues an existing graph: same values, numbering after its last value. */
+  static from(g: Graph): GraphBuilder {
+    const b = new GraphBuilder(g.name);
+    b.symbols.push(...g.symbols);
+    for (const i of g.inputs) {
+      b.define(i.name, i.type);
+      b.inputs.push(i);
+    }
+    for (const p of g.params) {
+      b.define(p.name, p.type);
+      b.params.push(p);
+    }
+    for (const n of g.nodes) {
+      for (const o of n.outputs) {
+        b.define(o.name, o.type);
+        if (/^\d+$/.test(o.name)) b.next = Math.max(b.next, Number(o.name) + 1);
+      }
+      b.nodes.push(n);
+    }
+    b.outputs.push(...g.outputs);
+    return b;
+  }
+
+  /** Adds a parameter-like value (gradient buffer, optimizer state) with an explicit role. */
+  state(name: string, type: TensorType, role: ParamRole, module: ModuleName, init: string): string {
+    this.define(name, type);
+    this.params.push({ name, type, role, trainable: false, module, init });
+    return name;
+  }
+
+  /** Runs fn with nodes in the given phase and at the given absolute scope. */
+  at<T>(scope: string, phase: Phase, fn: () => T): T {
+    const saved = this.scopes.splice(0, this.scopes.length, ...(scope ? [scope] : []));
+    const savedPhase = this.phase;
+    this.phase = phase;
+    try {
+      return fn();
+    } finally {
+      this.scopes.splice(0, this.scopes.length, ...saved);
+      this.phase = savedPhase;
+    }
+  }
 
   symbol(name: string, bound: number, doc: string): SymDim {
     if (!Number.isInteger(bound) || bound < 1)
@@ -123,12 +167,8 @@ export class GraphBuilder {
   }
 
   /** Adds a node; returns the names of its outputs. */
-  op(
-    kind: OpKind,
-    inputs: readonly string[],
-    attrs: Attrs = {},
-    phase: Phase = 'forward',
-  ): string[] {
+  op(kind: OpKind, inputs: readonly string[], attrs: Attrs = {}): string[] {
+    const phase = this.phase;
     const inTypes = inputs.map((n) => {
       const t = this.types.get(n);
       if (!t) throw new Error(`${kind} in ${this.scope()}: undefined value ${n}`);

@@ -42,10 +42,33 @@ export const OP_KINDS = [
   'moe_unpermute',
   'moe_aux_loss',
   'cross_entropy',
-  // layout
+  // backward
+  'embedding_grad',
+  'linear_dgrad',
+  'linear_wgrad',
+  'layernorm_grad',
+  'rmsnorm_grad',
+  'rope_grad',
+  'attention_grad',
+  'gelu_grad',
+  'swiglu_grad',
+  'merge_visual_grad',
+  'router_topk_grad',
+  'moe_permute_grad',
+  'grouped_linear_dgrad',
+  'grouped_linear_wgrad',
+  'moe_unpermute_grad',
+  'moe_aux_loss_grad',
+  'cross_entropy_grad',
+  // layout and constants
   'reshape',
   'split',
-  // optimizer
+  'concat',
+  'constant',
+  // optimizer (in place on persistent buffers)
+  'grad_accumulate',
+  'sum_squares',
+  'clip_coef',
   'adamw',
   // collectives
   'all_reduce',
@@ -238,27 +261,7 @@ export const OP_TABLE = {
       theta: attr('number', 'base of the frequencies'),
       sections: attr('ints', 'frequencies per position section; sums to d/2'),
     },
-    shape: ([x, pos], attrs) => {
-      floatT(x, 'x');
-      rank(x, 3, 'x');
-      intT(pos, 'positions');
-      sameDim(pos.shape[0], x.shape[0], 'positions vs tokens of x');
-      const sections = attrs.sections as readonly number[];
-      const want = pos.shape.length === 1 ? 1 : pos.shape[1];
-      need(pos.shape.length <= 2, `positions must have rank 1 or 2, got ${formatShape(pos.shape)}`);
-      need(
-        sections.length === want,
-        `${sections.length} sections for ${String(want)} position columns`,
-      );
-      const d = x.shape[2];
-      need(
-        typeof d === 'number' && d % 2 === 0,
-        `head dim must be an even number, got ${String(d)}`,
-      );
-      const half = sections.reduce((a, b) => a + b, 0);
-      need(half === d / 2, `sections sum to ${half}, head dim/2 is ${d / 2}`);
-      return [{ dtype: x.dtype, shape: x.shape }];
-    },
+    shape: ([x, pos], attrs) => ropeShape(x, pos, attrs),
     flops: noFlops,
     pure: true,
     kernel: 'rope',
@@ -266,7 +269,8 @@ export const OP_TABLE = {
   attention: {
     summary:
       'scaled dot-product attention with GQA over packed segments: q [T, nh, d], k, v [T, nkv, d], ' +
-      'segments [T] (−1 padding) → [T, nh, d]; causal within a segment, or block-diagonal',
+      'segments [T] (−1 padding) → out [T, nh, d], lse f32 [T, nh] (log-sum-exp of the scores, for ' +
+      'backward); causal within a segment, or block-diagonal; a padding token attends to itself',
     category: 'compute',
     inputs: [4, 4],
     attrs: {
@@ -298,7 +302,10 @@ export const OP_TABLE = {
       intT(seg, 'segments');
       rank(seg, 1, 'segments');
       sameDim(seg.shape[0], q.shape[0], 'segments vs tokens');
-      return [{ dtype: q.dtype, shape: q.shape }];
+      return [
+        { dtype: q.dtype, shape: q.shape },
+        { dtype: 'f32', shape: [q.shape[0], nh] },
+      ];
     },
     flops: ({ inputs: [q], attrs }) => {
       const [t, nh, d] = q;
@@ -516,8 +523,293 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'cross_entropy',
   },
+  // ---- backward ops: the grad rules in passes/grad-rules.ts emit these ---------------------------
+  embedding_grad: {
+    summary: 'dtable [rows, H] = Σ over tokens of dy[t] at row ids[t]: dy [T, H], ids [T]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { rows: attr('int', 'rows of the table') },
+    shape: ([dy, ids], attrs) => {
+      floatT(dy, 'dy');
+      intT(ids, 'ids');
+      sameDim(ids.shape[0], dy.shape[0], 'ids vs tokens of dy');
+      return [{ dtype: dy.dtype, shape: [num(attrs, 'rows'), last(dy.shape)] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'embedding_backward',
+  },
+  linear_dgrad: {
+    summary: 'dx = dy·W: dy [..., out], W [out, in] → [..., in]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: ([dy, w]) => {
+      floatT(dy, 'dy');
+      rank(w, 2, 'weight');
+      sameDim(last(dy.shape), w.shape[0], 'dy features vs weight out-features');
+      return [{ dtype: dy.dtype, shape: [...dy.shape.slice(0, -1), w.shape[1]] }];
+    },
+    flops: ({ inputs: [dy, w] }) => 2 * (elems(dy) / dy[dy.length - 1]) * w[0] * w[1],
+    pure: true,
+    kernel: 'linear_backward_data',
+  },
+  linear_wgrad: {
+    summary: 'dW = dyᵀ·x [out, in] (and db = Σ dy [out] with bias): dy [..., out], x [..., in]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { bias: attr('bool', 'also give the bias gradient') },
+    shape: ([dy, x], attrs) => {
+      floatT(dy, 'dy');
+      floatT(x, 'x');
+      need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
+      const out: TensorType[] = [{ dtype: dy.dtype, shape: [last(dy.shape), last(x.shape)] }];
+      if (attrs.bias) out.push({ dtype: dy.dtype, shape: [last(dy.shape)] });
+      return out;
+    },
+    flops: ({ inputs: [dy, x] }) =>
+      2 * (elems(dy) / dy[dy.length - 1]) * dy[dy.length - 1] * x[x.length - 1],
+    pure: true,
+    kernel: 'linear_backward_weight',
+  },
+  layernorm_grad: {
+    summary: 'LayerNorm backward: dy, x, w → dx, dw, db',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: { eps: attr('number', 'as in the forward') },
+    shape: ([dy, x, w]) => {
+      need(shapeEq(dy.shape, x.shape), `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`);
+      return [
+        { dtype: x.dtype, shape: x.shape },
+        { dtype: w.dtype, shape: w.shape },
+        { dtype: w.dtype, shape: w.shape },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'layernorm_backward',
+  },
+  rmsnorm_grad: {
+    summary: 'RMSNorm backward: dy, x, w → dx, dw',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: { eps: attr('number', 'as in the forward') },
+    shape: ([dy, x, w]) => {
+      need(shapeEq(dy.shape, x.shape), `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`);
+      return [
+        { dtype: x.dtype, shape: x.shape },
+        { dtype: w.dtype, shape: w.shape },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'rmsnorm_backward',
+  },
+  rope_grad: {
+    summary: 'RoPE backward (rotation by the opposite angle): dy [T, nh, d], positions → dx',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {
+      theta: attr('number', 'as in the forward'),
+      sections: attr('ints', 'as in the forward'),
+    },
+    shape: ([dy, pos], attrs) => ropeShape(dy, pos, attrs),
+    flops: noFlops,
+    pure: true,
+    kernel: 'rope_backward',
+  },
+  attention_grad: {
+    summary: 'attention backward: dout, q, k, v, segments, out, lse → dq, dk, dv',
+    category: 'compute',
+    inputs: [7, 7],
+    attrs: {
+      causal: attr('bool', 'as in the forward'),
+      scale: attr('number', 'as in the forward'),
+      max_segment: attr('int', 'as in the forward', false),
+    },
+    shape: ([dout, q, k, v]) => {
+      need(
+        shapeEq(dout.shape, q.shape),
+        `dout ${formatShape(dout.shape)} vs q ${formatShape(q.shape)}`,
+      );
+      return [q, k, v].map((t) => ({ dtype: t.dtype, shape: t.shape }));
+    },
+    flops: ({ inputs: [, q], attrs }) => {
+      const [t, nh, d] = q;
+      const seg = Math.min(t, (attrs.max_segment as number | undefined) || t);
+      return (2 * 4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
+    },
+    pure: true,
+    kernel: 'attention_backward',
+  },
+  gelu_grad: {
+    summary: 'GELU (tanh) backward: dy, x → dx',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: elementwise,
+    flops: noFlops,
+    pure: true,
+    kernel: 'gelu_backward',
+  },
+  swiglu_grad: {
+    summary: 'SwiGLU backward: dy, gate, up → dgate, dup',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {},
+    shape: (inputs) => {
+      const [t] = elementwise(inputs);
+      return [t, t];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'swiglu_backward',
+  },
+  merge_visual_grad: {
+    summary:
+      'merge_visual backward: dy [T, H], tokens [T] → dtext [T, H] (zero at replaced rows in replace ' +
+      'mode), dvisual [visual_rows, H]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {
+      placeholder: attr('int', 'as in the forward'),
+      mode: attr('string', 'as in the forward'),
+      visual_rows: attr('dims', 'rows of the visual input, one dim'),
+    },
+    shape: ([dy, tokens], attrs) => {
+      floatT(dy, 'dy');
+      rank(dy, 2, 'dy');
+      intT(tokens, 'tokens');
+      const [rows] = dimsAttr(attrs, 'visual_rows');
+      return [
+        { dtype: dy.dtype, shape: dy.shape },
+        { dtype: dy.dtype, shape: [rows, dy.shape[1]] },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'merge_visual_backward',
+  },
+  router_topk_grad: {
+    summary:
+      'router backward with the selection held fixed: dprobs [T, E], dweights [T, k], probs [T, E], ' +
+      'experts [T, k] → dlogits [T, E]',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {},
+    shape: ([dprobs, dweights, probs, experts]) => {
+      need(shapeEq(dprobs.shape, probs.shape), 'dprobs vs probs');
+      need(shapeEq(dweights.shape, experts.shape), 'dweights vs experts');
+      return [{ dtype: probs.dtype, shape: probs.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'router_topk_backward',
+  },
+  moe_permute_grad: {
+    summary:
+      'moe_permute backward: drows [T·k, H], row_of [T·k] → dx [T, H] (dx[t] = Σⱼ drows[row_of[t·k+j]])',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { k: attr('int', 'experts per token') },
+    shape: ([drows, rowOf], attrs) => {
+      floatT(drows, 'drows');
+      rank(drows, 2, 'drows');
+      intT(rowOf, 'row_of');
+      sameDim(rowOf.shape[0], drows.shape[0], 'row_of vs rows');
+      return [
+        { dtype: drows.dtype, shape: [dimDiv(drows.shape[0], num(attrs, 'k')), drows.shape[1]] },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_permute_backward',
+  },
+  grouped_linear_dgrad: {
+    summary: 'grouped_linear backward for the rows: dy [N, out], counts [E], W_0 … → dx [N, in]',
+    category: 'compute',
+    inputs: [3, Infinity],
+    attrs: {},
+    shape: ([dy, counts, ...ws]) => {
+      floatT(dy, 'dy');
+      need(
+        counts.shape[0] === ws.length,
+        `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
+      );
+      sameDim(ws[0].shape[0], dy.shape[1], 'expert weight out vs dy');
+      return [{ dtype: dy.dtype, shape: [dy.shape[0], ws[0].shape[1]] }];
+    },
+    flops: ({ inputs }) => 2 * inputs[0][0] * inputs[0][1] * inputs[2][1],
+    pure: true,
+    kernel: 'grouped_linear_backward_data',
+  },
+  grouped_linear_wgrad: {
+    summary:
+      'grouped_linear backward for the weights: dy [N, out], x [N, in], counts [E] → dW_0 … dW_{E−1}',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {},
+    shape: ([dy, x, counts]) => {
+      floatT(dy, 'dy');
+      sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
+      const e = counts.shape[0];
+      need(typeof e === 'number', 'expert count must be a number');
+      return Array.from({ length: e }, () => ({
+        dtype: dy.dtype,
+        shape: [dy.shape[1], x.shape[1]],
+      }));
+    },
+    flops: ({ inputs: [dy, x] }) => 2 * dy[0] * dy[1] * x[1],
+    pure: true,
+    kernel: 'grouped_linear_backward_weight',
+  },
+  moe_unpermute_grad: {
+    summary:
+      'moe_unpermute backward: dy [T, H], rows [N, H], row_of, weights [T, k] → drows [N, H], dweights [T, k]',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {},
+    shape: ([dy, rows, , w]) => {
+      floatT(dy, 'dy');
+      sameDim(dy.shape[1], rows.shape[1], 'hidden of dy vs rows');
+      return [
+        { dtype: rows.dtype, shape: rows.shape },
+        { dtype: w.dtype, shape: w.shape },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_unpermute_backward',
+  },
+  moe_aux_loss_grad: {
+    summary: 'auxiliary-loss backward: dloss [], probs [T, E], experts, segments → dprobs [T, E]',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: { coeff: attr('number', 'as in the forward') },
+    shape: ([dloss, probs]) => {
+      need(dloss.shape.length === 0, 'dloss must be a scalar');
+      return [{ dtype: probs.dtype, shape: probs.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_aux_loss_backward',
+  },
+  cross_entropy_grad: {
+    summary: 'cross-entropy backward: dloss [], logits, labels, mask, loss_tokens → dlogits',
+    category: 'compute',
+    inputs: [5, 5],
+    attrs: {},
+    shape: ([dloss, logits]) => {
+      need(dloss.shape.length === 0, 'dloss must be a scalar');
+      return [{ dtype: logits.dtype, shape: logits.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'cross_entropy_backward',
+  },
+  // ---- layout and constants ---------------------------------------------------------------------
   reshape: {
-    summary: 'same elements, new shape (row-major)',
+    summary: 'same elements, new shape (row-major); the output is a view of the input',
     category: 'layout',
     inputs: [1, 1],
     attrs: { shape: attr('dims', 'the new shape') },
@@ -551,17 +843,97 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'split',
   },
-  adamw: {
-    summary: 'AdamW update: param, grad, m, v → param, m, v (lr and step come from the schedule)',
+  concat: {
+    summary: 'concatenate along the last dim (the inverse of split)',
+    category: 'layout',
+    inputs: [1, Infinity],
+    attrs: {},
+    shape: (inputs) => {
+      const [a] = inputs;
+      let total = 0;
+      for (const t of inputs) {
+        need(t.dtype === a.dtype, `dtype mismatch: ${t.dtype} vs ${a.dtype}`);
+        need(shapeEq(t.shape.slice(0, -1), a.shape.slice(0, -1)), 'leading dims differ');
+        const l = last(t.shape);
+        need(typeof l === 'number', 'the concatenated dim must be a number');
+        total += l;
+      }
+      return [{ dtype: a.dtype, shape: [...a.shape.slice(0, -1), total] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'concat',
+  },
+  constant: {
+    summary: 'a tensor filled with one value',
+    category: 'layout',
+    inputs: [0, 0],
+    attrs: {
+      value: attr('number', 'every element'),
+      dtype: attr('dtype', 'element type'),
+      shape: attr('dims', 'shape'),
+    },
+    shape: (_inputs, attrs) => [{ dtype: attrs.dtype as DType, shape: dimsAttr(attrs, 'shape') }],
+    flops: noFlops,
+    pure: true,
+    kernel: 'fill',
+  },
+  // ---- optimizer step: in place on persistent buffers, so no outputs --------------------------
+  grad_accumulate: {
+    summary: "acc += g: a microbatch's gradient into the step's gradient buffer (a grad parameter)",
     category: 'optimizer',
-    inputs: [4, 4],
+    inputs: [2, 2],
+    attrs: {},
+    shape: ([g, acc]) => {
+      need(
+        shapeEq(g.shape, acc.shape),
+        `gradient ${formatShape(g.shape)} vs buffer ${formatShape(acc.shape)}`,
+      );
+      return [];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'accumulate',
+  },
+  sum_squares: {
+    summary: 'Σ x² over every element of every input (global gradient norm²)',
+    category: 'optimizer',
+    inputs: [1, Infinity],
+    attrs: {},
+    shape: (inputs) => {
+      for (const t of inputs) floatT(t, 'input');
+      return [scalarF32];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'sum_squares',
+  },
+  clip_coef: {
+    summary: 'min(1, max_norm / (√sumsq + 1e-6)): the clipping factor of clip_grad_norm_',
+    category: 'optimizer',
+    inputs: [1, 1],
+    attrs: { max_norm: attr('number', 'largest gradient norm kept') },
+    shape: ([s]) => {
+      need(s.shape.length === 0, 'sumsq must be a scalar');
+      return [scalarF32];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'clip_coef',
+  },
+  adamw: {
+    summary:
+      'AdamW in place with clipping: param, grad, m, v, clip_coef [] (g ← g·clip_coef); lr and step ' +
+      'come from the schedule at run time',
+    category: 'optimizer',
+    inputs: [5, 5],
     attrs: {
       beta1: attr('number', 'first-moment decay'),
       beta2: attr('number', 'second-moment decay'),
       eps: attr('number', 'added to √v̂'),
       weight_decay: attr('number', 'decoupled weight decay'),
     },
-    shape: ([p, g, m, v]) => {
+    shape: ([p, g, m, v, c]) => {
       floatT(p, 'param');
       for (const [t, n] of [
         [g, 'grad'],
@@ -574,10 +946,11 @@ export const OP_TABLE = {
         );
         floatT(t, n);
       }
-      return [p, m, v].map((t) => ({ dtype: t.dtype, shape: t.shape }));
+      need(c.shape.length === 0, 'clip_coef must be a scalar');
+      return [];
     },
     flops: noFlops,
-    pure: true,
+    pure: false,
     kernel: 'adamw',
   },
   all_reduce: {
@@ -752,6 +1125,25 @@ export const OP_TABLE = {
     kernel: 'copy',
   },
 } as const satisfies Record<OpKind, OpInfo>;
+
+function ropeShape(x: TensorType, pos: TensorType, attrs: Attrs): TensorType[] {
+  floatT(x, 'x');
+  rank(x, 3, 'x');
+  intT(pos, 'positions');
+  sameDim(pos.shape[0], x.shape[0], 'positions vs tokens of x');
+  const sections = attrs.sections as readonly number[];
+  const want = pos.shape.length === 1 ? 1 : pos.shape[1];
+  need(pos.shape.length <= 2, `positions must have rank 1 or 2, got ${formatShape(pos.shape)}`);
+  need(
+    sections.length === want,
+    `${sections.length} sections for ${String(want)} position columns`,
+  );
+  const d = x.shape[2];
+  need(typeof d === 'number' && d % 2 === 0, `head dim must be an even number, got ${String(d)}`);
+  const half = sections.reduce((a, b) => a + b, 0);
+  need(half === d / 2, `sections sum to ${half}, head dim/2 is ${d / 2}`);
+  return [{ dtype: x.dtype, shape: x.shape }];
+}
 
 function linearShape(x: TensorType, w: TensorType, b: TensorType | undefined): TensorType[] {
   floatT(x, 'x');

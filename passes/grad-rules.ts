@@ -1,47 +1,158 @@
-// The gradient table: one entry per op kind (exhaustive by type). The autodiff pass reads it.
-//   none     no gradient flows through this op (integer outputs, optimizer, data movement that
-//            the parallel passes place after autodiff, with their own backward)
-//   not_yet  differentiable in the listed inputs; the rule is not written yet (autodiff refuses
-//            a graph that needs it, naming the op)
+// The gradient table: one entry per op kind (exhaustive by type), read by passes/autodiff.ts.
+// A rule receives the forward node, the gradients of its outputs and which inputs need one, and
+// emits backward nodes through the builder; it returns one gradient (or undefined) per input.
+// Weight ops split their backward into dgrad (inputs) and wgrad (weights) nodes, so a schedule
+// can delay weight gradients.
 
+import type { GraphBuilder, Node } from '../ir/graph.js';
 import type { OpKind } from '../ir/ops.js';
+import { formatDim } from '../ir/shape.js';
+import type { TensorType } from '../ir/types.js';
+
+export interface GradCtx {
+  readonly b: GraphBuilder;
+  readonly node: Node;
+  /** gradient of output i; undefined when nothing downstream needs it */
+  dOut(i: number): string | undefined;
+  /** gradient of output i, or zeros of its type when none flows */
+  dOutOrZero(i: number): string;
+  /** whether input i needs a gradient */
+  needs(i: number): boolean;
+}
+
+export type GradRule = (c: GradCtx) => (string | undefined)[];
 
 export type GradEntry =
-  | { readonly kind: 'none'; readonly why: string }
-  | { readonly kind: 'not_yet'; readonly differentiable: readonly number[] };
+  | { readonly kind: 'rule'; readonly rule: GradRule }
+  | { readonly kind: 'none'; readonly why: string };
 
+const none = (why: string): GradEntry => ({ kind: 'none', why });
+const rule = (r: GradRule): GradEntry => ({ kind: 'rule', rule: r });
+
+const BACKWARD = 'a backward op; lfc does not differentiate twice';
 const AFTER_AUTODIFF = 'inserted by the parallel passes after autodiff, each with its own backward';
+const STEP = 'part of the optimizer step, after the backward pass';
+
+export function zerosLike(b: GraphBuilder, t: TensorType): string {
+  return b.op1('constant', [], { value: 0, dtype: t.dtype, shape: t.shape.map(formatDim) });
+}
+
+function weightOp(c: GradCtx): (string | undefined)[] {
+  const { b, node } = c;
+  const [x, w, bias] = node.inputs;
+  const dy = c.dOut(0)!;
+  const dx = c.needs(0) ? b.op1('linear_dgrad', [dy, w]) : undefined;
+  if (!c.needs(1) && !(bias && c.needs(2))) return [dx];
+  const [dw, db] = b.op('linear_wgrad', [dy, x], { bias: bias !== undefined });
+  return [dx, dw, db];
+}
 
 export const GRAD_RULES = {
-  embedding: { kind: 'not_yet', differentiable: [1] },
-  patch_embed: { kind: 'not_yet', differentiable: [0, 1, 2] },
-  linear: { kind: 'not_yet', differentiable: [0, 1, 2] },
-  layernorm: { kind: 'not_yet', differentiable: [0, 1, 2] },
-  rmsnorm: { kind: 'not_yet', differentiable: [0, 1] },
-  rope: { kind: 'not_yet', differentiable: [0] },
-  attention: { kind: 'not_yet', differentiable: [0, 1, 2] },
-  gelu: { kind: 'not_yet', differentiable: [0] },
-  swiglu: { kind: 'not_yet', differentiable: [0, 1] },
-  add: { kind: 'not_yet', differentiable: [0, 1] },
-  merge_visual: { kind: 'not_yet', differentiable: [0, 1] },
-  router_topk: { kind: 'not_yet', differentiable: [0] },
-  moe_permute: { kind: 'not_yet', differentiable: [0] },
-  grouped_linear: { kind: 'not_yet', differentiable: [0] },
-  moe_unpermute: { kind: 'not_yet', differentiable: [0, 2] },
-  moe_aux_loss: { kind: 'not_yet', differentiable: [0] },
-  cross_entropy: { kind: 'not_yet', differentiable: [0] },
-  reshape: { kind: 'not_yet', differentiable: [0] },
-  split: { kind: 'not_yet', differentiable: [0] },
-  adamw: { kind: 'none', why: 'the optimizer step runs after the backward pass' },
-  all_reduce: { kind: 'none', why: AFTER_AUTODIFF },
-  all_gather: { kind: 'none', why: AFTER_AUTODIFF },
-  reduce_scatter: { kind: 'none', why: AFTER_AUTODIFF },
-  broadcast: { kind: 'none', why: AFTER_AUTODIFF },
-  all_to_all_v: { kind: 'none', why: AFTER_AUTODIFF },
-  gather_v: { kind: 'none', why: AFTER_AUTODIFF },
-  scatter_v: { kind: 'none', why: AFTER_AUTODIFF },
-  send: { kind: 'none', why: AFTER_AUTODIFF },
-  recv: { kind: 'none', why: AFTER_AUTODIFF },
-  offload: { kind: 'none', why: 'memory moves are placed after autodiff' },
-  reload: { kind: 'none', why: 'memory moves are placed after autodiff' },
+  embedding: rule((c) => [
+    undefined,
+    c.b.op1('embedding_grad', [c.dOut(0)!, c.node.inputs[0]], { rows: rowsOf(c, 1) }),
+  ]),
+  patch_embed: rule(weightOp),
+  linear: rule(weightOp),
+  layernorm: rule((c) =>
+    c.b.op('layernorm_grad', [c.dOut(0)!, c.node.inputs[0], c.node.inputs[1]], c.node.attrs),
+  ),
+  rmsnorm: rule((c) =>
+    c.b.op('rmsnorm_grad', [c.dOut(0)!, c.node.inputs[0], c.node.inputs[1]], c.node.attrs),
+  ),
+  rope: rule((c) => [c.b.op1('rope_grad', [c.dOut(0)!, c.node.inputs[1]], c.node.attrs)]),
+  attention: rule((c) => {
+    const [out, lse] = c.node.outputs.map((o) => o.name);
+    return c.b.op('attention_grad', [c.dOut(0)!, ...c.node.inputs, out, lse], c.node.attrs);
+  }),
+  gelu: rule((c) => [c.b.op1('gelu_grad', [c.dOut(0)!, c.node.inputs[0]])]),
+  swiglu: rule((c) => c.b.op('swiglu_grad', [c.dOut(0)!, ...c.node.inputs])),
+  add: rule((c) => [c.dOut(0), c.dOut(0)]),
+  merge_visual: rule((c) => {
+    const [, vis, tokens] = c.node.inputs;
+    const rows = c.b.typeOf(vis).shape[0];
+    const [dtext, dvis] = c.b.op('merge_visual_grad', [c.dOut(0)!, tokens], {
+      ...c.node.attrs,
+      visual_rows: [formatDim(rows)],
+    });
+    return [dtext, c.needs(1) ? dvis : undefined];
+  }),
+  router_topk: rule((c) => {
+    const [probs, , experts] = c.node.outputs.map((o) => o.name);
+    return [c.b.op1('router_topk_grad', [c.dOutOrZero(0), c.dOutOrZero(1), probs, experts])];
+  }),
+  moe_permute: rule((c) => {
+    const k = c.b.typeOf(c.node.inputs[1]).shape[1] as number;
+    return [c.b.op1('moe_permute_grad', [c.dOut(0)!, c.node.outputs[2].name], { k })];
+  }),
+  grouped_linear: rule((c) => {
+    const [x, counts, ...ws] = c.node.inputs;
+    const dy = c.dOut(0)!;
+    const dx = c.needs(0) ? c.b.op1('grouped_linear_dgrad', [dy, counts, ...ws]) : undefined;
+    const wantW = ws.some((_, i) => c.needs(i + 2));
+    const dws = wantW ? c.b.op('grouped_linear_wgrad', [dy, x, counts]) : ws.map(() => undefined);
+    return [dx, undefined, ...dws];
+  }),
+  moe_unpermute: rule((c) => {
+    const [drows, dweights] = c.b.op('moe_unpermute_grad', [c.dOut(0)!, ...c.node.inputs]);
+    return [drows, undefined, dweights];
+  }),
+  moe_aux_loss: rule((c) => [
+    c.b.op1('moe_aux_loss_grad', [c.dOut(0)!, ...c.node.inputs], c.node.attrs),
+  ]),
+  cross_entropy: rule((c) => [c.b.op1('cross_entropy_grad', [c.dOut(0)!, ...c.node.inputs])]),
+  embedding_grad: none(BACKWARD),
+  linear_dgrad: none(BACKWARD),
+  linear_wgrad: none(BACKWARD),
+  layernorm_grad: none(BACKWARD),
+  rmsnorm_grad: none(BACKWARD),
+  rope_grad: none(BACKWARD),
+  attention_grad: none(BACKWARD),
+  gelu_grad: none(BACKWARD),
+  swiglu_grad: none(BACKWARD),
+  merge_visual_grad: none(BACKWARD),
+  router_topk_grad: none(BACKWARD),
+  moe_permute_grad: none(BACKWARD),
+  grouped_linear_dgrad: none(BACKWARD),
+  grouped_linear_wgrad: none(BACKWARD),
+  moe_unpermute_grad: none(BACKWARD),
+  moe_aux_loss_grad: none(BACKWARD),
+  cross_entropy_grad: none(BACKWARD),
+  reshape: rule((c) => {
+    const shape = c.b.typeOf(c.node.inputs[0]).shape.map(formatDim);
+    return [c.b.op1('reshape', [c.dOut(0)!], { shape })];
+  }),
+  split: rule((c) => [
+    c.b.op1(
+      'concat',
+      c.node.outputs.map((_, i) => c.dOutOrZero(i)),
+    ),
+  ]),
+  concat: rule((c) => {
+    const sizes = c.node.inputs.map((i) => {
+      const s = c.b.typeOf(i).shape;
+      return s[s.length - 1] as number;
+    });
+    return c.b.op('split', [c.dOut(0)!], { sizes });
+  }),
+  constant: none('a constant has no inputs'),
+  grad_accumulate: none(STEP),
+  sum_squares: none(STEP),
+  clip_coef: none(STEP),
+  adamw: none(STEP),
+  all_reduce: none(AFTER_AUTODIFF),
+  all_gather: none(AFTER_AUTODIFF),
+  reduce_scatter: none(AFTER_AUTODIFF),
+  broadcast: none(AFTER_AUTODIFF),
+  all_to_all_v: none(AFTER_AUTODIFF),
+  gather_v: none(AFTER_AUTODIFF),
+  scatter_v: none(AFTER_AUTODIFF),
+  send: none(AFTER_AUTODIFF),
+  recv: none(AFTER_AUTODIFF),
+  offload: none('memory moves are placed after autodiff'),
+  reload: none('memory moves are placed after autodiff'),
 } as const satisfies Record<OpKind, GradEntry>;
+
+function rowsOf(c: GradCtx, input: number): number {
+  return c.b.typeOf(c.node.inputs[input]).shape[0] as number;
+}

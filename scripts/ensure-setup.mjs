@@ -1,4 +1,5 @@
 // `npm test`'s pretest step: everything the tests need, installed on first use.
-import { ensureBuilt } from './setup.mjs';
+import { ensureBuilt, ensureKernelCheck } from './setup.mjs';
 
 await ensureBuilt();
+ensureKernelCheck({ quiet: true });

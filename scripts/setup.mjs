@@ -54,3 +54,30 @@ export async function ensureBuilt({ quiet = false } = {}) {
     },
   );
 }
+
+function run(cmd, args, quiet) {
+  execFileSync(cmd, args, {
+    cwd: root,
+    stdio: ['ignore', quiet ? 'ignore' : 'inherit', 'inherit'],
+  });
+}
+
+/** The C++ kernel checks (runtime-native/test): configured once, rebuilt when sources change. */
+export function ensureKernelCheck({ quiet = false } = {}) {
+  const dir = join(root, 'runtime-native/build/kernel-test');
+  if (!existsSync(join(dir, 'CMakeCache.txt'))) {
+    process.stderr.write('lfc setup: configuring the C++ kernel checks (cmake)…\n');
+    run(
+      'cmake',
+      [
+        '-S',
+        'runtime-native/test',
+        '-B',
+        'runtime-native/build/kernel-test',
+        '-DCMAKE_BUILD_TYPE=Release',
+      ],
+      true,
+    );
+  }
+  run('cmake', ['--build', 'runtime-native/build/kernel-test', '-j2'], quiet);
+}

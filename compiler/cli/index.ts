@@ -6,6 +6,7 @@ import { Command, CommanderError } from 'commander';
 import { UserError } from '../errors.js';
 import { addInspectCommand } from './inspect.js';
 import { addDemoCommand } from './demo.js';
+import { addCompileCommand } from './compile.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -30,6 +31,7 @@ export function makeProgram(io: CliIO): Command {
       outputError: (text, write) => write(`lfc: ${text.replace(/\n(?=.)/g, ' ').trim()}\n`),
     });
   addInspectCommand(program, io);
+  addCompileCommand(program, io);
   addDemoCommand(program, io);
   for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
   return program;

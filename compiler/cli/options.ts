@@ -20,3 +20,13 @@ export function imageSize(v: string): [number, number] {
   if (h < 1 || w < 1) throw new InvalidArgumentError(`--image-size must be positive, got '${v}'`);
   return [h, w];
 }
+
+export function positiveNumber(flag: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (v.trim() === '' || !Number.isFinite(n) || n <= 0) {
+      throw new InvalidArgumentError(`${flag} must be a positive number, got '${v}'`);
+    }
+    return n;
+  };
+}

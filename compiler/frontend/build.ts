@@ -162,7 +162,7 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
           const attrs: Attrs = windowed
             ? { causal: false, scale: 1 / Math.sqrt(hd), max_segment: windowPatches }
             : { causal: false, scale: 1 / Math.sqrt(hd) };
-          const o = b.op1('attention', [q, k, v, windowed ? windowSeg : imageSeg], attrs);
+          const [o] = b.op('attention', [q, k, v, windowed ? windowSeg : imageSeg], attrs);
           const flat = b.op1('reshape', [o], { shape: [formatDim(Np), String(hv)] });
           return linear(b, flat, `${p}.attn.proj`, hv, hv, e.add_bias_linear, trainable);
         });
@@ -301,7 +301,7 @@ function buildDecoder(
         const rope = { theta: d.rotary_base, sections: d.mrope_section };
         q = b.op1('rope', [q, positions], rope);
         k = b.op1('rope', [k, positions], rope);
-        const o = b.op1('attention', [q, k, v, segments], {
+        const [o] = b.op('attention', [q, k, v, segments], {
           causal: true,
           scale: 1 / Math.sqrt(hd),
         });

@@ -61,7 +61,7 @@ const CASES: Record<OpKind, Case> = {
   attention: {
     inputs: ['f32[S, 8, 16]', 'f32[S, 4, 16]', 'f32[S, 4, 16]', 'i32[S]'],
     attrs: { causal: true, scale: 0.25 },
-    out: ['f32[S, 8, 16]'],
+    out: ['f32[S, 8, 16]', 'f32[S, 8]'],
     bad: {
       inputs: ['f32[S, 6, 16]', 'f32[S, 4, 16]', 'f32[S, 4, 16]', 'i32[S]'],
       attrs: { causal: true, scale: 0.25 },
@@ -140,6 +140,156 @@ const CASES: Record<OpKind, Case> = {
       error: /loss_tokens must be a scalar/,
     },
   },
+  embedding_grad: {
+    inputs: ['f32[S, 128]', 'i32[S]'],
+    attrs: { rows: 512 },
+    out: ['f32[512, 128]'],
+    bad: { inputs: ['f32[S, 128]', 'i32[Nv]'], attrs: { rows: 512 }, error: /ids vs tokens of dy/ },
+  },
+  linear_dgrad: {
+    inputs: ['f32[S, 64]', 'f32[64, 128]'],
+    out: ['f32[S, 128]'],
+    bad: { inputs: ['f32[S, 63]', 'f32[64, 128]'], error: /dy features vs weight out-features/ },
+  },
+  linear_wgrad: {
+    inputs: ['f32[S, 64]', 'f32[S, 128]'],
+    attrs: { bias: true },
+    out: ['f32[64, 128]', 'f32[64]'],
+    bad: {
+      inputs: ['f32[S, 64]', 'f32[Nv, 128]'],
+      attrs: { bias: false },
+      error: /dy and x rows differ/,
+    },
+  },
+  layernorm_grad: {
+    inputs: ['f32[Nv, 64]', 'f32[Nv, 64]', 'f32[64]'],
+    attrs: { eps: 1e-6 },
+    out: ['f32[Nv, 64]', 'f32[64]', 'f32[64]'],
+    bad: {
+      inputs: ['f32[Nv, 64]', 'f32[S, 64]', 'f32[64]'],
+      attrs: { eps: 1e-6 },
+      error: /dy \[Nv, 64\] vs x \[S, 64\]/,
+    },
+  },
+  rmsnorm_grad: {
+    inputs: ['f32[S, 128]', 'f32[S, 128]', 'f32[128]'],
+    attrs: { eps: 1e-6 },
+    out: ['f32[S, 128]', 'f32[128]'],
+    bad: {
+      inputs: ['f32[S, 128]', 'f32[S, 64]', 'f32[128]'],
+      attrs: { eps: 1e-6 },
+      error: /dy \[S, 128\] vs x/,
+    },
+  },
+  rope_grad: {
+    inputs: ['f32[S, 8, 16]', 'i32[S]'],
+    attrs: { theta: 1e6, sections: [8] },
+    out: ['f32[S, 8, 16]'],
+    bad: {
+      inputs: ['f32[S, 8, 16]', 'i32[S]'],
+      attrs: { theta: 1e6, sections: [7] },
+      error: /sections sum to 7/,
+    },
+  },
+  attention_grad: {
+    inputs: [
+      'f32[S, 8, 16]',
+      'f32[S, 8, 16]',
+      'f32[S, 4, 16]',
+      'f32[S, 4, 16]',
+      'i32[S]',
+      'f32[S, 8, 16]',
+      'f32[S, 8]',
+    ],
+    attrs: { causal: true, scale: 0.25 },
+    out: ['f32[S, 8, 16]', 'f32[S, 4, 16]', 'f32[S, 4, 16]'],
+    bad: {
+      inputs: [
+        'f32[S, 4, 16]',
+        'f32[S, 8, 16]',
+        'f32[S, 4, 16]',
+        'f32[S, 4, 16]',
+        'i32[S]',
+        'f32[S, 8, 16]',
+        'f32[S, 8]',
+      ],
+      attrs: { causal: true, scale: 0.25 },
+      error: /dout \[S, 4, 16\] vs q/,
+    },
+  },
+  gelu_grad: {
+    inputs: ['f32[S, 256]', 'f32[S, 256]'],
+    out: ['f32[S, 256]'],
+    bad: { inputs: ['f32[S, 256]', 'f32[S, 128]'], error: /shape mismatch/ },
+  },
+  swiglu_grad: {
+    inputs: ['f32[S, 384]', 'f32[S, 384]', 'f32[S, 384]'],
+    out: ['f32[S, 384]', 'f32[S, 384]'],
+    bad: { inputs: ['f32[S, 384]', 'f32[S, 384]', 'f32[S, 38]'], error: /shape mismatch/ },
+  },
+  merge_visual_grad: {
+    inputs: ['f32[S, 128]', 'i32[S]'],
+    attrs: { placeholder: 1, mode: 'replace', visual_rows: ['Nv'] },
+    out: ['f32[S, 128]', 'f32[Nv, 128]'],
+    bad: {
+      inputs: ['f32[S, 128]', 'i32[S]'],
+      attrs: { placeholder: 1, mode: 'replace' },
+      error: /missing attribute 'visual_rows'/,
+    },
+  },
+  router_topk_grad: {
+    inputs: ['f32[S, 8]', 'f32[S, 2]', 'f32[S, 8]', 'i32[S, 2]'],
+    out: ['f32[S, 8]'],
+    bad: {
+      inputs: ['f32[S, 8]', 'f32[S, 3]', 'f32[S, 8]', 'i32[S, 2]'],
+      error: /dweights vs experts/,
+    },
+  },
+  moe_permute_grad: {
+    inputs: ['f32[2*S, 128]', 'i32[2*S]'],
+    attrs: { k: 2 },
+    out: ['f32[S, 128]'],
+    bad: { inputs: ['f32[2*S, 128]', 'i32[S]'], attrs: { k: 2 }, error: /row_of vs rows/ },
+  },
+  grouped_linear_dgrad: {
+    inputs: ['f32[2*S, 64]', 'i32[2]', 'f32[64, 128]', 'f32[64, 128]'],
+    out: ['f32[2*S, 128]'],
+    bad: {
+      inputs: ['f32[2*S, 64]', 'i32[2]', 'f32[64, 128]'],
+      error: /counts has 2 experts, 1 weights given/,
+    },
+  },
+  grouped_linear_wgrad: {
+    inputs: ['f32[2*S, 64]', 'f32[2*S, 128]', 'i32[2]'],
+    out: ['f32[64, 128]', 'f32[64, 128]'],
+    bad: { inputs: ['f32[2*S, 64]', 'f32[S, 128]', 'i32[2]'], error: /rows of dy vs x/ },
+  },
+  moe_unpermute_grad: {
+    inputs: ['f32[S, 128]', 'f32[2*S, 128]', 'i32[2*S]', 'f32[S, 2]'],
+    out: ['f32[2*S, 128]', 'f32[S, 2]'],
+    bad: {
+      inputs: ['f32[S, 64]', 'f32[2*S, 128]', 'i32[2*S]', 'f32[S, 2]'],
+      error: /hidden of dy vs rows/,
+    },
+  },
+  moe_aux_loss_grad: {
+    inputs: ['f32[]', 'f32[S, 8]', 'i32[S, 2]', 'i32[S]'],
+    attrs: { coeff: 0.001 },
+    out: ['f32[S, 8]'],
+    bad: {
+      inputs: ['f32[S]', 'f32[S, 8]', 'i32[S, 2]', 'i32[S]'],
+      attrs: { coeff: 0.001 },
+      error: /dloss must be a scalar/,
+    },
+  },
+  cross_entropy_grad: {
+    inputs: ['f32[]', 'f32[S, 512]', 'i32[S]', 'u8[S]', 'f32[]'],
+    out: ['f32[S, 512]'],
+    bad: {
+      inputs: ['f32[2]', 'f32[S, 512]', 'i32[S]', 'u8[S]', 'f32[]'],
+      error: /dloss must be a scalar/,
+    },
+  },
   reshape: {
     inputs: ['f32[4*Nv, 64]'],
     attrs: { shape: ['Nv', '256'] },
@@ -152,12 +302,46 @@ const CASES: Record<OpKind, Case> = {
     out: ['f32[Nv, 64]', 'f32[Nv, 64]', 'f32[Nv, 64]'],
     bad: { inputs: ['f32[Nv, 192]'], attrs: { sizes: [64, 64] }, error: /parts sum to 128/ },
   },
-  adamw: {
-    inputs: ['f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]'],
-    attrs: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
-    out: ['f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]'],
+  concat: {
+    inputs: ['f32[Nv, 64]', 'f32[Nv, 128]'],
+    out: ['f32[Nv, 192]'],
+    bad: { inputs: ['f32[Nv, 64]', 'f32[S, 64]'], error: /leading dims differ/ },
+  },
+  constant: {
+    inputs: [],
+    attrs: { value: 1, dtype: 'f32', shape: [] },
+    out: ['f32[]'],
     bad: {
-      inputs: ['f32[64, 48]', 'f32[64, 47]', 'f32[64, 48]', 'f32[64, 48]'],
+      inputs: [],
+      attrs: { value: 'one', dtype: 'f32', shape: [] },
+      error: /'value' must be number/,
+    },
+  },
+  grad_accumulate: {
+    inputs: ['f32[64, 48]', 'f32[64, 48]'],
+    out: [],
+    bad: {
+      inputs: ['f32[64, 48]', 'f32[48, 64]'],
+      error: /gradient \[64, 48\] vs buffer \[48, 64\]/,
+    },
+  },
+  sum_squares: {
+    inputs: ['f32[64, 48]', 'f32[64]'],
+    out: ['f32[]'],
+    bad: { inputs: ['i32[64]'], error: /must be a float tensor/ },
+  },
+  clip_coef: {
+    inputs: ['f32[]'],
+    attrs: { max_norm: 1 },
+    out: ['f32[]'],
+    bad: { inputs: ['f32[2]'], attrs: { max_norm: 1 }, error: /sumsq must be a scalar/ },
+  },
+  adamw: {
+    inputs: ['f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]', 'f32[64, 48]', 'f32[]'],
+    attrs: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
+    out: [],
+    bad: {
+      inputs: ['f32[64, 48]', 'f32[64, 47]', 'f32[64, 48]', 'f32[64, 48]', 'f32[]'],
       attrs: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
       error: /grad \[64, 47\] vs param/,
     },

@@ -1,0 +1,164 @@
+// The plan format: what `lfc compile` writes and the native runtime executes.
+//
+// A plan is a directory:
+//   plan.json            PlanFile: model summary, training settings, topology, groups, the
+//                        parameters with their shard of the global tensor, and which program
+//                        each rank runs
+//   programs/<id>.json   ProgramFile: one per distinct rank behaviour (ranks that behave alike
+//                        share one)
+//
+// A program is static: buffers with arena offsets and instructions in issue order per stream.
+// Only symbolic sizes are resolved at run time, per microbatch, from the data (S tokens, Nv
+// visual tokens). The C++ runtime's view of these declarations is generated from this file's
+// constants (runtime-native/src/generated/schema.h, `npm run gen:native`); a test checks the
+// generated header is current, so the two cannot drift.
+
+export const PLAN_FORMAT = 'lfc-plan';
+export const PROGRAM_FORMAT = 'lfc-program';
+/** bump on any change a runtime must know about; runtimes refuse other versions */
+export const PLAN_VERSION = 1;
+
+export const STREAMS = ['compute', 'comm', 'copy'] as const;
+export type StreamName = (typeof STREAMS)[number];
+
+export const BUFFER_REGIONS = ['arena', 'param', 'grad', 'optim', 'data', 'scalar'] as const;
+/**
+ * arena   activations and temporaries, placed by the memory planner (offset within the arena)
+ * param   parameter storage (persistent; offset within the parameter region)
+ * grad    accumulated gradients of trainable parameters (persistent, zeroed each step)
+ * optim   optimizer state (AdamW m and v; persistent)
+ * data    per-microbatch inputs the runtime fills from the data source (offset within the data
+ *         region of that microbatch slot)
+ * scalar  step scalars the runtime fills: loss_tokens, clip coefficient, …
+ */
+export type BufferRegion = (typeof BUFFER_REGIONS)[number];
+
+export interface PlanBuffer {
+  /** index in the program's buffer list */
+  readonly id: number;
+  /** the IR value it holds (for messages and dumps) */
+  readonly name: string;
+  readonly region: BufferRegion;
+  readonly space: 'device' | 'host';
+  readonly dtype: string;
+  /** dims as text: numbers or symbolic (`S`, `4*Nv`), resolved per microbatch */
+  readonly shape: readonly string[];
+  /** byte offset within its region (arena: planned; others: laid out in order) */
+  readonly offset: number;
+  /** bytes at the declared bounds of its symbols */
+  readonly bytes: number;
+  /** for a view (reshape): the buffer whose bytes it shares; offset and bytes are that buffer's */
+  readonly viewOf?: number;
+  /** data buffers: which microbatch slot; arena buffers: which microbatch produced it (-1: step) */
+  readonly microbatch: number;
+}
+
+export interface PlanInstruction {
+  readonly stream: StreamName;
+  /** op kind from the op table */
+  readonly op: string;
+  readonly inputs: readonly number[];
+  readonly outputs: readonly number[];
+  readonly attrs: Readonly<Record<string, unknown>>;
+  /** events this instruction waits for before it starts, and records when it ends */
+  readonly wait: readonly number[];
+  readonly record: readonly number[];
+  /** microbatch whose symbol sizes apply (-1: none, the optimizer step) */
+  readonly microbatch: number;
+  readonly phase: 'forward' | 'backward' | 'optimizer';
+  readonly scope: string;
+}
+
+export interface PlanParam {
+  /** checkpoint name (whole tensor) */
+  readonly name: string;
+  readonly dtype: string;
+  readonly shape: readonly number[];
+  readonly init: string;
+  readonly trainable: boolean;
+  readonly module: string;
+  readonly weightDecay: number;
+}
+
+export interface ProgramParam {
+  readonly name: string;
+  readonly buffer: number;
+  readonly grad?: number;
+  readonly expAvg?: number;
+  readonly expAvgSq?: number;
+  /** this rank's slice of the global tensor: per dim [start, length] */
+  readonly shard: readonly (readonly [number, number])[];
+}
+
+export interface ProgramInput {
+  /** the data field: tokens, labels, loss_mask, positions, segments, patches, … */
+  readonly name: string;
+  readonly buffer: number;
+  readonly microbatch: number;
+}
+
+export interface ProgramFile {
+  readonly format: typeof PROGRAM_FORMAT;
+  readonly version: number;
+  readonly id: string;
+  /** bytes of each region, at symbol bounds */
+  readonly regions: Readonly<Record<BufferRegion, number>>;
+  /** the most bytes of the arena live at once at declared bounds, for the planner's report */
+  readonly arenaLowerBoundBytes: number;
+  readonly buffers: readonly PlanBuffer[];
+  readonly params: readonly ProgramParam[];
+  readonly inputs: readonly ProgramInput[];
+  /** step scalars: loss_tokens (filled before the step), clip_coef (computed by the plan) */
+  readonly scalars: Readonly<Record<string, number>>;
+  /** outputs the runtime reports per microbatch: loss, ce_loss, aux_loss */
+  readonly outputs: readonly {
+    readonly name: string;
+    readonly buffer: number;
+    readonly microbatch: number;
+  }[];
+  readonly events: number;
+  readonly instructions: readonly PlanInstruction[];
+}
+
+export interface PlanFile {
+  readonly format: typeof PLAN_FORMAT;
+  readonly version: number;
+  readonly createdBy: string;
+  readonly model: {
+    readonly name: string;
+    /** the resolved model config (encoder, projector, decoder) */
+    readonly config: unknown;
+    readonly paramsTotal: number;
+  };
+  readonly training: {
+    readonly seqLength: number;
+    readonly microBatchSize: number;
+    readonly globalBatchSize: number;
+    /** microbatches per step on one data-parallel rank */
+    readonly numMicrobatches: number;
+    readonly maxVisualTokens: number;
+    readonly optimizer: {
+      readonly lr: number;
+      readonly beta1: number;
+      readonly beta2: number;
+      readonly eps: number;
+      readonly weightDecay: number;
+      readonly clipNorm: number;
+    };
+  };
+  readonly topology: {
+    readonly worldSize: number;
+    readonly nnodes: number;
+    readonly nprocPerNode: number;
+    readonly sizes: Readonly<Record<string, number>>;
+  };
+  readonly groups: readonly { readonly name: string; readonly ranks: readonly number[] }[];
+  readonly symbols: readonly {
+    readonly name: string;
+    readonly bound: number;
+    readonly doc: string;
+  }[];
+  readonly params: readonly PlanParam[];
+  /** program id of each rank, by rank */
+  readonly rankPrograms: readonly string[];
+}

@@ -1,0 +1,143 @@
+// Pass: autodiff. After: the graph holds one microbatch's forward and backward (gradients of
+// every trainable parameter accumulated into its `grad.` buffer) and the optimizer step
+// (global-norm clipping and AdamW on `exp_avg.` / `exp_avg_sq.` state). Frozen parameters get
+// no gradient, no optimizer state and no backward work that only they would need.
+
+import { GraphBuilder, type Graph, type ParamDecl } from '../ir/graph.js';
+import { isFloat } from '../ir/dtype.js';
+import { GRAD_RULES, zerosLike, type GradCtx, type GradEntry } from './grad-rules.js';
+
+export interface OptimizerSettings {
+  readonly lr: number;
+  readonly beta1: number;
+  readonly beta2: number;
+  readonly eps: number;
+  readonly weightDecay: number;
+  readonly clipNorm: number;
+}
+
+export const DEFAULT_OPTIMIZER: OptimizerSettings = {
+  lr: 1e-3,
+  beta1: 0.9,
+  beta2: 0.95,
+  eps: 1e-8,
+  weightDecay: 0.1,
+  clipNorm: 1.0,
+};
+
+export class AutodiffError extends Error {}
+
+export interface AutodiffStats {
+  backwardNodes: number;
+  optimizerNodes: number;
+  trainableParams: number;
+}
+
+export function gradName(param: string): string {
+  return `grad.${param}`;
+}
+
+/** Weight decay applies to parameters of two or more dimensions (not norms or biases). */
+export function weightDecayOf(p: ParamDecl, opt: OptimizerSettings): number {
+  return p.type.shape.length >= 2 ? opt.weightDecay : 0;
+}
+
+export function autodiff(
+  g: Graph,
+  opt: OptimizerSettings = DEFAULT_OPTIMIZER,
+): { graph: Graph; stats: AutodiffStats } {
+  const loss = g.outputs[0];
+  if (loss === undefined)
+    throw new AutodiffError('autodiff: the graph has no output (its first output is the loss)');
+  const b = GraphBuilder.from(g);
+  const forwardCount = g.nodes.length;
+
+  // values that depend on a trainable parameter through float data
+  const live = new Set(
+    g.params.filter((p) => p.trainable && p.role === 'param').map((p) => p.name),
+  );
+  for (const n of g.nodes) {
+    if (n.inputs.some((i) => live.has(i)))
+      for (const o of n.outputs) if (isFloat(o.type.dtype)) live.add(o.name);
+  }
+  if (!live.has(loss))
+    throw new AutodiffError('autodiff: the loss does not depend on any trainable parameter');
+
+  const grads = new Map<string, string>();
+  const addGrad = (v: string, d: string) => {
+    const prev = grads.get(v);
+    grads.set(v, prev === undefined ? d : b.op1('add', [prev, d]));
+  };
+  b.at('loss', 'backward', () =>
+    grads.set(loss, b.op1('constant', [], { value: 1, dtype: 'f32', shape: [] })),
+  );
+
+  for (let idx = g.nodes.length - 1; idx >= 0; idx--) {
+    const node = g.nodes[idx];
+    if (!node.outputs.some((o) => grads.has(o.name))) continue;
+    const entry: GradEntry = GRAD_RULES[node.op];
+    if (entry.kind === 'none') {
+      throw new AutodiffError(
+        `autodiff: ${node.op} at node ${idx} (${node.scope}) has no gradient: ${entry.why}`,
+      );
+    }
+    b.at(node.scope, 'backward', () => {
+      const ctx: GradCtx = {
+        b,
+        node,
+        dOut: (i) => grads.get(node.outputs[i].name),
+        dOutOrZero: (i) => grads.get(node.outputs[i].name) ?? zerosLike(b, node.outputs[i].type),
+        needs: (i) => live.has(node.inputs[i]),
+      };
+      const dIns = entry.rule(ctx);
+      dIns.forEach((d, i) => {
+        if (d !== undefined && live.has(node.inputs[i])) addGrad(node.inputs[i], d);
+      });
+    });
+  }
+  const backwardCount = b.build().nodes.length - forwardCount;
+
+  // gradient accumulation into the step's buffers, then the optimizer step
+  const trainable = g.params.filter((p) => p.trainable && p.role === 'param');
+  const gradBufs: string[] = [];
+  for (const p of trainable) {
+    const d = grads.get(p.name);
+    if (d === undefined)
+      throw new AutodiffError(
+        `autodiff: trainable parameter ${p.name} gets no gradient from the loss`,
+      );
+    const buf = b.state(gradName(p.name), p.type, 'grad', p.module, 'zeros');
+    gradBufs.push(buf);
+    b.at(scopeOf(p.name), 'backward', () => b.op('grad_accumulate', [d, buf]));
+  }
+  const beforeOpt = b.build().nodes.length;
+  b.at('optimizer', 'optimizer', () => {
+    const sumsq = b.op1('sum_squares', gradBufs);
+    const coef = b.op1('clip_coef', [sumsq], { max_norm: opt.clipNorm });
+    trainable.forEach((p, i) => {
+      const m = b.state(`exp_avg.${p.name}`, p.type, 'optimizer_state', p.module, 'zeros');
+      const v = b.state(`exp_avg_sq.${p.name}`, p.type, 'optimizer_state', p.module, 'zeros');
+      b.op('adamw', [p.name, gradBufs[i], m, v, coef], {
+        beta1: opt.beta1,
+        beta2: opt.beta2,
+        eps: opt.eps,
+        weight_decay: weightDecayOf(p, opt),
+      });
+    });
+    b.output(sumsq);
+    b.output(coef);
+  });
+  const graph = b.build();
+  return {
+    graph,
+    stats: {
+      backwardNodes: backwardCount + (beforeOpt - forwardCount - backwardCount),
+      optimizerNodes: graph.nodes.length - beforeOpt,
+      trainableParams: trainable.length,
+    },
+  };
+}
+
+function scopeOf(param: string): string {
+  return param.split('.').slice(0, -1).join('.');
+}

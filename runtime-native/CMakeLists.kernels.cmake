@@ -1,0 +1,40 @@
+# The CPU kernel library of lfc's native runtime: include() this file from a CMakeLists.txt.
+#
+# Defines
+#   LFC_CPU_KERNEL_SOURCES       the .cc files (absolute paths)
+#   LFC_CPU_KERNEL_HEADERS       the public headers (absolute paths)
+#   LFC_CPU_KERNEL_INCLUDE_DIR   add to the include path; headers are "kernels/cpu/<family>.h"
+#   target lfc_cpu_kernels       a static library of the above, linked to CBLAS (OpenBLAS),
+#                                unless a target of that name exists already
+# Needs a C++17 compiler and OpenBLAS (Debian: apt-get install libopenblas-dev).
+
+set(LFC_CPU_KERNEL_DIR ${CMAKE_CURRENT_LIST_DIR}/src/kernels/cpu)
+set(LFC_CPU_KERNEL_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/src)
+set(LFC_CPU_KERNEL_FAMILIES
+  linear norm embedding activation rope attention moe loss optimizer merge)
+
+set(LFC_CPU_KERNEL_SOURCES "")
+set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h)
+foreach(family IN LISTS LFC_CPU_KERNEL_FAMILIES)
+  list(APPEND LFC_CPU_KERNEL_SOURCES ${LFC_CPU_KERNEL_DIR}/${family}.cc)
+  list(APPEND LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/${family}.h)
+endforeach()
+
+if(NOT TARGET lfc_cpu_kernels)
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS REQUIRED)
+  # cblas.h: on Debian in the multiarch include dir (found by default), elsewhere under openblas/
+  find_path(LFC_CBLAS_INCLUDE_DIR cblas.h
+    PATH_SUFFIXES openblas openblas-pthread x86_64-linux-gnu x86_64-linux-gnu/openblas-pthread
+    REQUIRED)
+
+  add_library(lfc_cpu_kernels STATIC ${LFC_CPU_KERNEL_SOURCES} ${LFC_CPU_KERNEL_DIR}/blas.h)
+  target_compile_features(lfc_cpu_kernels PUBLIC cxx_std_17)
+  target_include_directories(lfc_cpu_kernels PUBLIC ${LFC_CPU_KERNEL_INCLUDE_DIR})
+  target_include_directories(lfc_cpu_kernels PRIVATE ${LFC_CBLAS_INCLUDE_DIR})
+  target_link_libraries(lfc_cpu_kernels PUBLIC ${BLAS_LIBRARIES})
+  set_target_properties(lfc_cpu_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(lfc_cpu_kernels PRIVATE -Wall -Wextra)
+  endif()
+endif()

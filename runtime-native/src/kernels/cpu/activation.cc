@@ -1,0 +1,76 @@
+#include "activation.h"
+
+#include <cmath>
+
+namespace lfc::cpu {
+
+namespace {
+constexpr double kGeluC = 0.7978845608028654;  // √(2/π)
+constexpr double kGeluA = 0.044715;
+
+template <typename Real>
+Real sigmoid(Real g) {
+  return Real(1) / (Real(1) + std::exp(-g));  // exp overflow → σ = 0, no NaN
+}
+}  // namespace
+
+template <typename Real>
+void gelu_forward(Real* y, const Real* x, int64_t n) {
+  const Real c = Real(kGeluC), a = Real(kGeluA);
+  for (int64_t i = 0; i < n; i++) {
+    const Real xi = x[i];
+    y[i] = Real(0.5) * xi * (Real(1) + std::tanh(c * (xi + a * xi * xi * xi)));
+  }
+}
+
+template <typename Real>
+void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n) {
+  const Real c = Real(kGeluC), a = Real(kGeluA);
+  for (int64_t i = 0; i < n; i++) {
+    const Real xi = x[i];
+    const Real th = std::tanh(c * (xi + a * xi * xi * xi));
+    const Real du = c * (Real(1) + Real(3) * a * xi * xi);  // d/dx of the tanh argument
+    dx[i] = dy[i] * (Real(0.5) * (Real(1) + th) + Real(0.5) * xi * (Real(1) - th * th) * du);
+  }
+}
+
+template <typename Real>
+void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+template <typename Real>
+void swiglu_backward(Real* dgate, Real* dup, const Real* dy, const Real* gate, const Real* up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const Real g = gate[i], u = up[i], s = sigmoid(g);
+    const Real dyi = dy[i];
+    dgate[i] = dyi * u * s * (Real(1) + g * (Real(1) - s));
+    dup[i] = dyi * g * s;
+  }
+}
+
+template <typename Real>
+void add_forward(Real* y, const Real* a, const Real* b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+template <typename Real>
+void add_backward(Real* da, Real* db, const Real* dy, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const Real g = dy[i];
+    da[i] = g;
+    db[i] = g;
+  }
+}
+
+#define LFC_INSTANTIATE_ACTIVATION(Real)                                                           \
+  template void gelu_forward<Real>(Real*, const Real*, int64_t);                                   \
+  template void gelu_backward<Real>(Real*, const Real*, const Real*, int64_t);                     \
+  template void swiglu_forward<Real>(Real*, const Real*, const Real*, int64_t);                    \
+  template void swiglu_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t); \
+  template void add_forward<Real>(Real*, const Real*, const Real*, int64_t);                       \
+  template void add_backward<Real>(Real*, Real*, const Real*, int64_t);
+LFC_INSTANTIATE_ACTIVATION(float)
+LFC_INSTANTIATE_ACTIVATION(double)
+
+}  // namespace lfc::cpu

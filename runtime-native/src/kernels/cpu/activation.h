@@ -1,0 +1,33 @@
+// Elementwise ops over n values: GELU (tanh approximation), SwiGLU (silu(gate)·up), add.
+// Every gradient here is of an activation and is OVERWRITTEN. Outputs may alias inputs in the
+// forwards (y == x, y == a); the backwards read everything of an element before writing it.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace lfc::cpu {
+
+// y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+template <typename Real>
+void gelu_forward(Real* y, const Real* x, int64_t n);
+// dx = dy · gelu'(x)
+template <typename Real>
+void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n);
+
+// y = gate·σ(gate) · up
+template <typename Real>
+void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n);
+// dgate = dy·up·σ(g)·(1 + g·(1 − σ(g)));  dup = dy·g·σ(g)
+template <typename Real>
+void swiglu_backward(Real* dgate, Real* dup, const Real* dy, const Real* gate, const Real* up, int64_t n);
+
+// y = a + b
+template <typename Real>
+void add_forward(Real* y, const Real* a, const Real* b, int64_t n);
+// da = dy, db = dy
+template <typename Real>
+void add_backward(Real* da, Real* db, const Real* dy, int64_t n);
+
+}  // namespace lfc::cpu

@@ -1,0 +1,267 @@
+#include "attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "blas.h"
+
+namespace lfc::cpu {
+
+namespace {
+
+void check_heads(const char* kernel, int64_t nh, int64_t nkv) {
+  LFC_KERNEL_CHECK(nkv > 0 && nh % nkv == 0, kernel, ": query heads ", nh,
+                   " are not a multiple of KV heads ", nkv);
+}
+
+bool attends(const int32_t* segments, int64_t i, int64_t j, bool causal) {
+  if (segments[i] < 0) return i == j;  // padding: only itself
+  return segments[j] == segments[i] && (!causal || j <= i);
+}
+
+template <typename Real>
+double dot(const Real* a, const Real* b, int64_t d) {
+  double acc = 0;
+  for (int64_t c = 0; c < d; c++) acc += double(a[c]) * double(b[c]);
+  return acc;
+}
+
+// A maximal run of tokens [start, start + len) with one segment id.
+struct Run {
+  int64_t start, len;
+  int32_t id;
+};
+
+// The runs of segments (T); false when a non-negative id occurs in two separate runs.
+bool segment_runs(const int32_t* segments, int64_t T, std::vector<Run>& runs) {
+  runs.clear();
+  for (int64_t t = 0; t < T; t++) {
+    if (runs.empty() || segments[t] != runs.back().id) runs.push_back({t, 0, segments[t]});
+    runs.back().len++;
+  }
+  std::vector<int32_t> ids;
+  for (const Run& r : runs)
+    if (r.id >= 0) ids.push_back(r.id);
+  std::sort(ids.begin(), ids.end());
+  return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+}
+
+constexpr int64_t kRowBlock = 64;  // rows of scores computed at once
+
+}  // namespace
+
+// ---- reference: naive O(T²), double accumulators ---------------------------------------------
+
+namespace ref {
+
+template <typename Real>
+void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
+                       const int32_t* segments, int64_t T, int64_t nh, int64_t nkv, int64_t d,
+                       double scale, bool causal) {
+  check_heads("ref::attention_forward", nh, nkv);
+  const int64_t g = nh / nkv;
+  std::vector<double> acc(d);  // (d)
+  for (int64_t i = 0; i < T; i++)
+    for (int64_t h = 0; h < nh; h++) {
+      const int64_t kvh = h / g;
+      const Real* qi = q + (i * nh + h) * d;  // (d)
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < T; j++)
+        if (attends(segments, i, j, causal)) m = std::max(m, scale * dot(qi, k + (j * nkv + kvh) * d, d));
+      double sum = 0;
+      for (int64_t j = 0; j < T; j++)
+        if (attends(segments, i, j, causal)) sum += std::exp(scale * dot(qi, k + (j * nkv + kvh) * d, d) - m);
+      const double l = m + std::log(sum);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < T; j++) {
+        if (!attends(segments, i, j, causal)) continue;
+        const double p = std::exp(scale * dot(qi, k + (j * nkv + kvh) * d, d) - l);
+        const Real* vj = v + (j * nkv + kvh) * d;  // (d)
+        for (int64_t c = 0; c < d; c++) acc[c] += p * double(vj[c]);
+      }
+      for (int64_t c = 0; c < d; c++) out[(i * nh + h) * d + c] = Real(acc[c]);
+      lse[i * nh + h] = Real(l);
+    }
+}
+
+template <typename Real>
+void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k,
+                        const Real* v, const Real* out, const Real* lse, const int32_t* segments,
+                        int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale, bool causal) {
+  check_heads("ref::attention_backward", nh, nkv);
+  const int64_t g = nh / nkv;
+  std::vector<double> dq_acc(T * nh * d, 0.0), dk_acc(T * nkv * d, 0.0), dv_acc(T * nkv * d, 0.0);
+  for (int64_t i = 0; i < T; i++)
+    for (int64_t h = 0; h < nh; h++) {
+      const int64_t kvh = h / g;
+      const Real* qi = q + (i * nh + h) * d;      // (d)
+      const Real* doi = dout + (i * nh + h) * d;  // (d)
+      const double D = dot(doi, out + (i * nh + h) * d, d);
+      for (int64_t j = 0; j < T; j++) {
+        if (!attends(segments, i, j, causal)) continue;
+        const Real* kj = k + (j * nkv + kvh) * d;  // (d)
+        const Real* vj = v + (j * nkv + kvh) * d;  // (d)
+        const double p = std::exp(scale * dot(qi, kj, d) - double(lse[i * nh + h]));
+        const double ds = p * (dot(doi, vj, d) - D);  // d loss / d score
+        for (int64_t c = 0; c < d; c++) {
+          dv_acc[(j * nkv + kvh) * d + c] += p * double(doi[c]);
+          dq_acc[(i * nh + h) * d + c] += scale * ds * double(kj[c]);
+          dk_acc[(j * nkv + kvh) * d + c] += scale * ds * double(qi[c]);
+        }
+      }
+    }
+  std::transform(dq_acc.begin(), dq_acc.end(), dq, [](double x) { return Real(x); });
+  std::transform(dk_acc.begin(), dk_acc.end(), dk, [](double x) { return Real(x); });
+  std::transform(dv_acc.begin(), dv_acc.end(), dv, [](double x) { return Real(x); });
+}
+
+}  // namespace ref
+
+// ---- optimized: per segment, per head, row blocks up to the diagonal, gemms -------------------
+
+template <typename Real>
+void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
+                       const int32_t* segments, int64_t T, int64_t nh, int64_t nkv, int64_t d,
+                       double scale, bool causal) {
+  check_heads("attention_forward", nh, nkv);
+  std::vector<Run> runs;
+  if (!segment_runs(segments, T, runs))
+    return ref::attention_forward(out, lse, q, k, v, segments, T, nh, nkv, d, scale, causal);
+  const int64_t g = nh / nkv;
+  const int64_t ldq = nh * d, ldkv = nkv * d;  // row strides of one head's (L, d) matrices
+  int64_t max_len = 0;
+  for (const Run& r : runs) max_len = std::max(max_len, r.len);
+  std::vector<Real> scores(std::min(kRowBlock, max_len) * max_len);  // (rows, cols) of one block
+
+  for (const Run& run : runs) {
+    const int64_t s0 = run.start, L = run.len;
+    if (run.id < 0) {  // padding: each token attends to itself, p = 1
+      for (int64_t t = s0; t < s0 + L; t++)
+        for (int64_t h = 0; h < nh; h++) {
+          const Real* vt = v + (t * nkv + h / g) * d;  // (d)
+          std::copy(vt, vt + d, out + (t * nh + h) * d);
+          lse[t * nh + h] = Real(scale * dot(q + (t * nh + h) * d, k + (t * nkv + h / g) * d, d));
+        }
+      continue;
+    }
+    for (int64_t h = 0; h < nh; h++) {
+      const Real* Q = q + (s0 * nh + h) * d;           // (L, d), row stride ldq
+      const Real* K = k + (s0 * nkv + h / g) * d;      // (L, d), row stride ldkv
+      const Real* Vm = v + (s0 * nkv + h / g) * d;     // (L, d), row stride ldkv
+      Real* O = out + (s0 * nh + h) * d;               // (L, d), row stride ldq
+      for (int64_t r0 = 0; r0 < L; r0 += kRowBlock) {
+        const int64_t rb = std::min(kRowBlock, L - r0);
+        const int64_t cols = causal ? r0 + rb : L;  // columns past the block's last row are masked
+        // scores (rb, cols) = scale · Q[r0 : r0+rb] · K[0 : cols]ᵀ
+        blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
+                         scores.data(), cols);
+        for (int64_t i = 0; i < rb; i++) {  // softmax of each row over its visible columns
+          Real* row = scores.data() + i * cols;
+          const int64_t visible = causal ? r0 + i + 1 : cols;
+          const Real m = *std::max_element(row, row + visible);
+          double sum = 0;
+          for (int64_t j = 0; j < visible; j++) {
+            row[j] = std::exp(row[j] - m);
+            sum += row[j];
+          }
+          const Real inv = Real(1.0 / sum);
+          for (int64_t j = 0; j < visible; j++) row[j] *= inv;
+          std::fill(row + visible, row + cols, Real(0));
+          lse[(s0 + r0 + i) * nh + h] = Real(double(m) + std::log(sum));
+        }
+        // O[r0 : r0+rb] (rb, d) = P (rb, cols) · V[0 : cols] (cols, d)
+        blas::gemm<Real>(false, false, rb, d, cols, 1, scores.data(), cols, Vm, ldkv, 0, O + r0 * ldq, ldq);
+      }
+    }
+  }
+}
+
+template <typename Real>
+void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k,
+                        const Real* v, const Real* out, const Real* lse, const int32_t* segments,
+                        int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale, bool causal) {
+  check_heads("attention_backward", nh, nkv);
+  std::vector<Run> runs;
+  if (!segment_runs(segments, T, runs))
+    return ref::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segments, T, nh, nkv, d, scale,
+                                   causal);
+  const int64_t g = nh / nkv;
+  const int64_t ldq = nh * d, ldkv = nkv * d;
+  int64_t max_len = 0;
+  for (const Run& r : runs) max_len = std::max(max_len, r.len);
+  const int64_t block_elems = std::min(kRowBlock, max_len) * max_len;
+  std::vector<Real> probs(block_elems), dprobs(block_elems);  // (rows, cols) of one block
+  std::vector<Real> D(kRowBlock);                              // (rows): dout·out per row
+  std::fill(dk, dk + T * nkv * d, Real(0));  // dk, dv accumulate over the g heads of a group
+  std::fill(dv, dv + T * nkv * d, Real(0));
+
+  for (const Run& run : runs) {
+    const int64_t s0 = run.start, L = run.len;
+    if (run.id < 0) {  // padding: out = v, so dv += dout and the score gradient is 0
+      for (int64_t t = s0; t < s0 + L; t++)
+        for (int64_t h = 0; h < nh; h++) {
+          const Real* dOt = dout + (t * nh + h) * d;  // (d)
+          Real* dvt = dv + (t * nkv + h / g) * d;      // (d)
+          for (int64_t c = 0; c < d; c++) dvt[c] += dOt[c];
+          std::fill(dq + (t * nh + h) * d, dq + (t * nh + h + 1) * d, Real(0));
+        }
+      continue;
+    }
+    for (int64_t h = 0; h < nh; h++) {
+      const Real* Q = q + (s0 * nh + h) * d;         // (L, d), row stride ldq
+      const Real* K = k + (s0 * nkv + h / g) * d;    // (L, d), row stride ldkv
+      const Real* Vm = v + (s0 * nkv + h / g) * d;   // (L, d), row stride ldkv
+      const Real* O = out + (s0 * nh + h) * d;       // (L, d), row stride ldq
+      const Real* dO = dout + (s0 * nh + h) * d;     // (L, d), row stride ldq
+      Real* dQ = dq + (s0 * nh + h) * d;             // (L, d), row stride ldq
+      Real* dK = dk + (s0 * nkv + h / g) * d;        // (L, d), row stride ldkv
+      Real* dV = dv + (s0 * nkv + h / g) * d;        // (L, d), row stride ldkv
+      for (int64_t r0 = 0; r0 < L; r0 += kRowBlock) {
+        const int64_t rb = std::min(kRowBlock, L - r0);
+        const int64_t cols = causal ? r0 + rb : L;
+        // P (rb, cols) = exp(scale · Q_blk · K[0 : cols]ᵀ − lse), 0 where masked
+        blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
+                         probs.data(), cols);
+        for (int64_t i = 0; i < rb; i++) {
+          Real* row = probs.data() + i * cols;
+          const int64_t visible = causal ? r0 + i + 1 : cols;
+          const Real l = lse[(s0 + r0 + i) * nh + h];
+          for (int64_t j = 0; j < visible; j++) row[j] = std::exp(row[j] - l);
+          std::fill(row + visible, row + cols, Real(0));
+          D[i] = Real(dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, d));
+        }
+        // dV[0 : cols] (cols, d) += Pᵀ (cols, rb) · dO_blk (rb, d)
+        blas::gemm<Real>(true, false, cols, d, rb, 1, probs.data(), cols, dO + r0 * ldq, ldq, 1, dV, ldkv);
+        // dP (rb, cols) = dO_blk (rb, d) · V[0 : cols]ᵀ
+        blas::gemm<Real>(false, true, rb, cols, d, 1, dO + r0 * ldq, ldq, Vm, ldkv, 0, dprobs.data(), cols);
+        // dS = scale · P ⊙ (dP − D), in place of dP (masked entries have P = 0)
+        for (int64_t i = 0; i < rb; i++) {
+          const Real* p = probs.data() + i * cols;
+          Real* ds = dprobs.data() + i * cols;
+          for (int64_t j = 0; j < cols; j++) ds[j] = Real(scale) * p[j] * (ds[j] - D[i]);
+        }
+        // dQ_blk (rb, d) = dS (rb, cols) · K[0 : cols] (cols, d)
+        blas::gemm<Real>(false, false, rb, d, cols, 1, dprobs.data(), cols, K, ldkv, 0, dQ + r0 * ldq, ldq);
+        // dK[0 : cols] (cols, d) += dSᵀ (cols, rb) · Q_blk (rb, d)
+        blas::gemm<Real>(true, false, cols, d, rb, 1, dprobs.data(), cols, Q + r0 * ldq, ldq, 1, dK, ldkv);
+      }
+    }
+  }
+}
+
+#define LFC_INSTANTIATE_ATTENTION(NS, Real)                                                         \
+  template void NS attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*,     \
+                                           const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
+                                           double, bool);                                           \
+  template void NS attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,          \
+                                            const Real*, const Real*, const Real*, const Real*,     \
+                                            const int32_t*, int64_t, int64_t, int64_t, int64_t,     \
+                                            double, bool);
+LFC_INSTANTIATE_ATTENTION(, float)
+LFC_INSTANTIATE_ATTENTION(, double)
+LFC_INSTANTIATE_ATTENTION(ref::, float)
+LFC_INSTANTIATE_ATTENTION(ref::, double)
+
+}  // namespace lfc::cpu

@@ -1,0 +1,45 @@
+// Shared by the CPU kernels: the error type and the dimension letters.
+//
+// Every kernel is a plain function over raw row-major pointers, templated on the element type
+// `Real` (float and double are instantiated), in namespace lfc::cpu; a plain reference version of
+// each optimized kernel lives in lfc::cpu::ref next to it. Outputs come first in the argument list,
+// then inputs, then sizes; a scalar output (a loss) is the return value. A gradient argument named d<param> of a weight ACCUMULATES (+=): a weight
+// used several times sums its gradients and the caller zeroes it once per step. A gradient of an
+// activation (dx, dq, dlogits, ...) is OVERWRITTEN. Each header says so per function.
+//
+// Dimension letters, used in the shape comments and as size-argument names (as in ir/ops.ts):
+//   T tokens   H hidden   V vocab   E experts   k top-k   N rows (tokens·k, permuted)
+//   nh / nkv query / KV heads   d head dim   P position sections   R rows of a norm
+//   in / out features of a linear   Nv visual rows
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace lfc::cpu {
+
+// A kernel reports a bad argument (an id out of range, counts that do not add up, a placeholder
+// count that differs from the visual rows) by throwing KernelError, whose message starts with the
+// kernel's name. Nothing is written to the outputs before the check fails, except where the
+// header of that kernel says otherwise.
+struct KernelError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream msg;
+  (msg << ... << parts);
+  throw KernelError(msg.str());
+}
+
+}  // namespace lfc::cpu
+
+// Throws KernelError with the streamed message parts when cond is false; the message is only built
+// on failure.
+#define LFC_KERNEL_CHECK(cond, ...)           \
+  do {                                        \
+    if (!(cond)) ::lfc::cpu::fail(__VA_ARGS__); \
+  } while (0)

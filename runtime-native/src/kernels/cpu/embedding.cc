@@ -1,0 +1,39 @@
+#include "embedding.h"
+
+#include <algorithm>
+
+namespace lfc::cpu {
+
+namespace {
+void check_ids(const char* kernel, const int32_t* ids, int64_t T, int64_t V) {
+  for (int64_t t = 0; t < T; t++)
+    LFC_KERNEL_CHECK(ids[t] >= 0 && ids[t] < V, kernel, ": ids[", t, "] = ", ids[t],
+                     " is outside the table of ", V, " rows");
+}
+}  // namespace
+
+template <typename Real>
+void embedding_forward(Real* y, const int32_t* ids, const Real* table, int64_t T, int64_t V, int64_t H) {
+  check_ids("embedding_forward", ids, T, V);
+  for (int64_t t = 0; t < T; t++) {
+    const Real* row = table + int64_t(ids[t]) * H;  // (H)
+    std::copy(row, row + H, y + t * H);
+  }
+}
+
+template <typename Real>
+void embedding_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_t T, int64_t V, int64_t H) {
+  check_ids("embedding_backward", ids, T, V);
+  for (int64_t t = 0; t < T; t++) {
+    Real* drow = dtable + int64_t(ids[t]) * H;  // (H)
+    const Real* dyt = dy + t * H;               // (H)
+    for (int64_t i = 0; i < H; i++) drow[i] += dyt[i];
+  }
+}
+
+template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, int64_t);
+template void embedding_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t, int64_t);
+template void embedding_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
+template void embedding_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t);
+
+}  // namespace lfc::cpu

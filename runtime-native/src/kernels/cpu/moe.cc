@@ -1,0 +1,218 @@
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace lfc::cpu {
+
+namespace {
+
+void check_expert(const char* kernel, int32_t e, int64_t a, int64_t E) {
+  LFC_KERNEL_CHECK(e >= 0 && e < E, kernel, ": assignment ", a, " has expert ", e, ", outside [0, ", E, ")");
+}
+
+void check_row(const char* kernel, int32_t r, int64_t a, int64_t N) {
+  LFC_KERNEL_CHECK(r >= 0 && r < N, kernel, ": row_of[", a, "] = ", r, " is outside the ", N, " rows");
+}
+
+// f_e · n · k: assignments per expert over non-padding tokens; returns n.
+int64_t assignment_counts(std::vector<int64_t>& count, const char* kernel, const int32_t* experts,
+                          const int32_t* segments, int64_t T, int64_t E, int64_t k) {
+  count.assign(E, 0);
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; t++) {
+    if (segments[t] < 0) continue;
+    n++;
+    for (int64_t j = 0; j < k; j++) {
+      check_expert(kernel, experts[t * k + j], t * k + j, E);
+      count[experts[t * k + j]]++;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+// ---- router_topk ---------------------------------------------------------------------------
+
+template <typename Real>
+void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Real* logits, int64_t T,
+                         int64_t E, int64_t k) {
+  LFC_KERNEL_CHECK(k >= 1 && k <= E, "router_topk_forward: top-k ", k, " is outside [1, ", E, "]");
+  for (int64_t t = 0; t < T; t++) {
+    const Real* lt = logits + t * E;  // (E)
+    Real* pt = probs + t * E;         // (E)
+    int32_t* et = experts + t * k;    // (k)
+    Real* wt = weights + t * k;       // (k)
+    const Real m = *std::max_element(lt, lt + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; e++) sum += std::exp(double(lt[e] - m));
+    for (int64_t e = 0; e < E; e++) pt[e] = Real(std::exp(double(lt[e] - m)) / sum);
+    // k passes of "largest not yet taken"; the strict > keeps the lower index on ties
+    double chosen = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; e++) {
+        if (std::find(et, et + j, int32_t(e)) != et + j) continue;
+        if (best < 0 || pt[e] > pt[best]) best = e;
+      }
+      et[j] = int32_t(best);
+      chosen += pt[best];
+    }
+    for (int64_t j = 0; j < k; j++) wt[j] = Real(pt[et[j]] / chosen);
+  }
+}
+
+template <typename Real>
+void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
+                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+  std::vector<double> dp(E);  // (E): total gradient of one row of probs
+  for (int64_t t = 0; t < T; t++) {
+    const Real* pt = probs + t * E;  // (E)
+    for (int64_t e = 0; e < E; e++) dp[e] = dprobs ? double(dprobs[t * E + e]) : 0.0;
+    if (dweights) {
+      // w_j = p_{e_j} / S, S = Σ_i p_{e_i}:  ∂/∂p_{e_j} = (dw_j − Σ_i dw_i·w_i) / S
+      const int32_t* et = experts + t * k;  // (k)
+      const Real* wt = weights + t * k;     // (k)
+      const Real* dwt = dweights + t * k;   // (k)
+      double S = 0, dw_dot_w = 0;
+      for (int64_t j = 0; j < k; j++) {
+        check_expert("router_topk_backward", et[j], t * k + j, E);
+        S += pt[et[j]];
+        dw_dot_w += double(dwt[j]) * double(wt[j]);
+      }
+      for (int64_t j = 0; j < k; j++) dp[et[j]] += (double(dwt[j]) - dw_dot_w) / S;
+    }
+    // softmax backward: dlogit_e = p_e · (dp_e − Σ_i p_i·dp_i)
+    double p_dot_dp = 0;
+    for (int64_t e = 0; e < E; e++) p_dot_dp += double(pt[e]) * dp[e];
+    for (int64_t e = 0; e < E; e++) dlogits[t * E + e] = Real(double(pt[e]) * (dp[e] - p_dot_dp));
+  }
+}
+
+// ---- moe_permute / moe_unpermute ---------------------------------------------------------------
+
+template <typename Real>
+void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
+                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E) {
+  const int64_t A = T * k;  // assignments
+  for (int64_t a = 0; a < A; a++) check_expert("moe_permute_forward", experts[a], a, E);
+  std::fill(counts, counts + E, 0);
+  for (int64_t a = 0; a < A; a++) counts[experts[a]]++;
+  std::vector<int64_t> next(E);  // (E): next free row of each expert, from the exclusive prefix sum
+  for (int64_t e = 0, start = 0; e < E; start += counts[e], e++) next[e] = start;
+  for (int64_t a = 0; a < A; a++) {
+    const int64_t r = next[experts[a]]++;
+    row_of[a] = int32_t(r);
+    const Real* xt = x + (a / k) * H;  // (H)
+    std::copy(xt, xt + H, rows + r * H);
+  }
+}
+
+template <typename Real>
+void moe_permute_backward(Real* dx, const Real* drows, const int32_t* row_of, int64_t T, int64_t H,
+                          int64_t k) {
+  for (int64_t t = 0; t < T; t++) {
+    Real* dxt = dx + t * H;  // (H)
+    std::fill(dxt, dxt + H, Real(0));
+    for (int64_t j = 0; j < k; j++) {
+      const int64_t a = t * k + j;
+      check_row("moe_permute_backward", row_of[a], a, T * k);
+      const Real* dr = drows + int64_t(row_of[a]) * H;  // (H)
+      for (int64_t i = 0; i < H; i++) dxt[i] += dr[i];
+    }
+  }
+}
+
+template <typename Real>
+void moe_unpermute_forward(Real* y, const Real* rows, const int32_t* row_of, const Real* weights,
+                           int64_t T, int64_t k, int64_t N, int64_t H) {
+  for (int64_t a = 0; a < T * k; a++) check_row("moe_unpermute_forward", row_of[a], a, N);
+  for (int64_t t = 0; t < T; t++) {
+    Real* yt = y + t * H;  // (H)
+    std::fill(yt, yt + H, Real(0));
+    for (int64_t j = 0; j < k; j++) {
+      const Real w = weights[t * k + j];
+      const Real* r = rows + int64_t(row_of[t * k + j]) * H;  // (H)
+      for (int64_t i = 0; i < H; i++) yt[i] += w * r[i];
+    }
+  }
+}
+
+template <typename Real>
+void moe_unpermute_backward(Real* drows, Real* dweights, const Real* dy, const Real* rows,
+                            const int32_t* row_of, const Real* weights, int64_t T, int64_t k, int64_t N,
+                            int64_t H) {
+  for (int64_t a = 0; a < T * k; a++) check_row("moe_unpermute_backward", row_of[a], a, N);
+  std::fill(drows, drows + N * H, Real(0));
+  for (int64_t t = 0; t < T; t++) {
+    const Real* dyt = dy + t * H;  // (H)
+    for (int64_t j = 0; j < k; j++) {
+      const int64_t a = t * k + j;
+      const Real* r = rows + int64_t(row_of[a]) * H;  // (H)
+      Real* dr = drows + int64_t(row_of[a]) * H;      // (H)
+      const Real w = weights[a];
+      double dw = 0;
+      for (int64_t i = 0; i < H; i++) {
+        dw += double(dyt[i]) * double(r[i]);
+        dr[i] += w * dyt[i];
+      }
+      dweights[a] = Real(dw);
+    }
+  }
+}
+
+// ---- moe_aux_loss ------------------------------------------------------------------------------
+
+template <typename Real>
+Real moe_aux_loss_forward(const Real* probs, const int32_t* experts, const int32_t* segments, int64_t T,
+                          int64_t E, int64_t k, double coeff) {
+  std::vector<int64_t> count;  // (E)
+  const int64_t n = assignment_counts(count, "moe_aux_loss_forward", experts, segments, T, E, k);
+  if (n == 0) return Real(0);
+  std::vector<double> P(E, 0.0);  // (E): Σ over counted tokens of probs[t, e]
+  for (int64_t t = 0; t < T; t++)
+    if (segments[t] >= 0)
+      for (int64_t e = 0; e < E; e++) P[e] += probs[t * E + e];
+  double loss = 0;
+  for (int64_t e = 0; e < E; e++) loss += (double(count[e]) / double(n * k)) * (P[e] / double(n));
+  return Real(coeff * double(E) * loss);
+}
+
+template <typename Real>
+void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, const int32_t* segments,
+                           int64_t T, int64_t E, int64_t k, double coeff) {
+  std::vector<int64_t> count;  // (E)
+  const int64_t n = assignment_counts(count, "moe_aux_loss_backward", experts, segments, T, E, k);
+  if (n == 0) return;
+  std::vector<Real> g(E);  // (E): ∂loss/∂probs[t, e], the same for every counted t
+  for (int64_t e = 0; e < E; e++)
+    g[e] = Real(double(dloss) * coeff * double(E) * (double(count[e]) / double(n * k)) / double(n));
+  for (int64_t t = 0; t < T; t++)
+    if (segments[t] >= 0)
+      for (int64_t e = 0; e < E; e++) dprobs[t * E + e] += g[e];
+}
+
+#define LFC_INSTANTIATE_MOE(Real)                                                                   \
+  template void router_topk_forward<Real>(Real*, Real*, int32_t*, const Real*, int64_t, int64_t,    \
+                                          int64_t);                                                 \
+  template void router_topk_backward<Real>(Real*, const Real*, const Real*, const Real*,            \
+                                           const Real*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void moe_permute_forward<Real>(Real*, int32_t*, int32_t*, const Real*, const int32_t*,   \
+                                          int64_t, int64_t, int64_t, int64_t);                      \
+  template void moe_permute_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t,    \
+                                           int64_t);                                                \
+  template void moe_unpermute_forward<Real>(Real*, const Real*, const int32_t*, const Real*,        \
+                                            int64_t, int64_t, int64_t, int64_t);                    \
+  template void moe_unpermute_backward<Real>(Real*, Real*, const Real*, const Real*,                \
+                                             const int32_t*, const Real*, int64_t, int64_t,         \
+                                             int64_t, int64_t);                                     \
+  template Real moe_aux_loss_forward<Real>(const Real*, const int32_t*, const int32_t*, int64_t,    \
+                                           int64_t, int64_t, double);                               \
+  template void moe_aux_loss_backward<Real>(Real*, Real, const int32_t*, const int32_t*, int64_t,   \
+                                            int64_t, int64_t, double);
+LFC_INSTANTIATE_MOE(float)
+LFC_INSTANTIATE_MOE(double)
+
+}  // namespace lfc::cpu

@@ -1,0 +1,60 @@
+// Mixture of experts: router (softmax + top-k), permutation of token rows into expert order and
+// back, and the load-balancing auxiliary loss. The expert FFNs are grouped_linear (linear.h) and
+// swiglu (activation.h) on the permuted rows.
+//
+// An assignment a = t·k + j is token t's j-th choice. Expert ids outside [0, E) and row indices
+// outside [0, N) throw KernelError.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace lfc::cpu {
+
+// probs (T, E) = softmax(logits (T, E)) per row; experts (T, k) = the k most probable experts in
+// descending probability, ties to the lower expert index; weights (T, k) = their probabilities
+// renormalized to sum 1.
+template <typename Real>
+void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Real* logits, int64_t T,
+                         int64_t E, int64_t k);
+// dlogits (T, E), OVERWRITTEN, from dprobs (T, E) and dweights (T, k), the selection held fixed.
+// Either gradient may be null (no gradient reached that output). probs, weights, experts are the
+// forward's outputs.
+template <typename Real>
+void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
+                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k);
+
+// rows (T·k, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
+// order (stable in token order); counts (E) rows per expert; row_of (T·k) the row of assignment a.
+template <typename Real>
+void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
+                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E);
+// dx (T, H)[t] = Σ_j drows (T·k, H)[row_of[t·k + j]]. Overwrites dx.
+template <typename Real>
+void moe_permute_backward(Real* dx, const Real* drows, const int32_t* row_of, int64_t T, int64_t H,
+                          int64_t k);
+
+// y (T, H)[t] = Σ_j weights (T, k)[t, j] · rows (N, H)[row_of (T·k)[t·k + j]]
+template <typename Real>
+void moe_unpermute_forward(Real* y, const Real* rows, const int32_t* row_of, const Real* weights,
+                           int64_t T, int64_t k, int64_t N, int64_t H);
+// drows (N, H) OVERWRITTEN: weights[a]·dy[t] at row_of[a], 0 at rows no assignment reads;
+// dweights (T, k) OVERWRITTEN: dy[t] · rows[row_of[a]].
+template <typename Real>
+void moe_unpermute_backward(Real* drows, Real* dweights, const Real* dy, const Real* rows,
+                            const int32_t* row_of, const Real* weights, int64_t T, int64_t k, int64_t N,
+                            int64_t H);
+
+// coeff · E · Σ_e f_e · P_e over the n tokens with segments (T) ≥ 0: f_e = (assignments to e)/(n·k)
+// (a count, no gradient), P_e = mean of probs (T, E)[·, e]. n = 0 gives 0.
+template <typename Real>
+Real moe_aux_loss_forward(const Real* probs, const int32_t* experts, const int32_t* segments, int64_t T,
+                          int64_t E, int64_t k, double coeff);
+// dprobs (T, E) += dloss · coeff · E · f_e / n on non-padding rows: ACCUMULATES, so that it adds to
+// the gradient router_topk's probs already got (or to a zeroed buffer).
+template <typename Real>
+void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, const int32_t* segments,
+                           int64_t T, int64_t E, int64_t k, double coeff);
+
+}  // namespace lfc::cpu

@@ -1,0 +1,33 @@
+// Normalization over the last dim of x (R, H): LayerNorm (weight, bias) and RMSNorm (weight).
+// q_norm / k_norm are RMSNorm with R = T·nh, H = d.
+//
+// forward saves per-row statistics for backward; backward OVERWRITES dx and ACCUMULATES dw, db.
+// One implementation each (a single pass over memory; the reference is the formula itself, which
+// the tests evaluate independently).
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace lfc::cpu {
+
+// y (R, H) = (x − mean) · rstd · w + b, with mean and the biased variance of each row and
+// rstd = 1/√(var + eps). Saves mean (R) and rstd (R).
+template <typename Real>
+void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Real* w, const Real* b,
+                       int64_t R, int64_t H, double eps);
+// dx (R, H) overwritten; dw (H) += Σ_rows dy·x̂; db (H) += Σ_rows dy; x̂ = (x − mean)·rstd.
+template <typename Real>
+void layernorm_backward(Real* dx, Real* dw, Real* db, const Real* dy, const Real* x, const Real* w,
+                        const Real* mean, const Real* rstd, int64_t R, int64_t H);
+
+// y (R, H) = x · rstd · w, rstd = 1/√(mean(x²) + eps). Saves rstd (R).
+template <typename Real>
+void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t R, int64_t H, double eps);
+// dx (R, H) overwritten; dw (H) += Σ_rows dy·x·rstd.
+template <typename Real>
+void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
+                      const Real* rstd, int64_t R, int64_t H);
+
+}  // namespace lfc::cpu

@@ -1,0 +1,52 @@
+#include "optimizer.h"
+
+#include <cmath>
+
+namespace lfc::cpu {
+
+template <typename Real>
+double sum_squares(const Real* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += double(x[i]) * double(x[i]);
+  return acc;
+}
+
+template <typename Real>
+void scale(Real* x, double factor, int64_t n) {
+  const Real f = Real(factor);
+  for (int64_t i = 0; i < n; i++) x[i] *= f;
+}
+
+template <typename Real>
+void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, const AdamWParams& hp,
+                int64_t t) {
+  LFC_KERNEL_CHECK(t >= 1, "adamw_step: step ", t, " must be ≥ 1");
+  // Per-step scalars in double, per-element work in Real, in the order torch computes them:
+  // denom = √v / √(1−β2ᵗ) + ε, p −= (lr / (1−β1ᵗ)) · m / denom.
+  const Real decay = Real(1.0 - hp.lr * hp.weight_decay);
+  const Real b1 = Real(hp.beta1), b2 = Real(hp.beta2);
+  const Real one_minus_b1 = Real(1.0 - hp.beta1), one_minus_b2 = Real(1.0 - hp.beta2);
+  const Real step_size = Real(hp.lr / (1.0 - std::pow(hp.beta1, double(t))));
+  const Real bc2_sqrt = Real(std::sqrt(1.0 - std::pow(hp.beta2, double(t))));
+  const Real eps = Real(hp.eps);
+  for (int64_t i = 0; i < n; i++) {
+    const Real g = grad[i];
+    const Real p = param[i] * decay;
+    const Real mi = b1 * m[i] + one_minus_b1 * g;
+    const Real vi = b2 * v[i] + one_minus_b2 * g * g;
+    const Real denom = std::sqrt(vi) / bc2_sqrt + eps;
+    param[i] = p - step_size * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+#define LFC_INSTANTIATE_OPTIMIZER(Real)                                                        \
+  template double sum_squares<Real>(const Real*, int64_t);                                     \
+  template void scale<Real>(Real*, double, int64_t);                                           \
+  template void adamw_step<Real>(Real*, const Real*, Real*, Real*, int64_t, const AdamWParams&, \
+                                 int64_t);
+LFC_INSTANTIATE_OPTIMIZER(float)
+LFC_INSTANTIATE_OPTIMIZER(double)
+
+}  // namespace lfc::cpu

@@ -1,0 +1,74 @@
+#include "rope.h"
+
+#include <cmath>
+#include <vector>
+
+namespace lfc::cpu {
+
+namespace {
+
+// Rotates every (j, j + d/2) pair of every head by sign·angle; sign −1 is the backward.
+template <typename Real>
+void rope_rotate(const char* kernel, Real* y, const Real* x, const int32_t* positions,
+                 const int32_t* sections, int64_t P, int64_t T, int64_t nh, int64_t d, double theta,
+                 double sign) {
+  LFC_KERNEL_CHECK(d % 2 == 0, kernel, ": head dim ", d, " is odd");
+  const int64_t half = d / 2;
+  LFC_KERNEL_CHECK(P >= 1, kernel, ": needs at least one position section, got ", P);
+  int64_t total = 0;
+  for (int64_t s = 0; s < P; s++) {
+    LFC_KERNEL_CHECK(sections[s] >= 0, kernel, ": sections[", s, "] = ", sections[s], " is negative");
+    total += sections[s];
+  }
+  LFC_KERNEL_CHECK(total == half, kernel, ": sections sum to ", total, ", head dim/2 is ", half);
+
+  std::vector<double> inv_freq(half);     // (d/2)
+  std::vector<int64_t> section_of(half);  // (d/2): which positions column rotates frequency j
+  for (int64_t j = 0, s = 0, end = sections[0]; j < half; j++) {
+    while (j >= end) end += sections[++s];
+    inv_freq[j] = std::pow(theta, -2.0 * double(j) / double(d));
+    section_of[j] = s;
+  }
+  std::vector<Real> cos_t(half), sin_t(half);  // (d/2), for the current token
+  for (int64_t t = 0; t < T; t++) {
+    const int32_t* pos = positions + t * P;  // (P)
+    for (int64_t j = 0; j < half; j++) {
+      const double angle = sign * double(pos[section_of[j]]) * inv_freq[j];
+      cos_t[j] = Real(std::cos(angle));
+      sin_t[j] = Real(std::sin(angle));
+    }
+    for (int64_t h = 0; h < nh; h++) {
+      const Real* xh = x + (t * nh + h) * d;  // (d)
+      Real* yh = y + (t * nh + h) * d;        // (d)
+      for (int64_t j = 0; j < half; j++) {
+        const Real a = xh[j], b = xh[j + half];
+        yh[j] = a * cos_t[j] - b * sin_t[j];
+        yh[j + half] = b * cos_t[j] + a * sin_t[j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename Real>
+void rope_forward(Real* y, const Real* x, const int32_t* positions, const int32_t* sections, int64_t P,
+                  int64_t T, int64_t nh, int64_t d, double theta) {
+  rope_rotate("rope_forward", y, x, positions, sections, P, T, nh, d, theta, +1.0);
+}
+
+template <typename Real>
+void rope_backward(Real* dx, const Real* dy, const int32_t* positions, const int32_t* sections,
+                   int64_t P, int64_t T, int64_t nh, int64_t d, double theta) {
+  rope_rotate("rope_backward", dx, dy, positions, sections, P, T, nh, d, theta, -1.0);
+}
+
+#define LFC_INSTANTIATE_ROPE(Real)                                                                \
+  template void rope_forward<Real>(Real*, const Real*, const int32_t*, const int32_t*, int64_t,  \
+                                   int64_t, int64_t, int64_t, double);                            \
+  template void rope_backward<Real>(Real*, const Real*, const int32_t*, const int32_t*, int64_t, \
+                                    int64_t, int64_t, int64_t, double);
+LFC_INSTANTIATE_ROPE(float)
+LFC_INSTANTIATE_ROPE(double)
+
+}  // namespace lfc::cpu

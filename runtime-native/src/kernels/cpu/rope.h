@@ -1,0 +1,26 @@
+// Rotary position embedding, rotate-half form, with position sections (multimodal RoPE).
+//
+// Frequency j ∈ [0, d/2) has inv_freq_j = theta^(−2j/d); the pair (x_j, x_{j+d/2}) of every head
+// rotates by the angle p·inv_freq_j:
+//   y_j = x_j·cos − x_{j+d/2}·sin,   y_{j+d/2} = x_{j+d/2}·cos + x_j·sin.
+// sections (P) splits the d/2 frequencies into P consecutive groups (sizes summing to d/2); group s
+// takes p = positions[t, s]. P = 1 with sections = {d/2} is plain RoPE.
+// Throws KernelError if d is odd or the sections do not sum to d/2.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace lfc::cpu {
+
+// y (T, nh, d) = rope(x (T, nh, d)); positions (T, P), sections (P). y may be x (in place).
+template <typename Real>
+void rope_forward(Real* y, const Real* x, const int32_t* positions, const int32_t* sections, int64_t P,
+                  int64_t T, int64_t nh, int64_t d, double theta);
+// dx (T, nh, d) = rotation of dy by −angle (the transpose of the forward). dx may be dy. Overwrites.
+template <typename Real>
+void rope_backward(Real* dx, const Real* dy, const int32_t* positions, const int32_t* sections,
+                   int64_t P, int64_t T, int64_t nh, int64_t d, double theta);
+
+}  // namespace lfc::cpu
