@@ -50,7 +50,13 @@ export interface Graph {
   readonly inputs: readonly InputDecl[];
   readonly params: readonly ParamDecl[];
   readonly nodes: readonly Node[];
-  readonly outputs: readonly string[];
+  /** labelled results: `loss` first (what autodiff differentiates), then metrics */
+  readonly outputs: readonly GraphOutput[];
+}
+
+export interface GraphOutput {
+  readonly label: string;
+  readonly value: string;
 }
 
 /** Map from value name to its type, over inputs, params and node outputs. */
@@ -84,7 +90,7 @@ export class GraphBuilder {
   private readonly inputs: InputDecl[] = [];
   private readonly params: ParamDecl[] = [];
   private readonly nodes: Node[] = [];
-  private readonly outputs: string[] = [];
+  private readonly outputs: GraphOutput[] = [];
   private readonly types = new Map<string, TensorType>();
   private readonly scopes: string[] = [];
   private next = 0;
@@ -225,9 +231,11 @@ export class GraphBuilder {
     return t;
   }
 
-  output(name: string): void {
-    this.typeOf(name);
-    this.outputs.push(name);
+  output(label: string, value: string): void {
+    this.typeOf(value);
+    if (this.outputs.some((o) => o.label === label))
+      throw new Error(`output ${label} declared twice`);
+    this.outputs.push({ label, value });
   }
 
   build(): Graph {

@@ -6,6 +6,7 @@ import {
   PARAM_ROLES,
   PHASES,
   type Graph,
+  type GraphOutput,
   type InputDecl,
   type Node,
   type ParamDecl,
@@ -103,7 +104,7 @@ const PARAM_RE = new RegExp(
 const NODE_RE = new RegExp(
   `^(?:(.*?) = )?([a-z_0-9]+)\\(([^)]*)\\)(?: \\{(.*)\\})? scope=(\\S+) (\\S+)$`,
 );
-const OUTPUT_RE = new RegExp(`^output [%@](${NAME})$`);
+const OUTPUT_RE = new RegExp(`^output ([A-Za-z_][A-Za-z0-9_]*) = [%@](${NAME})$`);
 
 export function parseGraph(text: string): Graph {
   const lines = text.split('\n');
@@ -111,7 +112,7 @@ export function parseGraph(text: string): Graph {
   const inputs: InputDecl[] = [];
   const params: ParamDecl[] = [];
   const nodes: Node[] = [];
-  const outputs: string[] = [];
+  const outputs: GraphOutput[] = [];
   let name: string | undefined;
   let closed = false;
   lines.forEach((raw, idx) => {
@@ -151,7 +152,7 @@ export function parseGraph(text: string): Graph {
           init: m[6],
         });
       } else if ((m = OUTPUT_RE.exec(line))) {
-        outputs.push(m[1]);
+        outputs.push({ label: m[1], value: m[2] });
       } else if ((m = NODE_RE.exec(line))) {
         const [, lhs, op, args, attrText, scope, phase] = m;
         if (!isOpKind(op)) throw new ParseError(`unknown op '${op}'`);

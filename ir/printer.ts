@@ -47,7 +47,8 @@ export function printGraph(g: Graph): string {
     );
   }
   for (const n of g.nodes) lines.push(`  ${formatNode(n, isParam)}`);
-  for (const o of g.outputs) lines.push(`  output ${isParam(o) ? '@' : '%'}${o}`);
+  for (const o of g.outputs)
+    lines.push(`  output ${o.label} = ${isParam(o.value) ? '@' : '%'}${o.value}`);
   lines.push('}');
   return lines.join('\n') + '\n';
 }

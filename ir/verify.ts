@@ -160,9 +160,17 @@ export function verifyGraph(g: Graph): VerifyProblem[] {
     for (const o of n.outputs) define(o.name, o.type, 'value', idx, n.scope);
   });
 
+  const labels = new Set<string>();
   for (const o of g.outputs) {
-    if (!defined.has(o))
-      problems.push({ rule: 'outputs', message: `graph output ${o} is not defined` });
+    if (!defined.has(o.value)) {
+      problems.push({
+        rule: 'outputs',
+        message: `graph output ${o.label} = ${o.value} is not defined`,
+      });
+    }
+    if (labels.has(o.label))
+      problems.push({ rule: 'outputs', message: `graph output ${o.label} declared twice` });
+    labels.add(o.label);
   }
   return problems;
 }

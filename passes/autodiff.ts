@@ -46,9 +46,9 @@ export function autodiff(
   g: Graph,
   opt: OptimizerSettings = DEFAULT_OPTIMIZER,
 ): { graph: Graph; stats: AutodiffStats } {
-  const loss = g.outputs[0];
+  const loss = g.outputs.find((o) => o.label === 'loss')?.value;
   if (loss === undefined)
-    throw new AutodiffError('autodiff: the graph has no output (its first output is the loss)');
+    throw new AutodiffError("autodiff: the graph has no output labelled 'loss'");
   const b = GraphBuilder.from(g);
   const forwardCount = g.nodes.length;
 
@@ -124,8 +124,8 @@ export function autodiff(
         weight_decay: weightDecayOf(p, opt),
       });
     });
-    b.output(sumsq);
-    b.output(coef);
+    b.output('grad_norm_sq', sumsq);
+    b.output('clip_coef', coef);
   });
   const graph = b.build();
   return {

@@ -51,7 +51,15 @@ export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Gr
     cfg.model.text_decoder,
     visual,
   );
-  buildDecoder(b, cfg.model.text_decoder, S, embeds, deepstack, opts.numMicrobatches ?? 1);
+  buildDecoder(
+    b,
+    cfg.model.text_decoder,
+    S,
+    embeds,
+    deepstack,
+    opts.numMicrobatches ?? 1,
+    cfg.training.caption_metric,
+  );
   return b.build();
 }
 
@@ -242,6 +250,7 @@ function buildDecoder(
   embeds: string,
   deepstack: string[],
   numMicrobatches: number,
+  captionMetric: boolean,
 ): void {
   const trainable = !d.freeze;
   const h = d.hidden_size;
@@ -367,13 +376,27 @@ function buildDecoder(
   const logits = b.in('lm_head', () => b.op1('linear', [xn, headW]));
   const ce = b.in('loss', () => b.op1('cross_entropy', [logits, labels, mask, lossTokens]));
   if (!auxLosses.length) {
-    b.output(ce); // the loss
-    return;
+    b.output('loss', ce);
+  } else {
+    b.in('loss', () => {
+      const aux = auxLosses.reduce((acc, a) => b.op1('add', [acc, a]));
+      b.output('loss', b.op1('add', [ce, aux]));
+      b.output('ce_loss', ce);
+      b.output('aux_loss', aux);
+    });
   }
-  b.in('loss', () => {
-    const aux = auxLosses.reduce((acc, a) => b.op1('add', [acc, a]));
-    b.output(b.op1('add', [ce, aux])); // the loss, then its two terms
-    b.output(ce);
-    b.output(aux);
-  });
+  if (captionMetric) {
+    // a metric, not part of the loss: cross-entropy over caption positions only
+    const captionMask = b.input('caption_mask', 'u8', [S], '1 where the label is a caption token');
+    const captionTokens = b.input(
+      'caption_tokens',
+      'f32',
+      [],
+      'caption tokens of the whole global batch',
+    );
+    const caption = b.in('loss', () =>
+      b.op1('cross_entropy', [logits, labels, captionMask, captionTokens]),
+    );
+    b.output('caption_loss', caption);
+  }
 }

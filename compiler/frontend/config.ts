@@ -69,6 +69,8 @@ export interface DecoderConfig {
 
 export interface TrainingConfig {
   seq_length: number;
+  /** report the cross-entropy of caption tokens (the synthetic task's 2–25) as a metric */
+  caption_metric: boolean;
 }
 
 export interface ModelConfig {
@@ -154,6 +156,7 @@ const DECODER_SCHEMA: Schema = {
 
 const TRAINING_SCHEMA: Schema = {
   seq_length: { t: 'posint' },
+  caption_metric: { t: 'bool', def: false },
 };
 
 const SECTIONS = {

@@ -27,10 +27,6 @@ export interface EmitOptions {
   readonly id?: string;
 }
 
-/** Names the runtime and the CLI use for the graph's outputs. */
-export const MICROBATCH_OUTPUTS = ['loss', 'ce_loss', 'aux_loss'] as const;
-export const STEP_SCALARS = ['grad_norm_sq', 'clip_coef'] as const;
-
 export function streamOf(node: Node): StreamName {
   const cat = OP_TABLE[node.op].category;
   if (cat === 'collective') return 'comm';
@@ -103,18 +99,23 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     });
   }
   const scalars: Record<string, number> = {};
-  const lossTokens = g.inputs.find((i) => i.name === 'loss_tokens');
-  if (lossTokens)
-    global.set(
-      'loss_tokens',
-      (scalars.loss_tokens = addBuffer('loss_tokens', lossTokens.type, 'scalar', -1)),
-    );
+  // scalar inputs (loss_tokens, caption_tokens) are step scalars the runtime fills, shared by
+  // every microbatch
+  const isStepScalar = (i: { type: TensorType }) => i.type.shape.length === 0;
+  for (const i of g.inputs.filter(isStepScalar)) {
+    scalars[i.name] = addBuffer(i.name, i.type, 'scalar', -1);
+    global.set(i.name, scalars[i.name]);
+  }
 
   const stepNodes = g.nodes.filter((n) => n.phase === 'optimizer');
   const mbNodes = g.nodes.filter((n) => n.phase !== 'optimizer');
   const producedInStep = new Set(stepNodes.flatMap((n) => n.outputs.map((o) => o.name)));
-  const mbOutputNames = g.outputs.filter((o) => !producedInStep.has(o));
-  const stepOutputNames = g.outputs.filter((o) => producedInStep.has(o));
+  const mbOutputs = new Map(
+    g.outputs.filter((o) => !producedInStep.has(o.value)).map((o) => [o.value, o.label]),
+  );
+  const stepOutputs = new Map(
+    g.outputs.filter((o) => producedInStep.has(o.value)).map((o) => [o.value, o.label]),
+  );
 
   const inputs: ProgramInput[] = [];
   const outputs: { name: string; buffer: number; microbatch: number }[] = [];
@@ -134,12 +135,12 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const outs = n.outputs.map((o) => {
       let id: number;
       if (n.op === 'reshape') id = addBuffer(o.name, o.type, 'arena', mb, root(ins[0]));
-      else if (mbOutputNames.includes(o.name)) {
-        const name = MICROBATCH_OUTPUTS[mbOutputNames.indexOf(o.name)];
+      else if (mbOutputs.has(o.name)) {
+        const name = mbOutputs.get(o.name)!;
         id = addBuffer(`${name}.mb${mb}`, o.type, 'scalar', mb);
         outputs.push({ name, buffer: id, microbatch: mb });
-      } else if (stepOutputNames.includes(o.name)) {
-        const name = STEP_SCALARS[stepOutputNames.indexOf(o.name)] ?? `step_output_${o.name}`;
+      } else if (stepOutputs.has(o.name)) {
+        const name = stepOutputs.get(o.name)!;
         id = scalars[name] = addBuffer(name, o.type, 'scalar', -1);
       } else id = addBuffer(o.name, o.type, 'arena', mb);
       local.set(o.name, id);
@@ -168,7 +169,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   for (let mb = 0; mb < m; mb++) {
     const local = new Map<string, number>();
     for (const i of g.inputs) {
-      if (i.name === 'loss_tokens') continue;
+      if (isStepScalar(i)) continue;
       const id = addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
       local.set(i.name, id);
       inputs.push({ name: i.name, buffer: id, microbatch: mb });

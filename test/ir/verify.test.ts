@@ -16,7 +16,7 @@ const VALID = `graph "small" {
   %0: f32[T, 8] = linear(%x, @w) scope=m.fc forward
   %1: f32[T, 8] = gelu(%0) scope=m forward
   %2: f32[T, 8] = add(%1, %x) scope=m forward
-  output %2
+  output loss = %2
 }
 `;
 
@@ -87,7 +87,7 @@ describe('verifier', () => {
     expect(rules(VALID.replace('input %x: f32[T, 8]', 'input %x: f64[T, 8]'))).toContain('shapes');
   });
   it('outputs: an undefined graph output', () => {
-    expect(rules(VALID.replace('output %2', 'output %7'))).toEqual(['outputs']);
+    expect(rules(VALID.replace('output loss = %2', 'output loss = %7'))).toEqual(['outputs']);
   });
   it('names the node and its scope', () => {
     const [p] = verifyGraph(
