@@ -685,6 +685,12 @@ def run_model(name: str, seed: int, batch: List[dict], watch: List[str]):
         opt.zero_grad(set_to_none=True)
         loss, ce, aux, n_tok, margin = global_loss(model, batch)
         loss.backward()
+        # An expert that no token reached in this step gets a zero gradient, as with Megatron's
+        # grouped GEMM (and lfc): AdamW still decays it and updates its moments. Plain PyTorch
+        # would leave p.grad None and skip the parameter.
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
         if step == 0:
             res['grads'] = {
                 n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))

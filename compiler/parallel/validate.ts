@@ -1,0 +1,321 @@
+// Layout rules: one ordered table of the conditions a parallel layout must meet before a topology
+// is built or a graph is sharded. Each rule reads the layout and returns a message naming the
+// numbers that break it, or undefined; validateParallel throws the first failure as
+// `invalid layout (<rule id>): <message>`.
+//
+// Notation: L decoder layers, p pipeline stages, v virtual chunks per stage, m microbatches per
+// data-parallel rank, g microbatch group size of the interleaved schedule (reference/schedules.md).
+
+import { UserError } from '../errors.js';
+import type { ModelConfig } from '../frontend/config.js';
+import { resolveSizes, SIZE_FLAGS, type ParallelSizes } from './sizes.js';
+
+/** What the rules that read only the parallel sizes see. */
+export interface SizesContext {
+  readonly sizes: ParallelSizes;
+}
+
+export interface LayoutContext extends SizesContext {
+  readonly config: ModelConfig;
+  readonly seqLength: number;
+  readonly microBatchSize: number;
+  readonly globalBatchSize: number;
+  /** --microbatch-group-size-per-vp-stage (interleaved schedule only; default p) */
+  readonly microbatchGroupSize?: number;
+  /** --decoder-first-pipeline-num-layers */
+  readonly decoderFirstPipelineNumLayers?: number;
+  /** --decoder-last-pipeline-num-layers */
+  readonly decoderLastPipelineNumLayers?: number;
+  /** --sequence-parallel */
+  readonly sequenceParallel?: boolean;
+}
+
+export interface LayoutRule<C extends SizesContext = LayoutContext> {
+  readonly id: string;
+  check(ctx: C): string | undefined;
+}
+
+const isPosInt = (n: number): boolean => Number.isInteger(n) && n > 0;
+
+/** Microbatches per data-parallel rank: m = global batch / (micro-batch · dp). */
+function microbatchesPerDpRank(ctx: LayoutContext): number {
+  return ctx.globalBatchSize / (ctx.microBatchSize * resolveSizes(ctx.sizes).dp);
+}
+
+const SIZE_RULES: readonly LayoutRule<SizesContext>[] = [
+  {
+    id: 'sizes-positive',
+    check: ({ sizes }) => {
+      for (const key of Object.keys(SIZE_FLAGS) as (keyof ParallelSizes)[]) {
+        const n = sizes[key];
+        if (n === undefined && key === 'etp') continue;
+        if (n === undefined || !isPosInt(n)) {
+          return `${SIZE_FLAGS[key]} must be a positive integer, got ${n}`;
+        }
+      }
+      return undefined;
+    },
+  },
+  {
+    id: 'cp-unsupported',
+    check: ({ sizes }) =>
+      sizes.cp > 1
+        ? `context parallelism (${SIZE_FLAGS.cp} ${sizes.cp}) is not supported yet`
+        : undefined,
+  },
+  {
+    id: 'world-decoder-grid',
+    check: ({ sizes }) => {
+      const s = resolveSizes(sizes);
+      const grid = s.tp * s.cp * s.pp;
+      return s.world % grid === 0
+        ? undefined
+        : `world size ${s.world} (${SIZE_FLAGS.nnodes} ${s.nnodes} × ${SIZE_FLAGS.nprocPerNode} ${s.nprocPerNode}) is not divisible by tp·cp·pp = ${grid} (tensor ${s.tp} × context ${s.cp} × pipeline ${s.pp})`;
+    },
+  },
+  {
+    id: 'world-expert-grid',
+    check: ({ sizes }) => {
+      const s = resolveSizes(sizes);
+      const grid = s.etp * s.ep * s.pp;
+      return s.world % grid === 0
+        ? undefined
+        : `world size ${s.world} (${SIZE_FLAGS.nnodes} ${s.nnodes} × ${SIZE_FLAGS.nprocPerNode} ${s.nprocPerNode}) is not divisible by etp·ep·pp = ${grid} (expert tensor ${s.etp} × expert ${s.ep} × pipeline ${s.pp})`;
+    },
+  },
+];
+
+const MODEL_RULES: readonly LayoutRule[] = [
+  {
+    id: 'batch-positive',
+    check: (ctx) => {
+      const values: [string, number | undefined][] = [
+        ['--seq-length', ctx.seqLength],
+        ['--micro-batch-size', ctx.microBatchSize],
+        ['--global-batch-size', ctx.globalBatchSize],
+        ['--microbatch-group-size-per-vp-stage', ctx.microbatchGroupSize],
+      ];
+      for (const [flag, n] of values) {
+        if (n !== undefined && !isPosInt(n)) return `${flag} must be a positive integer, got ${n}`;
+      }
+      return undefined;
+    },
+  },
+  {
+    id: 'vpp-needs-pp',
+    check: ({ sizes: s }) =>
+      s.vpp > 1 && s.pp === 1
+        ? `${SIZE_FLAGS.vpp} ${s.vpp} needs pipeline parallelism (${SIZE_FLAGS.pp} is 1)`
+        : undefined,
+  },
+  {
+    id: 'tp-heads',
+    check: ({ sizes: s, config }) => {
+      const heads = config.model.text_decoder.num_attention_heads;
+      return heads % s.tp === 0
+        ? undefined
+        : `decoder attention heads ${heads} are not divisible by tensor parallel size ${s.tp}`;
+    },
+  },
+  {
+    id: 'tp-kv-heads',
+    check: ({ sizes: s, config }) => {
+      const groups = config.model.text_decoder.num_query_groups;
+      return groups % s.tp === 0
+        ? undefined
+        : `decoder KV heads (num_query_groups) ${groups} are not divisible by tensor parallel size ${s.tp}`;
+    },
+  },
+  {
+    id: 'tp-ffn',
+    check: ({ sizes: s, config }) => {
+      const dec = config.model.text_decoder;
+      if (dec.num_experts > 0) return undefined; // every layer is MoE: see etp-expert-ffn
+      return dec.ffn_hidden_size % s.tp === 0
+        ? undefined
+        : `decoder FFN size ${dec.ffn_hidden_size} is not divisible by tensor parallel size ${s.tp}`;
+    },
+  },
+  {
+    id: 'tp-vocab',
+    // lfc does not pad the vocabulary (Megatron's --make-vocab-size-divisible-by): the embedding
+    // and output layer shard the real vocabulary
+    check: ({ sizes: s, config }) => {
+      const vocab = config.model.text_decoder.vocab_size;
+      return vocab % s.tp === 0
+        ? undefined
+        : `vocabulary size ${vocab} is not divisible by tensor parallel size ${s.tp}`;
+    },
+  },
+  {
+    id: 'encoder-tp-divides-tp',
+    check: ({ sizes: s, config }) => {
+      const encTp = config.model.image_encoder.tensor_model_parallel_size;
+      return s.tp % encTp === 0
+        ? undefined
+        : `encoder tensor parallel size ${encTp} (model.image_encoder.tensor_model_parallel_size) does not divide decoder tensor parallel size ${s.tp}`;
+    },
+  },
+  {
+    id: 'encoder-tp-heads',
+    check: ({ config }) => {
+      const enc = config.model.image_encoder;
+      return enc.num_attention_heads % enc.tensor_model_parallel_size === 0
+        ? undefined
+        : `encoder attention heads ${enc.num_attention_heads} are not divisible by encoder tensor parallel size ${enc.tensor_model_parallel_size}`;
+    },
+  },
+  {
+    id: 'encoder-tp-ffn',
+    check: ({ config }) => {
+      const enc = config.model.image_encoder;
+      return enc.ffn_hidden_size % enc.tensor_model_parallel_size === 0
+        ? undefined
+        : `encoder MLP size ${enc.ffn_hidden_size} is not divisible by encoder tensor parallel size ${enc.tensor_model_parallel_size}`;
+    },
+  },
+  {
+    id: 'ep-dense',
+    check: ({ sizes: s, config }) =>
+      s.ep > 1 && config.model.text_decoder.num_experts === 0
+        ? `expert parallelism (${SIZE_FLAGS.ep} ${s.ep}) needs an MoE decoder; ${config.name} is dense`
+        : undefined,
+  },
+  {
+    id: 'ep-experts',
+    check: ({ sizes: s, config }) => {
+      const experts = config.model.text_decoder.num_experts;
+      return experts % s.ep === 0
+        ? undefined
+        : `${experts} experts are not divisible by expert parallel size ${s.ep}`;
+    },
+  },
+  {
+    id: 'etp-expert-ffn',
+    check: ({ sizes, config }) => {
+      const dec = config.model.text_decoder;
+      const { etp } = resolveSizes(sizes);
+      if (dec.num_experts === 0 || dec.moe_ffn_hidden_size % etp === 0) return undefined;
+      return `expert FFN size ${dec.moe_ffn_hidden_size} is not divisible by expert tensor parallel size ${etp}`;
+    },
+  },
+  {
+    id: 'pp-layers',
+    // lfc balances layers by cost, so any L ≥ p·v works; each virtual stage needs one layer
+    check: ({ sizes: s, config }) => {
+      const layers = config.model.text_decoder.num_layers;
+      const stages = s.pp * s.vpp;
+      return layers >= stages
+        ? undefined
+        : `${layers} decoder layers cannot fill pp·vpp = ${stages} virtual stages (pipeline ${s.pp} × virtual ${s.vpp}); each needs at least one layer`;
+    },
+  },
+  {
+    id: 'pp-uneven-layers',
+    // Megatron's rule for --decoder-{first,last}-pipeline-num-layers: the stages given keep their
+    // count, the rest split evenly over the middle stages, and with vpp every stage's count is a
+    // multiple of v (each chunk gets the same number of layers, at least one)
+    check: (ctx) => {
+      const { sizes: s, decoderFirstPipelineNumLayers: first } = ctx;
+      const last = ctx.decoderLastPipelineNumLayers;
+      if (first === undefined && last === undefined) return undefined;
+      const ends: [string, number | undefined][] = [
+        ['--decoder-first-pipeline-num-layers', first],
+        ['--decoder-last-pipeline-num-layers', last],
+      ];
+      for (const [flag, n] of ends) {
+        if (n === undefined) continue;
+        if (s.pp === 1) return `${flag} ${n} needs pipeline parallelism (${SIZE_FLAGS.pp} is 1)`;
+        if (!isPosInt(n)) return `${flag} must be a positive integer, got ${n}`;
+        if (n % s.vpp !== 0) {
+          return `${flag} ${n} is not a multiple of ${SIZE_FLAGS.vpp} ${s.vpp}`;
+        }
+      }
+      const layers = ctx.config.model.text_decoder.num_layers;
+      const middleLayers = layers - (first ?? 0) - (last ?? 0);
+      const middleStages = s.pp - (first === undefined ? 0 : 1) - (last === undefined ? 0 : 1);
+      const given = `first ${first ?? '-'} and last ${last ?? '-'}`;
+      if (middleStages === 0) {
+        return middleLayers === 0
+          ? undefined
+          : `${given} pipeline stage layers add up to ${layers - middleLayers}, but the decoder has ${layers} layers and pipeline ${s.pp} has no middle stage`;
+      }
+      if (middleLayers < middleStages * s.vpp) {
+        return `${layers} decoder layers less ${given} stage layers leave ${middleLayers} for ${middleStages} middle stages × ${s.vpp} chunks; each needs at least one layer`;
+      }
+      if (middleLayers % middleStages !== 0) {
+        return `${layers} decoder layers less ${given} stage layers leave ${middleLayers}, which do not split evenly over ${middleStages} middle stages`;
+      }
+      const perStage = middleLayers / middleStages;
+      return perStage % s.vpp === 0
+        ? undefined
+        : `each of the ${middleStages} middle stages gets ${perStage} layers, not a multiple of ${SIZE_FLAGS.vpp} ${s.vpp}`;
+    },
+  },
+  {
+    id: 'global-batch',
+    check: (ctx) => {
+      const { dp } = resolveSizes(ctx.sizes);
+      const per = ctx.microBatchSize * dp;
+      return ctx.globalBatchSize % per === 0
+        ? undefined
+        : `global batch ${ctx.globalBatchSize} is not divisible by micro-batch ${ctx.microBatchSize} × data parallel ${dp} = ${per}`;
+    },
+  },
+  {
+    id: 'microbatch-group',
+    // interleaved 1F1B takes microbatches in groups of g, p ≤ g ≤ m; a last group of 1 … p−1
+    // microbatches creates dependency bubbles (reference/schedules.md)
+    check: (ctx) => {
+      const { pp: p, vpp: v } = ctx.sizes;
+      if (v === 1) return undefined;
+      const m = microbatchesPerDpRank(ctx);
+      const given = ctx.microbatchGroupSize !== undefined;
+      const g = ctx.microbatchGroupSize ?? p;
+      const name = given
+        ? `--microbatch-group-size-per-vp-stage ${g}`
+        : `group size ${g} (default: pipeline size)`;
+      if (g < p || g > m) {
+        return `interleaved schedule: ${name} must lie in [pipeline ${p}, microbatches per data-parallel rank ${m}]`;
+      }
+      const remainder = m % g;
+      return remainder >= 1 && remainder < p
+        ? `interleaved schedule: ${m} microbatches per data-parallel rank in groups of ${g} leave a last group of ${remainder}, which must be 0 or at least pipeline ${p}`
+        : undefined;
+    },
+  },
+  {
+    id: 'sp-needs-tp',
+    check: ({ sizes: s, sequenceParallel }) =>
+      sequenceParallel && s.tp === 1
+        ? `--sequence-parallel needs tensor parallelism (${SIZE_FLAGS.tp} is 1)`
+        : undefined,
+  },
+  {
+    id: 'sp-seq-length',
+    check: ({ sizes: s, sequenceParallel, seqLength }) =>
+      sequenceParallel && seqLength % s.tp !== 0
+        ? `--seq-length ${seqLength} is not divisible by tensor parallel size ${s.tp} under --sequence-parallel`
+        : undefined,
+  },
+];
+
+/** Every layout rule, in the order they are checked. */
+export const LAYOUT_RULES: readonly LayoutRule[] = [...SIZE_RULES, ...MODEL_RULES];
+
+function runRules<C extends SizesContext>(rules: readonly LayoutRule<C>[], ctx: C): void {
+  for (const rule of rules) {
+    const message = rule.check(ctx);
+    if (message !== undefined) throw new UserError(`invalid layout (${rule.id}): ${message}`);
+  }
+}
+
+/** Throws a UserError naming the first layout rule the context breaks. */
+export function validateParallel(ctx: LayoutContext): void {
+  runRules(LAYOUT_RULES, ctx);
+}
+
+/** The rules that read only the sizes (positive, cp, world divisibility); buildTopology runs them. */
+export function validateSizes(sizes: ParallelSizes): void {
+  runRules(SIZE_RULES, { sizes });
+}
