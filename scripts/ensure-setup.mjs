@@ -1,5 +1,6 @@
 // `npm test`'s pretest step: everything the tests need, installed on first use.
-import { ensureBuilt, ensureKernelCheck } from './setup.mjs';
+import { ensureBuilt, ensureKernelCheck, ensureNative } from './setup.mjs';
 
 await ensureBuilt();
+ensureNative({ quiet: true });
 ensureKernelCheck({ quiet: true });

@@ -81,3 +81,23 @@ export function ensureKernelCheck({ quiet = false } = {}) {
   }
   run('cmake', ['--build', 'runtime-native/build/kernel-test', '-j2'], quiet);
 }
+
+/** The native runtime addon (runtime-native/build/Release/lfc_native.node), built by cmake-js. */
+export function ensureNative({ quiet = false } = {}) {
+  const addon = join(root, 'runtime-native/build/Release/lfc_native.node');
+  if (!existsSync(addon))
+    process.stderr.write('lfc setup: building the native runtime (cmake-js, a minute or two)…\n');
+  // cmake-js build is incremental: a no-op when nothing changed
+  run(
+    process.execPath,
+    [
+      join(root, 'node_modules/cmake-js/bin/cmake-js'),
+      'build',
+      '-d',
+      'runtime-native',
+      '-l',
+      'error',
+    ],
+    quiet || existsSync(addon),
+  );
+}

@@ -7,6 +7,7 @@ import { UserError } from '../errors.js';
 import { addInspectCommand } from './inspect.js';
 import { addDemoCommand } from './demo.js';
 import { addCompileCommand } from './compile.js';
+import { addRunCommand } from './run.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -18,7 +19,7 @@ export const processIO: CliIO = {
   err: (t) => process.stderr.write(t),
 };
 
-export function makeProgram(io: CliIO): Command {
+export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Command {
   const program = new Command('lfc')
     .description('lfc: a dataflow-graph compiler for multimodal training steps')
     .version('0.1.0')
@@ -32,13 +33,14 @@ export function makeProgram(io: CliIO): Command {
     });
   addInspectCommand(program, io);
   addCompileCommand(program, io);
-  addDemoCommand(program, io);
+  addRunCommand(program, io, isTTY);
+  addDemoCommand(program, io, isTTY);
   for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
   return program;
 }
 
 export async function run(argv: readonly string[], io: CliIO = processIO): Promise<number> {
-  const program = makeProgram(io);
+  const program = makeProgram(io, () => io === processIO && process.stderr.isTTY === true);
   if (argv.length === 0) {
     io.out(program.helpInformation());
     return 0;

@@ -30,3 +30,13 @@ export function positiveNumber(flag: string) {
     return n;
   };
 }
+
+export function nonNegativeInt(flag: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!/^\s*\d+\s*$/.test(v) || !Number.isInteger(n) || n < 0) {
+      throw new InvalidArgumentError(`${flag} must be a non-negative integer, got '${v}'`);
+    }
+    return n;
+  };
+}

@@ -1,0 +1,367 @@
+// Node bindings of the runtime (N-API through node-addon-api): class Runtime and the schema
+// constants. runtime/native.ts declares the TypeScript types of everything exported here.
+// Argument errors throw TypeError/Error naming the argument; runtime errors carry the core's
+// message unchanged.
+#include <napi.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+#include "runtime.h"
+
+namespace {
+
+using lfc::cat;
+
+// ---- argument conversion ---------------------------------------------------------------------
+
+double number(const Napi::Value& v, const std::string& what) {
+  if (!v.IsNumber()) throw Napi::TypeError::New(v.Env(), what + " must be a number");
+  return v.As<Napi::Number>().DoubleValue();
+}
+
+int64_t integer(const Napi::Value& v, const std::string& what) {
+  const double d = number(v, what);
+  if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9007199254740991.0)
+    throw Napi::TypeError::New(v.Env(), cat(what, " must be an integer, got ", d));
+  return int64_t(d);
+}
+
+uint64_t seedOf(const Napi::Value& v, const std::string& what) {
+  const int64_t s = integer(v, what);
+  if (s < 0) throw Napi::TypeError::New(v.Env(), what + " must be ≥ 0");
+  return uint64_t(s);
+}
+
+std::string string(const Napi::Value& v, const std::string& what) {
+  if (!v.IsString()) throw Napi::TypeError::New(v.Env(), what + " must be a string");
+  return v.As<Napi::String>().Utf8Value();
+}
+
+Napi::Object object(const Napi::Value& v, const std::string& what) {
+  if (!v.IsObject()) throw Napi::TypeError::New(v.Env(), what + " must be an object");
+  return v.As<Napi::Object>();
+}
+
+template <typename T>
+std::vector<T> typedArray(const Napi::Value& v, napi_typedarray_type type, const std::string& what,
+                          const char* typeName) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != type)
+    throw Napi::TypeError::New(v.Env(), what + " must be a " + typeName);
+  auto a = v.As<Napi::TypedArrayOf<T>>();
+  return std::vector<T>(a.Data(), a.Data() + a.ElementLength());
+}
+
+template <typename T>
+Napi::TypedArrayOf<T> toTyped(Napi::Env env, const std::vector<T>& values) {
+  auto a = Napi::TypedArrayOf<T>::New(env, values.size());
+  if (!values.empty()) std::memcpy(a.Data(), values.data(), values.size() * sizeof(T));
+  return a;
+}
+
+lfc::Microbatch microbatchOf(const Napi::Value& v, const std::string& what) {
+  const Napi::Object o = object(v, what);
+  lfc::Microbatch mb;
+  mb.tokens = typedArray<int32_t>(o.Get("tokens"), napi_int32_array, what + ".tokens", "Int32Array");
+  mb.labels = typedArray<int32_t>(o.Get("labels"), napi_int32_array, what + ".labels", "Int32Array");
+  mb.lossMask = typedArray<uint8_t>(o.Get("lossMask"), napi_uint8_array, what + ".lossMask", "Uint8Array");
+  mb.positions = typedArray<int32_t>(o.Get("positions"), napi_int32_array, what + ".positions", "Int32Array");
+  mb.segments = typedArray<int32_t>(o.Get("segments"), napi_int32_array, what + ".segments", "Int32Array");
+  const Napi::Value caption = o.Get("captionMask");
+  if (!caption.IsUndefined() && !caption.IsNull())
+    mb.captionMask = typedArray<uint8_t>(caption, napi_uint8_array, what + ".captionMask", "Uint8Array");
+  const Napi::Value images = o.Get("images");
+  if (!images.IsArray()) throw Napi::TypeError::New(v.Env(), what + ".images must be an array");
+  const auto list = images.As<Napi::Array>();
+  for (uint32_t i = 0; i < list.Length(); i++) {
+    const std::string w = cat(what, ".images[", i, "]");
+    const Napi::Object im = object(list.Get(i), w);
+    lfc::Image image;
+    image.height = integer(im.Get("height"), w + ".height");
+    image.width = integer(im.Get("width"), w + ".width");
+    image.pixels = typedArray<float>(im.Get("pixels"), napi_float32_array, w + ".pixels", "Float32Array");
+    mb.images.push_back(std::move(image));
+  }
+  return mb;
+}
+
+Napi::Object microbatchToJs(Napi::Env env, const lfc::Microbatch& mb) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("tokens", toTyped(env, mb.tokens));
+  o.Set("labels", toTyped(env, mb.labels));
+  o.Set("lossMask", toTyped(env, mb.lossMask));
+  o.Set("positions", toTyped(env, mb.positions));
+  o.Set("segments", toTyped(env, mb.segments));
+  o.Set("captionMask", toTyped(env, lfc::captionMask(mb)));
+  Napi::Array images = Napi::Array::New(env, mb.images.size());
+  for (size_t i = 0; i < mb.images.size(); i++) {
+    Napi::Object im = Napi::Object::New(env);
+    im.Set("height", double(mb.images[i].height));
+    im.Set("width", double(mb.images[i].width));
+    im.Set("pixels", toTyped(env, mb.images[i].pixels));
+    images.Set(uint32_t(i), im);
+  }
+  o.Set("images", images);
+  return o;
+}
+
+Napi::Object stepResultToJs(Napi::Env env, const lfc::StepResult& r, bool timing) {
+  Napi::Object o = Napi::Object::New(env);
+  Napi::Array outputs = Napi::Array::New(env, r.outputs.size());
+  for (size_t i = 0; i < r.outputs.size(); i++) {
+    Napi::Object e = Napi::Object::New(env);
+    e.Set("name", r.outputs[i].name);
+    e.Set("microbatch", r.outputs[i].microbatch);
+    e.Set("value", r.outputs[i].value);
+    outputs.Set(uint32_t(i), e);
+  }
+  o.Set("outputs", outputs);
+  Napi::Object scalars = Napi::Object::New(env);
+  for (const auto& [name, value] : r.scalars) scalars.Set(name, value);
+  o.Set("scalars", scalars);
+  o.Set("instructionsRun", r.instructionsRun);
+  o.Set("stepMs", r.stepMs);
+  if (timing) {
+    Napi::Array t = Napi::Array::New(env, r.timing.size());
+    for (size_t i = 0; i < r.timing.size(); i++) {
+      Napi::Object e = Napi::Object::New(env);
+      e.Set("start", r.timing[i].startMs);
+      e.Set("end", r.timing[i].endMs);
+      t.Set(uint32_t(i), e);
+    }
+    o.Set("perInstruction", t);
+  }
+  return o;
+}
+
+// ---- the step on a worker thread ---------------------------------------------------------------
+
+class StepWorker : public Napi::AsyncWorker {
+ public:
+  StepWorker(Napi::Env env, std::shared_ptr<lfc::Runtime> rt, lfc::StepParams params)
+      : Napi::AsyncWorker(env, "lfc.step"),
+        rt_(std::move(rt)),
+        params_(params),
+        deferred_(Napi::Promise::Deferred::New(env)) {}
+
+  Napi::Promise promise() const { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      result_ = rt_->runStep(params_);
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  // back on the JS thread: the step ends when its promise settles
+  void OnOK() override {
+    rt_->endStep();
+    deferred_.Resolve(stepResultToJs(Env(), result_, rt_->options().timing));
+  }
+  void OnError(const Napi::Error& e) override {
+    rt_->endStep();
+    deferred_.Reject(e.Value());
+  }
+
+ private:
+  std::shared_ptr<lfc::Runtime> rt_;  // alive until the step ends, whatever JS does meanwhile
+  lfc::StepParams params_;
+  lfc::StepResult result_;
+  Napi::Promise::Deferred deferred_;
+};
+
+// ---- class Runtime -----------------------------------------------------------------------------
+
+class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "Runtime",
+                       {
+                           InstanceMethod<&RuntimeWrap::region>("region"),
+                           InstanceMethod<&RuntimeWrap::initParams>("initParams"),
+                           InstanceMethod<&RuntimeWrap::setMicrobatch>("setMicrobatch"),
+                           InstanceMethod<&RuntimeWrap::synthesize>("synthesize"),
+                           InstanceMethod<&RuntimeWrap::getMicrobatch>("getMicrobatch"),
+                           InstanceMethod<&RuntimeWrap::captionMask>("captionMask"),
+                           InstanceMethod<&RuntimeWrap::setScalar>("setScalar"),
+                           InstanceMethod<&RuntimeWrap::getScalar>("getScalar"),
+                           InstanceMethod<&RuntimeWrap::readBuffer>("readBuffer"),
+                           InstanceMethod<&RuntimeWrap::info>("info"),
+                           InstanceMethod<&RuntimeWrap::step>("step"),
+                       });
+  }
+
+  explicit RuntimeWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<RuntimeWrap>(info) {
+    const std::string text = string(info[0], "programJson");
+    lfc::RuntimeOptions opts;
+    if (info.Length() > 1 && !info[1].IsUndefined()) {
+      const Napi::Object o = object(info[1], "options");
+      if (o.Has("threads") && !o.Get("threads").IsUndefined())
+        opts.threads = int(integer(o.Get("threads"), "options.threads"));
+      if (o.Has("patchSize") && !o.Get("patchSize").IsUndefined())
+        opts.patchSize = int(integer(o.Get("patchSize"), "options.patchSize"));
+      if (o.Has("mergeSize") && !o.Get("mergeSize").IsUndefined())
+        opts.mergeSize = int(integer(o.Get("mergeSize"), "options.mergeSize"));
+      if (o.Has("timing") && !o.Get("timing").IsUndefined()) opts.timing = o.Get("timing").ToBoolean();
+    }
+    rt_ = std::make_shared<lfc::Runtime>(text, opts);
+  }
+
+ private:
+  Napi::Value region(const Napi::CallbackInfo& info) {
+    const std::string name = string(info[0], "region name");
+    int r = -1;
+    for (int k = 0; k < lfc::kRegionCount; k++)
+      if (name == lfc::kRegionNames[k]) r = k;
+    if (r < 0) throw Napi::Error::New(info.Env(), cat("unknown region '", name, "'"));
+    int slot = 0;
+    if (lfc::Region(r) == lfc::Region::data) {
+      slot = int(integer(info[1], "slot"));
+      if (slot < 0 || slot >= std::max(rt_->program().slots, 1))
+        throw Napi::Error::New(info.Env(), cat("data slot ", slot, " is out of range"));
+    }
+    auto* keep = new std::shared_ptr<lfc::Memory>(rt_->memory());  // owned by the ArrayBuffer
+    std::byte* data = (*keep)->region(lfc::Region(r), slot);
+    const size_t size = size_t((*keep)->regionSize(lfc::Region(r)));
+    return Napi::ArrayBuffer::New(
+        info.Env(), data, size,
+        [](Napi::Env, void*, std::shared_ptr<lfc::Memory>* hint) { delete hint; }, keep);
+  }
+
+  Napi::Value initParams(const Napi::CallbackInfo& info) {
+    const uint64_t seed = seedOf(info[0], "seed");
+    if (!info[1].IsArray()) throw Napi::TypeError::New(info.Env(), "params must be an array");
+    const auto list = info[1].As<Napi::Array>();
+    std::vector<lfc::ParamInit> params;
+    for (uint32_t i = 0; i < list.Length(); i++) {
+      const std::string w = cat("params[", i, "]");
+      const Napi::Object o = object(list.Get(i), w);
+      lfc::ParamInit p;
+      p.name = string(o.Get("name"), w + ".name");
+      p.init = string(o.Get("init"), w + ".init");
+      const Napi::Value shape = o.Get("shape");
+      if (!shape.IsArray()) throw Napi::TypeError::New(info.Env(), w + ".shape must be an array");
+      for (uint32_t d = 0; d < shape.As<Napi::Array>().Length(); d++)
+        p.shape.push_back(integer(shape.As<Napi::Array>().Get(d), w + ".shape"));
+      const Napi::Value shard = o.Get("shard");
+      if (!shard.IsUndefined() && !shard.IsNull()) {
+        if (!shard.IsArray()) throw Napi::TypeError::New(info.Env(), w + ".shard must be an array");
+        std::vector<std::pair<int64_t, int64_t>> s;
+        for (uint32_t d = 0; d < shard.As<Napi::Array>().Length(); d++) {
+          const Napi::Value pair = shard.As<Napi::Array>().Get(d);
+          if (!pair.IsArray() || pair.As<Napi::Array>().Length() != 2)
+            throw Napi::TypeError::New(info.Env(), w + ".shard must hold [start, length] pairs");
+          s.emplace_back(integer(pair.As<Napi::Array>().Get(0u), w + ".shard"),
+                         integer(pair.As<Napi::Array>().Get(1u), w + ".shard"));
+        }
+        p.shard = s;
+      }
+      params.push_back(std::move(p));
+    }
+    rt_->initParams(seed, params);
+    return info.Env().Undefined();
+  }
+
+  Napi::Value setMicrobatch(const Napi::CallbackInfo& info) {
+    const int slot = int(integer(info[0], "slot"));
+    rt_->setMicrobatch(slot, microbatchOf(info[1], "microbatch"));
+    return info.Env().Undefined();
+  }
+
+  Napi::Value synthesize(const Napi::CallbackInfo& info) {
+    lfc::SynthArgs a;
+    const int slot = int(integer(info[0], "slot"));
+    a.seed = seedOf(info[1], "seed");
+    a.step = integer(info[2], "step");
+    a.globalMicrobatch = integer(info[3], "globalMicrobatch");
+    const Napi::Object o = object(info[4], "options");
+    a.seqLength = integer(o.Get("seqLength"), "options.seqLength");
+    a.vocab = integer(o.Get("vocab"), "options.vocab");
+    if (o.Has("maxVisualTokens") && !o.Get("maxVisualTokens").IsUndefined())
+      a.maxVisualTokens = integer(o.Get("maxVisualTokens"), "options.maxVisualTokens");
+    return microbatchToJs(info.Env(), rt_->synthesize(slot, a));
+  }
+
+  Napi::Value getMicrobatch(const Napi::CallbackInfo& info) {
+    return microbatchToJs(info.Env(), rt_->microbatch(int(integer(info[0], "slot"))));
+  }
+
+  Napi::Value captionMask(const Napi::CallbackInfo& info) {
+    return toTyped(info.Env(), rt_->captionMask(int(integer(info[0], "slot"))));
+  }
+
+  Napi::Value setScalar(const Napi::CallbackInfo& info) {
+    rt_->setScalar(string(info[0], "name"), number(info[1], "value"));
+    return info.Env().Undefined();
+  }
+
+  Napi::Value getScalar(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), rt_->scalar(string(info[0], "name")));
+  }
+
+  Napi::Value readBuffer(const Napi::CallbackInfo& info) {
+    const std::vector<std::byte> bytes = rt_->readBuffer(int(integer(info[0], "buffer id")));
+    auto out = Napi::ArrayBuffer::New(info.Env(), bytes.size());
+    if (!bytes.empty()) std::memcpy(out.Data(), bytes.data(), bytes.size());
+    return out;
+  }
+
+  Napi::Value info(const Napi::CallbackInfo& info) {
+    const lfc::Program& p = rt_->program();
+    Napi::Env env = info.Env();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("id", p.id);
+    o.Set("slots", p.slots);
+    o.Set("buffers", double(p.buffers.size()));
+    o.Set("instructions", double(p.instrs.size()));
+    o.Set("events", p.events);
+    Napi::Array streams = Napi::Array::New(env);
+    for (int s = 0; s < lfc::kStreamCount; s++)
+      if (!p.streamInstrs[size_t(s)].empty()) streams.Set(streams.Length(), lfc::schema::kStreams[s]);
+    o.Set("streams", streams);
+    Napi::Object regions = Napi::Object::New(env);
+    for (int r = 0; r < lfc::kRegionCount; r++) regions.Set(lfc::kRegionNames[r], double(p.regionBytes[size_t(r)]));
+    o.Set("regions", regions);
+    return o;
+  }
+
+  Napi::Value step(const Napi::CallbackInfo& info) {
+    const Napi::Object o = object(info[0], "options");
+    lfc::StepParams params;
+    params.lr = number(o.Get("lr"), "options.lr");
+    params.step = integer(o.Get("step"), "options.step");
+    rt_->beginStep();
+    try {
+      auto* worker = new StepWorker(info.Env(), rt_, params);  // deletes itself after OnOK/OnError
+      Napi::Promise promise = worker->promise();
+      worker->Queue();
+      return promise;
+    } catch (...) {
+      rt_->endStep();
+      throw;
+    }
+  }
+
+  std::shared_ptr<lfc::Runtime> rt_;
+};
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("Runtime", RuntimeWrap::Define(env));
+  exports.Set("planVersion", lfc::schema::kPlanVersion);
+  Napi::Array ops = Napi::Array::New(env);
+  for (const char* name : lfc::schema::kOpNames) ops.Set(ops.Length(), name);
+  exports.Set("opNames", ops);
+  Napi::Array streams = Napi::Array::New(env);
+  for (const char* name : lfc::schema::kStreams) streams.Set(streams.Length(), name);
+  exports.Set("streams", streams);
+  Napi::Array regions = Napi::Array::New(env);
+  for (const char* name : lfc::schema::kRegions) regions.Set(regions.Length(), name);
+  exports.Set("regions", regions);
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(lfc_native, Init)

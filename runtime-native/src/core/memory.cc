@@ -1,0 +1,45 @@
+#include "core/memory.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace lfc {
+
+constexpr int64_t kAlign = 64;
+
+Block::Block(int64_t bytes) : size_(bytes) {
+  const int64_t rounded = std::max<int64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  data_ = static_cast<std::byte*>(std::aligned_alloc(size_t(kAlign), size_t(rounded)));
+  if (!data_) throw RuntimeError(cat("cannot allocate ", bytes, " bytes"));
+  std::memset(data_, 0, size_t(rounded));
+}
+
+Block::~Block() { std::free(data_); }
+
+Memory::Memory(const Program& p) {
+  for (int r = 0; r < kRegionCount; r++)
+    if (Region(r) != Region::data) regions_[size_t(r)] = std::make_unique<Block>(p.regionBytes[size_t(r)]);
+  for (int s = 0; s < std::max(p.slots, 1); s++)
+    dataSlots_.push_back(std::make_unique<Block>(p.regionSize(Region::data)));
+}
+
+std::byte* Memory::region(Region r, int slot) const {
+  if (r == Region::data) return dataSlots_.at(size_t(slot))->data();
+  return regions_[size_t(r)]->data();
+}
+
+int64_t Memory::regionSize(Region r) const {
+  if (r == Region::data) return dataSlots_.at(0)->size();
+  return regions_[size_t(r)]->size();
+}
+
+std::byte* Memory::buffer(const Program& p, int id) const {
+  const Buffer& b = p.buffers[size_t(p.buffers[size_t(id)].root)];
+  return region(b.region, b.region == Region::data ? b.microbatch : 0) + b.offset;
+}
+
+}  // namespace lfc

@@ -1,0 +1,135 @@
+// A rank's program (compiler/plan/format.ts: ProgramFile), parsed and validated.
+//
+// parseProgram checks everything a step relies on before anything runs: format and version, every
+// op known and executable (collectives refused), operand counts and attributes against the kernel
+// registry, buffer ids, regions, dtypes and dims, views, data inputs, scalars and outputs, and the
+// events (each recorded by exactly one instruction, no instruction able to wait forever). A
+// failure throws ProgramError naming the program and, where there is one, the instruction index,
+// op and scope.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "generated/schema.h"
+
+namespace lfc {
+
+using schema::Op;
+
+constexpr int kOpCount = int(Op::kCount);
+constexpr int kStreamCount = int(sizeof(schema::kStreams) / sizeof(schema::kStreams[0]));
+static_assert(sizeof(schema::kOpNames) / sizeof(schema::kOpNames[0]) == size_t(kOpCount),
+              "schema.h: kOpNames and enum Op differ in length");
+
+// Memory regions, by the names of schema::kRegions (the parser maps names, so the generated
+// header's order does not matter; a region it lists that this enum lacks is refused at load).
+enum class Region : int { arena, param, grad, optim, data, scalar, kCount };
+inline constexpr const char* kRegionNames[] = {"arena", "param", "grad", "optim", "data", "scalar"};
+inline const char* regionName(Region r) { return kRegionNames[int(r)]; }
+
+// Data fields a microbatch fills (ProgramInput.name) and their element types. caption_mask (1 where
+// the label is a caption token) is for a caption-loss metric; given with the microbatch or derived.
+enum class DataField : int {
+  tokens,
+  labels,
+  loss_mask,
+  positions,
+  segments,
+  patches,
+  image_segments,
+  patch_rows,
+  patch_cols,
+  caption_mask,
+  kCount
+};
+inline constexpr const char* kDataFieldNames[] = {
+    "tokens",         "labels",     "loss_mask",  "positions",    "segments",
+    "patches",        "image_segments", "patch_rows", "patch_cols", "caption_mask"};
+inline constexpr DType kDataFieldTypes[] = {DType::i32, DType::i32, DType::u8,  DType::i32,
+                                            DType::i32, DType::f32, DType::i32, DType::i32,
+                                            DType::i32, DType::u8};
+static_assert(sizeof(kDataFieldNames) / sizeof(kDataFieldNames[0]) == size_t(DataField::kCount));
+static_assert(sizeof(kDataFieldTypes) / sizeof(kDataFieldTypes[0]) == size_t(DataField::kCount));
+
+constexpr int kRegionCount = int(Region::kCount);
+
+struct Buffer {
+  int id = 0;
+  std::string name;
+  Region region = Region::arena;
+  bool host = false;
+  DType dtype = DType::f32;
+  std::vector<Dim> shape;
+  bool symbolic = false;  // some dim depends on a microbatch's sizes
+  int64_t offset = 0;     // within its region (data: within its microbatch slot's region)
+  int64_t bytes = 0;      // planned, at the symbols' bounds
+  int viewOf = -1;        // the buffer whose bytes a view shares
+  int root = 0;           // the buffer that owns the bytes (itself unless a view)
+  int microbatch = -1;
+};
+
+struct Instr {
+  int index = 0;
+  int stream = 0;  // index into schema::kStreams
+  Op op = Op::embedding;
+  std::vector<int> inputs, outputs;
+  nlohmann::json attrs = nlohmann::json::object();
+  std::vector<int> wait, record;
+  int microbatch = -1;
+  std::string phase, scope;
+};
+
+struct ProgramParam {
+  std::string name;
+  int buffer = -1, grad = -1, expAvg = -1, expAvgSq = -1;
+  std::vector<std::pair<int64_t, int64_t>> shard;  // per dim [start, length] in the global tensor
+};
+
+struct ProgramInput {
+  std::string name;
+  DataField field = DataField::tokens;
+  int buffer = -1;
+  int microbatch = 0;
+};
+
+struct ProgramOutput {
+  std::string name;
+  int buffer = -1;
+  int microbatch = -1;
+};
+
+struct Program {
+  std::string id;
+  std::array<int64_t, kRegionCount> regionBytes{};  // indexed by Region
+  int64_t arenaLowerBoundBytes = 0;
+  std::vector<Buffer> buffers;
+  std::vector<ProgramParam> params;
+  std::vector<ProgramInput> inputs;
+  std::vector<std::pair<std::string, int>> scalars;  // name → buffer
+  std::vector<ProgramOutput> outputs;
+  int events = 0;
+  std::vector<Instr> instrs;
+
+  // derived
+  int slots = 0;                              // microbatch slots: 1 + the largest index used
+  std::vector<std::vector<int>> streamInstrs;  // per stream (schema::kStreams), in issue order
+  std::vector<int> recordedBy;                 // per event: the instruction that records it
+
+  int64_t regionSize(Region r) const { return regionBytes[int(r)]; }
+  int scalarBuffer(const std::string& name) const;  // −1 when absent
+};
+
+Program parseProgram(const std::string& jsonText);
+
+// "instruction 12 (linear, scope model.layers.0.mlp)"
+std::string describeInstr(const Instr& in);
+
+}  // namespace lfc

@@ -1,0 +1,85 @@
+#include "data/init.h"
+
+#include <cctype>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/hash.h"
+
+namespace lfc {
+
+namespace {
+
+constexpr uint64_t kInitTag = 0x696E6974ull;  // "init"
+
+struct InitSpec {
+  enum Kind { normal, zeros, ones } kind = zeros;
+  double std = 0;
+};
+
+InitSpec parseInit(const std::string& name, const std::string& raw) {
+  std::string init;
+  for (char c : raw)
+    if (!std::isspace(static_cast<unsigned char>(c))) init += c;
+  if (init == "zeros") return {InitSpec::zeros, 0};
+  if (init == "ones") return {InitSpec::ones, 0};
+  const std::string open = "normal(";
+  if (init.size() > open.size() + 1 && init.compare(0, open.size(), open) == 0 && init.back() == ')') {
+    const std::string text = init.substr(open.size(), init.size() - open.size() - 1);
+    char* end = nullptr;
+    const double s = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() + text.size() && s >= 0) return {InitSpec::normal, s};
+  }
+  throw RuntimeError(cat("param ", name, ": unknown init '", raw,
+                         "' (this runtime knows normal(std), zeros, ones)"));
+}
+
+template <typename Real>
+void fill(Real* dst, const InitSpec& spec, uint64_t key, const std::vector<int64_t>& shape,
+          const std::vector<std::pair<int64_t, int64_t>>& shard) {
+  const size_t rank = shape.size();
+  std::vector<int64_t> stride(rank, 1);  // global strides
+  for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  int64_t n = 1;
+  for (const auto& s : shard) n *= s.second;
+  std::vector<int64_t> idx(rank, 0);  // local multi-index
+  for (int64_t i = 0; i < n; i++) {
+    if (spec.kind == InitSpec::zeros) dst[i] = Real(0);
+    else if (spec.kind == InitSpec::ones) dst[i] = Real(1);
+    else {
+      int64_t g = 0;
+      for (size_t d = 0; d < rank; d++) g += (shard[d].first + idx[d]) * stride[d];
+      dst[i] = Real(spec.std * hash::normal(key, uint64_t(g)));
+    }
+    for (size_t d = rank; d-- > 0;) {  // next local index, row-major
+      if (++idx[d] < shard[d].second) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,
+               const std::string& init, const std::vector<int64_t>& globalShape,
+               const std::vector<std::pair<int64_t, int64_t>>& shardIn) {
+  const InitSpec spec = parseInit(name, init);
+  std::vector<std::pair<int64_t, int64_t>> shard = shardIn;
+  if (shard.empty())
+    for (int64_t d : globalShape) shard.emplace_back(0, d);
+  if (shard.size() != globalShape.size())
+    throw RuntimeError(cat("param ", name, ": shard has ", shard.size(), " dims, the global shape ",
+                           globalShape.size()));
+  for (size_t d = 0; d < shard.size(); d++)
+    if (shard[d].first < 0 || shard[d].second < 0 || shard[d].first + shard[d].second > globalShape[d])
+      throw RuntimeError(cat("param ", name, ": shard [", shard[d].first, ", ", shard[d].second,
+                             "] of dim ", d, " is outside the global size ", globalShape[d]));
+  const uint64_t key = hash::combine(hash::combine(hash::splitmix64(kInitTag), seed), hash::ofString(name));
+  if (dtype == DType::f32) fill(reinterpret_cast<float*>(dst), spec, key, globalShape, shard);
+  else if (dtype == DType::f64) fill(reinterpret_cast<double*>(dst), spec, key, globalShape, shard);
+  else
+    throw RuntimeError(cat("param ", name, ": dtype ", dtypeName(dtype),
+                           " cannot be initialized here (f32 or f64)"));
+}
+
+}  // namespace lfc

@@ -1,0 +1,29 @@
+// Small kernels the ops need beyond the CPU kernel library (kernels/cpu/): layout moves along the
+// last dim, fill, accumulate, and the clipping factor. Same conventions as kernels/cpu/common.h:
+// raw row-major pointers, outputs first, then inputs, then sizes.
+#pragma once
+
+#include <cstdint>
+
+namespace lfc::basic {
+
+// parts[p] (R, widths[p]) = x (R, Σ widths)[:, offset_p : offset_p + widths[p]]; element size es bytes.
+void split_last(void* const* parts, const void* x, const int64_t* widths, int64_t P, int64_t R, int64_t es);
+// y (R, Σ widths) = the parts (R, widths[p]) side by side.
+void concat_last(void* y, const void* const* parts, const int64_t* widths, int64_t P, int64_t R, int64_t es);
+
+template <typename T>
+void fill(T* y, T value, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = value;
+}
+
+// acc (n) += g (n)
+template <typename Real>
+void accumulate(Real* acc, const Real* g, int64_t n) {
+  for (int64_t i = 0; i < n; i++) acc[i] += g[i];
+}
+
+// min(1, max_norm / (√sumsq + 1e-6)): torch.nn.utils.clip_grad_norm_'s clamped coefficient.
+double clip_coef(double sumsq, double max_norm);
+
+}  // namespace lfc::basic

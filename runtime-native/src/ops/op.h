@@ -1,0 +1,128 @@
+// What an op implementation sees: the instruction, its operands resolved to pointers and shapes
+// at this step's microbatch sizes, the step's learning rate and count, and scratch memory.
+//
+// An op implementation is `void run_<op>(const Instr&, StepCtx&)` (declared in ops.h, listed in
+// the registry). It reads attributes through the typed getters below (present and well-typed:
+// the loader checked them against the registry's attribute list), checks what the plan cannot
+// have checked (dtypes the kernels take, sizes that must agree after resolution), and calls the
+// kernels. It throws OpError on a problem; the executor adds the instruction index, op and scope.
+//
+// Output semantics follow the IR: every output is OVERWRITTEN. Kernels that accumulate into a
+// weight gradient (d<param> += …) get a zeroed output first; grad_accumulate and adamw are the ops
+// that update persistent buffers in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/program.h"
+
+namespace lfc {
+
+struct OpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One operand of an instruction at this step's sizes.
+struct Tensor {
+  std::byte* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int buffer = -1;
+
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(data);
+  }
+  int rank() const { return int(shape.size()); }
+  // dim i; negative i counts from the end
+  int64_t dim(int i) const { return shape.at(size_t(i < 0 ? int(shape.size()) + i : i)); }
+  int64_t last() const { return shape.empty() ? 1 : shape.back(); }
+  // elements / last dim: the rows of a [..., H] tensor
+  int64_t rows() const { return last() == 0 ? 0 : numel / last(); }
+  int64_t bytes() const { return numel * dtypeBytes(dtype); }
+};
+
+// Per executor thread, reused across instructions: temporaries an op needs that the IR does not
+// name (norm statistics, the cross-entropy log-sum-exp, the clipped gradient of adamw).
+class Scratch {
+ public:
+  // slot-th scratch array of n elements of T (64-byte aligned, contents undefined)
+  template <typename T>
+  T* get(int slot, int64_t n) {
+    auto& v = slots_.at(size_t(slot));
+    const size_t want = size_t(n) * sizeof(T) + 64;
+    if (v.size() < want) v.resize(want);
+    auto p = reinterpret_cast<uintptr_t>(v.data());
+    return reinterpret_cast<T*>((p + 63) & ~uintptr_t(63));
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> slots_ = std::vector<std::vector<std::byte>>(4);
+};
+
+struct StepParams {
+  double lr = 0;
+  int64_t step = 1;  // t ≥ 1 for AdamW
+};
+
+class StepCtx {
+ public:
+  StepCtx(const Instr& instr, std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+          const StepParams& params, Scratch& scratch)
+      : instr_(instr), inputs_(inputs), outputs_(outputs), params_(params), scratch_(scratch) {}
+
+  const Tensor& in(int i) const { return inputs_.at(size_t(i)); }
+  const Tensor& out(int i) const { return outputs_.at(size_t(i)); }
+  int numIn() const { return int(inputs_.size()); }
+  int numOut() const { return int(outputs_.size()); }
+  const StepParams& params() const { return params_; }
+  Scratch& scratch() { return scratch_; }
+
+  // attributes (checked at load; a missing optional attribute gives the fallback)
+  double num(const char* name) const;
+  double num(const char* name, double fallback) const;
+  int64_t integer(const char* name) const;
+  bool flag(const char* name) const;
+  std::string str(const char* name) const;
+  std::vector<int64_t> ints(const char* name) const;
+
+ private:
+  const Instr& instr_;
+  std::vector<Tensor>& inputs_;
+  std::vector<Tensor>& outputs_;
+  const StepParams& params_;
+  Scratch& scratch_;
+};
+
+// ---- checks shared by the op implementations ---------------------------------------------
+
+// t has dtype want; `what` names the operand ("input 1 (ids)").
+void requireDType(const Tensor& t, DType want, const char* what);
+// a and b hold the same number of elements
+void requireNumel(const Tensor& t, int64_t want, const char* what);
+void requireRank(const Tensor& t, int rank, const char* what);
+
+// Calls f(Real{}) with Real = float for f32 and double for f64; other dtypes throw.
+template <typename F>
+void withReal(const Tensor& t, const char* what, F&& f) {
+  if (t.dtype == DType::f32) f(float{});
+  else if (t.dtype == DType::f64) f(double{});
+  else
+    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; the CPU kernels take f32 or f64"));
+}
+
+// Reads a scalar tensor (one element, any float or int dtype) as double.
+double scalarValue(const Tensor& t, const char* what);
+// Writes a scalar tensor (one element) from a double.
+void setScalarValue(const Tensor& t, double v, const char* what);
+
+void zero(const Tensor& t);
+
+}  // namespace lfc

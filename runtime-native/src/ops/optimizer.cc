@@ -1,0 +1,60 @@
+// Optimizer ops: in place on persistent buffers (grad, param, optim regions).
+#include "kernels/cpu/optimizer.h"
+#include "ops/basic_kernels.h"
+#include "ops/ops.h"
+#include "ops/shared.h"
+
+namespace lfc::ops {
+
+void run_grad_accumulate(const Instr&, StepCtx& c) {
+  const Tensor &g = c.in(0), &acc = c.in(1);  // acc += g
+  requireSame(g, acc, "input 0 (gradient)");
+  withReal(acc, "input 1 (accumulator)", [&](auto z) {
+    using Real = decltype(z);
+    basic::accumulate<Real>(acc.as<Real>(), g.as<Real>(), acc.numel);
+  });
+}
+
+void run_sum_squares(const Instr&, StepCtx& c) {
+  double total = 0;  // Σ over every element of every input, in double
+  for (int i = 0; i < c.numIn(); i++)
+    withReal(c.in(i), "input", [&](auto z) {
+      using Real = decltype(z);
+      total += cpu::sum_squares<Real>(c.in(i).as<Real>(), c.in(i).numel);
+    });
+  setScalarValue(c.out(0), total, "output 0");
+}
+
+void run_clip_coef(const Instr&, StepCtx& c) {
+  const double sumsq = scalarValue(c.in(0), "input 0 (sum of squares)");
+  setScalarValue(c.out(0), basic::clip_coef(sumsq, c.num("max_norm")), "output 0");
+}
+
+void run_adamw(const Instr&, StepCtx& c) {
+  // param, grad, m, v (same shape), clip_coef []: the step on g·clip_coef; the grad buffer keeps
+  // the unclipped gradient (dumps report gradients before clipping)
+  const Tensor &p = c.in(0), &g = c.in(1), &m = c.in(2), &v = c.in(3);
+  requireSame(g, p, "input 1 (grad)");
+  requireSame(m, p, "input 2 (m)");
+  requireSame(v, p, "input 3 (v)");
+  const double coef = scalarValue(c.in(4), "input 4 (clip_coef)");
+  cpu::AdamWParams hp;
+  hp.lr = c.params().lr;
+  hp.beta1 = c.num("beta1");
+  hp.beta2 = c.num("beta2");
+  hp.eps = c.num("eps");
+  hp.weight_decay = c.num("weight_decay");
+  withReal(p, "input 0 (param)", [&](auto z) {
+    using Real = decltype(z);
+    const Real* grad = g.as<Real>();
+    if (coef != 1.0) {
+      Real* scaled = c.scratch().get<Real>(0, g.numel);
+      const Real f = Real(coef);
+      for (int64_t i = 0; i < g.numel; i++) scaled[i] = grad[i] * f;
+      grad = scaled;
+    }
+    cpu::adamw_step<Real>(p.as<Real>(), grad, m.as<Real>(), v.as<Real>(), p.numel, hp, c.params().step);
+  });
+}
+
+}  // namespace lfc::ops

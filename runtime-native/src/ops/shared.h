@@ -1,0 +1,125 @@
+// Argument checks and size derivations shared by a forward op and its backward (compute.cc,
+// backward.cc). Each throws OpError naming the operand.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/merge.h"
+#include "ops/op.h"
+
+namespace lfc::ops {
+
+// an output of dtype want holding n elements
+inline void requireOut(const Tensor& t, DType want, int64_t n, const char* what) {
+  requireDType(t, want, what);
+  requireNumel(t, n, what);
+}
+
+inline void requireDim(int64_t got, int64_t want, const char* what) {
+  if (got != want) throw OpError(cat(what, ": ", got, " ≠ ", want));
+}
+
+// same dtype and element count as ref
+inline void requireSame(const Tensor& t, const Tensor& ref, const char* what) {
+  requireDType(t, ref.dtype, what);
+  requireNumel(t, ref.numel, what);
+}
+
+struct RopeArgs {
+  std::vector<int32_t> sections;
+  int64_t P = 1;
+};
+// x [T, nh, d], positions i32 [T] or [T, P], attribute sections (P)
+inline RopeArgs ropeArgs(const StepCtx& c, const Tensor& x, const Tensor& pos) {
+  RopeArgs r;
+  for (int64_t s : c.ints("sections")) r.sections.push_back(int32_t(s));
+  r.P = int64_t(r.sections.size());
+  requireDType(pos, DType::i32, "input 1 (positions)");
+  requireNumel(pos, x.dim(0) * r.P, "input 1 (positions)");
+  return r;
+}
+
+struct AttnArgs {
+  int64_t T, nh, nkv, d;
+};
+inline AttnArgs attnArgs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg) {
+  requireRank(q, 3, "q");
+  requireRank(k, 3, "k");
+  requireSame(v, k, "v");
+  requireDType(k, q.dtype, "k");
+  requireDType(seg, DType::i32, "segments");
+  const AttnArgs a{q.dim(0), q.dim(1), k.dim(1), q.dim(2)};
+  requireDim(k.dim(0), a.T, "tokens of k vs q");
+  requireDim(k.dim(2), a.d, "head dim of k vs q");
+  requireNumel(seg, a.T, "segments");
+  return a;
+}
+
+inline cpu::MergeMode mergeMode(const StepCtx& c) {
+  const std::string mode = c.str("mode");
+  if (mode == "replace") return cpu::MergeMode::Replace;
+  if (mode == "add") return cpu::MergeMode::Add;
+  throw OpError(cat("attribute mode must be 'replace' or 'add', got '", mode, "'"));
+}
+
+struct GroupedArgs {
+  int64_t E, N, in, out;
+};
+// x [N, in] (or dy [N, out] for the data gradient), counts i32 [E], weights W_e [out, in] from
+// input firstW on; xIsOut: x holds `out` features (the data gradient's dy)
+inline GroupedArgs groupedArgs(const StepCtx& c, const Tensor& x, const Tensor& counts, int firstW,
+                               bool xIsOut = false) {
+  requireRank(x, 2, "input 0");
+  requireDType(counts, DType::i32, "input 1 (counts)");
+  GroupedArgs g{c.numIn() - firstW, x.dim(0), 0, 0};
+  requireNumel(counts, g.E, "input 1 (counts): one count per expert weight");
+  const Tensor& w0 = c.in(firstW);
+  requireRank(w0, 2, "expert weight 0");
+  g.out = w0.dim(0);
+  g.in = w0.dim(1);
+  for (int i = firstW; i < c.numIn(); i++) {
+    requireDType(c.in(i), x.dtype, "expert weight");
+    requireNumel(c.in(i), g.out * g.in, "expert weight");
+  }
+  requireDim(x.dim(1), xIsOut ? g.out : g.in, "features of the rows vs the expert weights");
+  return g;
+}
+
+template <typename Real>
+std::vector<const Real*> weightPointers(const StepCtx& c, int firstW) {
+  std::vector<const Real*> w;
+  for (int i = firstW; i < c.numIn(); i++) w.push_back(c.in(i).as<Real>());
+  return w;
+}
+
+struct AuxArgs {
+  int64_t T, E, k;
+};
+// probs [T, E], experts i32 [T, k], segments i32 [T]
+inline AuxArgs auxArgs(const Tensor& probs, const Tensor& experts, const Tensor& seg) {
+  requireRank(probs, 2, "probs");
+  requireRank(experts, 2, "experts");
+  requireDType(experts, DType::i32, "experts");
+  requireDType(seg, DType::i32, "segments");
+  const AuxArgs a{probs.dim(0), probs.dim(1), experts.dim(1)};
+  requireDim(experts.dim(0), a.T, "experts vs tokens");
+  requireNumel(seg, a.T, "segments");
+  return a;
+}
+
+struct CeArgs {
+  int64_t T, V;
+};
+// logits [T, V], labels i32 [T], mask u8 [T]
+inline CeArgs ceArgs(const Tensor& logits, const Tensor& labels, const Tensor& mask) {
+  requireRank(logits, 2, "logits");
+  requireDType(labels, DType::i32, "labels");
+  requireDType(mask, DType::u8, "mask");
+  const CeArgs a{logits.dim(0), logits.dim(1)};
+  requireNumel(labels, a.T, "labels");
+  requireNumel(mask, a.T, "mask");
+  return a;
+}
+
+}  // namespace lfc::ops

@@ -1,0 +1,318 @@
+#include "runtime.h"
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "data/init.h"
+#include "ops/registry.h"
+
+namespace lfc {
+
+namespace {
+
+// Capacity in elements (of `perElement` values) of a data buffer.
+int64_t capacity(const Buffer& b, int64_t perElement) {
+  return b.bytes / (dtypeBytes(b.dtype) * perElement);
+}
+
+template <typename T>
+void writeField(std::byte* dst, const Buffer& b, const std::vector<T>& values, int64_t columns = 1) {
+  // values (n) written into a buffer of rows × columns: a rank-2 buffer [n, P] of positions gets
+  // the value in each of its P columns
+  const int64_t n = int64_t(values.size());
+  T* out = reinterpret_cast<T*>(dst);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < columns; j++) out[i * columns + j] = values[size_t(i)];
+  const int64_t used = n * columns * int64_t(sizeof(T));
+  if (b.bytes > used) std::memset(dst + used, 0, size_t(b.bytes - used));
+}
+
+}  // namespace
+
+Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
+    : program_(parseProgram(programJson)), options_(options) {
+  if (options_.patchSize < 1 || options_.mergeSize < 1)
+    throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
+                           " must be ≥ 1"));
+  if (options_.threads > 0) openblas_set_num_threads(options_.threads);
+  memory_ = std::make_shared<Memory>(program_);
+  slots_.resize(size_t(program_.slots));
+  sizes_.resize(size_t(program_.slots));
+  scratch_.resize(size_t(kStreamCount));
+}
+
+void Runtime::requireIdle(const char* what) const {
+  if (running_) throw RuntimeError(cat(what, ": a step is running; wait for its promise"));
+}
+
+void Runtime::requireSlot(int slot, const char* what) const {
+  if (slot < 0 || slot >= program_.slots)
+    throw RuntimeError(cat(what, ": microbatch slot ", slot, " is out of range (the program has ",
+                           program_.slots, " slots)"));
+}
+
+void Runtime::initParams(uint64_t seed, const std::vector<ParamInit>& params) {
+  requireIdle("initParams");
+  for (const ProgramParam& pp : program_.params) {
+    const ParamInit* spec = nullptr;
+    for (const ParamInit& p : params)
+      if (p.name == pp.name) spec = &p;
+    if (!spec) throw RuntimeError(cat("initParams: no init given for param ", pp.name));
+    const Buffer& b = program_.buffers[size_t(pp.buffer)];
+    std::vector<std::pair<int64_t, int64_t>> shard = pp.shard;
+    if (shard.empty())
+      for (int64_t d : spec->shape) shard.emplace_back(0, d);
+    if (spec->shard && *spec->shard != shard)
+      throw RuntimeError(cat("initParams: the shard given for param ", pp.name, " differs from the program's"));
+    const std::vector<int64_t> local = resolveShape(b.shape, SymbolSizes{});
+    if (shard.size() != local.size())
+      throw RuntimeError(cat("initParams: param ", pp.name, " has global shape ", formatShape(spec->shape),
+                             " but its buffer is ", formatShape(local)));
+    for (size_t d = 0; d < local.size(); d++)
+      if (shard[d].second != local[d])
+        throw RuntimeError(cat("initParams: param ", pp.name, ": shard length ", shard[d].second, " of dim ", d,
+                               " differs from its buffer ", formatShape(local)));
+    initParam(memory_->buffer(program_, pp.buffer), b.dtype, seed, pp.name, spec->init, spec->shape, shard);
+  }
+  std::memset(memory_->region(Region::optim), 0, size_t(memory_->regionSize(Region::optim)));
+}
+
+void Runtime::setMicrobatch(int slot, Microbatch mb) {
+  requireIdle("setMicrobatch");
+  requireSlot(slot, "setMicrobatch");
+  const std::string who = cat("microbatch ", slot);
+  const size_t S = mb.tokens.size();
+  const auto sameLength = [&](const char* field, size_t n) {
+    if (n != S) throw RuntimeError(cat(who, ": ", field, " has ", n, " elements, tokens has ", S));
+  };
+  sameLength("labels", mb.labels.size());
+  sameLength("lossMask", mb.lossMask.size());
+  sameLength("positions", mb.positions.size());
+  sameLength("segments", mb.segments.size());
+  if (!mb.captionMask.empty()) sameLength("captionMask", mb.captionMask.size());
+  Patches patches;
+  try {
+    patches = patchify(mb.images, options_.patchSize, options_.mergeSize);
+  } catch (const std::exception& e) {
+    throw RuntimeError(cat(who, ": ", e.what()));
+  }
+  const int64_t merge2 = int64_t(options_.mergeSize) * options_.mergeSize;
+  const int64_t Nv = patches.count / merge2;
+  int64_t placeholders = 0;
+  for (int32_t t : mb.tokens) placeholders += t == kPlaceholderToken;
+  if (placeholders != Nv)
+    throw RuntimeError(cat(who, ": ", placeholders, " placeholder tokens (id ", kPlaceholderToken,
+                           ") but its images give ", Nv, " visual tokens"));
+
+  // check every field against its buffer's bound before writing anything
+  struct Write {
+    const ProgramInput* input;
+    int64_t elements;  // rows written
+    int64_t columns;   // values per row in the buffer
+  };
+  std::vector<Write> writes;
+  for (const ProgramInput& in : program_.inputs) {
+    if (in.microbatch != slot) continue;
+    const Buffer& b = program_.buffers[size_t(in.buffer)];
+    int64_t n = 0, columns = 1;
+    switch (in.field) {
+      case DataField::tokens:
+      case DataField::labels:
+      case DataField::loss_mask:
+      case DataField::segments:
+      case DataField::caption_mask: n = int64_t(S); break;
+      case DataField::positions:
+        n = int64_t(S);
+        if (b.shape.size() == 2) {
+          if (b.shape[1].symbolic())
+            throw RuntimeError(cat(who, ": positions buffer ", formatShape(b.shape), " has a symbolic column count"));
+          columns = b.shape[1].value;
+        }
+        break;
+      case DataField::patches:
+        n = patches.count;
+        columns = patches.width;
+        if (b.shape.empty() || b.shape.back().symbolic() || b.shape.back().value != patches.width)
+          throw RuntimeError(cat(who, ": patches buffer ", formatShape(b.shape), " does not hold ", patches.width,
+                                 " values per patch (3·", options_.patchSize, "·", options_.patchSize, ")"));
+        break;
+      case DataField::image_segments:
+      case DataField::patch_rows:
+      case DataField::patch_cols: n = patches.count; break;
+      case DataField::kCount: break;
+    }
+    const int64_t cap = capacity(b, columns);
+    if (n > cap)
+      throw RuntimeError(cat(who, ": ", in.name, " has ", n, " ", columns > 1 && in.field == DataField::patches ? "patches" : "elements",
+                             ", its buffer holds at most ", cap));
+    writes.push_back({&in, n, columns});
+  }
+  for (const Write& w : writes) {
+    const Buffer& b = program_.buffers[size_t(w.input->buffer)];
+    std::byte* dst = memory_->buffer(program_, b.id);
+    switch (w.input->field) {
+      case DataField::tokens: writeField(dst, b, mb.tokens); break;
+      case DataField::labels: writeField(dst, b, mb.labels); break;
+      case DataField::loss_mask: writeField(dst, b, mb.lossMask); break;
+      case DataField::positions: writeField(dst, b, mb.positions, w.columns); break;
+      case DataField::segments: writeField(dst, b, mb.segments); break;
+      case DataField::patches: writeField(dst, b, patches.values); break;
+      case DataField::image_segments: writeField(dst, b, patches.imageSegments); break;
+      case DataField::patch_rows: writeField(dst, b, patches.rows); break;
+      case DataField::patch_cols: writeField(dst, b, patches.cols); break;
+      case DataField::caption_mask: writeField(dst, b, lfc::captionMask(mb)); break;
+      case DataField::kCount: break;
+    }
+  }
+  SymbolSizes sizes{};
+  sizes[kSymS] = int64_t(S);
+  sizes[kSymNv] = Nv;
+  sizes_[size_t(slot)] = sizes;
+  slots_[size_t(slot)] = std::move(mb);
+}
+
+const Microbatch& Runtime::synthesize(int slot, SynthArgs args) {
+  requireIdle("synthesize");
+  requireSlot(slot, "synthesize");
+  args.patchSize = options_.patchSize;
+  args.mergeSize = options_.mergeSize;
+  if (args.maxVisualTokens < 0) {
+    // the bound of this slot's patches buffer, if the program has one
+    for (const ProgramInput& in : program_.inputs)
+      if (in.microbatch == slot && in.field == DataField::patches) {
+        const Buffer& b = program_.buffers[size_t(in.buffer)];
+        const int64_t width = 3 * int64_t(options_.patchSize) * options_.patchSize;
+        args.maxVisualTokens = capacity(b, width) / (int64_t(options_.mergeSize) * options_.mergeSize);
+      }
+  }
+  setMicrobatch(slot, lfc::synthesize(args));
+  return *slots_[size_t(slot)];
+}
+
+const Microbatch& Runtime::microbatch(int slot) const {
+  requireSlot(slot, "getMicrobatch");
+  if (!slots_[size_t(slot)]) throw RuntimeError(cat("microbatch slot ", slot, " has no data yet"));
+  return *slots_[size_t(slot)];
+}
+
+std::vector<uint8_t> Runtime::captionMask(int slot) const { return lfc::captionMask(microbatch(slot)); }
+
+void Runtime::setScalar(const std::string& name, double value) {
+  requireIdle("setScalar");
+  const int id = program_.scalarBuffer(name);
+  if (id < 0) {
+    std::string known;
+    for (const auto& [n, _] : program_.scalars) known += (known.empty() ? "" : ", ") + n;
+    throw RuntimeError(cat("setScalar: the program has no scalar '", name, "' (it has: ", known, ")"));
+  }
+  const Buffer& b = program_.buffers[size_t(id)];
+  std::byte* p = memory_->buffer(program_, id);
+  switch (b.dtype) {
+    case DType::f32: *reinterpret_cast<float*>(p) = float(value); break;
+    case DType::f64: *reinterpret_cast<double*>(p) = value; break;
+    case DType::i32: *reinterpret_cast<int32_t*>(p) = int32_t(value); break;
+    case DType::i64: *reinterpret_cast<int64_t*>(p) = int64_t(value); break;
+    default: throw RuntimeError(cat("setScalar: scalar ", name, " has dtype ", dtypeName(b.dtype)));
+  }
+}
+
+double Runtime::scalar(const std::string& name) const {
+  const int id = program_.scalarBuffer(name);
+  if (id < 0) throw RuntimeError(cat("the program has no scalar '", name, "'"));
+  Tensor t;
+  t.data = memory_->buffer(program_, id);
+  t.dtype = program_.buffers[size_t(id)].dtype;
+  t.numel = 1;
+  return scalarValue(t, name.c_str());
+}
+
+const SymbolSizes* Runtime::sizesOf(int microbatch) const {
+  if (microbatch < 0 || microbatch >= program_.slots || !sizes_[size_t(microbatch)]) return nullptr;
+  return &*sizes_[size_t(microbatch)];
+}
+
+std::vector<std::byte> Runtime::readBuffer(int id) const {
+  if (id < 0 || id >= int(program_.buffers.size()))
+    throw RuntimeError(cat("readBuffer: buffer id ", id, " is out of range (", program_.buffers.size(), " buffers)"));
+  const Buffer& b = program_.buffers[size_t(id)];
+  int64_t bytes = b.bytes;
+  if (const SymbolSizes* s = sizesOf(b.microbatch); s || !b.symbolic)
+    bytes = std::min(bytes, numel(resolveShape(b.shape, s ? *s : SymbolSizes{})) * dtypeBytes(b.dtype));
+  const std::byte* p = memory_->buffer(program_, id);
+  return std::vector<std::byte>(p, p + bytes);
+}
+
+void Runtime::beginStep() {
+  bool expected = false;
+  if (!running_.compare_exchange_strong(expected, true))
+    throw RuntimeError("step: a step is already running; wait for its promise");
+}
+
+void Runtime::endStep() { running_ = false; }
+
+StepResult Runtime::runStep(const StepParams& params) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!(params.step >= 1)) throw RuntimeError(cat("step: t = ", params.step, " must be ≥ 1"));
+
+  // 1. every buffer at its microbatch's sizes fits its plan (the runtime memory check)
+  const auto sizesFor = [&](int mb, const Buffer& b, const std::string& user) -> SymbolSizes {
+    if (!b.symbolic) return SymbolSizes{};
+    const SymbolSizes* s = sizesOf(mb);
+    if (!s)
+      throw RuntimeError(cat("step: ", user, "buffer ", b.id, " (", b.name, ") ", formatShape(b.shape),
+                             " depends on microbatch ", mb, ", which has no data (setMicrobatch or synthesize)"));
+    return *s;
+  };
+  for (const Buffer& b : program_.buffers) {
+    const SymbolSizes s = sizesFor(b.microbatch, b, "");
+    const int64_t bytes = numel(resolveShape(b.shape, s)) * dtypeBytes(b.dtype);
+    if (bytes > b.bytes)
+      throw RuntimeError(cat("step: buffer ", b.id, " (", b.name, ") ", dtypeName(b.dtype), formatShape(b.shape),
+                             " needs ", bytes, " bytes at microbatch ", b.microbatch, "'s sizes, planned ",
+                             b.bytes));
+  }
+
+  // 2. the operands of every instruction, resolved at its microbatch's sizes
+  std::vector<std::vector<Tensor>> operands(program_.instrs.size()), results(program_.instrs.size());
+  for (const Instr& in : program_.instrs) {
+    const auto resolve = [&](int id) {
+      const Buffer& b = program_.buffers[size_t(id)];
+      const int mb = in.microbatch >= 0 ? in.microbatch : b.microbatch;
+      Tensor t;
+      t.buffer = id;
+      t.dtype = b.dtype;
+      t.shape = resolveShape(b.shape, sizesFor(mb, b, describeInstr(in) + ": "));
+      t.numel = numel(t.shape);
+      t.data = memory_->buffer(program_, id);
+      if (t.bytes() > b.bytes)
+        throw RuntimeError(cat("step: ", describeInstr(in), ": buffer ", id, " (", b.name, ") needs ", t.bytes(),
+                               " bytes at microbatch ", mb, "'s sizes, planned ", b.bytes));
+      return t;
+    };
+    for (int id : in.inputs) operands[size_t(in.index)].push_back(resolve(id));
+    for (int id : in.outputs) results[size_t(in.index)].push_back(resolve(id));
+  }
+
+  // 3. zero the gradients, run
+  std::memset(memory_->region(Region::grad), 0, size_t(memory_->regionSize(Region::grad)));
+  ExecResult exec = execute(program_, operands, results, params, scratch_, options_.timing);
+
+  StepResult r;
+  for (const ProgramOutput& o : program_.outputs) {
+    Tensor t;
+    t.data = memory_->buffer(program_, o.buffer);
+    t.dtype = program_.buffers[size_t(o.buffer)].dtype;
+    t.numel = 1;
+    r.outputs.push_back({o.name, o.microbatch, scalarValue(t, o.name.c_str())});
+  }
+  for (const auto& [name, id] : program_.scalars) r.scalars.emplace_back(name, scalar(name));
+  r.instructionsRun = exec.instructionsRun;
+  r.timing = std::move(exec.timing);
+  r.stepMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace lfc

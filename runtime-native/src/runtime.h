@@ -1,0 +1,92 @@
+// The runtime of one rank, without bindings: a validated program, its memory, the microbatch
+// slots, and the step. addon.cc exposes it to JavaScript; nothing here knows about N-API.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/executor.h"
+#include "core/memory.h"
+#include "core/program.h"
+#include "data/microbatch.h"
+#include "ops/op.h"
+
+namespace lfc {
+
+struct RuntimeOptions {
+  int threads = 0;  // OpenBLAS threads (process-wide); 0 leaves OpenBLAS's default
+  int patchSize = 4;
+  int mergeSize = 2;
+  bool timing = false;  // per-instruction start/end in step results
+};
+
+struct ParamInit {
+  std::string name;
+  std::string init;
+  std::vector<int64_t> shape;  // global
+  std::optional<std::vector<std::pair<int64_t, int64_t>>> shard;  // must equal the program's if given
+};
+
+struct StepOutput {
+  std::string name;
+  int microbatch;
+  double value;
+};
+
+struct StepResult {
+  std::vector<StepOutput> outputs;
+  std::vector<std::pair<std::string, double>> scalars;
+  int instructionsRun = 0;
+  double stepMs = 0;
+  std::vector<InstrTiming> timing;  // when options.timing
+};
+
+class Runtime {
+ public:
+  Runtime(const std::string& programJson, const RuntimeOptions& options);
+
+  const Program& program() const { return program_; }
+  const RuntimeOptions& options() const { return options_; }
+  const std::shared_ptr<Memory>& memory() const { return memory_; }
+
+  // Fills every parameter of the program from its init string; zeroes the optimizer state.
+  void initParams(uint64_t seed, const std::vector<ParamInit>& params);
+  // Fills the data buffers of a microbatch slot and records its sizes (S, Nv).
+  void setMicrobatch(int slot, Microbatch mb);
+  // The synthetic task's microbatch, set into the slot and returned.
+  const Microbatch& synthesize(int slot, SynthArgs args);
+  const Microbatch& microbatch(int slot) const;
+  std::vector<uint8_t> captionMask(int slot) const;
+  void setScalar(const std::string& name, double value);
+  double scalar(const std::string& name) const;
+  // A copy of a buffer's bytes at its microbatch's sizes (planned bytes when none are set).
+  std::vector<std::byte> readBuffer(int id) const;
+
+  // A step: beginStep marks it running (throws if one is) on the caller's thread, runStep
+  // zeroes the grad region and runs the program (on a worker thread), endStep clears the mark
+  // once the caller has taken the result. While marked, the data-changing calls throw.
+  void beginStep();
+  StepResult runStep(const StepParams& params);
+  void endStep();
+  bool stepRunning() const { return running_; }
+
+ private:
+  void requireIdle(const char* what) const;
+  void requireSlot(int slot, const char* what) const;
+  const SymbolSizes* sizesOf(int microbatch) const;
+
+  Program program_;
+  RuntimeOptions options_;
+  std::shared_ptr<Memory> memory_;
+  std::vector<std::optional<Microbatch>> slots_;
+  std::vector<std::optional<SymbolSizes>> sizes_;
+  std::vector<Scratch> scratch_;  // one per stream
+  std::atomic<bool> running_{false};
+};
+
+}  // namespace lfc

@@ -1,0 +1,182 @@
+// The typed loader of the native runtime (runtime-native/, a Node addon built with cmake-js).
+//
+// The addon executes one rank's program (compiler/plan/format.ts: ProgramFile): it validates the
+// program when a Runtime is constructed, owns the memory of its regions, fills microbatch data
+// (given or synthetic), and runs training steps on a worker thread with one executor thread per
+// stream. runtime-native/README.md describes the model; this file only declares its types.
+
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import type { BufferRegion } from '../compiler/plan/format.js';
+
+export interface NativeRuntimeOptions {
+  /** OpenBLAS threads (process-wide); unset keeps OpenBLAS's default */
+  readonly threads?: number;
+  /** pixels per patch side (default 4) */
+  readonly patchSize?: number;
+  /** patches per merge-block side (default 2) */
+  readonly mergeSize?: number;
+  /** report per-instruction start/end times in step results */
+  readonly timing?: boolean;
+}
+
+export interface NativeImage {
+  readonly height: number;
+  readonly width: number;
+  /** [3, height, width], channel-major */
+  readonly pixels: Float32Array;
+}
+
+/** One packed sequence of S tokens and its images. */
+export interface NativeMicrobatch {
+  readonly tokens: Int32Array;
+  /** next token of the same sample if it is a text token, else 0 */
+  readonly labels: Int32Array;
+  /** 1 exactly where the label is a text token */
+  readonly lossMask: Uint8Array;
+  /** index of each token within its sample, 0 on padding */
+  readonly positions: Int32Array;
+  /** sample index of each token, −1 on padding */
+  readonly segments: Int32Array;
+  readonly images: readonly NativeImage[];
+  /**
+   * 1 where the label is a caption token, for a caption-loss metric (fills a `caption_mask` data
+   * input when the program has one); derived from the labels (2–25) when absent. getMicrobatch
+   * always returns it.
+   */
+  readonly captionMask?: Uint8Array;
+}
+
+export interface NativeParamInit {
+  /** checkpoint name (PlanParam.name) */
+  readonly name: string;
+  /** `normal(std)`, `zeros` or `ones` */
+  readonly init: string;
+  /** the global (unsharded) shape */
+  readonly shape: readonly number[];
+  /** if given, must equal the program's shard of this parameter */
+  readonly shard?: readonly (readonly [number, number])[];
+}
+
+export interface NativeSynthOptions {
+  readonly seqLength: number;
+  readonly vocab: number;
+  /** stop adding samples past this many visual tokens (default: the slot's patches bound) */
+  readonly maxVisualTokens?: number;
+}
+
+export interface NativeStepOptions {
+  readonly lr: number;
+  /** AdamW step t, from 1 */
+  readonly step: number;
+}
+
+export interface NativeStepResult {
+  /** the program's outputs (loss, ce_loss, aux_loss per microbatch) */
+  readonly outputs: readonly {
+    readonly name: string;
+    readonly microbatch: number;
+    readonly value: number;
+  }[];
+  /** every scalar of the program after the step (loss_tokens, grad_norm_sq, clip_coef, …) */
+  readonly scalars: Readonly<Record<string, number>>;
+  readonly instructionsRun: number;
+  readonly stepMs: number;
+  /** with options.timing: per instruction, ms since the step started */
+  readonly perInstruction?: readonly { readonly start: number; readonly end: number }[];
+}
+
+export interface NativeProgramInfo {
+  readonly id: string;
+  /** microbatch slots: 1 + the largest microbatch index of the program */
+  readonly slots: number;
+  readonly buffers: number;
+  readonly instructions: number;
+  readonly events: number;
+  /** streams that have instructions (one executor thread each) */
+  readonly streams: readonly string[];
+  readonly regions: Readonly<Record<BufferRegion, number>>;
+}
+
+export interface NativeRuntime {
+  /**
+   * The memory of a region, without a copy (the ArrayBuffer keeps it alive). 'data' takes the
+   * microbatch slot. Do not write to it while a step runs.
+   */
+  region(name: 'param' | 'grad' | 'optim' | 'scalar' | 'arena'): ArrayBuffer;
+  region(name: 'data', slot: number): ArrayBuffer;
+  /** Every parameter from its init string, a pure function of (seed, name, global index); zeroes
+   * the optimizer state. Every ProgramParam needs an entry. */
+  initParams(seed: number, params: readonly NativeParamInit[]): void;
+  /** Fills the data buffers of a microbatch slot; checks placeholders = visual tokens and bounds. */
+  setMicrobatch(slot: number, mb: NativeMicrobatch): void;
+  /** The synthetic task's microbatch for (seed, step, global microbatch), set into the slot. */
+  synthesize(
+    slot: number,
+    seed: number,
+    step: number,
+    globalMicrobatch: number,
+    options: NativeSynthOptions,
+  ): NativeMicrobatch;
+  /** A copy of the microbatch last set into the slot. */
+  getMicrobatch(slot: number): NativeMicrobatch;
+  /** 1 where the label is a caption token (2–25). */
+  captionMask(slot: number): Uint8Array;
+  /** A step scalar by name (the program's `scalars`), e.g. loss_tokens. */
+  setScalar(name: string, value: number): void;
+  getScalar(name: string): number;
+  /** A copy of a buffer's bytes at its microbatch's sizes (planned bytes when none are set). */
+  readBuffer(id: number): ArrayBuffer;
+  info(): NativeProgramInfo;
+  /** Zeroes the gradients and runs the program on worker threads; rejects with the failing
+   * instruction's index, op and scope. One step at a time. */
+  step(options: NativeStepOptions): Promise<NativeStepResult>;
+}
+
+export interface NativeAddon {
+  readonly Runtime: new (programJson: string, options?: NativeRuntimeOptions) => NativeRuntime;
+  /** schema.h: the plan version the runtime reads */
+  readonly planVersion: number;
+  /** schema.h: the op kinds, in ir/ops.ts order */
+  readonly opNames: readonly string[];
+  readonly streams: readonly string[];
+  readonly regions: readonly string[];
+}
+
+export const NATIVE_ADDON_RELATIVE = 'runtime-native/build/Release/lfc_native.node';
+
+/** The addon's path: LFC_NATIVE_ADDON, or the build output of the repository this file is in. */
+export function nativeAddonPath(): string {
+  const override = process.env.LFC_NATIVE_ADDON;
+  if (override) return override;
+  // runtime/native.ts (tsx, vitest) or dist/runtime/native.js (compiled)
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let up = 0; up < 4; up++) {
+    const candidate = join(dir, NATIVE_ADDON_RELATIVE);
+    if (existsSync(candidate)) return candidate;
+    dir = dirname(dir);
+  }
+  return join(dirname(dirname(fileURLToPath(import.meta.url))), NATIVE_ADDON_RELATIVE);
+}
+
+let cached: NativeAddon | undefined;
+
+/** Loads the addon once; throws a clear error when it is not built. */
+export function loadNative(): NativeAddon {
+  if (cached) return cached;
+  const path = nativeAddonPath();
+  if (!existsSync(path)) {
+    throw new Error(`native runtime not built: run npm run build:native (looked for ${path})`);
+  }
+  const require = createRequire(import.meta.url);
+  cached = require(path) as NativeAddon;
+  return cached;
+}
+
+/** Whether the addon is built (for callers that can do without it). */
+export function nativeAvailable(): boolean {
+  return existsSync(nativeAddonPath());
+}

@@ -1,0 +1,373 @@
+// Every executable op through the runtime: each backward op's gradients against central finite
+// differences of its forward op, run in float64 by the runtime itself (the registry's wiring of
+// operands, sizes, attributes and zeroing is what is under test; the kernels have their own
+// checks), plus the layout, memory and constant ops against exact values.
+import { describe, expect, it } from 'vitest';
+
+import { loadNative, type NativeMicrobatch, type NativeRuntime } from '../../runtime/native.js';
+import { ProgramBuilder, textMicrobatch } from './program-builder.js';
+
+const native = loadNative();
+
+const H_FD = 1e-5;
+
+interface FdCase {
+  readonly b: ProgramBuilder;
+  /** parameters (f64) whose gradients are checked, by name → their gradient buffer */
+  readonly grads: Record<string, number>;
+  /** L = Σ over terms of Σ dy ⊙ y; dy is a parameter buffer, y any buffer */
+  readonly terms: readonly { y: number; dy: number }[];
+  readonly mb?: NativeMicrobatch;
+}
+
+function f64Param(b: ProgramBuilder, name: string, shape: readonly number[]): number {
+  return b.param(name, shape, { dtype: 'f64', trainable: false }).buffer;
+}
+
+function f64(b: ProgramBuilder, name: string, shape: readonly (string | number)[]): number {
+  return b.arena(name, 'f64', shape);
+}
+
+/** Runs the case once for its gradients, then twice per checked element for L(p ± h). */
+async function checkGradients(c: FdCase): Promise<void> {
+  const program = c.b.build();
+  const rt: NativeRuntime = new native.Runtime(JSON.stringify(program));
+  rt.initParams(
+    5,
+    program.params.map((p) => ({
+      name: p.name,
+      init: 'normal(0.7)',
+      shape: p.shard.map(([, n]) => n),
+    })),
+  );
+  if (c.mb) rt.setMicrobatch(0, c.mb);
+  if (program.scalars.loss_tokens !== undefined) rt.setScalar('loss_tokens', 3);
+  const params = rt.region('param');
+  const view = (id: number) =>
+    new Float64Array(params, program.buffers[id].offset, program.buffers[id].bytes / 8);
+  const lossNow = async (): Promise<number> => {
+    await rt.step({ lr: 0, step: 1 });
+    let L = 0;
+    for (const { y, dy } of c.terms) {
+      const yv = new Float64Array(rt.readBuffer(y));
+      const w = view(dy);
+      expect(yv.length).toBe(w.length);
+      yv.forEach((v, i) => (L += v * w[i]));
+    }
+    return L;
+  };
+  await lossNow();
+  const analytic = Object.fromEntries(
+    Object.entries(c.grads).map(([name, g]) => [name, new Float64Array(rt.readBuffer(g))]),
+  );
+  for (const [name, grad] of Object.entries(analytic)) {
+    const p = program.params.find((q) => q.name === name)!;
+    const values = view(p.buffer);
+    expect(grad.length, `gradient of ${name}`).toBe(values.length);
+    let worst = 0;
+    for (let i = 0; i < values.length; i++) {
+      const orig = values[i];
+      values[i] = orig + H_FD;
+      const up = await lossNow();
+      values[i] = orig - H_FD;
+      const down = await lossNow();
+      values[i] = orig;
+      const fd = (up - down) / (2 * H_FD);
+      worst = Math.max(worst, Math.abs(fd - grad[i]) / (1e-3 + Math.abs(fd)));
+    }
+    expect(worst, `gradient of ${name}: worst error vs finite differences`).toBeLessThan(1e-5);
+  }
+}
+
+/** f64 dy parameters for a list of outputs: one term each */
+function terms(b: ProgramBuilder, ys: readonly [number, readonly number[]][]) {
+  return ys.map(([y, shape], i) => ({ y, dy: f64Param(b, `dy${i}`, shape) }));
+}
+
+describe('native runtime: backward ops against finite differences (f64)', () => {
+  it('linear, linear_dgrad, linear_wgrad (with bias)', async () => {
+    const b = new ProgramBuilder('linear');
+    const x = f64Param(b, 'x', [3, 4]);
+    const w = f64Param(b, 'w', [5, 4]);
+    const bias = f64Param(b, 'b', [5]);
+    const y = f64(b, 'y', [3, 5]);
+    const t = terms(b, [[y, [3, 5]]]);
+    const [dx, dw, db] = [f64(b, 'dx', [3, 4]), f64(b, 'dw', [5, 4]), f64(b, 'db', [5])];
+    b.instr('compute', 'linear', [x, w, bias], [y]);
+    b.instr('compute', 'linear_dgrad', [t[0].dy, w], [dx]);
+    b.instr('compute', 'linear_wgrad', [t[0].dy, x], [dw, db], { bias: true });
+    await checkGradients({ b, terms: t, grads: { x: dx, w: dw, b: db } });
+  });
+
+  it('layernorm, layernorm_grad', async () => {
+    const b = new ProgramBuilder('layernorm');
+    const [x, w, bias] = [f64Param(b, 'x', [3, 6]), f64Param(b, 'w', [6]), f64Param(b, 'b', [6])];
+    const y = f64(b, 'y', [3, 6]);
+    const t = terms(b, [[y, [3, 6]]]);
+    const [dx, dw, db] = [f64(b, 'dx', [3, 6]), f64(b, 'dw', [6]), f64(b, 'db', [6])];
+    b.instr('compute', 'layernorm', [x, w, bias], [y], { eps: 1e-6 });
+    b.instr('compute', 'layernorm_grad', [t[0].dy, x, w], [dx, dw, db], { eps: 1e-6 });
+    await checkGradients({ b, terms: t, grads: { x: dx, w: dw, b: db } });
+  });
+
+  it('rmsnorm, rmsnorm_grad', async () => {
+    const b = new ProgramBuilder('rmsnorm');
+    const [x, w] = [f64Param(b, 'x', [3, 6]), f64Param(b, 'w', [6])];
+    const y = f64(b, 'y', [3, 6]);
+    const t = terms(b, [[y, [3, 6]]]);
+    const [dx, dw] = [f64(b, 'dx', [3, 6]), f64(b, 'dw', [6])];
+    b.instr('compute', 'rmsnorm', [x, w], [y], { eps: 1e-6 });
+    b.instr('compute', 'rmsnorm_grad', [t[0].dy, x, w], [dx, dw], { eps: 1e-6 });
+    await checkGradients({ b, terms: t, grads: { x: dx, w: dw } });
+  });
+
+  it('rope, rope_grad (positions from the microbatch)', async () => {
+    const b = new ProgramBuilder('rope', { S: 5, Nv: 0 });
+    const pos = b.input('positions', 'i32', ['S']);
+    const x = f64Param(b, 'x', [5, 2, 4]);
+    const y = f64(b, 'y', [5, 2, 4]);
+    const t = terms(b, [[y, [5, 2, 4]]]);
+    const dx = f64(b, 'dx', [5, 2, 4]);
+    b.instr('compute', 'rope', [x, pos], [y], { theta: 10, sections: [2] });
+    b.instr('compute', 'rope_grad', [t[0].dy, pos], [dx], { theta: 10, sections: [2] });
+    await checkGradients({
+      b,
+      terms: t,
+      grads: { x: dx },
+      mb: textMicrobatch(
+        [
+          [2, 3, 4],
+          [5, 6],
+        ],
+        5,
+      ),
+    });
+  });
+
+  for (const causal of [true, false])
+    it(`attention, attention_grad (GQA, packed segments, padding; causal ${causal})`, async () => {
+      const b = new ProgramBuilder('attention', { S: 5, Nv: 0 });
+      const seg = b.input('segments', 'i32', ['S']);
+      const [q, k, v] = [
+        f64Param(b, 'q', [5, 4, 3]),
+        f64Param(b, 'k', [5, 2, 3]),
+        f64Param(b, 'v', [5, 2, 3]),
+      ];
+      const out = f64(b, 'out', [5, 4, 3]);
+      const lse = f64(b, 'lse', [5, 4]);
+      const t = terms(b, [[out, [5, 4, 3]]]);
+      const [dq, dk, dv] = [
+        f64(b, 'dq', [5, 4, 3]),
+        f64(b, 'dk', [5, 2, 3]),
+        f64(b, 'dv', [5, 2, 3]),
+      ];
+      const attrs = { causal, scale: 0.5 };
+      b.instr('compute', 'attention', [q, k, v, seg], [out, lse], attrs);
+      b.instr('compute', 'attention_grad', [t[0].dy, q, k, v, seg, out, lse], [dq, dk, dv], attrs);
+      const mb = textMicrobatch(
+        [
+          [2, 3],
+          [4, 5],
+        ],
+        5,
+      ); // segments 0 0 1 1 −1
+      await checkGradients({ b, terms: t, grads: { q: dq, k: dk, v: dv }, mb });
+    });
+
+  it('gelu, gelu_grad; swiglu, swiglu_grad', async () => {
+    const b = new ProgramBuilder('activations');
+    const [x, gate, up] = [f64Param(b, 'x', [7]), f64Param(b, 'gate', [7]), f64Param(b, 'up', [7])];
+    const [g, s] = [f64(b, 'gelu', [7]), f64(b, 'swiglu', [7])];
+    const t = terms(b, [
+      [g, [7]],
+      [s, [7]],
+    ]);
+    const [dx, dgate, dup] = [f64(b, 'dx', [7]), f64(b, 'dgate', [7]), f64(b, 'dup', [7])];
+    b.instr('compute', 'gelu', [x], [g]);
+    b.instr('compute', 'swiglu', [gate, up], [s]);
+    b.instr('compute', 'gelu_grad', [t[0].dy, x], [dx]);
+    b.instr('compute', 'swiglu_grad', [t[1].dy, gate, up], [dgate, dup]);
+    await checkGradients({ b, terms: t, grads: { x: dx, gate: dgate, up: dup } });
+  });
+
+  for (const mode of ['replace', 'add'])
+    it(`merge_visual, merge_visual_grad (${mode})`, async () => {
+      const b = new ProgramBuilder('merge', { S: 4, Nv: 1 });
+      const tokens = b.input('tokens', 'i32', ['S']);
+      const [text, vis] = [f64Param(b, 'text', [4, 3]), f64Param(b, 'visual', [1, 3])];
+      const y = f64(b, 'y', [4, 3]);
+      const t = terms(b, [[y, [4, 3]]]);
+      const [dtext, dvis] = [f64(b, 'dtext', [4, 3]), f64(b, 'dvisual', [1, 3])];
+      b.instr('compute', 'merge_visual', [text, vis, tokens], [y], { placeholder: 1, mode });
+      b.instr('compute', 'merge_visual_grad', [t[0].dy, tokens], [dtext, dvis], {
+        placeholder: 1,
+        mode,
+        visual_rows: ['1'],
+      });
+      const mb = {
+        ...textMicrobatch([[2, 1, 3, 4]], 4),
+        images: [{ height: 8, width: 8, pixels: new Float32Array(3 * 64) }],
+      };
+      await checkGradients({ b, terms: t, grads: { text: dtext, visual: dvis }, mb });
+    });
+
+  it('router_topk, router_topk_grad', async () => {
+    const b = new ProgramBuilder('router');
+    const logits = f64Param(b, 'logits', [5, 4]);
+    const [probs, weights] = [f64(b, 'probs', [5, 4]), f64(b, 'weights', [5, 2])];
+    const experts = b.arena('experts', 'i32', [5, 2]);
+    const t = terms(b, [
+      [probs, [5, 4]],
+      [weights, [5, 2]],
+    ]);
+    const dlogits = f64(b, 'dlogits', [5, 4]);
+    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k: 2 });
+    b.instr('compute', 'router_topk_grad', [t[0].dy, t[1].dy, probs, experts], [dlogits]);
+    await checkGradients({ b, terms: t, grads: { logits: dlogits } });
+  });
+
+  it('an MoE layer: router, moe_permute, grouped_linear, moe_unpermute and their backward', async () => {
+    const [T, Hd, E, k, F] = [5, 3, 4, 2, 2];
+    const b = new ProgramBuilder('moe');
+    const x = f64Param(b, 'x', [T, Hd]);
+    const logits = f64Param(b, 'logits', [T, E]);
+    const ws = Array.from({ length: E }, (_, e) => f64Param(b, `w${e}`, [F, Hd]));
+    const [probs, weights] = [f64(b, 'probs', [T, E]), f64(b, 'weights', [T, k])];
+    const experts = b.arena('experts', 'i32', [T, k]);
+    const rows = f64(b, 'rows', [T * k, Hd]);
+    const counts = b.arena('counts', 'i32', [E]);
+    const rowOf = b.arena('row_of', 'i32', [T * k]);
+    const h = f64(b, 'h', [T * k, F]);
+    const y = f64(b, 'y', [T, F]);
+    const t = terms(b, [[y, [T, F]]]);
+    const zeros = f64(b, 'dprobs.zero', [T, E]);
+    const [dh, dweights, drows, dx, dlogits] = [
+      f64(b, 'dh', [T * k, F]),
+      f64(b, 'dweights', [T, k]),
+      f64(b, 'drows', [T * k, Hd]),
+      f64(b, 'dx', [T, Hd]),
+      f64(b, 'dlogits', [T, E]),
+    ];
+    const dws = ws.map((_, e) => f64(b, `dw${e}`, [F, Hd]));
+    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k });
+    b.instr('compute', 'moe_permute', [x, experts], [rows, counts, rowOf], { num_experts: E });
+    b.instr('compute', 'grouped_linear', [rows, counts, ...ws], [h]);
+    b.instr('compute', 'moe_unpermute', [h, rowOf, weights], [y]);
+    b.instr('compute', 'moe_unpermute_grad', [t[0].dy, h, rowOf, weights], [dh, dweights]);
+    b.instr('compute', 'grouped_linear_dgrad', [dh, counts, ...ws], [drows]);
+    b.instr('compute', 'grouped_linear_wgrad', [dh, rows, counts], dws);
+    b.instr('compute', 'moe_permute_grad', [drows, rowOf], [dx], { k });
+    b.instr('compute', 'constant', [], [zeros], {
+      value: 0,
+      dtype: 'f64',
+      shape: [String(T), String(E)],
+    });
+    b.instr('compute', 'router_topk_grad', [zeros, dweights, probs, experts], [dlogits]);
+    const grads: Record<string, number> = { x: dx, logits: dlogits };
+    dws.forEach((d, e) => (grads[`w${e}`] = d));
+    await checkGradients({ b, terms: t, grads });
+  });
+
+  it('moe_aux_loss, moe_aux_loss_grad (padding excluded)', async () => {
+    const b = new ProgramBuilder('aux', { S: 5, Nv: 0 });
+    const seg = b.input('segments', 'i32', ['S']);
+    const logits = b.param('logits', [5, 4], { dtype: 'f64', trainable: false }).buffer;
+    const probs = f64Param(b, 'probs', [5, 4]);
+    const [p0, w0] = [f64(b, 'router.probs', [5, 4]), f64(b, 'router.weights', [5, 2])];
+    const experts = b.arena('experts', 'i32', [5, 2]);
+    const aux = f64(b, 'aux', []);
+    const t = terms(b, [[aux, []]]);
+    const dprobs = f64(b, 'dprobs', [5, 4]);
+    b.instr('compute', 'router_topk', [logits], [p0, w0, experts], { k: 2 });
+    b.instr('compute', 'moe_aux_loss', [probs, experts, seg], [aux], { coeff: 0.5 });
+    b.instr('compute', 'moe_aux_loss_grad', [t[0].dy, probs, experts, seg], [dprobs], {
+      coeff: 0.5,
+    });
+    await checkGradients({
+      b,
+      terms: t,
+      grads: { probs: dprobs },
+      mb: textMicrobatch([[2, 3, 4]], 5),
+    });
+  });
+
+  it('cross_entropy, cross_entropy_grad (labels and mask from the microbatch)', async () => {
+    const b = new ProgramBuilder('ce', { S: 5, Nv: 0 });
+    const labels = b.input('labels', 'i32', ['S']);
+    const mask = b.input('loss_mask', 'u8', ['S']);
+    const count = b.scalar('loss_tokens');
+    const logits = f64Param(b, 'logits', [5, 6]);
+    const loss = f64(b, 'loss', []);
+    const t = terms(b, [[loss, []]]);
+    const dlogits = f64(b, 'dlogits', [5, 6]);
+    b.instr('compute', 'cross_entropy', [logits, labels, mask, count], [loss]);
+    b.instr('compute', 'cross_entropy_grad', [t[0].dy, logits, labels, mask, count], [dlogits]);
+    await checkGradients({
+      b,
+      terms: t,
+      grads: { logits: dlogits },
+      mb: textMicrobatch([[2, 3, 5, 4]], 5),
+    });
+  });
+
+  it('embedding, embedding_grad (a repeated id sums)', async () => {
+    const b = new ProgramBuilder('embedding', { S: 5, Nv: 0 });
+    const tokens = b.input('tokens', 'i32', ['S']);
+    const table = f64Param(b, 'table', [6, 3]);
+    const y = f64(b, 'y', ['S', 3]);
+    const t = terms(b, [[y, [5, 3]]]);
+    const dtable = f64(b, 'dtable', [6, 3]);
+    b.instr('compute', 'embedding', [tokens, table], [y]);
+    b.instr('compute', 'embedding_grad', [t[0].dy, tokens], [dtable], { rows: 6 });
+    await checkGradients({
+      b,
+      terms: t,
+      grads: { table: dtable },
+      mb: textMicrobatch([[2, 3, 2, 5]], 5),
+    });
+  });
+});
+
+describe('native runtime: layout, memory and constant ops', () => {
+  it('split and concat invert each other; add; offload and reload copy; constant fills', async () => {
+    const b = new ProgramBuilder('layout');
+    const x = b.param('x', [2, 6], { trainable: false }).buffer;
+    const parts = [
+      b.arena('p0', 'f32', [2, 1]),
+      b.arena('p1', 'f32', [2, 3]),
+      b.arena('p2', 'f32', [2, 2]),
+    ];
+    const joined = b.arena('joined', 'f32', [2, 6]);
+    const sum = b.arena('sum', 'f32', [2, 6]);
+    const host = b.buffer('sum.host', 'arena', 'f32', [2, 6], { space: 'host' });
+    const back = b.arena('sum.back', 'f32', [2, 6]);
+    const c = b.arena('c', 'i32', [3]);
+    const e0 = b.event();
+    const e1 = b.event();
+    b.instr('compute', 'split', [x], parts, { sizes: [1, 3, 2] });
+    b.instr('compute', 'concat', parts, [joined]);
+    b.instr('compute', 'add', [x, joined], [sum], {}, { record: [e0] });
+    b.instr('copy', 'offload', [sum], [host], {}, { wait: [e0] });
+    b.instr('copy', 'reload', [host], [back], {}, { record: [e1] });
+    b.instr(
+      'compute',
+      'constant',
+      [],
+      [c],
+      { value: 7, dtype: 'i32', shape: ['3'] },
+      { wait: [e1] },
+    );
+    const program = b.build();
+    const rt = new native.Runtime(JSON.stringify(program));
+    const xs = new Float32Array(rt.region('param'), program.buffers[x].offset, 12);
+    xs.set(Array.from({ length: 12 }, (_, i) => i + 1));
+    await rt.step({ lr: 0, step: 1 });
+    const read = (id: number) => Array.from(new Float32Array(rt.readBuffer(id)));
+    expect(read(parts[0])).toEqual([1, 7]);
+    expect(read(parts[1])).toEqual([2, 3, 4, 8, 9, 10]);
+    expect(read(parts[2])).toEqual([5, 6, 11, 12]);
+    expect(read(joined)).toEqual(Array.from(xs));
+    expect(read(back)).toEqual(Array.from(xs, (v) => 2 * v));
+    expect(Array.from(new Int32Array(rt.readBuffer(c)))).toEqual([7, 7, 7]);
+  });
+});
