@@ -81,11 +81,16 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const enc = (
     plan.model.config as { image_encoder: { patch_size: number; spatial_merge_size: number } }
   ).image_encoder;
-  const rt: NativeRuntime = new native.Runtime(loaded.programTexts.get(programId)!, {
-    threads: o.threads,
-    patchSize: enc.patch_size,
-    mergeSize: enc.spatial_merge_size,
-  });
+  // the runtime validates the program before anything runs; a bad program is the user's file
+  const rt: NativeRuntime = userErrors(
+    join(o.planDir, 'programs', `${programId}.json`),
+    () =>
+      new native.Runtime(loaded.programTexts.get(programId)!, {
+        threads: o.threads,
+        patchSize: enc.patch_size,
+        mergeSize: enc.spatial_merge_size,
+      }),
+  );
   const state = new RankState(program, rt);
   const seed = o.seed ?? 1234;
   const m = plan.training.numMicrobatches;
@@ -146,7 +151,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       if (o.shuffleImages) mbs = shuffleImages(mbs, seed * 1_000_003 + step);
     }
     const captions = mbs.map(captionMask);
-    mbs.forEach((mb, j) => rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }));
+    mbs.forEach((mb, j) =>
+      userErrors(o.batch ?? 'synthetic data', () =>
+        rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
+      ),
+    );
     const lossTokens = mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0);
     if (lossTokens === 0)
       throw new UserError(
@@ -256,4 +265,14 @@ function dumpAfter(
       clip_norm: o.clipNorm,
     },
   });
+}
+
+/** Runs fn, turning the native runtime's refusals (a bad program, bad data) into user errors. */
+function userErrors<T>(what: string, fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    if (e instanceof UserError) throw e;
+    throw new UserError(`${what}: ${(e as Error).message}`);
+  }
 }
