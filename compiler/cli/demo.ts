@@ -64,12 +64,12 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
       `lfc demo: ${compiled.config.name} on 1 CPU rank, ${f.globalBatchSize} microbatches × ${compiled.plan.training.seqLength} tokens per step\n` +
         `  plan ${planDir}: ${e.instructions} instructions, arena ${(e.arenaBytes / 2 ** 20).toFixed(1)} MiB\n`,
     );
-    const iters = f.trainIters ?? f.steps ?? 300;
+    const iters = f.trainIters ?? f.steps ?? 600;
     const base = {
       ...f,
       trainIters: iters,
       lrWarmupIters: f.lrWarmupIters ?? 20,
-      lrDecayStyle: f.lrDecayStyle ?? 'cosine',
+      lrDecayStyle: f.lrDecayStyle ?? 'constant',
     };
     io.out(`training ${iters} steps (metrics: ${join(out, 'metrics.jsonl')})\n`);
     const main = await runTraining(

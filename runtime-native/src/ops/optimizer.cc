@@ -44,16 +44,11 @@ void run_adamw(const Instr&, StepCtx& c) {
   hp.beta2 = c.num("beta2");
   hp.eps = c.num("eps");
   hp.weight_decay = c.num("weight_decay");
+  hp.grad_scale = coef;
   withReal(p, "input 0 (param)", [&](auto z) {
     using Real = decltype(z);
-    const Real* grad = g.as<Real>();
-    if (coef != 1.0) {
-      Real* scaled = c.scratch().get<Real>(0, g.numel);
-      const Real f = Real(coef);
-      for (int64_t i = 0; i < g.numel; i++) scaled[i] = grad[i] * f;
-      grad = scaled;
-    }
-    cpu::adamw_step<Real>(p.as<Real>(), grad, m.as<Real>(), v.as<Real>(), p.numel, hp, c.params().step);
+    cpu::adamw_step<Real>(p.as<Real>(), g.as<Real>(), m.as<Real>(), v.as<Real>(), p.numel, hp,
+                          c.params().step);
   });
 }
 

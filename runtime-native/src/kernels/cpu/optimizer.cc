@@ -29,8 +29,9 @@ void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, cons
   const Real step_size = Real(hp.lr / (1.0 - std::pow(hp.beta1, double(t))));
   const Real bc2_sqrt = Real(std::sqrt(1.0 - std::pow(hp.beta2, double(t))));
   const Real eps = Real(hp.eps);
+  const Real gs = Real(hp.grad_scale);
   for (int64_t i = 0; i < n; i++) {
-    const Real g = grad[i];
+    const Real g = hp.grad_scale == 1.0 ? grad[i] : grad[i] * gs;
     const Real p = param[i] * decay;
     const Real mi = b1 * m[i] + one_minus_b1 * g;
     const Real vi = b2 * v[i] + one_minus_b2 * g * g;

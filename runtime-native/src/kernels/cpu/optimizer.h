@@ -20,6 +20,7 @@ struct AdamWParams {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.0;  // 0.1 on parameters of two or more dims, 0 on norms and biases
+  double grad_scale = 1.0;    // the clipping factor: the step uses grad · grad_scale
 };
 
 // One AdamW step t ≥ 1 (t = 1 on the first call) over param, grad, m, v (n), as torch.optim.AdamW:
