@@ -57,11 +57,9 @@ import json
 import math
 import os
 import statistics
-import struct
 import sys
 import time
-from dataclasses import dataclass
-from typing import Dict, List
+from typing import List
 
 # libgomp reads this when torch loads it, so it has to be set before the
 # import. Debian's torch 1.13 has two thread pools: torch's OpenMP pool and
@@ -76,70 +74,10 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# --------------------------------------------------------------------------
-# Configuration (tiny-vlm.md "Sizes")
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class Config:
-    name: str
-    patch: int = 4
-    merge: int = 2
-    v_hidden: int = 64
-    v_heads: int = 4
-    v_ffn: int = 256
-    v_layers: int = 2
-    max_side: int = 32
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 8
-    kv_heads: int = 4
-    head_dim: int = 16
-    ffn: int = 384
-    experts: int = 0  # 0: dense decoder
-    top_k: int = 2
-    expert_ffn: int = 128
-    aux_coef: float = 0.001
-    vocab: int = 512
-    seq: int = 128
-    rope_theta: float = 1e6
-    eps: float = 1e-6
-
-
-CONFIGS = {
-    'tiny-vlm': Config(name='tiny-vlm'),
-    'tiny-vlm-moe': Config(name='tiny-vlm-moe', experts=8, top_k=2, expert_ffn=128),
-}
-
-PLACEHOLDER = 1
-
-# --------------------------------------------------------------------------
-# Safetensors reader (no safetensors package for torch 1.13 here)
-# --------------------------------------------------------------------------
-
-_TORCH_DTYPES = {'F32': torch.float32, 'I32': torch.int32, 'U8': torch.uint8,
-                 'F64': torch.float64, 'I64': torch.int64}
-
-
-def load_safetensors(path: str) -> Dict[str, torch.Tensor]:
-    with open(path, 'rb') as f:
-        raw = f.read()
-    (n,) = struct.unpack('<Q', raw[:8])
-    header = json.loads(raw[8:8 + n].decode('utf-8'))
-    body = raw[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == '__metadata__':
-            continue
-        begin, end = info['data_offsets']
-        dtype = _TORCH_DTYPES[info['dtype']]
-        if end == begin:
-            out[name] = torch.empty(info['shape'], dtype=dtype)
-        else:
-            buf = bytearray(body[begin:end])
-            out[name] = torch.frombuffer(buf, dtype=dtype).reshape(info['shape']).clone()
-    return out
+# The configuration and the safetensors reader are the reference's (test/reference/tiny_vlm.py);
+# the model below is written the way a user would write it for speed.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'test', 'reference'))
+from tiny_vlm import CONFIGS, PLACEHOLDER, Config, load_safetensors  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------
