@@ -23,6 +23,8 @@ import { UserError } from './errors.js';
 import { buildForwardGraph } from './frontend/build.js';
 import { loadModelConfig, type ModelConfig } from './frontend/config.js';
 import { countParams } from './inspect.js';
+import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
+import { validateParallel } from './parallel/validate.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { emitProgram } from './plan/emit.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
@@ -46,6 +48,12 @@ export interface CompileOptions {
   readonly maxVisualTokens?: number;
   readonly nnodes?: number;
   readonly nprocPerNode?: number;
+  /** parallel sizes beyond the cluster shape (tp, pp, vpp, ep, etp, cp); default 1 each */
+  readonly parallel?: Partial<Omit<ParallelSizes, 'nnodes' | 'nprocPerNode'>>;
+  readonly sequenceParallel?: boolean;
+  readonly microbatchGroupSize?: number;
+  readonly decoderFirstPipelineNumLayers?: number;
+  readonly decoderLastPipelineNumLayers?: number;
   readonly optimizer?: Partial<OptimizerSettings>;
   /** print the IR after this pass */
   readonly dumpAfter?: string;
@@ -66,22 +74,39 @@ export function compile(o: CompileOptions): CompileResult {
       `--dump-after ${o.dumpAfter}: no such pass; passes: ${PASSES.map((p) => p.name).join(', ')}`,
     );
   }
-  const world = (o.nnodes ?? 1) * (o.nprocPerNode ?? 1);
-  if (world !== 1) {
-    throw new UserError(
-      `a world of ${world} ranks needs the parallel passes, which are not built yet; compile for one rank (--nnodes 1 --nproc-per-node 1)`,
-    );
-  }
   const cfg = loadModelConfig(o.model, o.overrides ?? []);
   const seqLength = o.seqLength ?? cfg.training.seq_length;
   const mbs = o.microBatchSize ?? 1;
-  const gbs = o.globalBatchSize ?? mbs;
-  if (gbs % mbs !== 0) {
+  const sizes: ParallelSizes = {
+    nnodes: o.nnodes ?? 1,
+    nprocPerNode: o.nprocPerNode ?? 1,
+    tp: o.parallel?.tp ?? 1,
+    pp: o.parallel?.pp ?? 1,
+    vpp: o.parallel?.vpp ?? 1,
+    ep: o.parallel?.ep ?? 1,
+    etp: o.parallel?.etp,
+    cp: o.parallel?.cp ?? 1,
+  };
+  const { world, dp } = resolveSizes(sizes);
+  const gbs = o.globalBatchSize ?? mbs * Math.max(1, Math.floor(dp));
+  // every layout rule, each with its own message (compiler/parallel/validate.ts)
+  validateParallel({
+    sizes,
+    config: cfg,
+    seqLength,
+    microBatchSize: mbs,
+    globalBatchSize: gbs,
+    microbatchGroupSize: o.microbatchGroupSize,
+    decoderFirstPipelineNumLayers: o.decoderFirstPipelineNumLayers,
+    decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
+    sequenceParallel: o.sequenceParallel,
+  });
+  if (world !== 1) {
     throw new UserError(
-      `--global-batch-size ${gbs} is not divisible by --micro-batch-size ${mbs} × data-parallel size 1`,
+      `the layout is valid (${world} ranks, dp ${dp}), but the passes that split a step over ranks are not built yet; compile for one rank`,
     );
   }
-  const numMicrobatches = gbs / mbs;
+  const numMicrobatches = gbs / (mbs * dp);
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
   const dump = (pass: string, g: Graph) => {
     if (o.dumpAfter === pass) o.onDump?.(printGraph(g));

@@ -20,6 +20,32 @@ interface CompileFlags {
   gpusPerNode?: number;
   dumpAfter?: string;
   json?: boolean;
+  tensorModelParallelSize?: number;
+  tp?: number;
+  pipelineModelParallelSize?: number;
+  pp?: number;
+  numVirtualStagesPerPipelineRank?: number;
+  vpp?: number;
+  expertModelParallelSize?: number;
+  ep?: number;
+  expertTensorParallelSize?: number;
+  contextParallelSize?: number;
+  sequenceParallel?: boolean;
+  microbatchGroupSizePerVpStage?: number;
+  decoderFirstPipelineNumLayers?: number;
+  decoderLastPipelineNumLayers?: number;
+}
+
+/** One value from a flag and its alias; both given and different is an error. */
+function either(
+  long: string,
+  a: number | undefined,
+  short: string,
+  b: number | undefined,
+): number | undefined {
+  if (a !== undefined && b !== undefined && a !== b)
+    throw new UserError(`${long} ${a} and ${short} ${b} disagree; give one`);
+  return a ?? b;
 }
 
 function mib(bytes: number): string {
@@ -70,6 +96,59 @@ export function addCompileCommand(program: Command, io: CliIO): void {
     .option('--nproc-per-node <n>', 'ranks per node', positiveInt('--nproc-per-node'))
     .option('--gpus-per-node <n>', 'alias of --nproc-per-node', positiveInt('--gpus-per-node'))
     .option(
+      '--tensor-model-parallel-size <n>',
+      'decoder tensor parallelism (--tp)',
+      positiveInt('--tensor-model-parallel-size'),
+    )
+    .option('--tp <n>', 'alias of --tensor-model-parallel-size', positiveInt('--tp'))
+    .option(
+      '--pipeline-model-parallel-size <n>',
+      'pipeline stages (--pp)',
+      positiveInt('--pipeline-model-parallel-size'),
+    )
+    .option('--pp <n>', 'alias of --pipeline-model-parallel-size', positiveInt('--pp'))
+    .option(
+      '--num-virtual-stages-per-pipeline-rank <n>',
+      'model chunks per stage, interleaved schedule (--vpp)',
+      positiveInt('--num-virtual-stages-per-pipeline-rank'),
+    )
+    .option('--vpp <n>', 'alias of --num-virtual-stages-per-pipeline-rank', positiveInt('--vpp'))
+    .option(
+      '--expert-model-parallel-size <n>',
+      'expert parallelism (--ep)',
+      positiveInt('--expert-model-parallel-size'),
+    )
+    .option('--ep <n>', 'alias of --expert-model-parallel-size', positiveInt('--ep'))
+    .option(
+      '--expert-tensor-parallel-size <n>',
+      'tensor parallelism inside experts (default: --tp)',
+      positiveInt('--expert-tensor-parallel-size'),
+    )
+    .option(
+      '--context-parallel-size <n>',
+      'context parallelism (only 1 is built)',
+      positiveInt('--context-parallel-size'),
+    )
+    .option(
+      '--sequence-parallel',
+      'shard activations along the sequence between tensor-parallel regions',
+    )
+    .option(
+      '--microbatch-group-size-per-vp-stage <n>',
+      'interleaved schedule: microbatches per group (default: --pp)',
+      positiveInt('--microbatch-group-size-per-vp-stage'),
+    )
+    .option(
+      '--decoder-first-pipeline-num-layers <n>',
+      'decoder layers on the first pipeline stage',
+      positiveInt('--decoder-first-pipeline-num-layers'),
+    )
+    .option(
+      '--decoder-last-pipeline-num-layers <n>',
+      'decoder layers on the last pipeline stage',
+      positiveInt('--decoder-last-pipeline-num-layers'),
+    )
+    .option(
       '--dump-after <pass>',
       `print the IR after a pass (${PASSES.map((p) => p.name).join(', ')})`,
     )
@@ -90,6 +169,23 @@ export function addCompileCommand(program: Command, io: CliIO): void {
         maxVisualTokens: f.maxVisualTokens,
         nnodes: f.nnodes ?? f.nodes,
         nprocPerNode: f.nprocPerNode ?? f.gpusPerNode,
+        parallel: {
+          tp: either('--tensor-model-parallel-size', f.tensorModelParallelSize, '--tp', f.tp),
+          pp: either('--pipeline-model-parallel-size', f.pipelineModelParallelSize, '--pp', f.pp),
+          vpp: either(
+            '--num-virtual-stages-per-pipeline-rank',
+            f.numVirtualStagesPerPipelineRank,
+            '--vpp',
+            f.vpp,
+          ),
+          ep: either('--expert-model-parallel-size', f.expertModelParallelSize, '--ep', f.ep),
+          etp: f.expertTensorParallelSize,
+          cp: f.contextParallelSize,
+        },
+        sequenceParallel: f.sequenceParallel,
+        microbatchGroupSize: f.microbatchGroupSizePerVpStage,
+        decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
+        decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,
         optimizer: f.lr !== undefined ? { lr: f.lr } : {},
         dumpAfter: f.dumpAfter,
         onDump: (text) => io.out(text),
