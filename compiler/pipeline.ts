@@ -25,6 +25,7 @@ import { loadModelConfig, type ModelConfig } from './frontend/config.js';
 import { countParams } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
+import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { emitProgram } from './plan/emit.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
@@ -101,11 +102,14 @@ export function compile(o: CompileOptions): CompileResult {
     decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
     sequenceParallel: o.sequenceParallel,
   });
-  if (world !== 1) {
+  const splitting = sizes.tp > 1 || sizes.pp > 1 || sizes.ep > 1;
+  if (splitting) {
     throw new UserError(
-      `the layout is valid (${world} ranks, dp ${dp}), but the passes that split a step over ranks are not built yet; compile for one rank`,
+      `the layout is valid (${world} ranks, dp ${dp}), but the passes that split a step over ranks (tensor, pipeline, expert) are not built yet; only data parallelism is`,
     );
   }
+  const topology = buildTopology(sizes);
+  const ranks = Array.from({ length: world }, (_, r) => r);
   const numMicrobatches = gbs / (mbs * dp);
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
   const dump = (pass: string, g: Graph) => {
@@ -124,7 +128,7 @@ export function compile(o: CompileOptions): CompileResult {
   assertValid(graph, 'after pass autodiff (passes run: build, autodiff)');
   dump('autodiff', graph);
 
-  const program = emitProgram(graph, { numMicrobatches, id: 'p0' });
+  const program = emitProgram(graph, { numMicrobatches, id: 'p0', dataParallel: { size: dp } });
   const clobbered = checkMemoryReuse(program);
   if (clobbered.length) {
     const c = clobbered[0];
@@ -147,12 +151,19 @@ export function compile(o: CompileOptions): CompileResult {
       optimizer,
     },
     topology: {
-      worldSize: 1,
-      nnodes: 1,
-      nprocPerNode: 1,
-      sizes: { tp: 1, pp: 1, dp: 1, ep: 1, cp: 1 },
+      worldSize: world,
+      nnodes: sizes.nnodes,
+      nprocPerNode: sizes.nprocPerNode,
+      sizes: { tp: sizes.tp, pp: sizes.pp, vpp: sizes.vpp, dp, ep: sizes.ep, cp: sizes.cp },
     },
-    groups: [],
+    groups: topology.groups.map((g) => ({ name: g.names[0], ranks: g.ranks })),
+    rankGroups: Object.fromEntries(
+      GROUP_KINDS.filter((k) => k !== 'embd').map((k) => [
+        k,
+        ranks.map((r) => topology.groupOf(k, r)!.id),
+      ]),
+    ),
+    dataParallel: { size: dp, rankIndex: ranks.map((r) => topology.coords(r).dp) },
     symbols: forward.symbols,
     params: forward.params.map((p) => ({
       name: p.name,
@@ -163,7 +174,7 @@ export function compile(o: CompileOptions): CompileResult {
       module: p.module,
       weightDecay: p.trainable ? weightDecayOf(p, optimizer) : 0,
     })),
-    rankPrograms: ['p0'],
+    rankPrograms: ranks.map(() => 'p0'),
   };
   return {
     config: cfg,

@@ -202,7 +202,7 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       }
       io.out(
         [
-          `compiled ${result.config.name} for 1 rank → ${f.output}`,
+          `compiled ${result.config.name} for ${result.plan.topology.worldSize} rank${result.plan.topology.worldSize > 1 ? `s (data parallel ${result.plan.dataParallel.size}, ${new Set(result.plan.rankPrograms).size} distinct program)` : ''} → ${f.output}`,
           `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step, ≤ ${t.maxVisualTokens} visual tokens each`,
           `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors`,
           `  program: ${e.instructions} instructions, ${e.buffers} buffers`,

@@ -25,7 +25,15 @@ import {
 export interface EmitOptions {
   readonly numMicrobatches: number;
   readonly id?: string;
+  /**
+   * Data parallelism: gradients are summed over the rank's `dp` group (the group kind, resolved
+   * per rank through plan.rankGroups, so every data-parallel replica shares one program), in
+   * buckets of about `bucketBytes` on the comm stream as soon as backward finished them.
+   */
+  readonly dataParallel?: { readonly size: number; readonly bucketBytes?: number };
 }
+
+export const DEFAULT_BUCKET_BYTES = 4 * 2 ** 20;
 
 export function streamOf(node: Node): StreamName {
   const cat = OP_TABLE[node.op].category;
@@ -176,8 +184,92 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     }
     for (const n of mbNodes) emitNode(n, mb, local);
   }
+  let events = 0;
+  if (opts.dataParallel && opts.dataParallel.size > 1) {
+    events = emitGradientSync(
+      opts.dataParallel.size,
+      opts.dataParallel.bucketBytes ?? DEFAULT_BUCKET_BYTES,
+    );
+  }
   const stepLocal = new Map<string, number>();
+  const firstStep = instructions.length;
   for (const n of stepNodes) emitNode(n, -1, stepLocal);
+  if (events > 0 && instructions.length > firstStep) {
+    // the optimizer step reads every summed gradient: wait for the comm stream's last bucket
+    instructions[firstStep] = { ...instructions[firstStep], wait: [events - 1] };
+  }
+
+  /**
+   * Gradient buckets: consecutive grad buffers (in reverse declaration order, the order backward
+   * finishes them) of about bucketBytes each, one all_reduce per bucket over a buffer spanning
+   * them, issued on the comm stream after the compute instruction that last wrote any of them.
+   * Returns the number of events used.
+   */
+  function emitGradientSync(dpSize: number, bucketBytes: number): number {
+    const grads = params.filter((p) => p.grad !== undefined).map((p) => buffers[p.grad!]);
+    grads.sort((a, b) => b.offset - a.offset);
+    const lastWrite = new Map<number, number>();
+    instructions.forEach((ins, i) =>
+      ins.outputs
+        .concat(ins.op === 'grad_accumulate' ? [ins.inputs[1]] : [])
+        .forEach((b) => lastWrite.set(b, i)),
+    );
+    const buckets: PlanBuffer[][] = [];
+    let cur: PlanBuffer[] = [];
+    let curBytes = 0;
+    for (const g of grads) {
+      cur.push(g);
+      curBytes += align(g.bytes);
+      if (curBytes >= bucketBytes) {
+        buckets.push(cur);
+        cur = [];
+        curBytes = 0;
+      }
+    }
+    if (cur.length) buckets.push(cur);
+    let event = 0;
+    const syncs: PlanInstruction[] = [];
+    for (const bucket of buckets) {
+      const lo = Math.min(...bucket.map((b) => b.offset));
+      const hi = Math.max(...bucket.map((b) => b.offset + align(b.bytes)));
+      const id = buffers.length;
+      buffers.push({
+        id,
+        name: `grad_bucket${syncs.length}`,
+        region: 'grad',
+        space: 'device',
+        dtype: 'f32',
+        shape: [String((hi - lo) / 4)],
+        offset: lo,
+        bytes: hi - lo,
+        microbatch: -1,
+      });
+      const ready = Math.max(...bucket.map((b) => lastWrite.get(b.id) ?? -1));
+      const recordEvent = event++;
+      if (ready >= 0)
+        instructions[ready] = {
+          ...instructions[ready],
+          record: [...instructions[ready].record, recordEvent],
+        };
+      syncs.push({
+        stream: 'comm',
+        op: 'all_reduce',
+        inputs: [id],
+        outputs: [id],
+        attrs: { group: 'dp', group_size: dpSize },
+        wait: ready >= 0 ? [recordEvent] : [],
+        record: [],
+        microbatch: -1,
+        phase: 'backward',
+        scope: 'data_parallel',
+      });
+    }
+    // the last sync records the event the optimizer waits for
+    const done = event++;
+    syncs[syncs.length - 1] = { ...syncs[syncs.length - 1], record: [done] };
+    instructions.push(...syncs);
+    return event;
+  }
 
   // the arena: planned from lifetimes of the non-view arena buffers
   const lifetimes: Lifetime[] = buffers
@@ -207,7 +299,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     inputs,
     scalars,
     outputs,
-    events: 0,
+    events,
     instructions,
   };
 }

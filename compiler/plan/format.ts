@@ -153,6 +153,13 @@ export interface PlanFile {
     readonly sizes: Readonly<Record<string, number>>;
   };
   readonly groups: readonly { readonly name: string; readonly ranks: readonly number[] }[];
+  /**
+   * Per group kind (tp, dp, pp, ep, …), the index into `groups` of each rank's group. A
+   * collective's `group` attribute names a kind, so ranks that behave alike share one program.
+   */
+  readonly rankGroups: Readonly<Record<string, readonly number[]>>;
+  /** data parallelism: global microbatch of slot j on a rank = dpIndex · numMicrobatches + j */
+  readonly dataParallel: { readonly size: number; readonly rankIndex: readonly number[] };
   readonly symbols: readonly {
     readonly name: string;
     readonly bound: number;

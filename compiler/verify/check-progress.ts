@@ -1,0 +1,267 @@
+// Rule progress: a symbolic execution of all ranks together proves the step finishes.
+//   - each rank's streams run in issue order; an instruction starts once the events it waits for
+//     are recorded on its rank, and records its events when it completes
+//   - a local instruction completes when it starts
+//   - a group collective completes once every member of its group has started the collective
+//     with the same index in its sequence on that group
+//   - send and recv meet: each completes once both have started
+// Only the instructions that can block or unblock something are stepped through: collectives,
+// send/recv, and those that wait for or record events; the local instructions between them
+// complete with them. Event driven: a worklist of (rank, stream) that may move. A stream blocked on an event is woken
+// by the record; one waiting in a collective or a send/recv by the completion. Whatever is left
+// unfinished is deadlocked: one problem per blocked instruction of a program, ranks merged.
+
+import { STREAMS } from '../plan/format.js';
+import {
+  GROUP,
+  LOCAL,
+  problemAt,
+  SEND,
+  STREAM_COUNT,
+  type PlanIndex,
+  type ProgramIndex,
+} from './plan-index.js';
+import { formatRanks, type PlanProblem } from './problem.js';
+
+const RULE = 'progress';
+const S = STREAM_COUNT;
+
+export interface StepSimulation {
+  readonly problems: PlanProblem[];
+  /** instructions completed, summed over ranks */
+  readonly completed: number;
+  /** instructions of all ranks together */
+  readonly total: number;
+}
+
+export function simulateStep(ix: PlanIndex): StepSimulation {
+  const { world, programs, programOf, comms, pairs } = ix;
+  const prog = (r: number): ProgramIndex | undefined =>
+    programOf[r] >= 0 ? programs[programOf[r]] : undefined;
+  // [program][stream] the instructions that take part: not local, or waiting, or recording
+  const hot = programs.map((p) =>
+    p.streams.map((list) =>
+      list.filter(
+        (i) =>
+          p.kind[i] !== LOCAL ||
+          p.waitStart[i] !== p.waitStart[i + 1] ||
+          p.recordStart[i] !== p.recordStart[i + 1],
+      ),
+    ),
+  );
+  /** [rank × stream] position in the hot list */
+  const pc = new Int32Array(world * S);
+  const arrived = new Uint8Array(world * S);
+  const blockedOn = new Int32Array(world * S).fill(-1);
+  const eventBase = new Int32Array(world + 1);
+  let total = 0;
+  for (let r = 0; r < world; r++) {
+    eventBase[r + 1] = eventBase[r] + (prog(r)?.events ?? 0);
+    total += prog(r)?.n ?? 0;
+  }
+  const recorded = new Uint8Array(eventBase[world]);
+  // arrivals[c][k]: members that have started their k-th collective on communicator c
+  const arrivals = comms.map((c) => {
+    let len = 0;
+    for (const m of c.ranks) len = Math.max(len, prog(m)?.commSeq.get(c.id)?.length ?? 0);
+    return new Int32Array(len);
+  });
+  const pairState = new Uint8Array(pairs.count); // bit 1: send started, bit 2: recv started
+
+  const size = world * S;
+  const queue = new Int32Array(size);
+  const queued = new Uint8Array(size);
+  let head = 0;
+  let queuedCount = 0;
+  const push = (rs: number) => {
+    if (queued[rs]) return;
+    queued[rs] = 1;
+    queue[(head + queuedCount++) % size] = rs;
+  };
+
+  const recordEvents = (r: number, p: ProgramIndex, i: number) => {
+    const base = eventBase[r];
+    for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) {
+      const e = p.recordEvents[k];
+      recorded[base + e] = 1;
+      for (let t = r * S; t < r * S + S; t++) {
+        if (blockedOn[t] === e) {
+          blockedOn[t] = -1;
+          push(t);
+        }
+      }
+    }
+  };
+  /** completes the started collective or send/recv i of rank r */
+  const finish = (r: number, i: number) => {
+    const p = prog(r)!;
+    const rs = r * S + p.stream[i];
+    arrived[rs] = 0;
+    pc[rs]++;
+    recordEvents(r, p, i);
+    push(rs);
+  };
+  const advance = (rs: number) => {
+    if (arrived[rs]) return;
+    const r = (rs / S) | 0;
+    if (programOf[r] < 0) return;
+    const p = programs[programOf[r]];
+    const list = hot[programOf[r]][rs - r * S];
+    const base = eventBase[r];
+    for (let at = pc[rs]; at < list.length; at++) {
+      const i = list[at];
+      for (let k = p.waitStart[i]; k < p.waitStart[i + 1]; k++) {
+        const e = p.waitEvents[k];
+        if (!recorded[base + e]) {
+          blockedOn[rs] = e;
+          pc[rs] = at;
+          return;
+        }
+      }
+      const kind = p.kind[i];
+      if (kind === LOCAL) {
+        recordEvents(r, p, i);
+        continue;
+      }
+      pc[rs] = at;
+      arrived[rs] = 1;
+      if (kind === GROUP) {
+        const c = p.collComm[p.slot[i]];
+        if (c < 0 || !comms[c].groupRank.has(r)) return; // never completes
+        const k = p.collOrd[p.slot[i]];
+        if (++arrivals[c][k] === comms[c].ranks.length)
+          for (const m of comms[c].ranks) finish(m, prog(m)!.commSeq.get(c)![k]);
+      } else {
+        const q = pairs.pairOf[r][p.slot[i]];
+        if (q >= 0 && (pairState[q] |= kind === SEND ? 1 : 2) === 3) {
+          finish(pairs.src[q], pairs.sendInstr[q]);
+          finish(pairs.dst[q], pairs.recvInstr[q]);
+        }
+      }
+      return;
+    }
+    pc[rs] = list.length;
+  };
+
+  for (let rs = 0; rs < size; rs++) push(rs);
+  while (queuedCount > 0) {
+    const rs = queue[head];
+    head = (head + 1) % size;
+    queuedCount--;
+    queued[rs] = 0;
+    advance(rs);
+  }
+  /** the instruction rank r's stream s is blocked at, -1 when the stream finished */
+  const headOf = (r: number, s: number): number => {
+    const list = programOf[r] >= 0 ? hot[programOf[r]][s] : undefined;
+    return list && pc[r * S + s] < list.length ? list[pc[r * S + s]] : -1;
+  };
+  // completed: every instruction of a finished stream, those before the head of a blocked one
+  const pos = programs.map((p) => {
+    const at = new Int32Array(p.n);
+    for (const list of p.streams) list.forEach((i, k) => (at[i] = k));
+    return at;
+  });
+  let completed = 0;
+  for (let r = 0; r < world; r++) {
+    const p = prog(r);
+    for (let s = 0; p && s < S; s++) {
+      const i = headOf(r, s);
+      completed += i < 0 ? p.streams[s].length : pos[programOf[r]][i];
+    }
+  }
+  if (completed === total) return { problems: [], completed, total };
+
+  // ---- the deadlock: why each unfinished stream is blocked ----------------------------------
+  const where = (r: number, s: number) => {
+    const i = headOf(r, s);
+    if (i < 0) return `rank ${r} has finished its ${STREAMS[s]} stream`;
+    const p = prog(r)!;
+    return `rank ${r} is blocked at ${STREAMS[s]} instruction ${i} (${p.file.instructions[i].op})`;
+  };
+  const started = (r: number, i: number) => {
+    const p = prog(r);
+    if (!p) return false;
+    const s = p.stream[i];
+    return headOf(r, s) === i && arrived[r * S + s] === 1;
+  };
+  const whyGroup = (r: number, p: ProgramIndex, i: number): string => {
+    const c = p.collComm[p.slot[i]];
+    const name = String(p.file.instructions[i].attrs.group);
+    if (c < 0) return `its group ${name} is not in plan.groups`;
+    if (!comms[c].groupRank.has(r)) return `rank ${r} is not a member of ${name}`;
+    const k = p.collOrd[p.slot[i]];
+    const missing: string[] = [];
+    let count = 0;
+    for (const m of comms[c].ranks) {
+      const mp = prog(m);
+      const seq = mp?.commSeq.get(c);
+      if (!mp || !seq || seq.length <= k) {
+        count++;
+        if (missing.length < 3)
+          missing.push(`rank ${m} issues only ${seq?.length ?? 0} collectives on it`);
+      } else if (!started(m, seq[k])) {
+        count++;
+        if (missing.length < 3) missing.push(where(m, mp.stream[seq[k]]));
+      }
+    }
+    const of = comms[c].ranks.length;
+    return `collective ${k} on ${name} waits for ${count} of its ${of} ranks: ${missing.join('; ')}${count > missing.length ? '; …' : ''}`;
+  };
+  const whyP2p = (r: number, p: ProgramIndex, i: number): string => {
+    const q = pairs.pairOf[r][p.slot[i]];
+    const { peer, tag } = p.file.instructions[i].attrs;
+    if (q < 0) return `its peer ${String(peer)} is not a rank`;
+    const isSend = p.kind[i] === SEND;
+    const other = isSend ? pairs.dst[q] : pairs.src[q];
+    const j = isSend ? pairs.recvInstr[q] : pairs.sendInstr[q];
+    const want = isSend ? 'recv' : 'send';
+    if (j < 0) return `rank ${other} has no matching ${want} (tag ${String(tag)})`;
+    const op = prog(other)!;
+    return `waits for rank ${other} to reach its ${want} (instruction ${j}, tag ${String(tag)}); ${where(other, op.stream[j])}`;
+  };
+  const merged = new Map<
+    string,
+    { p: ProgramIndex; i: number; ranks: number[]; message: string }
+  >();
+  for (let r = 0; r < world; r++) {
+    const p = prog(r);
+    if (!p) continue;
+    for (let s = 0; s < S; s++) {
+      const i = headOf(r, s);
+      if (i < 0) continue;
+      const rs = r * S + s;
+      const key = `${p.id}\u0000${i}`;
+      const seen = merged.get(key);
+      if (seen) {
+        seen.ranks.push(r);
+        continue;
+      }
+      let message: string;
+      if (!arrived[rs]) {
+        const e = blockedOn[rs];
+        const j = e >= 0 ? p.recordedBy[e] : -1;
+        message =
+          j < 0
+            ? `waits for event ${e}, which no instruction records`
+            : `waits for event ${e}, recorded by instruction ${j} (${p.file.instructions[j].op} on ${STREAMS[p.stream[j]]}), which never completes`;
+      } else if (p.kind[i] === GROUP) message = whyGroup(r, p, i);
+      else message = whyP2p(r, p, i);
+      merged.set(key, { p, i, ranks: [r], message: `deadlock (rank ${r}): ${message}` });
+    }
+  }
+  const problems = [...merged.values()].map(({ p, i, ranks, message }) =>
+    problemAt(
+      RULE,
+      ranks,
+      p,
+      i,
+      ranks.length > 1 ? `${message} (also ${formatRanks(ranks.slice(1))})` : message,
+    ),
+  );
+  return { problems, completed, total };
+}
+
+export function checkProgress(ix: PlanIndex): PlanProblem[] {
+  return simulateStep(ix).problems;
+}

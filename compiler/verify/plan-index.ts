@@ -1,0 +1,582 @@
+// The facts every plan rule reads, computed once per distinct program: ranks that share a program
+// id share its index, and only the send/recv pairing is per rank (peers are global ranks, so the
+// same program pairs differently on each rank). Integer ids in typed arrays keep the checks and
+// the all-ranks simulation linear in the instructions.
+//
+//   instruction kinds   LOCAL (runs on its rank alone), GROUP (collective over a plan group),
+//                       SEND, RECV, derived from the op table
+//   stream orders       instruction indices per stream, in issue order
+//   events              CSR lists of the events each instruction waits for and records
+//   buffer owners       the buffer whose bytes each buffer uses (a view → its base)
+//   group collectives   the communicator, the index in this program's sequence on it, and an
+//                       interned signature (kind, root, dtype, element count at symbol bounds)
+//   communicators       plan groups with the same ordered rank list are one communicator
+//   p2p pairs           the j-th send from r to q with tag t meets the j-th recv on q from r with t
+
+import { OP_KINDS, OP_TABLE, type AttrSpec, type OpKind } from '../../ir/ops.js';
+import { formatDim, parseDim, type Dim } from '../../ir/shape.js';
+import { STREAMS, type PlanFile, type PlanInstruction, type ProgramFile } from '../plan/format.js';
+import type { PlanProblem, PlanRule } from './problem.js';
+
+export const STREAM_COUNT = STREAMS.length;
+const STREAM_INDEX: ReadonlyMap<string, number> = new Map(STREAMS.map((s, i) => [s, i]));
+
+/** How an instruction takes part in the step. */
+export const LOCAL = 0;
+export const GROUP = 1;
+export const SEND = 2;
+export const RECV = 3;
+
+type AttrNames<K extends OpKind> = keyof (typeof OP_TABLE)[K]['attrs'];
+type OpsWithAttr<A extends string> = {
+  [K in OpKind]: A extends AttrNames<K> ? K : never;
+}[OpKind];
+
+/** point-to-point ops (those with a `peer`), by direction */
+const P2P_KIND = { send: SEND, recv: RECV } as const satisfies Record<OpsWithAttr<'peer'>, number>;
+
+const specs = (k: OpKind) => OP_TABLE[k].attrs as Readonly<Record<string, AttrSpec>>;
+const KIND_OF_OP: ReadonlyMap<string, number> = new Map(
+  OP_KINDS.map((k) => {
+    if (k in P2P_KIND) return [k, P2P_KIND[k as keyof typeof P2P_KIND]];
+    return [k, 'group' in specs(k) ? GROUP : LOCAL];
+  }),
+);
+/** variable-size collectives: sizes are exchanged first, so buffer rows may differ per rank */
+const VARIABLE_SIZE: ReadonlySet<string> = new Set(OP_KINDS.filter((k) => 'out_rows' in specs(k)));
+export const ROOTED: ReadonlySet<string> = new Set(OP_KINDS.filter((k) => 'root' in specs(k)));
+
+/** Absent or non-int32 attribute, in the Int32Array fields below. */
+export const NONE = -0x80000000;
+
+export interface ProgramIndex {
+  /** the program id ranks name in plan.rankPrograms */
+  readonly id: string;
+  readonly file: ProgramFile;
+  /** the ranks that run it, ascending */
+  readonly ranks: number[];
+  readonly n: number;
+  /** [n] stream index (STREAMS) */
+  readonly stream: Uint8Array;
+  /** [stream] instruction indices in issue order */
+  readonly streams: readonly Int32Array[];
+  /** [n] LOCAL, GROUP, SEND or RECV */
+  readonly kind: Uint8Array;
+  /** [n] a GROUP instruction's index in the coll* arrays, a SEND or RECV's in the p2p* arrays */
+  readonly slot: Int32Array;
+  /** [n + 1] CSR offsets into waitEvents / recordEvents (valid event ids only) */
+  readonly waitStart: Int32Array;
+  readonly waitEvents: Int32Array;
+  readonly recordStart: Int32Array;
+  readonly recordEvents: Int32Array;
+  readonly events: number;
+  /** [events] the first instruction that records it, -1 none */
+  readonly recordedBy: Int32Array;
+  /** [buffers] the buffer whose bytes it uses (a view → its base) */
+  readonly owner: Int32Array;
+  /** [collectives] instruction; communicator (-1: unknown group); index in this program's
+   *  sequence on it; interned signature (PlanIndex.sigText, -1: unreadable); group_size and root
+   *  attributes (NONE when absent) */
+  readonly collInstr: Int32Array;
+  readonly collComm: Int32Array;
+  readonly collOrd: Int32Array;
+  readonly collSig: Int32Array;
+  readonly collGroupSize: Int32Array;
+  readonly collRoot: Int32Array;
+  /** communicator → its collectives here (instruction indices), in issue order */
+  readonly commSeq: ReadonlyMap<number, Int32Array>;
+  /** [p2p] instruction; peer and tag attributes (NONE when absent); interned dtype+shape */
+  readonly p2pInstr: Int32Array;
+  readonly p2pPeer: Int32Array;
+  readonly p2pTag: Int32Array;
+  readonly p2pPayload: Int32Array;
+}
+
+export interface Communicator {
+  readonly id: number;
+  /** every plan.groups name with this rank list */
+  readonly names: readonly string[];
+  /** members in group order */
+  readonly ranks: Int32Array;
+  /** global rank → group rank */
+  readonly groupRank: ReadonlyMap<number, number>;
+}
+
+/** Send/recv pairs: one per (src, dst, tag) occurrence; a missing side is -1. */
+export interface P2pPairs {
+  readonly count: number;
+  readonly src: Int32Array;
+  readonly dst: Int32Array;
+  readonly tag: Int32Array;
+  readonly sendInstr: Int32Array;
+  readonly recvInstr: Int32Array;
+  readonly sendPayload: Int32Array;
+  readonly recvPayload: Int32Array;
+  /** the next pair with the same (src, dst, tag): a duplicate; -1 none */
+  readonly next: Int32Array;
+  /** [rank][p2p slot of its program] the pair, -1 when the peer or tag is unusable */
+  readonly pairOf: readonly Int32Array[];
+}
+
+export interface PlanIndex {
+  readonly plan: PlanFile;
+  /** ranks simulated: plan.rankPrograms.length */
+  readonly world: number;
+  readonly programs: readonly ProgramIndex[];
+  /** [rank] index into programs, -1 when its program is missing */
+  readonly programOf: Int32Array;
+  readonly comms: readonly Communicator[];
+  readonly commOfName: ReadonlyMap<string, number>;
+  readonly pairs: P2pPairs;
+  readonly sigText: readonly string[];
+  readonly payloadText: readonly string[];
+  /** structure problems found while indexing */
+  readonly problems: readonly PlanProblem[];
+}
+
+const NO_RANKS: readonly number[] = [];
+
+export function problemAt(
+  rule: PlanRule,
+  ranks: readonly number[],
+  p: ProgramIndex | undefined,
+  instruction: number,
+  message: string,
+): PlanProblem {
+  const ins: PlanInstruction | undefined =
+    p && instruction >= 0 ? p.file.instructions[instruction] : undefined;
+  return {
+    rule,
+    ranks,
+    program: p?.id ?? '',
+    instruction: ins ? instruction : -1,
+    stream: ins && STREAM_INDEX.has(ins.stream) ? ins.stream : '',
+    op: ins ? String(ins.op) : '',
+    scope: ins ? String(ins.scope ?? '') : '',
+    message,
+  };
+}
+
+/** Interns texts to dense ids. */
+class Interner {
+  readonly texts: string[] = [];
+  private readonly ids = new Map<string, number>();
+  id(text: string): number {
+    let id = this.ids.get(text);
+    if (id === undefined) {
+      id = this.texts.length;
+      this.ids.set(text, id);
+      this.texts.push(text);
+    }
+    return id;
+  }
+}
+
+class DimError extends Error {}
+
+const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v);
+const int32 = (v: unknown): number => (isInt(v) && v > NONE && v <= 0x7fffffff ? v : NONE);
+
+/** Dims of buffers and payloads at the symbols' declared bounds, parsed once per dim text. */
+class Dims {
+  private readonly parsed = new Map<string, Dim>();
+  constructor(private readonly bounds: ReadonlyMap<string, number>) {}
+
+  dim(text: unknown): Dim {
+    const t = String(text);
+    let d = this.parsed.get(t);
+    if (d === undefined) {
+      try {
+        d = parseDim(t);
+      } catch {
+        throw new DimError(`bad dim '${t}'`);
+      }
+      if (typeof d !== 'number' && !this.bounds.has(d.sym))
+        throw new DimError(`dim '${t}' uses symbol ${d.sym}, not in plan.symbols`);
+      this.parsed.set(t, d);
+    }
+    return d;
+  }
+
+  /** element count of dims [from, …) at the bounds */
+  elems(shape: unknown, from = 0): number {
+    if (!Array.isArray(shape)) throw new DimError(`shape ${JSON.stringify(shape)} is not a list`);
+    let n = 1;
+    for (let k = from; k < shape.length; k++) {
+      const d = this.dim(shape[k]);
+      n *= typeof d === 'number' ? d : Math.floor((this.bounds.get(d.sym)! * d.num) / d.den);
+    }
+    return n;
+  }
+
+  text(shape: unknown): string {
+    if (!Array.isArray(shape)) throw new DimError(`shape ${JSON.stringify(shape)} is not a list`);
+    return shape.map((t) => formatDim(this.dim(t))).join(', ');
+  }
+}
+
+interface Ctx {
+  readonly dims: Dims;
+  readonly commOfName: ReadonlyMap<string, number>;
+  readonly sigs: Interner;
+  readonly payloads: Interner;
+  readonly problems: PlanProblem[];
+}
+
+/** The facts of a group collective that every member must agree on, as text. */
+function collectiveSignature(
+  op: string,
+  ins: PlanInstruction,
+  file: ProgramFile,
+  root: number,
+  dims: Dims,
+): string {
+  const input = (k: number) => {
+    const id = ins.inputs[k];
+    if (!isInt(id) || id < 0 || id >= file.buffers.length)
+      throw new DimError(`input ${k} is not a buffer`);
+    return file.buffers[id];
+  };
+  const x = input(0);
+  const at = ROOTED.has(op) ? ` root ${root === NONE ? 'absent' : root}` : '';
+  if (!VARIABLE_SIZE.has(op)) return `${op}${at} of ${x.dtype} × ${dims.elems(x.shape)}`;
+  // variable rows: only the row width is static; the counts input is the size exchange
+  const rows = `${op}${at} of ${x.dtype} rows × ${dims.elems(x.shape, 1)}`;
+  if (ins.inputs.length < 2) return rows;
+  const c = input(1);
+  return `${rows}, counts ${c.dtype} × ${dims.elems(c.shape)}`;
+}
+
+/** A growable list of ints. */
+class IntList {
+  private items = new Int32Array(64);
+  length = 0;
+  push(v: number): void {
+    if (this.length === this.items.length) {
+      const grown = new Int32Array(this.items.length * 2);
+      grown.set(this.items);
+      this.items = grown;
+    }
+    this.items[this.length++] = v;
+  }
+  toArray(): Int32Array {
+    return this.items.slice(0, this.length);
+  }
+}
+
+function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx): ProgramIndex {
+  const list = Array.isArray(file.instructions) ? file.instructions : [];
+  const n = list.length;
+  const buffers = Array.isArray(file.buffers) ? file.buffers : [];
+  const nbuf = buffers.length;
+  const events = isInt(file.events) && file.events >= 0 ? file.events : 0;
+  const pending: { i: number; message: string }[] = [];
+  const bad = (i: number, message: string) => pending.push({ i, message });
+  if (!isInt(file.events) || file.events < 0) bad(-1, `events is ${String(file.events)}`);
+  if (file.id !== id) bad(-1, `program file has id '${String(file.id)}'`);
+
+  // byte owner of each buffer: a view resolves to the buffer it shares
+  const owner = new Int32Array(nbuf);
+  for (let b = 0; b < nbuf; b++) {
+    let r = b;
+    for (let hops = 0; buffers[r].viewOf !== undefined; hops++) {
+      const v = buffers[r].viewOf!;
+      if (!isInt(v) || v < 0 || v >= nbuf || hops > nbuf) {
+        bad(-1, `buffer ${b} (${buffers[b].name}) is a view of ${String(v)}, not a buffer`);
+        break;
+      }
+      r = v;
+    }
+    owner[b] = r;
+  }
+
+  // one pass over the instructions (each read once: plans are large and scattered in memory)
+  const stream = new Uint8Array(n);
+  const kind = new Uint8Array(n);
+  const slot = new Int32Array(n).fill(-1);
+  const waitStart = new Int32Array(n + 1);
+  const recordStart = new Int32Array(n + 1);
+  const streams = STREAMS.map(() => new IntList());
+  const [waits, records] = [new IntList(), new IntList()];
+  const lists = (count: number) => Array.from({ length: count }, () => new IntList());
+  const [collInstr, collComm, collOrd, collSig, collGroupSize, collRoot] = lists(6);
+  const [p2pInstr, p2pPeer, p2pTag, p2pPayload] = lists(4);
+  const seqs = new Map<number, number[]>();
+  const eventList = (i: number, ids: unknown, what: string, out: IntList) => {
+    if (!Array.isArray(ids)) return bad(i, `${what} is not a list of events`);
+    for (const e of ids) {
+      if (isInt(e) && e >= 0 && e < events) out.push(e);
+      else bad(i, `${what} names event ${String(e)}; the program has ${events} events`);
+    }
+  };
+  const bufferList = (i: number, ids: unknown, what: string) => {
+    if (!Array.isArray(ids)) return bad(i, `${what} is not a list of buffers`);
+    for (const b of ids)
+      if (!isInt(b) || b < 0 || b >= nbuf)
+        bad(i, `${what} names buffer ${String(b)}; the program has ${nbuf} buffers`);
+  };
+  for (let i = 0; i < n; i++) {
+    const ins = list[i];
+    let s = STREAM_INDEX.get(ins.stream);
+    if (s === undefined) {
+      bad(i, `unknown stream '${String(ins.stream)}'`);
+      s = 0;
+    }
+    stream[i] = s;
+    streams[s].push(i);
+    eventList(i, ins.wait, 'wait', waits);
+    eventList(i, ins.record, 'record', records);
+    waitStart[i + 1] = waits.length;
+    recordStart[i + 1] = records.length;
+    bufferList(i, ins.inputs, 'inputs');
+    bufferList(i, ins.outputs, 'outputs');
+    const k = KIND_OF_OP.get(ins.op);
+    if (k === undefined) bad(i, `unknown op '${String(ins.op)}'`);
+    kind[i] = k ?? LOCAL;
+    if (k === undefined || k === LOCAL) continue;
+    const attrs = (ins.attrs ?? {}) as Readonly<Record<string, unknown>>;
+    if (k === GROUP) {
+      const c = collInstr.length;
+      slot[i] = c;
+      collInstr.push(i);
+      collGroupSize.push(int32(attrs.group_size));
+      collRoot.push(int32(attrs.root));
+      const comm = ctx.commOfName.get(String(attrs.group));
+      let ord = -1;
+      if (comm !== undefined) {
+        let seq = seqs.get(comm);
+        if (!seq) seqs.set(comm, (seq = []));
+        ord = seq.length;
+        seq.push(i);
+      }
+      collComm.push(comm ?? -1);
+      collOrd.push(ord);
+      let sig = -1;
+      try {
+        sig = ctx.sigs.id(collectiveSignature(ins.op, ins, file, int32(attrs.root), ctx.dims));
+      } catch (e) {
+        if (!(e instanceof DimError)) throw e;
+        bad(i, e.message);
+      }
+      collSig.push(sig);
+      continue;
+    }
+    slot[i] = p2pInstr.length;
+    p2pInstr.push(i);
+    p2pPeer.push(int32(attrs.peer));
+    p2pTag.push(int32(attrs.tag));
+    let payload = -1;
+    try {
+      let dtype = attrs.dtype;
+      let shape = attrs.shape;
+      if (k === SEND) {
+        const b = ins.inputs?.[0];
+        if (!isInt(b) || b < 0 || b >= nbuf) throw new DimError('send has no input buffer');
+        ({ dtype, shape } = buffers[b]);
+      }
+      payload = ctx.payloads.id(`${String(dtype)}[${ctx.dims.text(shape)}]`);
+    } catch (e) {
+      if (!(e instanceof DimError)) throw e;
+      bad(i, e.message);
+    }
+    p2pPayload.push(payload);
+  }
+
+  const commSeq = new Map<number, Int32Array>();
+  for (const [comm, seq] of seqs) commSeq.set(comm, Int32Array.from(seq));
+  const recordEvents = records.toArray();
+  const recordedBy = new Int32Array(events).fill(-1);
+  for (let i = n - 1; i >= 0; i--)
+    for (let r = recordStart[i]; r < recordStart[i + 1]; r++) recordedBy[recordEvents[r]] = i;
+
+  const index: ProgramIndex = {
+    id,
+    file,
+    ranks,
+    n,
+    stream,
+    streams: streams.map((l) => l.toArray()),
+    kind,
+    slot,
+    waitStart,
+    waitEvents: waits.toArray(),
+    recordStart,
+    recordEvents,
+    events,
+    recordedBy,
+    owner,
+    collInstr: collInstr.toArray(),
+    collComm: collComm.toArray(),
+    collOrd: collOrd.toArray(),
+    collSig: collSig.toArray(),
+    collGroupSize: collGroupSize.toArray(),
+    collRoot: collRoot.toArray(),
+    commSeq,
+    p2pInstr: p2pInstr.toArray(),
+    p2pPeer: p2pPeer.toArray(),
+    p2pTag: p2pTag.toArray(),
+    p2pPayload: p2pPayload.toArray(),
+  };
+  for (const { i, message } of pending)
+    ctx.problems.push(problemAt('structure', ranks, index, i, message));
+  return index;
+}
+
+function buildComms(plan: PlanFile, world: number, problems: PlanProblem[]) {
+  const comms: Communicator[] = [];
+  const commOfName = new Map<string, number>();
+  const byRanks = new Map<string, number>();
+  const groups = Array.isArray(plan.groups) ? plan.groups : [];
+  for (const g of groups) {
+    const ranks = Array.isArray(g.ranks) ? g.ranks : [];
+    const fault = (message: string) =>
+      problems.push(problemAt('structure', NO_RANKS, undefined, -1, `group ${g.name}: ${message}`));
+    if (commOfName.has(g.name)) {
+      fault('named twice in plan.groups');
+      continue;
+    }
+    const members = new Map<number, number>();
+    for (const r of ranks) {
+      if (!isInt(r) || r < 0 || r >= world) fault(`member ${String(r)} is not a rank`);
+      else if (members.has(r)) fault(`rank ${r} is listed twice`);
+      else members.set(r, members.size);
+    }
+    if (members.size !== ranks.length) continue;
+    const key = ranks.join(',');
+    let c = byRanks.get(key);
+    if (c === undefined) {
+      c = comms.length;
+      byRanks.set(key, c);
+      comms.push({ id: c, names: [], ranks: Int32Array.from(ranks), groupRank: members });
+    }
+    (comms[c].names as string[]).push(g.name);
+    commOfName.set(g.name, c);
+  }
+  return { comms, commOfName };
+}
+
+/** Hash of a (src, dst, tag) triple. */
+function hash3(a: number, b: number, c: number): number {
+  let h = Math.imul(a, 0x9e3779b1) ^ Math.imul(b, 0x85ebca77) ^ Math.imul(c, 0xc2b2ae3d);
+  h ^= h >>> 15;
+  h = Math.imul(h, 0x2c1b3c6d);
+  return h ^ (h >>> 12);
+}
+
+function pairP2p(world: number, programs: readonly ProgramIndex[], programOf: Int32Array) {
+  let total = 0;
+  for (let r = 0; r < world; r++)
+    if (programOf[r] >= 0) total += programs[programOf[r]].p2pInstr.length;
+  const src = new Int32Array(total);
+  const dst = new Int32Array(total);
+  const tag = new Int32Array(total);
+  const sendInstr = new Int32Array(total).fill(-1);
+  const recvInstr = new Int32Array(total).fill(-1);
+  const sendPayload = new Int32Array(total).fill(-1);
+  const recvPayload = new Int32Array(total).fill(-1);
+  const next = new Int32Array(total).fill(-1);
+  // open addressing over the first pair of each (src, dst, tag): no garbage, no text keys
+  let capacity = 16;
+  while (capacity < 2 * total) capacity *= 2;
+  const mask = capacity - 1;
+  const table = new Int32Array(capacity).fill(-1);
+  let count = 0;
+  const firstPair = (s: number, d: number, t: number): number => {
+    let h = hash3(s, d, t) & mask;
+    for (; table[h] >= 0; h = (h + 1) & mask) {
+      const q = table[h];
+      if (src[q] === s && dst[q] === d && tag[q] === t) return q;
+    }
+    src[count] = s;
+    dst[count] = d;
+    tag[count] = t;
+    return (table[h] = count++);
+  };
+  const pairOf: Int32Array[] = [];
+  for (let r = 0; r < world; r++) {
+    const p = programOf[r] >= 0 ? programs[programOf[r]] : undefined;
+    const mine = new Int32Array(p ? p.p2pInstr.length : 0).fill(-1);
+    pairOf.push(mine);
+    if (!p) continue;
+    for (let o = 0; o < mine.length; o++) {
+      const i = p.p2pInstr[o];
+      const peer = p.p2pPeer[o];
+      const t = p.p2pTag[o];
+      if (peer < 0 || peer >= world || t === NONE) continue;
+      const isSend = p.kind[i] === SEND;
+      const s = isSend ? r : peer;
+      const d = isSend ? peer : r;
+      let q = firstPair(s, d, t);
+      const side = isSend ? sendInstr : recvInstr;
+      while (side[q] >= 0) {
+        if (next[q] < 0) {
+          src[count] = s;
+          dst[count] = d;
+          tag[count] = t;
+          next[q] = count++;
+        }
+        q = next[q];
+      }
+      side[q] = i;
+      (isSend ? sendPayload : recvPayload)[q] = p.p2pPayload[o];
+      mine[o] = q;
+    }
+  }
+  return { count, src, dst, tag, sendInstr, recvInstr, sendPayload, recvPayload, next, pairOf };
+}
+
+export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, ProgramFile>): PlanIndex {
+  const problems: PlanProblem[] = [];
+  const rankPrograms = Array.isArray(plan.rankPrograms) ? plan.rankPrograms : [];
+  const world = rankPrograms.length;
+  const planFault = (message: string) =>
+    problems.push(problemAt('structure', NO_RANKS, undefined, -1, message));
+  if (plan.topology?.worldSize !== world)
+    planFault(`topology.worldSize is ${plan.topology?.worldSize}; rankPrograms has ${world} ranks`);
+  const bounds = new Map<string, number>();
+  for (const s of plan.symbols ?? []) {
+    if (!isInt(s.bound) || s.bound < 1) planFault(`symbol ${s.name} has bound ${s.bound}`);
+    bounds.set(s.name, s.bound);
+  }
+  const { comms, commOfName } = buildComms(plan, world, problems);
+  const ctx: Ctx = {
+    dims: new Dims(bounds),
+    commOfName,
+    sigs: new Interner(),
+    payloads: new Interner(),
+    problems,
+  };
+
+  // ranks of each program id, in rank order
+  const ranksOf = new Map<string, number[]>();
+  rankPrograms.forEach((id, r) => {
+    let rs = ranksOf.get(id);
+    if (!rs) ranksOf.set(id, (rs = []));
+    rs.push(r);
+  });
+  const programs: ProgramIndex[] = [];
+  const programOf = new Int32Array(world).fill(-1);
+  for (const [id, ranks] of ranksOf) {
+    const file = files.get(id);
+    if (!file) {
+      problems.push(
+        problemAt('structure', ranks, undefined, -1, `program '${id}' is missing from the plan`),
+      );
+      continue;
+    }
+    for (const r of ranks) programOf[r] = programs.length;
+    programs.push(indexProgram(id, file, ranks, ctx));
+  }
+  return {
+    plan,
+    world,
+    programs,
+    programOf,
+    comms,
+    commOfName,
+    pairs: pairP2p(world, programs, programOf),
+    sigText: ctx.sigs.texts,
+    payloadText: ctx.payloads.texts,
+    problems,
+  };
+}
