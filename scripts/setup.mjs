@@ -7,13 +7,14 @@ import { fileURLToPath } from 'node:url';
 
 export const root = dirname(dirname(fileURLToPath(import.meta.url)));
 
-function newestMtime(dir) {
+function newestMtime(dir, exts = ['.ts']) {
   let newest = 0;
   if (!existsSync(dir)) return 0;
   for (const entry of readdirSync(dir, { withFileTypes: true })) {
     const p = join(dir, entry.name);
-    if (entry.isDirectory()) newest = Math.max(newest, newestMtime(p));
-    else if (entry.name.endsWith('.ts')) newest = Math.max(newest, statSync(p).mtimeMs);
+    if (entry.isDirectory()) newest = Math.max(newest, newestMtime(p, exts));
+    else if (exts.some((e) => entry.name.endsWith(e)))
+      newest = Math.max(newest, statSync(p).mtimeMs);
   }
   return newest;
 }
