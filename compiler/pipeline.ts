@@ -6,7 +6,8 @@
 //   2 autodiff   backward (dgrad/wgrad split), gradient accumulation, clipping + AdamW
 //   3 emit       one program per rank: schedule (forward then backward per microbatch, then the
 //                optimizer step), streams, buffers, memory plan
-//   4 verify     the emitted plan: memory reuse checker
+//   4 verify     the emitted plan: memory reuse checker, then the plan verifier over all ranks
+//                (compiler/verify: collectives, send/recv, events, a symbolic run to the end)
 
 import { mkdirSync, renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
@@ -27,6 +28,7 @@ import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
+import { assertPlanValid } from './verify/plan-verifier.js';
 import { emitProgram } from './plan/emit.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 
@@ -176,6 +178,11 @@ export function compile(o: CompileOptions): CompileResult {
     })),
     rankPrograms: ranks.map(() => 'p0'),
   };
+  // the plan verifier: collectives match per group, sends meet receives, every cross-stream
+  // read is ordered by an event, and all ranks together finish the step
+  const verifyStart = performance.now();
+  assertPlanValid(plan, new Map([[program.id, program]]));
+  const verifyMs = performance.now() - verifyStart;
   return {
     config: cfg,
     graph,
@@ -189,6 +196,7 @@ export function compile(o: CompileOptions): CompileResult {
         arenaBytes: program.regions.arena,
         arenaLowerBoundBytes: program.arenaLowerBoundBytes,
       },
+      verify: { ms: verifyMs },
     },
   };
 }

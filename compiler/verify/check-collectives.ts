@@ -3,70 +3,88 @@
 // bounds; for variable-size ops the row width and the size exchange), with group_size equal to the
 // group's size, from one stream, and only on groups it is a member of.
 //
-// Members that run one program share one sequence, so the sequences are compared once per distinct
-// program of a group's members, against the sequence most members issue.
+// Ranks whose group references resolve alike share one sequence, so sequences are compared once
+// per distinct sequence among a group's members, against the sequence most members issue.
 
 import { STREAMS } from '../plan/format.js';
-import { problemAt, ROOTED, type PlanIndex, type ProgramIndex } from './plan-index.js';
+import {
+  problemAt,
+  ROOTED,
+  type CommSeq,
+  type PlanIndex,
+  type ProgramIndex,
+} from './plan-index.js';
 import type { PlanProblem } from './problem.js';
 
 const RULE = 'collective-match';
 
-function groupName(ix: PlanIndex, p: ProgramIndex, i: number, c: number): string {
-  const g = p.file.instructions[i]?.attrs?.group;
-  return typeof g === 'string' ? g : ix.comms[c].names[0];
+/** how messages name the group a reference resolves to */
+function groupName(ix: PlanIndex, p: ProgramIndex, j: number, comm: number): string {
+  const ref = ix.groupRefs[p.refs[j]];
+  if (ref.kind < 0 || comm < 0) return ref.text;
+  return `${ref.text} (${ix.comms[comm].names[0]})`;
 }
 
-/** Per instruction: a known group, its size, a root inside it, one stream per group. */
-function checkAttributes(ix: PlanIndex, p: ProgramIndex, out: PlanProblem[]): void {
-  const streamOfComm = new Map<number, number>();
-  for (let k = 0; k < p.collInstr.length; k++) {
-    const i = p.collInstr[k];
-    const { op, attrs } = p.file.instructions[i];
-    const c = p.collComm[k];
-    if (c < 0) {
-      out.push(
-        problemAt(RULE, p.ranks, p, i, `group '${String(attrs.group)}' is not in plan.groups`),
-      );
-      continue;
-    }
-    const name = groupName(ix, p, i, c);
-    const size = ix.comms[c].ranks.length;
-    if (p.collGroupSize[k] !== size) {
-      const msg = `group_size is ${String(attrs.group_size)}; group ${name} has ${size} ranks`;
-      out.push(problemAt(RULE, p.ranks, p, i, msg));
-    }
-    const root = p.collRoot[k];
-    if (ROOTED.has(op) && !(root >= 0 && root < size)) {
-      const msg = `root ${String(attrs.root)} is not a group rank of ${name} (${size} ranks)`;
-      out.push(problemAt(RULE, p.ranks, p, i, msg));
-    }
-    const first = streamOfComm.get(c);
-    if (first === undefined) streamOfComm.set(c, p.stream[i]);
-    else if (first !== p.stream[i] && first >= 0) {
-      const msg = `collectives on ${name} are issued on streams ${STREAMS[first]} and ${STREAMS[p.stream[i]]}; one group's collectives must share one stream`;
-      out.push(problemAt(RULE, p.ranks, p, i, msg));
-      streamOfComm.set(c, -1);
+/**
+ * Per program, group reference and the communicator it resolves to: the reference resolves, the
+ * ranks are members, group_size is the group's size, roots are group ranks.
+ */
+function checkResolution(ix: PlanIndex, out: PlanProblem[]): void {
+  const seen = new Map<
+    string,
+    { p: ProgramIndex; j: number; c: number; ranks: number[]; outside: number[] }
+  >();
+  for (let r = 0; r < ix.world; r++) {
+    const pi = ix.programOf[r];
+    if (pi < 0) continue;
+    const comms = ix.rankComm[r];
+    for (let j = 0; j < comms.length; j++) {
+      const c = comms[j];
+      const key = `${pi}|${j}|${c}`;
+      let e = seen.get(key);
+      if (!e) seen.set(key, (e = { p: ix.programs[pi], j, c, ranks: [], outside: [] }));
+      e.ranks.push(r);
+      if (c >= 0 && !ix.comms[c].groupRank.has(r)) e.outside.push(r);
     }
   }
-}
-
-/** Every rank that runs the program is a member of each group the program names. */
-function checkMembership(ix: PlanIndex, p: ProgramIndex, out: PlanProblem[]): void {
-  for (const [c, seq] of p.commSeq) {
-    const members = ix.comms[c].groupRank;
-    const outside = p.ranks.filter((r) => !members.has(r));
-    if (outside.length === 0) continue;
-    const name = groupName(ix, p, seq[0], c);
-    out.push(
-      problemAt(
-        RULE,
-        outside,
-        p,
-        seq[0],
-        `issues collectives on ${name}, which it is not a member of`,
-      ),
-    );
+  for (const { p, j, c, ranks, outside } of seen.values()) {
+    const seq = p.refSeq[j];
+    const ref = ix.groupRefs[p.refs[j]];
+    if (c < 0) {
+      const msg =
+        ref.kind >= 0
+          ? `group kind ${ref.text}: plan.rankGroups gives these ranks no group`
+          : `group '${ref.text}' is neither in plan.groups nor a kind of plan.rankGroups`;
+      out.push(problemAt(RULE, ranks, p, seq[0], msg));
+      continue;
+    }
+    const name = groupName(ix, p, j, c);
+    if (outside.length)
+      out.push(
+        problemAt(
+          RULE,
+          outside,
+          p,
+          seq[0],
+          `issues collectives on ${name}, which it is not a member of`,
+        ),
+      );
+    const size = ix.comms[c].ranks.length;
+    for (const i of seq) {
+      const { op, attrs } = p.file.instructions[i];
+      if (attrs.group_size !== size) {
+        const msg = `group_size is ${String(attrs.group_size)}; group ${name} has ${size} ranks`;
+        out.push(problemAt(RULE, ranks, p, i, msg));
+      }
+      const root = attrs.root;
+      if (
+        ROOTED.has(op) &&
+        !(Number.isInteger(root) && (root as number) >= 0 && (root as number) < size)
+      ) {
+        const msg = `root ${String(attrs.root)} is not a group rank of ${name} (${size} ranks)`;
+        out.push(problemAt(RULE, ranks, p, i, msg));
+      }
+    }
   }
 }
 
@@ -83,42 +101,55 @@ function firstDifference(a: Int32Array, b: Int32Array): number {
 }
 
 interface Issuer {
-  readonly p: ProgramIndex;
-  /** members of the group that run p */
+  readonly seq: CommSeq | undefined;
+  /** members of the group that issue seq */
   readonly ranks: number[];
-  /** signatures of p's collectives on the group, in issue order */
+  /** signatures of seq, in issue order */
   readonly sigs: Int32Array;
 }
 
-/** Each group's members issue one sequence: compared per distinct program, against the majority. */
+const NONE = new Int32Array(0);
+
+/** Each group's members issue one sequence: compared per distinct sequence, against the majority. */
 function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
-  const none = new Int32Array(0);
+  const streamChecked = new Set<CommSeq>();
   for (const comm of ix.comms) {
-    const byProgram = new Map<number, number[]>();
+    const bySeq = new Map<CommSeq | undefined, number[]>();
     for (const m of comm.ranks) {
-      const pi = ix.programOf[m];
-      if (pi < 0) continue; // a missing program is a structure problem
-      let rs = byProgram.get(pi);
-      if (!rs) byProgram.set(pi, (rs = []));
+      if (ix.programOf[m] < 0) continue; // a missing program is a structure problem
+      const seq = ix.seqOn(m, comm.id);
+      let rs = bySeq.get(seq);
+      if (!rs) bySeq.set(seq, (rs = []));
       rs.push(m);
     }
-    if (byProgram.size < 2) continue;
-    const issuers: Issuer[] = [];
-    for (const [pi, ranks] of byProgram) {
-      const p = ix.programs[pi];
-      const seq = p.commSeq.get(comm.id) ?? none;
-      issuers.push({
-        p,
-        ranks,
-        sigs: seq.length ? Int32Array.from(seq, (i) => p.collSig[p.slot[i]]) : none,
-      });
+    const issuers: Issuer[] = [...bySeq].map(([seq, ranks]) => ({
+      seq,
+      ranks,
+      sigs: seq
+        ? Int32Array.from(seq.instrs, (i) => seq.program.collSig[seq.program.slot[i]])
+        : NONE,
+    }));
+    const name = (s: Issuer) => {
+      const p = s.seq!.program;
+      return groupName(ix, p, p.collRef[p.slot[s.seq!.instrs[0]]], comm.id);
+    };
+    // one stream per group on each rank
+    for (const s of issuers) {
+      if (!s.seq || streamChecked.has(s.seq)) continue;
+      streamChecked.add(s.seq);
+      const p = s.seq.program;
+      const first = p.stream[s.seq.instrs[0]];
+      const other = s.seq.instrs.find((i) => p.stream[i] !== first);
+      if (other !== undefined) {
+        const msg = `collectives on ${name(s)} are issued on streams ${STREAMS[first]} and ${STREAMS[p.stream[other]]}; one group's collectives must share one stream`;
+        out.push(problemAt(RULE, s.ranks, p, other, msg));
+      }
     }
+    if (issuers.length < 2) continue;
     // the reference: the sequence the most members issue
     const votes = new Map<number, number>();
-    for (const s of issuers) {
-      const h = hashInts(s.sigs);
-      votes.set(h, (votes.get(h) ?? 0) + s.ranks.length);
-    }
+    for (const s of issuers)
+      votes.set(hashInts(s.sigs), (votes.get(hashInts(s.sigs)) ?? 0) + s.ranks.length);
     let ref = issuers[0];
     for (const s of issuers)
       if (votes.get(hashInts(s.sigs))! > votes.get(hashInts(ref.sigs))!) ref = s;
@@ -126,29 +157,25 @@ function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
     for (const s of issuers) {
       const k = s === ref ? -1 : firstDifference(s.sigs, ref.sigs);
       if (k < 0) continue;
-      const seq = s.p.commSeq.get(comm.id) ?? none;
-      const refSeq = ref.p.commSeq.get(comm.id) ?? none;
-      const name = seq.length
-        ? groupName(ix, s.p, seq[0], comm.id)
-        : groupName(ix, ref.p, refSeq[0], comm.id);
-      const text = (sigs: Int32Array, at: number) =>
-        at < sigs.length
-          ? (ix.sigText[sigs[at]] ?? 'an unreadable collective')
-          : `nothing (its collectives on ${name} end after ${sigs.length})`;
+      const g = s.seq ? name(s) : name(ref);
+      const text = (t: Issuer) =>
+        k < t.sigs.length
+          ? (ix.sigText[t.sigs[k]] ?? 'an unreadable collective')
+          : `nothing (its collectives on ${g} end after ${t.sigs.length})`;
       const msg =
-        `collective ${k} on ${name}: issues ${text(s.sigs, k)} where rank ${refRank} ` +
-        `(group rank ${comm.groupRank.get(refRank)}) issues ${text(ref.sigs, k)}`;
-      out.push(problemAt(RULE, s.ranks, s.p, k < seq.length ? seq[k] : -1, msg));
+        `collective ${k} on ${g}: issues ${text(s)} where rank ${refRank} ` +
+        `(group rank ${comm.groupRank.get(refRank)}) issues ${text(ref)}`;
+      const p = s.seq?.program ?? ix.programs[ix.programOf[s.ranks[0]]];
+      out.push(
+        problemAt(RULE, s.ranks, p, s.seq && k < s.seq.instrs.length ? s.seq.instrs[k] : -1, msg),
+      );
     }
   }
 }
 
 export function checkCollectives(ix: PlanIndex): PlanProblem[] {
   const out: PlanProblem[] = [];
-  for (const p of ix.programs) {
-    checkAttributes(ix, p, out);
-    checkMembership(ix, p, out);
-  }
+  checkResolution(ix, out);
   checkSequences(ix, out);
   return out;
 }

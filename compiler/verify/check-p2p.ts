@@ -23,7 +23,7 @@ export function checkP2p(ix: PlanIndex): PlanProblem[] {
   }
   const { pairs } = ix;
   const duplicate = new Uint8Array(pairs.count);
-  for (let q = 0; q < pairs.count; q++) if (pairs.next[q] >= 0) duplicate[pairs.next[q]] = 1;
+  for (const q of pairs.next.values()) duplicate[q] = 1;
   const at = (rank: number): ProgramIndex => ix.programs[ix.programOf[rank]];
   for (let q = 0; q < pairs.count; q++) {
     const [src, dst, tag] = [pairs.src[q], pairs.dst[q], pairs.tag[q]];
@@ -39,9 +39,12 @@ export function checkP2p(ix: PlanIndex): PlanProblem[] {
     } else if (recv < 0) {
       const msg = `sends to rank ${dst} with tag ${tag}, but rank ${dst} receives nothing from rank ${src} with that tag`;
       out.push(problemAt(RULE, [src], at(src), send, msg));
-    } else if (pairs.sendPayload[q] !== pairs.recvPayload[q]) {
+    } else {
+      const payload = (rank: number, i: number) => at(rank).p2pPayload[at(rank).slot[i]];
+      const [sent, got] = [payload(src, send), payload(dst, recv)];
+      if (sent === got) continue;
       const text = (id: number) => (id >= 0 ? ix.payloadText[id] : 'an unreadable type');
-      const msg = `receives ${text(pairs.recvPayload[q])} from rank ${src} (tag ${tag}), which sends ${text(pairs.sendPayload[q])}`;
+      const msg = `receives ${text(got)} from rank ${src} (tag ${tag}), which sends ${text(sent)}`;
       out.push(problemAt(RULE, [dst], at(dst), recv, msg));
     }
   }

@@ -5,17 +5,19 @@
 //   - a group collective completes once every member of its group has started the collective
 //     with the same index in its sequence on that group
 //   - send and recv meet: each completes once both have started
-// Only the instructions that can block or unblock something are stepped through: collectives,
-// send/recv, and those that wait for or record events; the local instructions between them
-// complete with them. Event driven: a worklist of (rank, stream) that may move. A stream blocked on an event is woken
-// by the record; one waiting in a collective or a send/recv by the completion. Whatever is left
-// unfinished is deadlocked: one problem per blocked instruction of a program, ranks merged.
+// Only the instructions that can block or unblock something are stepped through (collectives,
+// send/recv, and those that wait for or record events); the local instructions between them
+// complete with them. Event driven: a worklist of (rank, stream) that may move. A stream blocked
+// on an event is woken by the record; one waiting in a collective or a send/recv by its
+// completion. Whatever is left unfinished is deadlocked: one problem per blocked instruction of a
+// program, its ranks merged.
 
 import { STREAMS } from '../plan/format.js';
 import {
   GROUP,
   LOCAL,
   problemAt,
+  recordersOf,
   SEND,
   STREAM_COUNT,
   type PlanIndex,
@@ -63,10 +65,15 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
   // arrivals[c][k]: members that have started their k-th collective on communicator c
   const arrivals = comms.map((c) => {
     let len = 0;
-    for (const m of c.ranks) len = Math.max(len, prog(m)?.commSeq.get(c.id)?.length ?? 0);
+    for (const m of c.ranks) len = Math.max(len, ix.seqOn(m, c.id)?.instrs.length ?? 0);
     return new Int32Array(len);
   });
   const pairState = new Uint8Array(pairs.count); // bit 1: send started, bit 2: recv started
+  // [rank][ref] the communicator a rank's collective runs on, -1 when it resolves to none or to a
+  // group the rank is not a member of (it never completes)
+  const memberComm = ix.rankComm.map((cs, r) =>
+    cs.map((c) => (c >= 0 && comms[c].groupRank.has(r) ? c : -1)),
+  );
 
   const size = world * S;
   const queue = new Int32Array(size);
@@ -120,17 +127,18 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
       }
       const kind = p.kind[i];
       if (kind === LOCAL) {
-        recordEvents(r, p, i);
+        if (p.recordStart[i] !== p.recordStart[i + 1]) recordEvents(r, p, i);
         continue;
       }
       pc[rs] = at;
       arrived[rs] = 1;
       if (kind === GROUP) {
-        const c = p.collComm[p.slot[i]];
-        if (c < 0 || !comms[c].groupRank.has(r)) return; // never completes
-        const k = p.collOrd[p.slot[i]];
+        const j = p.collRef[p.slot[i]];
+        const c = memberComm[r][j];
+        if (c < 0) return; // never completes
+        const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
         if (++arrivals[c][k] === comms[c].ranks.length)
-          for (const m of comms[c].ranks) finish(m, prog(m)!.commSeq.get(c)![k]);
+          for (const m of comms[c].ranks) finish(m, ix.seqOn(m, c)!.instrs[k]);
       } else {
         const q = pairs.pairOf[r][p.slot[i]];
         if (q >= 0 && (pairState[q] |= kind === SEND ? 1 : 2) === 3) {
@@ -157,17 +165,20 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
     return list && pc[r * S + s] < list.length ? list[pc[r * S + s]] : -1;
   };
   // completed: every instruction of a finished stream, those before the head of a blocked one
-  const pos = programs.map((p) => {
-    const at = new Int32Array(p.n);
-    for (const list of p.streams) list.forEach((i, k) => (at[i] = k));
-    return at;
-  });
+  // (stream lists are ascending: the head's position is found by bisection)
   let completed = 0;
   for (let r = 0; r < world; r++) {
     const p = prog(r);
     for (let s = 0; p && s < S; s++) {
+      const list = p.streams[s];
       const i = headOf(r, s);
-      completed += i < 0 ? p.streams[s].length : pos[programOf[r]][i];
+      let [lo, hi] = i < 0 ? [list.length, list.length] : [0, list.length];
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1;
+        if (list[mid] < i) lo = mid + 1;
+        else hi = mid;
+      }
+      completed += lo;
     }
   }
   if (completed === total) return { problems: [], completed, total };
@@ -186,23 +197,24 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
     return headOf(r, s) === i && arrived[r * S + s] === 1;
   };
   const whyGroup = (r: number, p: ProgramIndex, i: number): string => {
-    const c = p.collComm[p.slot[i]];
-    const name = String(p.file.instructions[i].attrs.group);
-    if (c < 0) return `its group ${name} is not in plan.groups`;
+    const j = p.collRef[p.slot[i]];
+    const c = ix.rankComm[r][j];
+    const ref = ix.groupRefs[p.refs[j]];
+    if (c < 0) return `its group ${ref.text} does not resolve to a group of plan.groups`;
+    const name = ref.kind < 0 ? ref.text : `${ref.text} (${comms[c].names[0]})`;
     if (!comms[c].groupRank.has(r)) return `rank ${r} is not a member of ${name}`;
-    const k = p.collOrd[p.slot[i]];
+    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
     const missing: string[] = [];
     let count = 0;
     for (const m of comms[c].ranks) {
-      const mp = prog(m);
-      const seq = mp?.commSeq.get(c);
-      if (!mp || !seq || seq.length <= k) {
+      const seq = ix.seqOn(m, c);
+      if (!seq || seq.instrs.length <= k) {
         count++;
         if (missing.length < 3)
-          missing.push(`rank ${m} issues only ${seq?.length ?? 0} collectives on it`);
-      } else if (!started(m, seq[k])) {
+          missing.push(`rank ${m} issues only ${seq?.instrs.length ?? 0} collectives on it`);
+      } else if (!started(m, seq.instrs[k])) {
         count++;
-        if (missing.length < 3) missing.push(where(m, mp.stream[seq[k]]));
+        if (missing.length < 3) missing.push(where(m, seq.program.stream[seq.instrs[k]]));
       }
     }
     const of = comms[c].ranks.length;
@@ -219,6 +231,12 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
     if (j < 0) return `rank ${other} has no matching ${want} (tag ${String(tag)})`;
     const op = prog(other)!;
     return `waits for rank ${other} to reach its ${want} (instruction ${j}, tag ${String(tag)}); ${where(other, op.stream[j])}`;
+  };
+  const recorderCache = new Map<ProgramIndex, Int32Array>();
+  const recorders = (p: ProgramIndex) => {
+    let by = recorderCache.get(p);
+    if (!by) recorderCache.set(p, (by = recordersOf(p)));
+    return by;
   };
   const merged = new Map<
     string,
@@ -240,7 +258,7 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
       let message: string;
       if (!arrived[rs]) {
         const e = blockedOn[rs];
-        const j = e >= 0 ? p.recordedBy[e] : -1;
+        const j = e >= 0 ? recorders(p)[e] : -1;
         message =
           j < 0
             ? `waits for event ${e}, which no instruction records`

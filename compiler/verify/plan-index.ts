@@ -7,10 +7,15 @@
 //                       SEND, RECV, derived from the op table
 //   stream orders       instruction indices per stream, in issue order
 //   events              CSR lists of the events each instruction waits for and records
-//   buffer owners       the buffer whose bytes each buffer uses (a view → its base)
-//   group collectives   the communicator, the index in this program's sequence on it, and an
-//                       interned signature (kind, root, dtype, element count at symbol bounds)
+//   buffer streams      which streams touch each buffer (the event rule tracks only bytes that
+//                       some stream other than compute touches)
+//   group collectives   the group reference and an interned signature (kind, root, dtype,
+//                       element count at symbol bounds)
 //   communicators       plan groups with the same ordered rank list are one communicator
+//   group references    a collective's `group` attribute names a plan group, or a group kind
+//                       that plan.rankGroups resolves per rank (so replicas share a program);
+//                       each rank's sequence on a communicator is cached per distinct program
+//                       and set of references that resolve to it
 //   p2p pairs           the j-th send from r to q with tag t meets the j-th recv on q from r with t
 
 import { OP_KINDS, OP_TABLE, type AttrSpec, type OpKind } from '../../ir/ops.js';
@@ -70,26 +75,38 @@ export interface ProgramIndex {
   readonly recordStart: Int32Array;
   readonly recordEvents: Int32Array;
   readonly events: number;
-  /** [events] the first instruction that records it, -1 none */
-  readonly recordedBy: Int32Array;
-  /** [buffers] the buffer whose bytes it uses (a view → its base) */
-  readonly owner: Int32Array;
-  /** [collectives] instruction; communicator (-1: unknown group); index in this program's
-   *  sequence on it; interned signature (PlanIndex.sigText, -1: unreadable); group_size and root
-   *  attributes (NONE when absent) */
-  readonly collInstr: Int32Array;
-  readonly collComm: Int32Array;
-  readonly collOrd: Int32Array;
+  /** [buffer] bit s set when an instruction on stream s reads or writes it */
+  readonly bufferStreams: Uint8Array;
+  /** the group references (PlanIndex.groupRefs) its collectives use, in first-use order */
+  readonly refs: Int32Array;
+  /** [ref of refs] its collectives (instruction indices), in issue order */
+  readonly refSeq: readonly Int32Array[];
+  /** [collectives] index into refs; interned signature (PlanIndex.sigText, -1: unreadable) */
+  readonly collRef: Int32Array;
   readonly collSig: Int32Array;
-  readonly collGroupSize: Int32Array;
-  readonly collRoot: Int32Array;
-  /** communicator → its collectives here (instruction indices), in issue order */
-  readonly commSeq: ReadonlyMap<number, Int32Array>;
   /** [p2p] instruction; peer and tag attributes (NONE when absent); interned dtype+shape */
   readonly p2pInstr: Int32Array;
   readonly p2pPeer: Int32Array;
   readonly p2pTag: Int32Array;
   readonly p2pPayload: Int32Array;
+}
+
+/** What a collective's `group` attribute names. */
+export interface GroupRef {
+  readonly text: string;
+  /** a plan group by name: its communicator; else -1 */
+  readonly comm: number;
+  /** a group kind of plan.rankGroups: its index in PlanIndex.kinds; else -1 */
+  readonly kind: number;
+}
+
+/** One rank's collectives on one communicator (shared by the ranks that resolve alike). */
+export interface CommSeq {
+  readonly program: ProgramIndex;
+  /** instruction indices, in issue order */
+  readonly instrs: Int32Array;
+  /** [collective slot of the program] index in instrs, -1 when not on this communicator */
+  readonly ord: Int32Array;
 }
 
 export interface Communicator {
@@ -110,10 +127,8 @@ export interface P2pPairs {
   readonly tag: Int32Array;
   readonly sendInstr: Int32Array;
   readonly recvInstr: Int32Array;
-  readonly sendPayload: Int32Array;
-  readonly recvPayload: Int32Array;
-  /** the next pair with the same (src, dst, tag): a duplicate; -1 none */
-  readonly next: Int32Array;
+  /** pair → the next pair with the same (src, dst, tag): a duplicate (rare, so a map) */
+  readonly next: ReadonlyMap<number, number>;
   /** [rank][p2p slot of its program] the pair, -1 when the peer or tag is unusable */
   readonly pairOf: readonly Int32Array[];
 }
@@ -126,7 +141,16 @@ export interface PlanIndex {
   /** [rank] index into programs, -1 when its program is missing */
   readonly programOf: Int32Array;
   readonly comms: readonly Communicator[];
-  readonly commOfName: ReadonlyMap<string, number>;
+  readonly groupRefs: readonly GroupRef[];
+  /** group kinds of plan.rankGroups, and [kind][rank] the communicator of that rank's group */
+  readonly kinds: readonly string[];
+  readonly kindComm: readonly Int32Array[];
+  /** [rank][ref of its program's refs] the communicator it resolves to, -1 none */
+  readonly rankComm: readonly Int32Array[];
+  /** [rank][ref of its program's refs] the rank's sequence on that communicator */
+  readonly rankSeq: readonly (readonly (CommSeq | undefined)[])[];
+  /** the rank's sequence on a communicator, undefined when it issues none there */
+  seqOn(rank: number, comm: number): CommSeq | undefined;
   readonly pairs: P2pPairs;
   readonly sigText: readonly string[];
   readonly payloadText: readonly string[];
@@ -155,6 +179,17 @@ export function problemAt(
     scope: ins ? String(ins.scope ?? '') : '',
     message,
   };
+}
+
+/** [event] the first instruction of p that records it, -1 none (into `out` when given). */
+export function recordersOf(
+  p: ProgramIndex,
+  out: Int32Array = new Int32Array(p.events),
+): Int32Array {
+  const by = out.subarray(0, p.events).fill(-1);
+  for (let i = p.n - 1; i >= 0; i--)
+    for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) by[p.recordEvents[k]] = i;
+  return by;
 }
 
 /** Interns texts to dense ids. */
@@ -217,7 +252,8 @@ class Dims {
 
 interface Ctx {
   readonly dims: Dims;
-  readonly commOfName: ReadonlyMap<string, number>;
+  /** the group reference of a `group` attribute */
+  refOf(group: unknown): number;
   readonly sigs: Interner;
   readonly payloads: Interner;
   readonly problems: PlanProblem[];
@@ -247,23 +283,6 @@ function collectiveSignature(
   return `${rows}, counts ${c.dtype} × ${dims.elems(c.shape)}`;
 }
 
-/** A growable list of ints. */
-class IntList {
-  private items = new Int32Array(64);
-  length = 0;
-  push(v: number): void {
-    if (this.length === this.items.length) {
-      const grown = new Int32Array(this.items.length * 2);
-      grown.set(this.items);
-      this.items = grown;
-    }
-    this.items[this.length++] = v;
-  }
-  toArray(): Int32Array {
-    return this.items.slice(0, this.length);
-  }
-}
-
 function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx): ProgramIndex {
   const list = Array.isArray(file.instructions) ? file.instructions : [];
   const n = list.length;
@@ -275,45 +294,33 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
   if (!isInt(file.events) || file.events < 0) bad(-1, `events is ${String(file.events)}`);
   if (file.id !== id) bad(-1, `program file has id '${String(file.id)}'`);
 
-  // byte owner of each buffer: a view resolves to the buffer it shares
-  const owner = new Int32Array(nbuf);
-  for (let b = 0; b < nbuf; b++) {
-    let r = b;
-    for (let hops = 0; buffers[r].viewOf !== undefined; hops++) {
-      const v = buffers[r].viewOf!;
-      if (!isInt(v) || v < 0 || v >= nbuf || hops > nbuf) {
-        bad(-1, `buffer ${b} (${buffers[b].name}) is a view of ${String(v)}, not a buffer`);
-        break;
-      }
-      r = v;
-    }
-    owner[b] = r;
-  }
-
-  // one pass over the instructions (each read once: plans are large and scattered in memory)
+  // one pass over the instruction objects (plans are large and scattered in memory): lists grow
+  // as plain arrays and become typed arrays of their final size (typed-array garbage would cost
+  // a full collection of the plan's heap)
   const stream = new Uint8Array(n);
   const kind = new Uint8Array(n);
   const slot = new Int32Array(n).fill(-1);
   const waitStart = new Int32Array(n + 1);
   const recordStart = new Int32Array(n + 1);
-  const streams = STREAMS.map(() => new IntList());
-  const [waits, records] = [new IntList(), new IntList()];
-  const lists = (count: number) => Array.from({ length: count }, () => new IntList());
-  const [collInstr, collComm, collOrd, collSig, collGroupSize, collRoot] = lists(6);
-  const [p2pInstr, p2pPeer, p2pTag, p2pPayload] = lists(4);
-  const seqs = new Map<number, number[]>();
-  const eventList = (i: number, ids: unknown, what: string, out: IntList) => {
+  const [waitEvents, recordEvents]: number[][] = [[], []];
+  const [collRef, collSig]: number[][] = [[], []];
+  const [p2pInstr, p2pPeer, p2pTag, p2pPayload]: number[][] = [[], [], [], []];
+  const refIndex = new Map<number, number>(); // group ref → index in refs
+  const refSeq: number[][] = [];
+  const eventList = (i: number, ids: unknown, what: string, out: number[]) => {
     if (!Array.isArray(ids)) return bad(i, `${what} is not a list of events`);
     for (const e of ids) {
       if (isInt(e) && e >= 0 && e < events) out.push(e);
       else bad(i, `${what} names event ${String(e)}; the program has ${events} events`);
     }
   };
+  const bufferStreams = new Uint8Array(nbuf);
   const bufferList = (i: number, ids: unknown, what: string) => {
     if (!Array.isArray(ids)) return bad(i, `${what} is not a list of buffers`);
-    for (const b of ids)
-      if (!isInt(b) || b < 0 || b >= nbuf)
-        bad(i, `${what} names buffer ${String(b)}; the program has ${nbuf} buffers`);
+    for (const b of ids) {
+      if (isInt(b) && b >= 0 && b < nbuf) bufferStreams[b] |= 1 << stream[i];
+      else bad(i, `${what} names buffer ${String(b)}; the program has ${nbuf} buffers`);
+    }
   };
   for (let i = 0; i < n; i++) {
     const ins = list[i];
@@ -323,11 +330,10 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
       s = 0;
     }
     stream[i] = s;
-    streams[s].push(i);
-    eventList(i, ins.wait, 'wait', waits);
-    eventList(i, ins.record, 'record', records);
-    waitStart[i + 1] = waits.length;
-    recordStart[i + 1] = records.length;
+    eventList(i, ins.wait, 'wait', waitEvents);
+    eventList(i, ins.record, 'record', recordEvents);
+    waitStart[i + 1] = waitEvents.length;
+    recordStart[i + 1] = recordEvents.length;
     bufferList(i, ins.inputs, 'inputs');
     bufferList(i, ins.outputs, 'outputs');
     const k = KIND_OF_OP.get(ins.op);
@@ -336,21 +342,15 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     if (k === undefined || k === LOCAL) continue;
     const attrs = (ins.attrs ?? {}) as Readonly<Record<string, unknown>>;
     if (k === GROUP) {
-      const c = collInstr.length;
-      slot[i] = c;
-      collInstr.push(i);
-      collGroupSize.push(int32(attrs.group_size));
-      collRoot.push(int32(attrs.root));
-      const comm = ctx.commOfName.get(String(attrs.group));
-      let ord = -1;
-      if (comm !== undefined) {
-        let seq = seqs.get(comm);
-        if (!seq) seqs.set(comm, (seq = []));
-        ord = seq.length;
-        seq.push(i);
+      slot[i] = collRef.length;
+      const ref = ctx.refOf(attrs.group);
+      let j = refIndex.get(ref);
+      if (j === undefined) {
+        refIndex.set(ref, (j = refSeq.length));
+        refSeq.push([]);
       }
-      collComm.push(comm ?? -1);
-      collOrd.push(ord);
+      refSeq[j].push(i);
+      collRef.push(j);
       let sig = -1;
       try {
         sig = ctx.sigs.id(collectiveSignature(ins.op, ins, file, int32(attrs.root), ctx.dims));
@@ -381,13 +381,12 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     }
     p2pPayload.push(payload);
   }
-
-  const commSeq = new Map<number, Int32Array>();
-  for (const [comm, seq] of seqs) commSeq.set(comm, Int32Array.from(seq));
-  const recordEvents = records.toArray();
-  const recordedBy = new Int32Array(events).fill(-1);
-  for (let i = n - 1; i >= 0; i--)
-    for (let r = recordStart[i]; r < recordStart[i + 1]; r++) recordedBy[recordEvents[r]] = i;
+  // stream lists by a counting sort of the stream of each instruction
+  const perStream = new Int32Array(STREAM_COUNT);
+  for (let i = 0; i < n; i++) perStream[stream[i]]++;
+  const streams = Array.from(perStream, (len) => new Int32Array(len));
+  const fill = new Int32Array(STREAM_COUNT);
+  for (let i = 0; i < n; i++) streams[stream[i]][fill[stream[i]]++] = i;
 
   const index: ProgramIndex = {
     id,
@@ -395,27 +394,23 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     ranks,
     n,
     stream,
-    streams: streams.map((l) => l.toArray()),
+    streams,
     kind,
     slot,
     waitStart,
-    waitEvents: waits.toArray(),
+    waitEvents: Int32Array.from(waitEvents),
     recordStart,
-    recordEvents,
+    recordEvents: Int32Array.from(recordEvents),
     events,
-    recordedBy,
-    owner,
-    collInstr: collInstr.toArray(),
-    collComm: collComm.toArray(),
-    collOrd: collOrd.toArray(),
-    collSig: collSig.toArray(),
-    collGroupSize: collGroupSize.toArray(),
-    collRoot: collRoot.toArray(),
-    commSeq,
-    p2pInstr: p2pInstr.toArray(),
-    p2pPeer: p2pPeer.toArray(),
-    p2pTag: p2pTag.toArray(),
-    p2pPayload: p2pPayload.toArray(),
+    bufferStreams,
+    refs: Int32Array.from(refIndex.keys()),
+    refSeq: refSeq.map((l) => Int32Array.from(l)),
+    collRef: Int32Array.from(collRef),
+    collSig: Int32Array.from(collSig),
+    p2pInstr: Int32Array.from(p2pInstr),
+    p2pPeer: Int32Array.from(p2pPeer),
+    p2pTag: Int32Array.from(p2pTag),
+    p2pPayload: Int32Array.from(p2pPayload),
   };
   for (const { i, message } of pending)
     ctx.problems.push(problemAt('structure', ranks, index, i, message));
@@ -427,21 +422,20 @@ function buildComms(plan: PlanFile, world: number, problems: PlanProblem[]) {
   const commOfName = new Map<string, number>();
   const byRanks = new Map<string, number>();
   const groups = Array.isArray(plan.groups) ? plan.groups : [];
-  for (const g of groups) {
+  /** [index in plan.groups] communicator, -1 for a faulty group */
+  const commOfGroup = new Int32Array(groups.length).fill(-1);
+  groups.forEach((g, gi) => {
     const ranks = Array.isArray(g.ranks) ? g.ranks : [];
     const fault = (message: string) =>
       problems.push(problemAt('structure', NO_RANKS, undefined, -1, `group ${g.name}: ${message}`));
-    if (commOfName.has(g.name)) {
-      fault('named twice in plan.groups');
-      continue;
-    }
+    if (commOfName.has(g.name)) return fault('named twice in plan.groups');
     const members = new Map<number, number>();
     for (const r of ranks) {
       if (!isInt(r) || r < 0 || r >= world) fault(`member ${String(r)} is not a rank`);
       else if (members.has(r)) fault(`rank ${r} is listed twice`);
       else members.set(r, members.size);
     }
-    if (members.size !== ranks.length) continue;
+    if (members.size !== ranks.length) return;
     const key = ranks.join(',');
     let c = byRanks.get(key);
     if (c === undefined) {
@@ -451,8 +445,42 @@ function buildComms(plan: PlanFile, world: number, problems: PlanProblem[]) {
     }
     (comms[c].names as string[]).push(g.name);
     commOfName.set(g.name, c);
-  }
-  return { comms, commOfName };
+    commOfGroup[gi] = c;
+  });
+  return { comms, commOfName, commOfGroup };
+}
+
+/** plan.rankGroups: [kind][rank] → communicator (-1 when the entry is not a usable group) */
+function buildKinds(
+  plan: PlanFile,
+  world: number,
+  commOfGroup: Int32Array,
+  problems: PlanProblem[],
+) {
+  const entries = Object.entries(plan.rankGroups ?? {});
+  const kinds = entries.map(([k]) => k);
+  const kindComm = entries.map(([kind, list]) => {
+    const comm = new Int32Array(world).fill(-1);
+    const bad: number[] = [];
+    for (let r = 0; r < world; r++) {
+      const g = Array.isArray(list) ? list[r] : undefined;
+      if (isInt(g) && g >= 0 && g < commOfGroup.length && commOfGroup[g] >= 0)
+        comm[r] = commOfGroup[g];
+      else bad.push(r);
+    }
+    if (bad.length)
+      problems.push(
+        problemAt(
+          'structure',
+          bad,
+          undefined,
+          -1,
+          `rankGroups.${kind} names no group of plan.groups`,
+        ),
+      );
+    return comm;
+  });
+  return { kinds, kindComm };
 }
 
 /** Hash of a (src, dst, tag) triple. */
@@ -464,34 +492,52 @@ function hash3(a: number, b: number, c: number): number {
 }
 
 function pairP2p(world: number, programs: readonly ProgramIndex[], programOf: Int32Array) {
-  let total = 0;
-  for (let r = 0; r < world; r++)
-    if (programOf[r] >= 0) total += programs[programOf[r]].p2pInstr.length;
-  const src = new Int32Array(total);
-  const dst = new Int32Array(total);
-  const tag = new Int32Array(total);
-  const sendInstr = new Int32Array(total).fill(-1);
-  const recvInstr = new Int32Array(total).fill(-1);
-  const sendPayload = new Int32Array(total).fill(-1);
-  const recvPayload = new Int32Array(total).fill(-1);
-  const next = new Int32Array(total).fill(-1);
-  // open addressing over the first pair of each (src, dst, tag): no garbage, no text keys
-  let capacity = 16;
-  while (capacity < 2 * total) capacity *= 2;
-  const mask = capacity - 1;
-  const table = new Int32Array(capacity).fill(-1);
+  let [sends, recvs] = [0, 0];
+  for (let r = 0; r < world; r++) {
+    const p = programOf[r] >= 0 ? programs[programOf[r]] : undefined;
+    for (const i of p?.p2pInstr ?? [])
+      if (p!.kind[i] === SEND) sends++;
+      else recvs++;
+  }
+  // a plan whose sends and recvs all pair needs max(sends, recvs) pairs; more only when faulty
+  let capacity = Math.max(sends, recvs, 16);
+  let src = new Int32Array(capacity);
+  let dst = new Int32Array(capacity);
+  let tag = new Int32Array(capacity);
+  let sendInstr = new Int32Array(capacity).fill(-1);
+  let recvInstr = new Int32Array(capacity).fill(-1);
+  const grow = () => {
+    const more = (a: Int32Array, fill: number) => {
+      const b = new Int32Array(capacity * 2).fill(fill);
+      b.set(a);
+      return b;
+    };
+    [src, dst, tag] = [more(src, 0), more(dst, 0), more(tag, 0)];
+    [sendInstr, recvInstr] = [more(sendInstr, -1), more(recvInstr, -1)];
+    capacity *= 2;
+  };
   let count = 0;
+  const newPair = (s: number, d: number, t: number) => {
+    if (count === capacity) grow();
+    src[count] = s;
+    dst[count] = d;
+    tag[count] = t;
+    return count++;
+  };
+  // open addressing over the first pair of each (src, dst, tag): no garbage, no text keys
+  let size = 16;
+  while (size < (4 * Math.max(sends, recvs)) / 3) size *= 2;
+  const mask = size - 1;
+  const table = new Int32Array(size).fill(-1);
   const firstPair = (s: number, d: number, t: number): number => {
     let h = hash3(s, d, t) & mask;
     for (; table[h] >= 0; h = (h + 1) & mask) {
       const q = table[h];
       if (src[q] === s && dst[q] === d && tag[q] === t) return q;
     }
-    src[count] = s;
-    dst[count] = d;
-    tag[count] = t;
-    return (table[h] = count++);
+    return (table[h] = newPair(s, d, t));
   };
+  const next = new Map<number, number>();
   const pairOf: Int32Array[] = [];
   for (let r = 0; r < world; r++) {
     const p = programOf[r] >= 0 ? programs[programOf[r]] : undefined;
@@ -507,22 +553,60 @@ function pairP2p(world: number, programs: readonly ProgramIndex[], programOf: In
       const s = isSend ? r : peer;
       const d = isSend ? peer : r;
       let q = firstPair(s, d, t);
-      const side = isSend ? sendInstr : recvInstr;
-      while (side[q] >= 0) {
-        if (next[q] < 0) {
-          src[count] = s;
-          dst[count] = d;
-          tag[count] = t;
-          next[q] = count++;
-        }
-        q = next[q];
+      while ((isSend ? sendInstr : recvInstr)[q] >= 0) {
+        if (!next.has(q)) next.set(q, newPair(s, d, t));
+        q = next.get(q)!;
       }
-      side[q] = i;
-      (isSend ? sendPayload : recvPayload)[q] = p.p2pPayload[o];
+      (isSend ? sendInstr : recvInstr)[q] = i;
       mine[o] = q;
     }
   }
-  return { count, src, dst, tag, sendInstr, recvInstr, sendPayload, recvPayload, next, pairOf };
+  return { count, src, dst, tag, sendInstr, recvInstr, next, pairOf };
+}
+
+/** Each rank's communicator per group reference, and its sequence on each communicator. */
+function resolveSequences(
+  world: number,
+  programs: readonly ProgramIndex[],
+  programOf: Int32Array,
+  groupRefs: readonly GroupRef[],
+  kindComm: readonly Int32Array[],
+) {
+  const rankComm: Int32Array[] = [];
+  const rankSeq: (CommSeq | undefined)[][] = [];
+  const cache = new Map<string, CommSeq>();
+  for (let r = 0; r < world; r++) {
+    const pi = programOf[r];
+    const p = pi >= 0 ? programs[pi] : undefined;
+    const refs = p ? p.refs : new Int32Array(0);
+    const comms = Int32Array.from(refs, (ref) => {
+      const g = groupRefs[ref];
+      return g.kind >= 0 ? kindComm[g.kind][r] : g.comm;
+    });
+    const seqs: (CommSeq | undefined)[] = new Array<CommSeq | undefined>(refs.length);
+    for (let j = 0; j < refs.length; j++) {
+      if (comms[j] < 0 || seqs[j]) continue;
+      // the program's references that resolve to the same communicator on this rank: one
+      // sequence, in issue order
+      const same: number[] = [];
+      for (let k = j; k < refs.length; k++) if (comms[k] === comms[j]) same.push(k);
+      const key = `${pi}:${same.join(',')}`;
+      let seq = cache.get(key);
+      if (!seq) {
+        const instrs =
+          same.length === 1
+            ? p!.refSeq[j]
+            : Int32Array.from(same.flatMap((k) => [...p!.refSeq[k]])).sort();
+        const ord = new Int32Array(p!.collRef.length).fill(-1);
+        instrs.forEach((i, k) => (ord[p!.slot[i]] = k));
+        cache.set(key, (seq = { program: p!, instrs, ord }));
+      }
+      for (const k of same) seqs[k] = seq;
+    }
+    rankComm.push(comms);
+    rankSeq.push(seqs);
+  }
+  return { rankComm, rankSeq };
 }
 
 export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, ProgramFile>): PlanIndex {
@@ -538,10 +622,24 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
     if (!isInt(s.bound) || s.bound < 1) planFault(`symbol ${s.name} has bound ${s.bound}`);
     bounds.set(s.name, s.bound);
   }
-  const { comms, commOfName } = buildComms(plan, world, problems);
+  const { comms, commOfName, commOfGroup } = buildComms(plan, world, problems);
+  const { kinds, kindComm } = buildKinds(plan, world, commOfGroup, problems);
+  const groupRefs: GroupRef[] = [];
+  const refIds = new Map<string, number>();
   const ctx: Ctx = {
     dims: new Dims(bounds),
-    commOfName,
+    refOf(group) {
+      const text = String(group);
+      let id = refIds.get(text);
+      if (id === undefined) {
+        // a group kind first (the attribute names a kind since plan.rankGroups), else a name
+        const kind = kinds.indexOf(text);
+        const comm = kind < 0 ? (commOfName.get(text) ?? -1) : -1;
+        refIds.set(text, (id = groupRefs.length));
+        groupRefs.push({ text, comm, kind });
+      }
+      return id;
+    },
     sigs: new Interner(),
     payloads: new Interner(),
     problems,
@@ -567,13 +665,24 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
     for (const r of ranks) programOf[r] = programs.length;
     programs.push(indexProgram(id, file, ranks, ctx));
   }
+  const { rankComm, rankSeq } = resolveSequences(world, programs, programOf, groupRefs, kindComm);
+  const seqOn = (rank: number, comm: number): CommSeq | undefined => {
+    const cs = rankComm[rank];
+    for (let j = 0; j < cs.length; j++) if (cs[j] === comm) return rankSeq[rank][j];
+    return undefined;
+  };
   return {
     plan,
     world,
     programs,
     programOf,
     comms,
-    commOfName,
+    groupRefs,
+    kinds,
+    kindComm,
+    rankComm,
+    rankSeq,
+    seqOn,
     pairs: pairP2p(world, programs, programOf),
     sigText: ctx.sigs.texts,
     payloadText: ctx.payloads.texts,

@@ -7,12 +7,13 @@ import type { StreamName } from '../plan/format.js';
  * structure         the plan and programs are well formed: every rank has a program, ids in
  *                   range, known ops and streams, dims over declared symbols
  * collective-match  every member of a group issues the same collectives on it, in the same order,
- *                   with the same kind, root and static sizes; group_size is the group's size and
- *                   the rank is a member
+ *                   with the same kind, root and static sizes, from one stream; group_size is the
+ *                   group's size; the group (a name, or a kind resolved per rank through
+ *                   plan.rankGroups) exists and holds the rank
  * p2p-match         every send has exactly one recv of the same dtype and shape, and vice versa
- * event-order       every event is recorded exactly once; every cross-stream read (and write over
- *                   a buffer another stream reads or writes) is ordered by program order and
- *                   record → wait edges
+ * event-order       every event is recorded exactly once; every read of bytes another stream wrote,
+ *                   and every write over bytes another stream read or wrote, is ordered after that
+ *                   access by program order and record → wait edges
  * progress          all ranks together finish the step: no deadlock
  */
 export const PLAN_RULES = [

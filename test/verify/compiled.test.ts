@@ -1,0 +1,48 @@
+// The plan verifier on plans the compiler emits: a data-parallel plan (one program shared by every
+// replica, gradient buckets all_reduced over the rank's dp group kind) is accepted, and breaking
+// its event order or one rank's collectives is caught. A gradient bucket is a buffer of its own
+// spanning the bytes of the gradients it sums, so the ordering is found by bytes, not buffer ids.
+import { describe, expect, it } from 'vitest';
+import { compile } from '../../compiler/pipeline.js';
+import type { ProgramFile } from '../../compiler/plan/format.js';
+import { formatPlanProblem, verifyPlan } from '../../compiler/verify/plan-verifier.js';
+import { dropCollective, withOwnProgram, withoutEvent } from './mutations.js';
+import { rng } from './plan-gen.js';
+
+describe('tiny-vlm-moe, data parallel on 4 ranks', () => {
+  const { plan, programs: list } = compile({
+    model: 'tiny-vlm-moe',
+    nprocPerNode: 4,
+    globalBatchSize: 8,
+  });
+  const programs = new Map<string, ProgramFile>(list.map((p) => [p.id, p]));
+
+  it('is accepted', () => {
+    expect(verifyPlan(plan, programs).map(formatPlanProblem)).toEqual([]);
+  });
+
+  it('a bucket all_reduce without the event after the last gradient write is rejected', () => {
+    const p = programs.get(plan.rankPrograms[0])!;
+    const sync = p.instructions.findIndex((ins) => ins.op === 'all_reduce' && ins.wait.length);
+    const e = p.instructions[sync].wait[0];
+    const broken = withOwnProgram({ plan, programs }, 0, (q) => withoutEvent(q, e));
+    const problems = verifyPlan(broken.plan, broken.programs);
+    expect(problems.map((x) => x.rule)).toContain('event-order');
+    const bucket = p.buffers[p.instructions[sync].inputs[0]].name;
+    expect(problems.find((x) => x.rule === 'event-order')!.message).toMatch(
+      new RegExp(
+        `reads ${bucket}, written by instruction \\d+ \\(grad_accumulate on compute\\) as `,
+      ),
+    );
+  });
+
+  it("dropping one rank's gradient all_reduce is rejected", () => {
+    const rand = rng(11);
+    for (let k = 0; k < 10; k++) {
+      const broken = dropCollective.apply({ plan, programs }, rand)!;
+      const rules = verifyPlan(broken.plan.plan, broken.plan.programs).map((x) => x.rule);
+      expect(rules).toContain('collective-match');
+      expect(rules).toContain('progress');
+    }
+  });
+});
