@@ -56,6 +56,43 @@ export async function ensureBuilt({ quiet = false } = {}) {
   );
 }
 
+/** Debian packages the native runtime and its checks build against. */
+export const SYSTEM_PACKAGES = ['cmake', 'g++', 'make', 'libopenblas-dev', 'nlohmann-json3-dev'];
+
+function installed(pkg) {
+  try {
+    const status = execFileSync('dpkg-query', ['-W', '-f=${Status}', pkg], {
+      stdio: ['ignore', 'pipe', 'ignore'],
+    });
+    return status.toString().includes('install ok installed');
+  } catch {
+    return false;
+  }
+}
+
+function missingPackages() {
+  return SYSTEM_PACKAGES.filter((p) => !installed(p));
+}
+
+/** Installs the missing Debian packages when running as root; otherwise says how. */
+export function ensureSystemPackages() {
+  const missing = missingPackages();
+  if (!missing.length) return;
+  const cmd = `apt-get update && apt-get install -y --no-install-recommends ${missing.join(' ')}`;
+  if (process.getuid?.() !== 0) {
+    throw new Error(
+      `lfc needs these Debian packages: ${missing.join(', ')}. Install them with: sudo sh -c '${cmd}'`,
+    );
+  }
+  process.stderr.write(`lfc setup: installing ${missing.join(', ')} (apt-get)…\n`);
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  execFileSync('apt-get', ['update', '-qq'], { stdio: ['ignore', 'ignore', 'inherit'], env });
+  execFileSync('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+    env,
+  });
+}
+
 function run(cmd, args, quiet) {
   execFileSync(cmd, args, {
     cwd: root,
@@ -65,6 +102,7 @@ function run(cmd, args, quiet) {
 
 /** The C++ kernel checks (runtime-native/test): configured once, rebuilt when sources change. */
 export function ensureKernelCheck({ quiet = false } = {}) {
+  ensureSystemPackages();
   const dir = join(root, 'runtime-native/build/kernel-test');
   if (!existsSync(join(dir, 'CMakeCache.txt'))) {
     process.stderr.write('lfc setup: configuring the C++ kernel checks (cmake)…\n');
