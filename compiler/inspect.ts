@@ -5,10 +5,9 @@
 // FLOP convention (README): matmul FLOPs only (2·m·n·k); a training step is forward + backward =
 // 3 × forward; causal attention counts half of the full S² work.
 
-import { MODULES, paramModule, type Graph, type ModuleName } from '../ir/graph.js';
+import { MODULES, paramModule, valueTypes, type Graph, type ModuleName } from '../ir/graph.js';
 import { nodeFlops } from '../ir/ops.js';
 import { numel } from '../ir/shape.js';
-import { valueTypes } from '../ir/graph.js';
 import type { ModelConfig } from './frontend/config.js';
 import { UserError } from './errors.js';
 

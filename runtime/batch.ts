@@ -2,7 +2,7 @@
 // `mb{j}.tokens|labels|loss_mask|positions|segments` and `mb{j}.image{i}` [3, H, W].
 
 import { UserError } from '../compiler/errors.js';
-import { readSafetensors, SafetensorsError, writeSafetensors, type Tensor } from './safetensors.js';
+import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
 
 export interface Image {
   readonly height: number;
@@ -54,13 +54,7 @@ export function writeBatchFile(path: string, mbs: readonly Microbatch[]): void {
 }
 
 export function readBatchFile(path: string): Microbatch[] {
-  let tensors: Map<string, Tensor>;
-  try {
-    tensors = readSafetensors(path).tensors;
-  } catch (e) {
-    if (e instanceof SafetensorsError) throw new UserError(e.message);
-    throw e;
-  }
+  const tensors = readSafetensors(path).tensors;
   const out: Microbatch[] = [];
   for (let j = 0; tensors.has(`mb${j}.tokens`); j++) {
     const get = (field: string, dtype: string) => {

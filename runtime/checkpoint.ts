@@ -5,12 +5,11 @@
 // written into a temporary directory and renamed, then `<save>/latest` (the step) replaced
 // atomically: a crash never leaves a torn checkpoint, and the previous one stays intact.
 
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import {
   readSafetensors,
-  SafetensorsError,
   serializeSafetensors,
   writeFileAtomic,
   type Tensor,
@@ -115,31 +114,13 @@ export function loadCheckpoint(load: string, state: RankState, model: string): C
   }
   if (meta.model !== model)
     throw new UserError(`${dir}: a checkpoint of model ${meta.model}, not ${model}`);
-  const read = (file: string) => {
-    try {
-      return readSafetensors(join(dir, file)).tensors;
-    } catch (e) {
-      if (e instanceof SafetensorsError) throw new UserError(e.message);
-      throw e;
-    }
-  };
-  const weights = read('model.safetensors');
-  const optim = read('optimizer.safetensors');
+  const weights = readSafetensors(join(dir, 'model.safetensors')).tensors;
+  const optim = readSafetensors(join(dir, 'optimizer.safetensors')).tensors;
   const plans: [Float32Array, Tensor][] = [];
   for (const name of state.names()) {
     const want = state.shape(name);
-    const take = (t: Tensor | undefined, what: string) => {
-      if (!t)
-        throw new UserError(
-          `${dir}: ${what} is missing (a checkpoint of another model or layout?)`,
-        );
-      if (t.dtype !== 'F32' || t.shape.join() !== want.join()) {
-        throw new UserError(
-          `${dir}: ${what} is ${t.dtype}[${t.shape.join(', ')}], this plan wants F32[${want.join(', ')}]`,
-        );
-      }
-      return t;
-    };
+    const take = (t: Tensor | undefined, what: string) =>
+      fitting(t, want, dir, what, ' (a checkpoint of another model or layout?)');
     plans.push([state.view(name, 'param'), take(weights.get(name), `parameter ${name}`)]);
     if (state.has(name, 'expAvg')) {
       plans.push([
@@ -163,28 +144,27 @@ export function loadCheckpoint(load: string, state: RankState, model: string): C
 
 /** Loads only weights (the `--weights FILE` of a replayed step), checked the same way. */
 export function loadWeights(path: string, state: RankState): void {
-  let tensors: Map<string, Tensor>;
-  try {
-    tensors = readSafetensors(path).tensors;
-  } catch (e) {
-    if (e instanceof SafetensorsError) throw new UserError(e.message);
-    throw e;
-  }
-  const plans: [Float32Array, Float32Array][] = [];
-  for (const name of state.names()) {
-    const t = tensors.get(name);
-    const want = state.shape(name);
-    if (!t) throw new UserError(`${path}: parameter ${name} is missing`);
-    if (t.dtype !== 'F32' || t.shape.join() !== want.join()) {
-      throw new UserError(
-        `${path}: ${name} is ${t.dtype}[${t.shape.join(', ')}], this plan wants F32[${want.join(', ')}]`,
-      );
-    }
-    plans.push([state.view(name, 'param'), t.data as Float32Array]);
-  }
+  const tensors = readSafetensors(path).tensors;
+  const plans = state.names().map((name) => {
+    const t = fitting(tensors.get(name), state.shape(name), path, `parameter ${name}`);
+    return [state.view(name, 'param'), t.data as Float32Array] as const;
+  });
   for (const [dst, src] of plans) dst.set(src);
 }
 
-export function writeJson(path: string, value: unknown): void {
-  writeFileSync(path, JSON.stringify(value, null, 1) + '\n');
+/** The tensor, if it is F32 of the wanted shape; otherwise a UserError naming file and tensor. */
+function fitting(
+  t: Tensor | undefined,
+  want: readonly number[],
+  where: string,
+  what: string,
+  hint = '',
+): Tensor {
+  if (!t) throw new UserError(`${where}: ${what} is missing${hint}`);
+  if (t.dtype !== 'F32' || t.shape.join() !== want.join()) {
+    throw new UserError(
+      `${where}: ${what} is ${t.dtype}[${t.shape.join(', ')}], this plan wants F32[${want.join(', ')}]`,
+    );
+  }
+  return t;
 }

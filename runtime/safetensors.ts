@@ -3,6 +3,7 @@
 // then the raw little-endian bytes. Readers check every offset, so a truncated or foreign file
 // is refused with a message that names it.
 
+import { UserError } from '../compiler/errors.js';
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
 
 export type SafeDType = 'F32' | 'F64' | 'I32' | 'I64' | 'U8' | 'BF16' | 'F16';
@@ -18,7 +19,8 @@ export interface Tensor {
   readonly data: TypedArray;
 }
 
-export class SafetensorsError extends Error {}
+/** A malformed, truncated or unreadable file: always the user's input, so a UserError. */
+export class SafetensorsError extends UserError {}
 
 function view(dtype: SafeDType, buf: Buffer, begin: number, end: number): TypedArray {
   // copy into an aligned buffer: the data section need not be aligned for the element type

@@ -2,7 +2,7 @@
 // runtime's step, the learning-rate schedule, metrics (JSONL), checkpoints, and the step dump of
 // tiny-vlm.md. The CLI (`lfc run`, `lfc demo`) and the tests call train().
 
-import { appendFileSync, mkdirSync } from 'node:fs';
+import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
@@ -14,7 +14,7 @@ import {
   writeBatchFile,
   type Microbatch,
 } from './batch.js';
-import { loadCheckpoint, loadWeights, saveCheckpoint, writeJson } from './checkpoint.js';
+import { loadCheckpoint, loadWeights, saveCheckpoint } from './checkpoint.js';
 import { loadNative, type NativeRuntime } from './native.js';
 import { readPlan } from './plan-io.js';
 import { writeSafetensors, type Tensor } from './safetensors.js';
@@ -250,7 +250,7 @@ function dumpAfter(
   }
   writeSafetensors(join(dir, 'grads.safetensors'), g);
   const o = plan.training.optimizer;
-  writeJson(join(dir, 'step.json'), {
+  writeJsonFile(join(dir, 'step.json'), {
     loss: m.loss,
     ce_loss: m.ceLoss,
     aux_loss: m.auxLoss,
@@ -275,4 +275,8 @@ function userErrors<T>(what: string, fn: () => T): T {
     if (e instanceof UserError) throw e;
     throw new UserError(`${what}: ${(e as Error).message}`);
   }
+}
+
+function writeJsonFile(path: string, value: unknown): void {
+  writeFileSync(path, JSON.stringify(value, null, 1) + '\n');
 }

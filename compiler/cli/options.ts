@@ -40,3 +40,13 @@ export function nonNegativeInt(flag: string) {
     return n;
   };
 }
+
+export function nonNegativeNumber(flag: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (v.trim() === '' || !Number.isFinite(n) || n < 0) {
+      throw new InvalidArgumentError(`${flag} must be a non-negative number, got '${v}'`);
+    }
+    return n;
+  };
+}

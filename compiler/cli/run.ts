@@ -4,7 +4,7 @@ import type { Command } from 'commander';
 import { join } from 'node:path';
 import { UserError } from '../errors.js';
 import type { CliIO } from './index.js';
-import { positiveInt, positiveNumber, nonNegativeInt } from './options.js';
+import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
 import { train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
 import { progressBar } from '../../runtime/progress.js';
 
@@ -37,7 +37,7 @@ export function addTrainingOptions(cmd: Command): Command {
     .option(
       '--min-lr <x>',
       'learning rate at the end of cosine decay (default 0)',
-      nonNegativeNumber,
+      nonNegativeNumber('--min-lr'),
     )
     .option('--lr-warmup-iters <n>', 'linear warm-up steps', nonNegativeInt('--lr-warmup-iters'))
     .option('--lr-decay-style <style>', 'constant or cosine', 'constant')
@@ -59,13 +59,6 @@ export function addTrainingOptions(cmd: Command): Command {
     .option('--metrics <file>', 'metrics JSONL (default: DIR/metrics.jsonl)')
     .option('--threads <n>', 'BLAS threads (default: all cores)', positiveInt('--threads'))
     .option('--quiet', 'no progress bar');
-}
-
-function nonNegativeNumber(v: string): number {
-  const n = Number(v);
-  if (v.trim() === '' || !Number.isFinite(n) || n < 0)
-    throw new UserError(`--min-lr must be a non-negative number, got '${v}'`);
-  return n;
 }
 
 export function trainOptions(planDir: string, f: RunFlags): TrainOptions {

@@ -208,12 +208,11 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   function emitGradientSync(dpSize: number, bucketBytes: number): number {
     const grads = params.filter((p) => p.grad !== undefined).map((p) => buffers[p.grad!]);
     grads.sort((a, b) => b.offset - a.offset);
+    // gradient buffers are written only by grad_accumulate (in place, its second input)
     const lastWrite = new Map<number, number>();
-    instructions.forEach((ins, i) =>
-      ins.outputs
-        .concat(ins.op === 'grad_accumulate' ? [ins.inputs[1]] : [])
-        .forEach((b) => lastWrite.set(b, i)),
-    );
+    instructions.forEach((ins, i) => {
+      if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
+    });
     const buckets: PlanBuffer[][] = [];
     let cur: PlanBuffer[] = [];
     let curBytes = 0;
