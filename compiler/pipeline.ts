@@ -11,8 +11,8 @@
 
 import { mkdirSync, renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
-import type { Graph } from '../ir/graph.js';
-import { printGraph } from '../ir/printer.js';
+import type { Graph, ParamDecl } from '../ir/graph.js';
+import { formatNode, printGraph } from '../ir/printer.js';
 import { assertValid } from '../ir/verify.js';
 import {
   autodiff,
@@ -20,7 +20,13 @@ import {
   weightDecayOf,
   type OptimizerSettings,
 } from '../passes/autodiff.js';
+import { ExpertParallelError, expertParallel } from '../passes/parallel/expert.js';
+import { PipelineError, splitPipeline, type PipelineSplit } from '../passes/parallel/pipeline.js';
+import { TensorParallelError, tensorParallel } from '../passes/parallel/tensor.js';
 import { UserError } from './errors.js';
+import { forwardCosts } from './schedule/costs.js';
+import { partitionPipeline, type PipelineLayout } from './schedule/partition.js';
+import { schedule1F1B, scheduleInterleaved } from './schedule/pipeline.js';
 import { buildForwardGraph } from './frontend/build.js';
 import { loadModelConfig, type ModelConfig } from './frontend/config.js';
 import { countParams } from './inspect.js';
@@ -39,7 +45,13 @@ export interface PassInfo {
 
 export const PASSES: readonly PassInfo[] = [
   { name: 'build', summary: 'forward graph of one microbatch from the model config' },
+  { name: 'expert-parallel', summary: 'experts split over ep, all-to-all dispatch and combine' },
+  {
+    name: 'tensor-parallel',
+    summary: 'column/row-parallel linears, heads, vocabulary-parallel embedding and loss, SP',
+  },
   { name: 'autodiff', summary: 'backward graph, gradient accumulation, clipping and AdamW' },
+  { name: 'pipeline', summary: 'every node to its virtual stage; values that cross stages' },
 ];
 
 export interface CompileOptions {
@@ -57,6 +69,8 @@ export interface CompileOptions {
   readonly microbatchGroupSize?: number;
   readonly decoderFirstPipelineNumLayers?: number;
   readonly decoderLastPipelineNumLayers?: number;
+  /** --use-distributed-optimizer */
+  readonly distributedOptimizer?: boolean;
   readonly optimizer?: Partial<OptimizerSettings>;
   /** print the IR after this pass */
   readonly dumpAfter?: string;
@@ -68,6 +82,8 @@ export interface CompileResult {
   readonly graph: Graph;
   readonly plan: PlanFile;
   readonly programs: readonly ProgramFile[];
+  /** the pipeline partition (pp > 1) */
+  readonly layout?: PipelineLayout;
   readonly stats: Record<string, Record<string, number>>;
 }
 
@@ -104,18 +120,25 @@ export function compile(o: CompileOptions): CompileResult {
     decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
     sequenceParallel: o.sequenceParallel,
   });
-  const splitting = sizes.tp > 1 || sizes.pp > 1 || sizes.ep > 1;
-  if (splitting) {
+  if ((sizes.etp ?? sizes.tp) !== sizes.tp)
     throw new UserError(
-      `the layout is valid (${world} ranks, dp ${dp}), but the passes that split a step over ranks (tensor, pipeline, expert) are not built yet; only data parallelism is`,
+      `--expert-tensor-parallel-size ${sizes.etp} differs from --tp ${sizes.tp}; only expert TP equal to TP is built`,
     );
-  }
   const topology = buildTopology(sizes);
   const ranks = Array.from({ length: world }, (_, r) => r);
   const numMicrobatches = gbs / (mbs * dp);
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
   const dump = (pass: string, g: Graph) => {
     if (o.dumpAfter === pass) o.onDump?.(printGraph(g));
+  };
+  const passError = (e: unknown): never => {
+    if (
+      e instanceof TensorParallelError ||
+      e instanceof ExpertParallelError ||
+      e instanceof PipelineError
+    )
+      throw new UserError(e.message);
+    throw e;
   };
 
   const forward = buildForwardGraph(cfg, {
@@ -126,17 +149,106 @@ export function compile(o: CompileOptions): CompileResult {
   });
   assertValid(forward, 'after pass build');
   dump('build', forward);
-  const { graph, stats: adStats } = autodiff(forward, optimizer);
-  assertValid(graph, 'after pass autodiff (passes run: build, autodiff)');
+  let sharded = forward;
+  try {
+    sharded = expertParallel(sharded, { ep: sizes.ep });
+    assertValid(sharded, 'after pass expert-parallel');
+    dump('expert-parallel', sharded);
+    sharded = tensorParallel(sharded, {
+      tp: sizes.tp,
+      sequenceParallel: o.sequenceParallel ?? false,
+    });
+    assertValid(sharded, 'after pass tensor-parallel');
+    dump('tensor-parallel', sharded);
+  } catch (e) {
+    passError(e);
+  }
+  const { graph, stats: adStats } = autodiff(sharded, optimizer);
+  assertValid(
+    graph,
+    'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
+  );
   dump('autodiff', graph);
 
-  const program = emitProgram(graph, { numMicrobatches, id: 'p0', dataParallel: { size: dp } });
-  const clobbered = checkMemoryReuse(program);
-  if (clobbered.length) {
-    const c = clobbered[0];
-    throw new Error(
-      `memory plan: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
-    );
+  // pipeline: stages from the partition, passes in the schedule's order
+  const layout =
+    sizes.pp > 1
+      ? partitionPipeline(forwardCosts(forward), {
+          pp: sizes.pp,
+          vpp: sizes.vpp,
+          encoderOnStage0: true,
+          firstStageLayers: o.decoderFirstPipelineNumLayers,
+          lastStageLayers: o.decoderLastPipelineNumLayers,
+        })
+      : undefined;
+  let split: PipelineSplit | undefined;
+  try {
+    split = layout
+      ? splitPipeline(
+          graph,
+          { pp: sizes.pp, vpp: sizes.vpp, firstLayerOf: layout.virtualStageFirstLayer },
+          numMicrobatches,
+        )
+      : undefined;
+  } catch (e) {
+    passError(e);
+  }
+  if (split && o.dumpAfter === 'pipeline') o.onDump?.(printChunks(graph, split));
+  const schedule =
+    sizes.pp === 1
+      ? undefined
+      : sizes.vpp > 1
+        ? scheduleInterleaved(
+            sizes.pp,
+            sizes.vpp,
+            numMicrobatches,
+            o.microbatchGroupSize ?? sizes.pp,
+          )
+        : schedule1F1B(sizes.pp, numMicrobatches);
+
+  const groupSizes: Record<string, number> = {
+    tp: sizes.tp,
+    dp,
+    edp: topology.edp,
+    ep: sizes.ep,
+    pp: sizes.pp,
+    world,
+  };
+  const copiesOf = (p: ParamDecl) => {
+    const parts = (p.dist?.split ?? []).reduce((n, s) => n * (s ? s.parts : 1), 1);
+    const expertParts = p.dist?.expert ? sizes.ep : 1;
+    return world / sizes.pp / parts / expertParts;
+  };
+  const programs: ProgramFile[] = [];
+  for (let stage = 0; stage < sizes.pp; stage++) {
+    const program = emitProgram(graph, {
+      numMicrobatches,
+      id: `p${stage}`,
+      ...(split && schedule
+        ? {
+            pipeline: {
+              stage,
+              pp: sizes.pp,
+              chunkOf: split.chunkOf,
+              transfers: split.transfers,
+              actions: schedule.stages[stage].actions,
+              warmup: schedule.stages[stage].warmup,
+            },
+          }
+        : {}),
+      groupSizes,
+      copiesOf,
+      worldSize: world,
+      distributedOptimizer: o.distributedOptimizer,
+    });
+    const clobbered = checkMemoryReuse(program);
+    if (clobbered.length) {
+      const c = clobbered[0];
+      throw new Error(
+        `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
+      );
+    }
+    programs.push(program);
   }
   const counts = countParams(forward, cfg);
   const plan: PlanFile = {
@@ -156,7 +268,16 @@ export function compile(o: CompileOptions): CompileResult {
       worldSize: world,
       nnodes: sizes.nnodes,
       nprocPerNode: sizes.nprocPerNode,
-      sizes: { tp: sizes.tp, pp: sizes.pp, vpp: sizes.vpp, dp, ep: sizes.ep, cp: sizes.cp },
+      sizes: {
+        tp: sizes.tp,
+        pp: sizes.pp,
+        vpp: sizes.vpp,
+        dp,
+        ep: sizes.ep,
+        edp: topology.edp,
+        cp: sizes.cp,
+      },
+      ...(layout ? { pipelineLayers: layout.virtualStageLayers } : {}),
     },
     groups: topology.groups.map((g) => ({ name: g.names[0], ranks: g.ranks })),
     rankGroups: Object.fromEntries(
@@ -166,7 +287,7 @@ export function compile(o: CompileOptions): CompileResult {
       ]),
     ),
     dataParallel: { size: dp, rankIndex: ranks.map((r) => topology.coords(r).dp) },
-    symbols: forward.symbols,
+    symbols: graph.symbols,
     params: forward.params.map((p) => ({
       name: p.name,
       dtype: p.type.dtype,
@@ -176,29 +297,46 @@ export function compile(o: CompileOptions): CompileResult {
       module: p.module,
       weightDecay: p.trainable ? weightDecayOf(p, optimizer) : 0,
     })),
-    rankPrograms: ranks.map(() => 'p0'),
+    rankPrograms: ranks.map((r) => `p${topology.coords(r).pp}`),
   };
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
-  assertPlanValid(plan, new Map([[program.id, program]]));
+  assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
   const verifyMs = performance.now() - verifyStart;
+  const sum = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
   return {
     config: cfg,
     graph,
     plan,
-    programs: [program],
+    programs,
+    layout,
     stats: {
       autodiff: { ...adStats },
       emit: {
-        instructions: program.instructions.length,
-        buffers: program.buffers.length,
-        arenaBytes: program.regions.arena,
-        arenaLowerBoundBytes: program.arenaLowerBoundBytes,
+        programs: programs.length,
+        instructions: sum((p) => p.instructions.length),
+        buffers: sum((p) => p.buffers.length),
+        arenaBytes: sum((p) => p.regions.arena),
+        arenaLowerBoundBytes: sum((p) => p.arenaLowerBoundBytes),
       },
       verify: { ms: verifyMs },
     },
   };
+}
+
+/** The pipeline pass's dump: every node after its virtual stage, then the transfers. */
+function printChunks(g: Graph, split: PipelineSplit): string {
+  const params = new Set(g.params.map((p) => p.name));
+  const lines = g.nodes.map((n, i) => {
+    const c = split.chunkOf[i];
+    return `${c < 0 ? 'step' : `chunk ${c}`}  ${formatNode(n, (v) => params.has(v))}`;
+  });
+  for (const t of split.transfers)
+    lines.push(
+      `transfer %${t.value}: chunk ${t.from.chunk} → ${t.to.chunk} (${t.from.phase}), tags ${t.tag}…`,
+    );
+  return lines.join('\n') + '\n';
 }
 
 /**

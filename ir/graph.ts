@@ -32,6 +32,36 @@ export interface ParamDecl extends ValueDecl {
   readonly module: ModuleName;
   /** initializer, e.g. `normal(0.02)`, `ones` */
   readonly init: string;
+  /** set by the parallel passes: this rank's piece of a global tensor (absent: the whole tensor) */
+  readonly dist?: ParamDist;
+}
+
+/**
+ * How a parameter of a rank's graph relates to the whole tensor of the checkpoint. Group kinds
+ * are resolved per rank (its index in its group of that kind), so one graph serves every rank of
+ * a group.
+ *   global    the whole tensor's shape and checkpoint name; `{}` in the name stands for the expert
+ *             index, `expert.perRank · (rank in group expert.group) + expert.local`
+ *   split     per dim: null (whole), or `parts` equal pieces over a group (rank i keeps piece i);
+ *             with blocks > 1 the dim is `blocks` equal blocks, each split so (a fused q/k/v)
+ *   gradSum   group kinds the gradient is summed over besides data parallelism (a replicated
+ *             parameter used on sequence-split activations sums over tp)
+ *   replicas  group kind the parameter is replicated over for the gradient's data-parallel sum:
+ *             'dp' (dense) or 'edp' (experts)
+ */
+export interface ParamDist {
+  readonly name: string;
+  readonly shape: readonly number[];
+  readonly split: readonly (DimSplit | null)[];
+  readonly expert?: { readonly group: string; readonly perRank: number; readonly local: number };
+  readonly gradSum: readonly string[];
+  readonly replicas: string;
+}
+
+export interface DimSplit {
+  readonly group: string;
+  readonly parts: number;
+  readonly blocks: number;
 }
 
 export interface Node {
@@ -119,6 +149,18 @@ export class GraphBuilder {
     }
     b.outputs.push(...g.outputs);
     return b;
+  }
+
+  /** Declares a parameter exactly as given (a pass that rewrites parameters keeps their fields). */
+  declare(p: ParamDecl): string {
+    this.define(p.name, p.type);
+    this.params.push(p);
+    return p.name;
+  }
+
+  /** Declares a symbol exactly as given (a pass that rebuilds a graph keeps its symbols). */
+  declareSymbol(s: SymbolDecl): void {
+    this.symbols.push(s);
   }
 
   /** Adds a parameter-like value (gradient buffer, optimizer state) with an explicit role. */

@@ -42,6 +42,14 @@ export const OP_KINDS = [
   'moe_unpermute',
   'moe_aux_loss',
   'cross_entropy',
+  // vocab-parallel cross-entropy and expert-parallel routing (emitted by the parallel passes)
+  'vocab_logsumexp',
+  'lse_combine',
+  'vocab_target_logit',
+  'ce_from_stats',
+  'moe_rank_counts',
+  'moe_sort_chunks',
+  'moe_local_counts',
   // backward
   'embedding_grad',
   'linear_dgrad',
@@ -60,11 +68,19 @@ export const OP_KINDS = [
   'moe_unpermute_grad',
   'moe_aux_loss_grad',
   'cross_entropy_grad',
+  'vocab_logsumexp_grad',
+  'lse_combine_grad',
+  'vocab_target_logit_grad',
+  'ce_from_stats_grad',
   // layout and constants
   'reshape',
   'split',
   'concat',
   'constant',
+  // parallel-region boundaries (Megatron's copy_to / scatter_to regions): no communication
+  // forward, a collective backward
+  'copy_to_group',
+  'group_slice',
   // optimizer (in place on persistent buffers)
   'grad_accumulate',
   'sum_squares',
@@ -168,6 +184,31 @@ const collectiveAttrs = {
   group_size: attr('int', 'number of ranks in the group'),
 };
 
+/** a vocabulary split over the ranks of a group: this rank holds block groupRank(shard_group) */
+const vocabShardAttrs = {
+  shard_group: attr('string', 'group kind whose ranks split the vocabulary (e.g. tp)'),
+  group_size: attr('int', 'ranks in that group: the vocabulary is group_size blocks'),
+};
+const optionalVocabShardAttrs = {
+  shard_group: attr('string', 'vocab-parallel: group kind whose ranks split the table', false),
+  group_size: attr('int', 'vocab-parallel: ranks in that group (with shard_group)', false),
+};
+
+function shardAttrsTogether(attrs: Attrs): void {
+  need(
+    (attrs.shard_group === undefined) === (attrs.group_size === undefined),
+    'shard_group and group_size go together',
+  );
+  if (attrs.group_size !== undefined)
+    need(num(attrs, 'group_size') >= 1, `group_size must be ≥ 1, got ${num(attrs, 'group_size')}`);
+}
+
+function groupSize(attrs: Attrs): number {
+  const p = num(attrs, 'group_size');
+  need(p >= 1, `group_size must be ≥ 1, got ${p}`);
+  return p;
+}
+
 function elementwise(inputs: readonly TensorType[]): TensorType[] {
   const [a, ...rest] = inputs;
   floatT(a, 'input');
@@ -185,11 +226,15 @@ function elementwise(inputs: readonly TensorType[]): TensorType[] {
 
 export const OP_TABLE = {
   embedding: {
-    summary: 'rows of a table at integer ids: ids [T], table [V, H] → [T, H]',
+    summary:
+      'rows of a table at integer ids: ids [T], table [V, H] → [T, H]; vocab-parallel with ' +
+      'shard_group: the table holds rows [r·V, (r+1)·V) of the vocabulary (r = the group rank), ' +
+      'ids outside them give zero rows (Megatron VocabParallelEmbedding, before its all-reduce)',
     category: 'compute',
     inputs: [2, 2],
-    attrs: {},
-    shape: ([ids, table]) => {
+    attrs: optionalVocabShardAttrs,
+    shape: ([ids, table], attrs) => {
+      shardAttrsTogether(attrs);
       intT(ids, 'ids');
       floatT(table, 'table');
       rank(table, 2, 'table');
@@ -523,13 +568,159 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'cross_entropy',
   },
-  // ---- backward ops: the grad rules in passes/grad-rules.ts emit these ---------------------------
-  embedding_grad: {
-    summary: 'dtable [rows, H] = Σ over tokens of dy[t] at row ids[t]: dy [T, H], ids [T]',
+  // ---- vocab-parallel cross-entropy: logits are this rank's vocabulary block [T, Vl] -----------
+  //   lse = lse_combine(all_gather(vocab_logsumexp(logits)))   target = all_reduce(vocab_target_logit)
+  //   loss = ce_from_stats(lse, target, mask, loss_tokens)      (= cross_entropy on the whole vocab)
+  vocab_logsumexp: {
+    summary: "log-sum-exp of each row over this rank's vocabulary block: logits [T, Vl] → [T]",
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: {},
+    shape: ([logits]) => {
+      floatT(logits, 'logits');
+      rank(logits, 2, 'logits');
+      return [{ dtype: logits.dtype, shape: [logits.shape[0]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'vocab_logsumexp',
+  },
+  lse_combine: {
+    summary: 'log-sum-exp over dim 0 (the per-rank lse of every vocabulary block): x [P, T] → [T]',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: {},
+    shape: ([x]) => {
+      floatT(x, 'x');
+      rank(x, 2, 'x');
+      return [{ dtype: x.dtype, shape: [x.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'lse_combine',
+  },
+  vocab_target_logit: {
+    summary:
+      "logits[t, labels[t] − r·Vl] where the label is in this rank's vocabulary block (r = the " +
+      'group rank), else 0: logits [T, Vl], labels i32 [T], mask? u8 [T] → [T]; with the mask, ' +
+      'masked-out rows give 0 unread and a masked-in label outside the vocabulary is an error',
+    category: 'compute',
+    inputs: [2, 3],
+    attrs: vocabShardAttrs,
+    shape: ([logits, labels, mask], attrs) => {
+      groupSize(attrs);
+      floatT(logits, 'logits');
+      rank(logits, 2, 'logits');
+      intT(labels, 'labels');
+      rank(labels, 1, 'labels');
+      sameDim(labels.shape[0], logits.shape[0], 'labels vs tokens');
+      if (mask) {
+        intT(mask, 'mask');
+        rank(mask, 1, 'mask');
+        sameDim(mask.shape[0], logits.shape[0], 'mask vs tokens');
+      }
+      return [{ dtype: logits.dtype, shape: [logits.shape[0]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'vocab_target_logit',
+  },
+  ce_from_stats: {
+    summary:
+      'cross_entropy from its pieces: Σ over masked-in tokens of lse[t] − target[t], divided by the ' +
+      'loss tokens of the global batch: lse [T], target [T], mask u8 [T], loss_tokens f32 [] → scalar',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {},
+    shape: ([lse, target, mask, count]) => {
+      floatT(lse, 'lse');
+      rank(lse, 1, 'lse');
+      floatT(target, 'target');
+      need(
+        shapeEq(target.shape, lse.shape),
+        `target ${formatShape(target.shape)} vs lse ${formatShape(lse.shape)}`,
+      );
+      need(target.dtype === lse.dtype, `dtype mismatch: ${target.dtype} vs ${lse.dtype}`);
+      intT(mask, 'mask');
+      rank(mask, 1, 'mask');
+      sameDim(mask.shape[0], lse.shape[0], 'mask vs tokens');
+      need(
+        count.shape.length === 0,
+        `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
+      );
+      return [scalarF32];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'ce_from_stats',
+  },
+  // ---- expert parallelism: P ranks of the ep group, L = E/P local experts per rank ---------------
+  moe_rank_counts: {
+    summary:
+      'rows for each rank of the ep group: counts i32 [E] → i32 [P], the sums of consecutive blocks ' +
+      'of E/P experts (the send counts of the dispatch all_to_all_v)',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: { group_size: attr('int', 'ranks P of the expert-parallel group') },
+    shape: ([counts], attrs) => {
+      intT(counts, 'counts');
+      rank(counts, 1, 'counts');
+      const p = groupSize(attrs);
+      const e = counts.shape[0];
+      need(
+        typeof e === 'number' && e % p === 0,
+        `experts ${formatShape([e])} must be a multiple of group_size ${p}`,
+      );
+      return [{ dtype: 'i32', shape: [p] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_rank_counts',
+  },
+  moe_sort_chunks: {
+    summary:
+      'reorders blocks of rows: rows [N, H] arrive as blocks (source rank p, local expert l) in p-major ' +
+      'order with counts[p, l] rows each and leave l-major (expert l, then p); inverse: the reverse. ' +
+      'counts i32 [P, L]; rows past Σ counts pass through unchanged (Megatron sort_chunks_by_idxs)',
     category: 'compute',
     inputs: [2, 2],
-    attrs: { rows: attr('int', 'rows of the table') },
+    attrs: { inverse: attr('bool', 'rows arrive l-major and leave p-major') },
+    shape: ([rows, counts]) => {
+      floatT(rows, 'rows');
+      rank(rows, 2, 'rows');
+      intT(counts, 'counts');
+      rank(counts, 2, 'counts');
+      return [{ dtype: rows.dtype, shape: rows.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_sort_chunks',
+  },
+  moe_local_counts: {
+    summary:
+      'rows per local expert over every source rank: counts i32 [P, L] → i32 [L] (column sums)',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: {},
+    shape: ([counts]) => {
+      intT(counts, 'counts');
+      rank(counts, 2, 'counts');
+      return [{ dtype: 'i32', shape: [counts.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'moe_local_counts',
+  },
+  // ---- backward ops: the grad rules in passes/grad-rules.ts emit these ---------------------------
+  embedding_grad: {
+    summary:
+      'dtable [rows, H] = Σ over tokens of dy[t] at row ids[t]: dy [T, H], ids [T]; with ' +
+      "shard_group, at row ids[t] − r·rows for the ids of this rank's block only",
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { rows: attr('int', 'rows of the table'), ...optionalVocabShardAttrs },
     shape: ([dy, ids], attrs) => {
+      shardAttrsTogether(attrs);
       floatT(dy, 'dy');
       intT(ids, 'ids');
       sameDim(ids.shape[0], dy.shape[0], 'ids vs tokens of dy');
@@ -807,6 +998,93 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'cross_entropy_backward',
   },
+  vocab_logsumexp_grad: {
+    summary:
+      'vocab_logsumexp backward: dy [T], logits [T, Vl], lse [T] → dlogits = dy·exp(logits − lse)',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {},
+    shape: ([dy, logits, lse]) => {
+      floatT(dy, 'dy');
+      rank(logits, 2, 'logits');
+      for (const [t, n] of [
+        [dy, 'dy'],
+        [lse, 'lse'],
+      ] as const) {
+        rank(t, 1, n);
+        sameDim(t.shape[0], logits.shape[0], `${n} vs tokens`);
+      }
+      return [{ dtype: logits.dtype, shape: logits.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'vocab_logsumexp_backward',
+  },
+  lse_combine_grad: {
+    summary: 'lse_combine backward: dy [T], x [P, T], y [T] → dx = dy·exp(x − y) [P, T]',
+    category: 'compute',
+    inputs: [3, 3],
+    attrs: {},
+    shape: ([dy, x, y]) => {
+      floatT(dy, 'dy');
+      rank(x, 2, 'x');
+      for (const [t, n] of [
+        [dy, 'dy'],
+        [y, 'y'],
+      ] as const) {
+        rank(t, 1, n);
+        sameDim(t.shape[0], x.shape[1], `${n} vs tokens`);
+      }
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'lse_combine_backward',
+  },
+  vocab_target_logit_grad: {
+    summary:
+      'vocab_target_logit backward: dy [T], labels i32 [T], mask? → dlogits [T, columns], dy[t] at ' +
+      "the label's column where it is in this rank's block, 0 elsewhere",
+    category: 'compute',
+    inputs: [2, 3],
+    attrs: {
+      ...vocabShardAttrs,
+      columns: attr('int', "vocabulary columns Vl of the logits (this rank's block)"),
+    },
+    shape: ([dy, labels], attrs) => {
+      groupSize(attrs);
+      floatT(dy, 'dy');
+      rank(dy, 1, 'dy');
+      intT(labels, 'labels');
+      sameDim(labels.shape[0], dy.shape[0], 'labels vs tokens');
+      return [{ dtype: dy.dtype, shape: [dy.shape[0], num(attrs, 'columns')] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'vocab_target_logit_backward',
+  },
+  ce_from_stats_grad: {
+    summary:
+      'ce_from_stats backward: dloss [], lse [T], mask u8 [T], loss_tokens [] → dlse = ' +
+      'dloss·mask/loss_tokens, dtarget = −dlse',
+    category: 'compute',
+    inputs: [4, 4],
+    attrs: {},
+    shape: ([dloss, lse, mask]) => {
+      need(dloss.shape.length === 0, 'dloss must be a scalar');
+      floatT(lse, 'lse');
+      rank(lse, 1, 'lse');
+      intT(mask, 'mask');
+      sameDim(mask.shape[0], lse.shape[0], 'mask vs tokens');
+      return [
+        { dtype: lse.dtype, shape: lse.shape },
+        { dtype: lse.dtype, shape: lse.shape },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'ce_from_stats_backward',
+  },
   // ---- layout and constants ---------------------------------------------------------------------
   reshape: {
     summary: 'same elements, new shape (row-major); the output is a view of the input',
@@ -877,6 +1155,38 @@ export const OP_TABLE = {
     flops: noFlops,
     pure: true,
     kernel: 'fill',
+  },
+  copy_to_group: {
+    summary:
+      'enters a parallel region: the identity forward; backward all-reduces the gradient over the ' +
+      "group (Megatron's copy_to_tensor_model_parallel_region)",
+    category: 'layout',
+    inputs: [1, 1],
+    attrs: collectiveAttrs,
+    shape: ([x], attrs) => {
+      groupSize(attrs);
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'copy',
+  },
+  group_slice: {
+    summary:
+      'keeps block r of dim 0 (r = this rank in the group) of a replicated tensor: [P·n, ...] → ' +
+      "[n, ...]; backward all-gathers (Megatron's scatter_to_sequence_parallel_region)",
+    category: 'layout',
+    inputs: [1, 1],
+    attrs: collectiveAttrs,
+    shape: ([x], attrs) => {
+      need(x.shape.length >= 1, 'group_slice needs rank ≥ 1');
+      return [
+        { dtype: x.dtype, shape: [dimDiv(x.shape[0], groupSize(attrs)), ...x.shape.slice(1)] },
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'group_slice',
   },
   // ---- optimizer step: in place on persistent buffers, so no outputs --------------------------
   grad_accumulate: {
@@ -967,9 +1277,21 @@ export const OP_TABLE = {
     summary: "concatenate every rank's block along dim 0, in group order",
     category: 'collective',
     inputs: [1, 1],
-    attrs: collectiveAttrs,
+    attrs: {
+      ...collectiveAttrs,
+      grad: attr(
+        'string',
+        "its backward: 'reduce_scatter' (default; the arriving gradient is partial per rank, " +
+          "Megatron's gather_from_sequence_parallel_region) or 'slice' (it is replicated: group_slice)",
+        false,
+      ),
+    },
     shape: ([x], attrs) => {
       need(x.shape.length >= 1, 'all_gather needs rank ≥ 1');
+      need(
+        attrs.grad === undefined || attrs.grad === 'reduce_scatter' || attrs.grad === 'slice',
+        `grad must be reduce_scatter or slice, got ${String(attrs.grad)}`,
+      );
       return [
         {
           dtype: x.dtype,
@@ -1074,26 +1396,37 @@ export const OP_TABLE = {
     kernel: 'scatter_v',
   },
   send: {
-    summary: 'point-to-point send to a peer rank (pipeline stages)',
+    summary: 'point-to-point send to a peer rank of a group (pipeline stages)',
     category: 'collective',
     inputs: [1, 1],
-    attrs: { peer: attr('int', 'global rank that receives'), tag: attr('int', 'matches the recv') },
-    shape: () => [],
+    attrs: {
+      group: attr('string', 'group kind of the pair (e.g. pp)'),
+      peer: attr('int', 'index in that group of the rank that receives'),
+      tag: attr('int', 'matches the recv'),
+    },
+    shape: (_inputs, attrs) => {
+      need(num(attrs, 'peer') >= 0, `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
+      return [];
+    },
     flops: noFlops,
     pure: false,
     kernel: 'send',
   },
   recv: {
-    summary: 'point-to-point receive from a peer rank, of a declared type',
+    summary: 'point-to-point receive from a peer rank of a group, of a declared type',
     category: 'collective',
     inputs: [0, 0],
     attrs: {
-      peer: attr('int', 'global rank that sends'),
+      group: attr('string', 'group kind of the pair (e.g. pp)'),
+      peer: attr('int', 'index in that group of the rank that sends'),
       tag: attr('int', 'matches the send'),
       dtype: attr('dtype', 'element type received'),
       shape: attr('dims', 'shape received'),
     },
-    shape: (_inputs, attrs) => [{ dtype: attrs.dtype as DType, shape: dimsAttr(attrs, 'shape') }],
+    shape: (_inputs, attrs) => {
+      need(num(attrs, 'peer') >= 0, `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
+      return [{ dtype: attrs.dtype as DType, shape: dimsAttr(attrs, 'shape') }];
+    },
     flops: noFlops,
     pure: false,
     kernel: 'recv',

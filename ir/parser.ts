@@ -10,6 +10,7 @@ import {
   type InputDecl,
   type Node,
   type ParamDecl,
+  type ParamDist,
   type ValueDecl,
 } from './graph.js';
 import { isOpKind } from './ops.js';
@@ -99,7 +100,7 @@ const SYM_RE = /^sym ([A-Za-z_][A-Za-z0-9_]*) <= (\d+) (".*")$/;
 const TYPE_TEXT = String.raw`[a-z0-9]+(?:@host)?\[[^\]]*\]`;
 const INPUT_RE = new RegExp(`^input %(${NAME}): (${TYPE_TEXT}) (".*")$`);
 const PARAM_RE = new RegExp(
-  `^param @(${NAME}): (${TYPE_TEXT}) role=(\\S+) trainable=(true|false) module=(\\S+) init=(\\S+)$`,
+  `^param @(${NAME}): (${TYPE_TEXT}) role=(\\S+) trainable=(true|false) module=(\\S+) init=(\\S+)(?: dist=(\\{.*\\}))?$`,
 );
 const NODE_RE = new RegExp(
   `^(?:(.*?) = )?([a-z_0-9]+)\\(([^)]*)\\)(?: \\{(.*)\\})? scope=(\\S+) (\\S+)$`,
@@ -150,6 +151,7 @@ export function parseGraph(text: string): Graph {
           trainable: m[4] === 'true',
           module: module as ParamDecl['module'],
           init: m[6],
+          ...(m[7] ? { dist: JSON.parse(m[7]) as ParamDist } : {}),
         });
       } else if ((m = OUTPUT_RE.exec(line))) {
         outputs.push({ label: m[1], value: m[2] });

@@ -43,7 +43,7 @@ export function printGraph(g: Graph): string {
   for (const p of g.params) {
     lines.push(
       `  param @${p.name}: ${formatType(p.type)} role=${p.role} trainable=${p.trainable} ` +
-        `module=${p.module} init=${p.init}`,
+        `module=${p.module} init=${p.init}${p.dist ? ` dist=${JSON.stringify(p.dist)}` : ''}`,
     );
   }
   for (const n of g.nodes) lines.push(`  ${formatNode(n, isParam)}`);

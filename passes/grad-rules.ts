@@ -2,12 +2,15 @@
 // A rule receives the forward node, the gradients of its outputs and which inputs need one, and
 // emits backward nodes through the builder; it returns one gradient (or undefined) per input.
 // Weight ops split their backward into dgrad (inputs) and wgrad (weights) nodes, so a schedule
-// can delay weight gradients.
+// can delay weight gradients. The tensor/expert-parallel passes run before autodiff (Megatron
+// style), so the collectives and region boundaries they place have conjugate rules here:
+// copy_to_group ↔ all_reduce, group_slice ↔ all_gather(grad slice), all_gather ↔ reduce_scatter,
+// all_to_all_v ↔ all_to_all_v with the received counts.
 
 import type { GraphBuilder, Node } from '../ir/graph.js';
 import type { OpKind } from '../ir/ops.js';
 import { formatDim } from '../ir/shape.js';
-import type { TensorType } from '../ir/types.js';
+import type { Attrs, TensorType } from '../ir/types.js';
 
 export interface GradCtx {
   readonly b: GraphBuilder;
@@ -32,6 +35,7 @@ const rule = (r: GradRule): GradEntry => ({ kind: 'rule', rule: r });
 const BACKWARD = 'a backward op; lfc does not differentiate twice';
 const AFTER_AUTODIFF = 'inserted by the parallel passes after autodiff, each with its own backward';
 const STEP = 'part of the optimizer step, after the backward pass';
+const INTEGER = 'integer outputs carry no gradient';
 
 export function zerosLike(b: GraphBuilder, t: TensorType): string {
   return b.op1('constant', [], { value: 0, dtype: t.dtype, shape: t.shape.map(formatDim) });
@@ -50,7 +54,10 @@ function weightOp(c: GradCtx): (string | undefined)[] {
 export const GRAD_RULES = {
   embedding: rule((c) => [
     undefined,
-    c.b.op1('embedding_grad', [c.dOut(0)!, c.node.inputs[0]], { rows: rowsOf(c, 1) }),
+    c.b.op1('embedding_grad', [c.dOut(0)!, c.node.inputs[0]], {
+      rows: rowsOf(c, 1),
+      ...pick(c.node.attrs, 'shard_group', 'group_size'),
+    }),
   ]),
   patch_embed: rule(weightOp),
   linear: rule(weightOp),
@@ -101,6 +108,32 @@ export const GRAD_RULES = {
     c.b.op1('moe_aux_loss_grad', [c.dOut(0)!, ...c.node.inputs], c.node.attrs),
   ]),
   cross_entropy: rule((c) => [c.b.op1('cross_entropy_grad', [c.dOut(0)!, ...c.node.inputs])]),
+  vocab_logsumexp: rule((c) => [
+    c.b.op1('vocab_logsumexp_grad', [c.dOut(0)!, c.node.inputs[0], c.node.outputs[0].name]),
+  ]),
+  lse_combine: rule((c) => [
+    c.b.op1('lse_combine_grad', [c.dOut(0)!, c.node.inputs[0], c.node.outputs[0].name]),
+  ]),
+  vocab_target_logit: rule((c) => {
+    const [logits, ...labelsAndMask] = c.node.inputs;
+    const columns = c.b.typeOf(logits).shape[1] as number;
+    const dlogits = c.b.op1('vocab_target_logit_grad', [c.dOut(0)!, ...labelsAndMask], {
+      ...c.node.attrs,
+      columns,
+    });
+    return [dlogits];
+  }),
+  ce_from_stats: rule((c) => {
+    const [lse, , mask, count] = c.node.inputs;
+    return c.b.op('ce_from_stats_grad', [c.dOut(0)!, lse, mask, count]);
+  }),
+  moe_rank_counts: none(INTEGER),
+  moe_sort_chunks: rule((c) => [
+    c.b.op1('moe_sort_chunks', [c.dOut(0)!, c.node.inputs[1]], {
+      inverse: !c.node.attrs.inverse,
+    }),
+  ]),
+  moe_local_counts: none(INTEGER),
   embedding_grad: none(BACKWARD),
   linear_dgrad: none(BACKWARD),
   linear_wgrad: none(BACKWARD),
@@ -118,6 +151,10 @@ export const GRAD_RULES = {
   moe_unpermute_grad: none(BACKWARD),
   moe_aux_loss_grad: none(BACKWARD),
   cross_entropy_grad: none(BACKWARD),
+  vocab_logsumexp_grad: none(BACKWARD),
+  lse_combine_grad: none(BACKWARD),
+  vocab_target_logit_grad: none(BACKWARD),
+  ce_from_stats_grad: none(BACKWARD),
   reshape: rule((c) => {
     const shape = c.b.typeOf(c.node.inputs[0]).shape.map(formatDim);
     return [c.b.op1('reshape', [c.dOut(0)!], { shape })];
@@ -136,15 +173,35 @@ export const GRAD_RULES = {
     return c.b.op('split', [c.dOut(0)!], { sizes });
   }),
   constant: none('a constant has no inputs'),
+  // Megatron's conjugate pairs: the forward of one is the backward of the other
+  copy_to_group: rule((c) => [c.b.op1('all_reduce', [c.dOut(0)!], groupOf(c))]),
+  group_slice: rule((c) => [c.b.op1('all_gather', [c.dOut(0)!], { ...groupOf(c), grad: 'slice' })]),
   grad_accumulate: none(STEP),
   sum_squares: none(STEP),
   clip_coef: none(STEP),
   adamw: none(STEP),
-  all_reduce: none(AFTER_AUTODIFF),
-  all_gather: none(AFTER_AUTODIFF),
-  reduce_scatter: none(AFTER_AUTODIFF),
+  // Collectives placed on the forward graph (before autodiff), Megatron style: a value after a
+  // sum is replicated, and its gradient is the true gradient on every rank.
+  all_reduce: rule((c) => [c.dOut(0)]),
+  all_gather: rule((c) =>
+    c.node.attrs.grad === 'slice'
+      ? [c.b.op1('group_slice', [c.dOut(0)!], groupOf(c))]
+      : [c.b.op1('reduce_scatter', [c.dOut(0)!], groupOf(c))],
+  ),
+  reduce_scatter: rule((c) => [
+    c.b.op1('all_gather', [c.dOut(0)!], { ...groupOf(c), grad: 'reduce_scatter' }),
+  ]),
+  // rows go back the way they came: blocks of recv_counts to each source rank
+  all_to_all_v: rule((c) => {
+    const [rows] = c.node.inputs;
+    const recvCounts = c.node.outputs[1].name;
+    const [drows] = c.b.op('all_to_all_v', [c.dOut(0)!, recvCounts], {
+      ...groupOf(c),
+      out_rows: [formatDim(c.b.typeOf(rows).shape[0])],
+    });
+    return [drows, undefined];
+  }),
   broadcast: none(AFTER_AUTODIFF),
-  all_to_all_v: none(AFTER_AUTODIFF),
   gather_v: none(AFTER_AUTODIFF),
   scatter_v: none(AFTER_AUTODIFF),
   send: none(AFTER_AUTODIFF),
@@ -152,6 +209,15 @@ export const GRAD_RULES = {
   offload: none('memory moves are placed after autodiff'),
   reload: none('memory moves are placed after autodiff'),
 } as const satisfies Record<OpKind, GradEntry>;
+
+/** the group attributes of a collective or region boundary, for its conjugate */
+function groupOf(c: GradCtx): { group: string; group_size: number } {
+  return { group: c.node.attrs.group as string, group_size: c.node.attrs.group_size as number };
+}
+
+function pick(attrs: Attrs, ...names: string[]): Attrs {
+  return Object.fromEntries(names.filter((n) => attrs[n] !== undefined).map((n) => [n, attrs[n]]));
+}
 
 function rowsOf(c: GradCtx, input: number): number {
   return c.b.typeOf(c.node.inputs[input]).shape[0] as number;

@@ -31,6 +31,7 @@ interface CompileFlags {
   expertTensorParallelSize?: number;
   contextParallelSize?: number;
   sequenceParallel?: boolean;
+  useDistributedOptimizer?: boolean;
   microbatchGroupSizePerVpStage?: number;
   decoderFirstPipelineNumLayers?: number;
   decoderLastPipelineNumLayers?: number;
@@ -130,6 +131,10 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       positiveInt('--context-parallel-size'),
     )
     .option(
+      '--use-distributed-optimizer',
+      'shard AdamW state over data-parallel ranks (reduce-scatter gradients, all-gather parameters)',
+    )
+    .option(
       '--sequence-parallel',
       'shard activations along the sequence between tensor-parallel regions',
     )
@@ -183,6 +188,7 @@ export function addCompileCommand(program: Command, io: CliIO): void {
           cp: f.contextParallelSize,
         },
         sequenceParallel: f.sequenceParallel,
+        distributedOptimizer: f.useDistributedOptimizer,
         microbatchGroupSize: f.microbatchGroupSizePerVpStage,
         decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
         decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,

@@ -22,7 +22,7 @@ export type { ParallelSizes, ResolvedSizes } from './sizes.js';
  * tp, cp, dp, pp: decoder grid; dp_cp: data and context together (gradient reduction);
  * mp: model-parallel ranks sharing a dp index (tp·cp·pp of them; Megatron's own mp group leaves cp
  * out, which only differs once cp > 1 is built); embd: first and last stage of each pipeline
- * (tied embeddings); etp, ep, edp: expert grid.
+ * (tied embeddings); etp, ep, edp: expert grid; world: every rank (the gradient norm).
  */
 export const GROUP_KINDS = [
   'tp',
@@ -35,6 +35,7 @@ export const GROUP_KINDS = [
   'etp',
   'ep',
   'edp',
+  'world',
 ] as const;
 export type GroupKind = (typeof GROUP_KINDS)[number];
 
@@ -106,6 +107,7 @@ const KIND_GROUPS = {
   etp: (g) => orthogonalGroups(g.expert, [0]),
   ep: (g) => orthogonalGroups(g.expert, [1]),
   edp: (g) => orthogonalGroups(g.expert, [2]),
+  world: (g) => orthogonalGroups(g.decoder, [0, 1, 2, 3]),
 } satisfies Record<
   GroupKind,
   (grids: Grids, built: (kind: GroupKind) => readonly ProcessGroup[]) => number[][]

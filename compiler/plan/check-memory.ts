@@ -11,12 +11,22 @@ export interface MemoryProblem {
 }
 
 export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
-  // owners: disjoint arena intervals [lo, hi) → buffer id whose bytes are there
-  let owners: { lo: number; hi: number; id: number }[] = [];
+  // owners: disjoint arena intervals [lo, hi) → buffer id whose bytes are there, sorted by lo
+  const owners: { lo: number; hi: number; id: number }[] = [];
   const root = (id: number) => p.buffers[id].viewOf ?? id;
   const extent = (id: number) => {
     const b = p.buffers[root(id)];
     return { lo: b.offset, hi: b.offset + Math.max(b.bytes, 1) };
+  };
+  /** index of the first owner whose hi is above lo */
+  const firstAbove = (lo: number) => {
+    let [a, b] = [0, owners.length];
+    while (a < b) {
+      const mid = (a + b) >>> 1;
+      if (owners[mid].hi <= lo) a = mid + 1;
+      else b = mid;
+    }
+    return a;
   };
   const written = new Set<number>();
   const problems: MemoryProblem[] = [];
@@ -25,12 +35,12 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
       const r = root(id);
       if (p.buffers[r].region !== 'arena' || !written.has(r)) continue;
       const { lo, hi } = extent(r);
-      for (const o of owners) {
-        if (o.lo < hi && lo < o.hi && o.id !== r) {
+      for (let k = firstAbove(lo); k < owners.length && owners[k].lo < hi; k++) {
+        if (owners[k].id !== r) {
           problems.push({
             instruction: idx,
             buffer: p.buffers[id].name,
-            clobberedBy: p.buffers[o.id].name,
+            clobberedBy: p.buffers[owners[k].id].name,
           });
           break;
         }
@@ -40,16 +50,14 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
       const r = root(id);
       if (p.buffers[r].region !== 'arena') continue;
       const { lo, hi } = extent(r);
-      const next: typeof owners = [];
-      for (const o of owners) {
-        if (o.hi <= lo || o.lo >= hi) next.push(o);
-        else {
-          if (o.lo < lo) next.push({ lo: o.lo, hi: lo, id: o.id });
-          if (o.hi > hi) next.push({ lo: hi, hi: o.hi, id: o.id });
-        }
-      }
-      next.push({ lo, hi, id: r });
-      owners = next;
+      const from = firstAbove(lo);
+      let to = from;
+      while (to < owners.length && owners[to].lo < hi) to++;
+      const keep: { lo: number; hi: number; id: number }[] = [];
+      if (from < to && owners[from].lo < lo) keep.push({ ...owners[from], hi: lo });
+      keep.push({ lo, hi, id: r });
+      if (from < to && owners[to - 1].hi > hi) keep.push({ ...owners[to - 1], lo: hi });
+      owners.splice(from, to - from, ...keep);
       written.add(r);
     }
   });

@@ -1,15 +1,34 @@
-// Emission of one rank's program from a training-step graph: every forward and backward node
-// once per microbatch (forward then backward, which keeps activations of one microbatch live at
-// a time), then the optimizer step once. Buffers: parameters, gradients and optimizer state in
-// their persistent regions; data inputs per microbatch slot; step scalars; every other value in
-// the arena, placed by the memory planner. A reshape is a view of its input.
+// Emission of one program from a training-step graph: what one pipeline rank runs (every rank
+// when there is no pipeline). Instructions in issue order:
+//
+//   for each action of the stage's schedule (a forward or backward pass of one microbatch
+//   through one chunk; without a pipeline, forward then backward of each microbatch in turn):
+//     p2p batch   on the comm stream: the previous pass's sends and this pass's recvs, posted
+//                 together (Megatron's batched send/recv, so neighbours never wait on each
+//                 other's order); it waits for the previous pass's compute, and this pass's
+//                 compute waits for it
+//     the pass's nodes on the compute stream (tensor/expert collectives included: their results
+//     are needed at once)
+//   gradient sums on the comm stream: buckets of about 4 MiB of gradients that share their sum
+//   groups, each issued right after the compute instruction that last wrote it (overlapping the
+//   rest of backward), an all_reduce per group (or a reduce_scatter over data parallelism with
+//   the distributed optimizer)
+//   the optimizer step: the weighted sum of squares of the local gradients, summed over every
+//   rank, the clipping factor, AdamW per parameter (or per bucket shard, then an all_gather of
+//   the updated parameters)
+//
+// Buffers: parameters, gradients and optimizer state in their persistent regions; data inputs per
+// microbatch slot; step scalars; every other value in the arena, placed by the memory planner
+// from lifetimes in issue order. A reshape (or copy_to_group, an identity) is a view of its input.
 
 import { DTYPE_BYTES } from '../../ir/dtype.js';
-import type { Graph, Node } from '../../ir/graph.js';
+import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
 import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
-import { align, planArena, type Lifetime } from './memory.js';
+import type { Transfer } from '../../passes/parallel/pipeline.js';
+import type { Action } from '../schedule/pipeline.js';
+import { ALIGN, align, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
   PLAN_VERSION,
@@ -18,29 +37,60 @@ import {
   type PlanInstruction,
   type ProgramFile,
   type ProgramInput,
+  type OptimizerShard,
   type ProgramParam,
   type StreamName,
 } from './format.js';
 
+export interface EmitPipeline {
+  /** this program's pipeline rank */
+  readonly stage: number;
+  readonly pp: number;
+  /** virtual stage of every node (-1: the optimizer step) */
+  readonly chunkOf: readonly number[];
+  readonly transfers: readonly Transfer[];
+  /** the stage's schedule: forward and backward passes, chunk = local chunk index */
+  readonly actions: readonly Action[];
+  /** warm-up forwards of the schedule: the steady-state forward/backward pairs follow them */
+  readonly warmup?: number;
+}
+
 export interface EmitOptions {
   readonly numMicrobatches: number;
   readonly id?: string;
+  readonly pipeline?: EmitPipeline;
   /**
-   * Data parallelism: gradients are summed over the rank's `dp` group (the group kind, resolved
-   * per rank through plan.rankGroups, so every data-parallel replica shares one program), in
-   * buckets of about `bucketBytes` on the comm stream as soon as backward finished them.
+   * Sizes of the groups gradients are summed over, by kind (dp, edp, tp, …). Dense gradients
+   * sum over `dp`, expert gradients over `edp`, plus the kinds in a parameter's dist.gradSum;
+   * kinds of size 1 are skipped.
    */
+  readonly groupSizes?: Readonly<Record<string, number>>;
+  /** bucket size of gradient sums; default 4 MiB */
+  readonly bucketBytes?: number;
+  /** --use-distributed-optimizer: reduce-scatter gradients and shard the optimizer over dp */
+  readonly distributedOptimizer?: boolean;
+  /**
+   * How many ranks of the world hold each copy of a parameter's gradient after the sums: the
+   * gradient norm weighs each local sum of squares by 1/that, then sums over `world`. Absent: 1.
+   */
+  readonly copiesOf?: (p: ParamDecl) => number;
+  /** ranks in the world (the gradient norm is summed over them when > 1) */
+  readonly worldSize?: number;
+  /** @deprecated use groupSizes: data parallelism only */
   readonly dataParallel?: { readonly size: number; readonly bucketBytes?: number };
 }
 
 export const DEFAULT_BUCKET_BYTES = 4 * 2 ** 20;
 
+/** Collectives that pass results between pipeline ranks or sum gradients run on the comm stream;
+ * those inside a pass run where their result is needed, on compute. */
 export function streamOf(node: Node): StreamName {
   const cat = OP_TABLE[node.op].category;
-  if (cat === 'collective') return 'comm';
   if (cat === 'memory') return 'copy';
   return 'compute';
 }
+
+const VIEW_OPS = new Set(['reshape', 'copy_to_group']);
 
 export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const m = opts.numMicrobatches;
@@ -48,7 +98,22 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     throw new Error(`numMicrobatches must be a positive integer, got ${m}`);
   const bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
   const bytesOf = (t: TensorType) => numel(t.shape, (s) => bound.get(s)!) * DTYPE_BYTES[t.dtype];
+  const groupSizes: Record<string, number> = { ...(opts.groupSizes ?? {}) };
+  if (opts.dataParallel) groupSizes.dp = opts.dataParallel.size;
+  const bucketBytes = opts.bucketBytes ?? opts.dataParallel?.bucketBytes ?? DEFAULT_BUCKET_BYTES;
+  const pipe: EmitPipeline = opts.pipeline ?? {
+    stage: 0,
+    pp: 1,
+    chunkOf: g.nodes.map((n) => (n.phase === 'optimizer' ? -1 : 0)),
+    transfers: [],
+    actions: Array.from({ length: m }, (_, mb) => [
+      { kind: 'F' as const, microbatch: mb, chunk: 0 },
+      { kind: 'B' as const, microbatch: mb, chunk: 0 },
+    ]).flat(),
+  };
+  const mine = (chunk: number) => chunk >= 0 && chunk % pipe.pp === pipe.stage;
 
+  // ---- buffers ------------------------------------------------------------------------------
   const buffers: PlanBuffer[] = [];
   const regionTop: Record<BufferRegion, number> = {
     arena: 0,
@@ -87,13 +152,51 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     });
     return id;
   };
+  const root = (id: number): number => buffers[id].viewOf ?? id;
+
+  // the nodes of each of this rank's passes, and the parameters they touch
+  const passNodes = new Map<string, Node[]>();
+  const passKey = (chunk: number, phase: string) => `${chunk}:${phase}`;
+  const used = new Set<string>();
+  g.nodes.forEach((n, i) => {
+    const c = pipe.chunkOf[i];
+    if (!mine(c)) return;
+    const k = passKey(c, n.phase);
+    let list = passNodes.get(k);
+    if (!list) passNodes.set(k, (list = []));
+    list.push(n);
+    for (const v of n.inputs) used.add(v);
+  });
+  const localParams = g.params.filter((p) => p.role === 'param' && used.has(p.name));
+  const localNames = new Set(localParams.map((p) => p.name));
+  const stateOf = (p: string) => [`grad.${p}`, `exp_avg.${p}`, `exp_avg_sq.${p}`];
 
   // persistent buffers
   const global = new Map<string, number>();
   const params: ProgramParam[] = [];
-  const regionOfRole = { param: 'param', grad: 'grad', optimizer_state: 'optim' } as const;
-  for (const p of g.params) global.set(p.name, addBuffer(p.name, p.type, regionOfRole[p.role], -1));
-  for (const p of g.params.filter((q) => q.role === 'param')) {
+  const regionOfRole = { param: 'param', grad: 'grad', optim: 'optim' } as const;
+  const byName = new Map(g.params.map((p) => [p.name, p]));
+  for (const p of localParams) {
+    global.set(p.name, addBuffer(p.name, p.type, regionOfRole.param, -1));
+  }
+  const trainable = localParams.filter((p) => byName.has(`grad.${p.name}`));
+  for (const p of trainable) {
+    const grad = `grad.${p.name}`;
+    global.set(grad, addBuffer(grad, byName.get(grad)!.type, 'grad', -1));
+  }
+  const dist = opts.distributedOptimizer === true && (groupSizes.dp ?? 1) > 1;
+  // AdamW state per parameter; with the distributed optimizer, per bucket shard (below), for the
+  // parameters whose gradients are summed over a data-parallel group of more than one rank
+  const shardable = (p: ParamDecl) => dist && (groupSizes[p.dist?.replicas ?? 'dp'] ?? 1) > 1;
+  {
+    for (const p of trainable.filter((q) => !shardable(q))) {
+      for (const s of stateOf(p.name).slice(1)) {
+        const decl = byName.get(s);
+        if (decl) global.set(s, addBuffer(s, decl.type, 'optim', -1));
+      }
+    }
+  }
+  for (const p of localParams) {
     const has = (n: string) => global.get(n);
     params.push({
       name: p.name,
@@ -104,6 +207,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
         ? { expAvgSq: has(`exp_avg_sq.${p.name}`) }
         : {}),
       shard: p.type.shape.map((d) => [0, d as number] as const),
+      ...(p.dist ? { dist: p.dist } : {}),
     });
   }
   const scalars: Record<string, number> = {};
@@ -111,13 +215,14 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   // every microbatch
   const isStepScalar = (i: { type: TensorType }) => i.type.shape.length === 0;
   for (const i of g.inputs.filter(isStepScalar)) {
+    if (!used.has(i.name)) continue;
     scalars[i.name] = addBuffer(i.name, i.type, 'scalar', -1);
     global.set(i.name, scalars[i.name]);
   }
 
-  const stepNodes = g.nodes.filter((n) => n.phase === 'optimizer');
-  const mbNodes = g.nodes.filter((n) => n.phase !== 'optimizer');
-  const producedInStep = new Set(stepNodes.flatMap((n) => n.outputs.map((o) => o.name)));
+  const producedInStep = new Set(
+    g.nodes.filter((n) => n.phase === 'optimizer').flatMap((n) => n.outputs.map((o) => o.name)),
+  );
   const mbOutputs = new Map(
     g.outputs.filter((o) => !producedInStep.has(o.value)).map((o) => [o.value, o.label]),
   );
@@ -125,14 +230,33 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     g.outputs.filter((o) => producedInStep.has(o.value)).map((o) => [o.value, o.label]),
   );
 
+  // ---- instructions -------------------------------------------------------------------------
   const inputs: ProgramInput[] = [];
   const outputs: { name: string; buffer: number; microbatch: number }[] = [];
   const instructions: PlanInstruction[] = [];
-  const lastUse = new Map<number, number>();
-  const firstDef = new Map<number, number>();
-  const root = (id: number): number => buffers[id].viewOf ?? id;
+  let events = 0;
+  const record = (idx: number): number => {
+    const e = events++;
+    instructions[idx] = { ...instructions[idx], record: [...instructions[idx].record, e] };
+    return e;
+  };
+  const push = (ins: Omit<PlanInstruction, 'wait' | 'record'>, wait: number[] = []): number => {
+    instructions.push({ ...ins, wait, record: [] });
+    return instructions.length - 1;
+  };
 
-  const emitNode = (n: Node, mb: number, local: Map<string, number>) => {
+  const dataInputs = g.inputs.filter((i) => !isStepScalar(i) && used.has(i.name));
+  const locals = Array.from({ length: m }, (_, mb) => {
+    const local = new Map<string, number>();
+    for (const i of dataInputs) {
+      const id = addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
+      local.set(i.name, id);
+      inputs.push({ name: i.name, buffer: id, microbatch: mb });
+    }
+    return local;
+  });
+
+  const emitNode = (n: Node, mb: number, local: Map<string, number>, wait: number[]) => {
     const lookup = (v: string) => {
       const id = local.get(v) ?? global.get(v);
       if (id === undefined)
@@ -142,7 +266,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const ins = n.inputs.map(lookup);
     const outs = n.outputs.map((o) => {
       let id: number;
-      if (n.op === 'reshape') id = addBuffer(o.name, o.type, 'arena', mb, root(ins[0]));
+      if (VIEW_OPS.has(n.op)) id = addBuffer(o.name, o.type, 'arena', mb, root(ins[0]));
       else if (mbOutputs.has(o.name)) {
         const name = mbOutputs.get(o.name)!;
         id = addBuffer(`${name}.mb${mb}`, o.type, 'scalar', mb);
@@ -154,123 +278,414 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       local.set(o.name, id);
       return id;
     });
-    const idx = instructions.length;
-    for (const id of ins) lastUse.set(root(id), idx);
-    for (const id of outs) {
-      if (!firstDef.has(root(id))) firstDef.set(root(id), idx);
-      lastUse.set(root(id), Math.max(lastUse.get(root(id)) ?? idx, idx));
-    }
-    instructions.push({
-      stream: streamOf(n),
-      op: n.op,
-      inputs: ins,
-      outputs: outs,
-      attrs: n.attrs,
-      wait: [],
-      record: [],
-      microbatch: mb,
-      phase: n.phase,
-      scope: n.scope,
-    });
+    return push(
+      {
+        stream: streamOf(n),
+        op: n.op,
+        inputs: ins,
+        outputs: outs,
+        attrs: n.attrs,
+        microbatch: mb,
+        phase: n.phase,
+        scope: n.scope,
+      },
+      wait,
+    );
   };
 
-  for (let mb = 0; mb < m; mb++) {
-    const local = new Map<string, number>();
-    for (const i of g.inputs) {
-      if (isStepScalar(i)) continue;
-      const id = addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
-      local.set(i.name, id);
-      inputs.push({ name: i.name, buffer: id, microbatch: mb });
-    }
-    for (const n of mbNodes) emitNode(n, mb, local);
-  }
-  let events = 0;
-  if (opts.dataParallel && opts.dataParallel.size > 1) {
-    events = emitGradientSync(
-      opts.dataParallel.size,
-      opts.dataParallel.bucketBytes ?? DEFAULT_BUCKET_BYTES,
+  // the schedule's passes, with batched p2p between them
+  const peerGroup = { group: 'pp' };
+  let pendingSends: Omit<PlanInstruction, 'wait' | 'record'>[] = [];
+  let lastCompute = -1;
+  /** events the next compute instruction waits for (the batch before it) */
+  const computeWait: number[] = [];
+  let batches = 0;
+  /** the batch before a step: pending sends, and the recvs of each of its passes (by microbatch) */
+  const flushRecvs = (recvsByPass: Transfer[][], mbs: number[]): number[] => {
+    if (!pendingSends.length && !recvsByPass.some((r) => r.length)) return [];
+    const batch = batches++;
+    const list: Omit<PlanInstruction, 'wait' | 'record'>[] = pendingSends.map((s) => ({
+      ...s,
+      attrs: { ...s.attrs, batch },
+    }));
+    for (const [k, recvs] of recvsByPass.entries())
+      for (const t of recvs) {
+        const mb = mbs[k];
+        const id = addBuffer(`${t.value}.recv`, t.type, 'arena', mb);
+        locals[mb].set(t.value, id);
+        list.push({
+          stream: 'comm',
+          op: 'recv',
+          inputs: [],
+          outputs: [id],
+          attrs: {
+            ...peerGroup,
+            peer: t.from.chunk % pipe.pp,
+            tag: t.tag + mb,
+            dtype: t.type.dtype,
+            shape: t.type.shape.map(formatDim),
+            batch,
+          },
+          microbatch: mb,
+          phase: t.to.phase,
+          scope: 'pipeline',
+        });
+      }
+    pendingSends = [];
+    const wait = lastCompute >= 0 ? [record(lastCompute)] : [];
+    let last = -1;
+    list.forEach((ins, i) => (last = push(ins, i === 0 ? wait : [])));
+    return [record(last)];
+  };
+  // steps: each warm-up forward alone, each steady-state forward with its backward, each
+  // cool-down backward alone; the batch between two steps carries everything the first sends and
+  // the second receives (Megatron's send_forward_backward_recv_forward_backward)
+  const steps: Action[][] = [];
+  const w = pipe.warmup ?? pipe.actions.length;
+  pipe.actions.forEach((a, i) => {
+    const paired =
+      i > w &&
+      i < pipe.actions.length &&
+      (i - w) % 2 === 1 &&
+      a.kind === 'B' &&
+      pipe.actions[i - 1].kind === 'F';
+    if (paired) steps[steps.length - 1].push(a);
+    else steps.push([a]);
+  });
+  const passOf = (a: Action) => {
+    if (a.kind === 'FB') throw new Error('emit: combined forward-backward steps are not built yet');
+    return {
+      chunk: a.chunk * pipe.pp + pipe.stage,
+      phase: a.kind === 'F' ? ('forward' as const) : ('backward' as const),
+      mb: a.microbatch,
+    };
+  };
+  for (const step of steps) {
+    const passes = step.map(passOf);
+    // recvs of every pass of the step, before its first pass
+    const recvsByPass = passes.map((x) =>
+      pipe.transfers.filter((t) => t.to.chunk === x.chunk && t.to.phase === x.phase),
     );
-  }
-  const stepLocal = new Map<string, number>();
-  const firstStep = instructions.length;
-  for (const n of stepNodes) emitNode(n, -1, stepLocal);
-  if (events > 0 && instructions.length > firstStep) {
-    // the optimizer step reads every summed gradient: wait for the comm stream's last bucket
-    instructions[firstStep] = { ...instructions[firstStep], wait: [events - 1] };
-  }
-
-  /**
-   * Gradient buckets: consecutive grad buffers (in reverse declaration order, the order backward
-   * finishes them) of about bucketBytes each, one all_reduce per bucket over a buffer spanning
-   * them, issued on the comm stream after the compute instruction that last wrote any of them.
-   * Returns the number of events used.
-   */
-  function emitGradientSync(dpSize: number, bucketBytes: number): number {
-    const grads = params.filter((p) => p.grad !== undefined).map((p) => buffers[p.grad!]);
-    grads.sort((a, b) => b.offset - a.offset);
-    // gradient buffers are written only by grad_accumulate (in place, its second input)
-    const lastWrite = new Map<number, number>();
-    instructions.forEach((ins, i) => {
-      if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
-    });
-    const buckets: PlanBuffer[][] = [];
-    let cur: PlanBuffer[] = [];
-    let curBytes = 0;
-    for (const g of grads) {
-      cur.push(g);
-      curBytes += align(g.bytes);
-      if (curBytes >= bucketBytes) {
-        buckets.push(cur);
-        cur = [];
-        curBytes = 0;
+    const batchMbs = passes.map((x) => x.mb);
+    computeWait.push(...flushRecvs(recvsByPass, batchMbs));
+    for (const x of passes) {
+      const local = locals[x.mb];
+      for (const n of passNodes.get(passKey(x.chunk, x.phase)) ?? []) {
+        lastCompute = emitNode(n, x.mb, local, computeWait.splice(0));
+      }
+      for (const t of pipe.transfers) {
+        if (t.from.chunk !== x.chunk || t.from.phase !== x.phase) continue;
+        pendingSends.push({
+          stream: 'comm',
+          op: 'send',
+          inputs: [local.get(t.value)!],
+          outputs: [],
+          attrs: { ...peerGroup, peer: t.to.chunk % pipe.pp, tag: t.tag + x.mb },
+          microbatch: x.mb,
+          phase: x.phase,
+          scope: 'pipeline',
+        });
       }
     }
-    if (cur.length) buckets.push(cur);
-    let event = 0;
-    const syncs: PlanInstruction[] = [];
-    for (const bucket of buckets) {
-      const lo = Math.min(...bucket.map((b) => b.offset));
-      const hi = Math.max(...bucket.map((b) => b.offset + align(b.bytes)));
+  }
+  flushRecvs([], []);
+
+  // ---- gradient sums ------------------------------------------------------------------------
+  const gradBuffers = trainable.map((p) => ({ p, buf: buffers[global.get(`grad.${p.name}`)!] }));
+  const sumGroups = (p: ParamDecl) =>
+    [...(p.dist?.gradSum ?? []), p.dist?.replicas ?? 'dp'].filter((k) => (groupSizes[k] ?? 1) > 1);
+  // gradient buffers are written only by grad_accumulate (in place, its second input)
+  const lastWrite = new Map<number, number>();
+  instructions.forEach((ins, i) => {
+    if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
+  });
+  interface Bucket {
+    /** group kinds summed over: all_reduce each, but the data-parallel kind last */
+    readonly groups: string[];
+    readonly grads: { p: ParamDecl; buf: PlanBuffer }[];
+    /** distributed optimizer: the data-parallel kind it is sharded over, else undefined */
+    readonly shardOver?: string;
+  }
+  const buckets: Bucket[] = [];
+  {
+    // in the order backward finishes them: by last write, latest first
+    const order = [...gradBuffers].sort(
+      (x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1),
+    );
+    const open = new Map<string, { bucket: Bucket; bytes: number }>();
+    for (const gb of order) {
+      const groups = sumGroups(gb.p);
+      if (!groups.length) continue;
+      const replicas = gb.p.dist?.replicas ?? 'dp';
+      const shardOver = dist && groups.includes(replicas) ? replicas : undefined;
+      // a shard is updated by one AdamW and weighed once in the norm: its parameters share the
+      // weight decay and the copy count
+      const key = `${groups.join(',')}|${shardOver ? `${weightDecayKey(gb.p)}|${opts.copiesOf?.(gb.p) ?? 1}` : ''}`;
+      let cur = open.get(key);
+      if (!cur) {
+        cur = { bucket: { groups, grads: [], shardOver }, bytes: 0 };
+        open.set(key, cur);
+        buckets.push(cur.bucket);
+      }
+      cur.bucket.grads.push(gb);
+      cur.bytes += align(gb.buf.bytes);
+      if (cur.bytes >= bucketBytes) open.delete(key);
+    }
+  }
+  // sums go after the instruction that completes their bucket; the comm stream keeps that order
+  const after = new Map<number, PlanInstruction[]>();
+  const syncs: PlanInstruction[] = [];
+  // buckets must be contiguous in the grad region (and, sharded, in the param region, padded to
+  // a multiple of the shard count): lay them out anew, bucket by bucket
+  const spans = relayoutBuckets(buckets);
+  const shards: OptimizerShard[] = [];
+  const shardBuffers: { bucket: Bucket; grad: number; param: number; m: number; v: number }[] = [];
+  buckets.forEach((bucket, k) => {
+    const { lo, hi, paramLo } = spans[k];
+    const flat = (name: string, region: BufferRegion, offset: number, bytes: number) => {
       const id = buffers.length;
       buffers.push({
         id,
-        name: `grad_bucket${syncs.length}`,
-        region: 'grad',
+        name,
+        region,
         space: 'device',
         dtype: 'f32',
-        shape: [String((hi - lo) / 4)],
-        offset: lo,
-        bytes: hi - lo,
+        shape: [String(bytes / 4)],
+        offset,
+        bytes,
         microbatch: -1,
       });
-      const ready = Math.max(...bucket.map((b) => lastWrite.get(b.id) ?? -1));
-      const recordEvent = event++;
-      if (ready >= 0)
-        instructions[ready] = {
-          ...instructions[ready],
-          record: [...instructions[ready].record, recordEvent],
-        };
-      syncs.push({
-        stream: 'comm',
+      return id;
+    };
+    const whole = flat(`grad_bucket${k}`, 'grad', lo, hi - lo);
+    const ready = Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
+    let wait = ready >= 0 ? [record(ready)] : [];
+    const issue = (ins: Omit<PlanInstruction, 'wait' | 'record'>) => {
+      const full: PlanInstruction = { ...ins, wait, record: [] };
+      wait = [];
+      syncs.push(full);
+      const list = after.get(ready) ?? [];
+      list.push(full);
+      after.set(ready, list);
+    };
+    const sync = {
+      stream: 'comm' as const,
+      microbatch: -1,
+      phase: 'backward' as const,
+      scope: 'gradient_sync',
+    };
+    for (const kind of bucket.groups) {
+      if (kind === bucket.shardOver) continue;
+      issue({
+        ...sync,
         op: 'all_reduce',
-        inputs: [id],
-        outputs: [id],
-        attrs: { group: 'dp', group_size: dpSize },
-        wait: ready >= 0 ? [recordEvent] : [],
-        record: [],
-        microbatch: -1,
-        phase: 'backward',
-        scope: 'data_parallel',
+        inputs: [whole],
+        outputs: [whole],
+        attrs: { group: kind, group_size: groupSizes[kind] },
       });
     }
-    // the last sync records the event the optimizer waits for
-    const done = event++;
-    syncs[syncs.length - 1] = { ...syncs[syncs.length - 1], record: [done] };
-    instructions.push(...syncs);
-    return event;
+    if (!bucket.shardOver) return;
+    // distributed optimizer: this rank's shard of the summed bucket, its AdamW state
+    const n = groupSizes[bucket.shardOver];
+    const shardBytes = (hi - lo) / n;
+    const grad = flat(`grad_shard${k}`, 'grad', regionTop.grad, shardBytes);
+    regionTop.grad += shardBytes;
+    issue({
+      ...sync,
+      op: 'reduce_scatter',
+      inputs: [whole],
+      outputs: [grad],
+      attrs: { group: bucket.shardOver, group_size: n },
+    });
+    const param = flat(`param_bucket${k}`, 'param', paramLo, hi - lo);
+    const m = flat(`exp_avg_shard${k}`, 'optim', regionTop.optim, shardBytes);
+    regionTop.optim += shardBytes;
+    const v = flat(`exp_avg_sq_shard${k}`, 'optim', regionTop.optim, shardBytes);
+    regionTop.optim += shardBytes;
+    shardBuffers.push({ bucket, grad, param, m, v });
+    shards.push({
+      group: bucket.shardOver,
+      parts: n,
+      elements: (hi - lo) / 4,
+      expAvg: m,
+      expAvgSq: v,
+      params: bucket.grads.map((x) => ({
+        name: x.p.name,
+        offset: (buffers[x.buf.id].offset - lo) / 4,
+        elements: x.buf.bytes / 4,
+      })),
+    });
+  });
+  if (syncs.length) {
+    // merge: each sum right after its ready instruction (or at the end when never written)
+    const merged: PlanInstruction[] = [];
+    const lead = after.get(-1) ?? [];
+    instructions.forEach((ins, i) => {
+      merged.push(ins);
+      for (const s of after.get(i) ?? []) merged.push(s);
+    });
+    merged.push(...lead);
+    instructions.length = 0;
+    for (const ins of merged) instructions.push(ins);
+  }
+  // the optimizer step waits for the comm stream's last instruction (sums and sends)
+  let stepWait: number[] = computeWait.splice(0);
+  const lastComm = instructions.map((x) => x.stream).lastIndexOf('comm');
+  if (lastComm >= 0) stepWait = [record(lastComm)];
+
+  // ---- the optimizer step -------------------------------------------------------------------
+  const stepLocal = new Map<string, number>();
+  const stepNodes = g.nodes.filter((n) => n.phase === 'optimizer');
+  const world = opts.worldSize ?? 1;
+  const sharded = new Set(shardBuffers.flatMap((x) => x.bucket.grads.map((y) => y.p.name)));
+  const step = { microbatch: -1, phase: 'optimizer' as const, scope: 'optimizer' };
+  let coef = -1;
+  for (const n of stepNodes) {
+    if (n.op === 'sum_squares') {
+      // the norm: whole local gradients and this rank's shards, each weighed by 1 / its copies
+      const ins = n.inputs.filter((v) => {
+        const p = v.replace(/^grad\./, '');
+        return localNames.has(p) && !sharded.has(p);
+      });
+      const weight = (p: ParamDecl) => 1 / (opts.copiesOf?.(p) ?? 1);
+      const scales = ins.map((v) => weight(byName.get(v.replace(/^grad\./, ''))!));
+      const shardIns = shardBuffers.map((x) => x.grad);
+      const shardScales = shardBuffers.map(
+        (x) => weight(x.bucket.grads[0].p) * groupSizes[x.bucket.shardOver!],
+      );
+      const all = [...scales, ...shardScales];
+      const out = n.outputs[0];
+      const name = stepOutputs.get(out.name);
+      const sumsq = name
+        ? (scalars[name] = addBuffer(name, out.type, 'scalar', -1))
+        : addBuffer(out.name, out.type, 'arena', -1);
+      stepLocal.set(out.name, sumsq);
+      push(
+        {
+          stream: 'compute',
+          op: 'sum_squares',
+          inputs: [...ins.map((v) => global.get(v)!), ...shardIns],
+          outputs: [sumsq],
+          attrs: all.some((x) => x !== 1) ? { ...n.attrs, scales: all } : n.attrs,
+          ...step,
+        },
+        stepWait,
+      );
+      stepWait = [];
+      if (world > 1)
+        push({
+          stream: 'compute',
+          op: 'all_reduce',
+          inputs: [sumsq],
+          outputs: [sumsq],
+          attrs: { group: 'world', group_size: world },
+          ...step,
+        });
+      continue;
+    }
+    if (n.op === 'adamw' && (!localNames.has(n.inputs[0]) || sharded.has(n.inputs[0]))) continue;
+    const at = emitNode(n, -1, stepLocal, stepWait);
+    if (n.op === 'clip_coef') coef = instructions[at].outputs[0];
+    stepWait = [];
+  }
+  // sharded AdamW: update this rank's slice of each bucket, then gather the updated parameters
+  for (const x of shardBuffers) {
+    const kind = x.bucket.shardOver!;
+    const n = groupSizes[kind];
+    const slice = addBuffer(
+      `param_shard${x.param}`,
+      { dtype: 'f32', shape: [buffers[x.grad].bytes / 4] },
+      'arena',
+      -1,
+    );
+    const coll = { group: kind, group_size: n };
+    push({
+      stream: 'compute',
+      op: 'group_slice',
+      inputs: [x.param],
+      outputs: [slice],
+      attrs: coll,
+      ...step,
+    });
+    const p0 = x.bucket.grads[0].p;
+    const adamw = stepNodes.find((s) => s.op === 'adamw' && s.inputs[0] === p0.name)!;
+    push({
+      stream: 'compute',
+      op: 'adamw',
+      inputs: [slice, x.grad, x.m, x.v, coef],
+      outputs: [],
+      attrs: adamw.attrs,
+      ...step,
+    });
+    push({
+      stream: 'compute',
+      op: 'all_gather',
+      inputs: [slice],
+      outputs: [x.param],
+      attrs: coll,
+      ...step,
+    });
   }
 
-  // the arena: planned from lifetimes of the non-view arena buffers
+  /**
+   * Lays the gradient region out bucket by bucket (each contiguous; a sharded bucket padded to a
+   * multiple of its shard count), and the parameters of sharded buckets in the same order in
+   * the parameter region. Returns each bucket's byte span in the grad region and, when
+   * sharded, where its parameters start.
+   */
+  function relayoutBuckets(list: readonly Bucket[]) {
+    let top = 0;
+    let paramTop = 0;
+    const placed = new Set<number>();
+    const placedParams = new Set<number>();
+    const out = list.map((b) => {
+      const lo = top;
+      const paramLo = paramTop;
+      for (const { p, buf } of b.grads) {
+        buffers[buf.id] = { ...buffers[buf.id], offset: top };
+        if (b.shardOver) {
+          const pid = global.get(p.name)!;
+          buffers[pid] = { ...buffers[pid], offset: paramLo + (top - lo) };
+          placedParams.add(pid);
+        }
+        top += align(Math.max(buf.bytes, 1));
+        placed.add(buf.id);
+      }
+      if (b.shardOver) {
+        const unit = ALIGN * groupSizes[b.shardOver];
+        top = lo + Math.ceil((top - lo) / unit) * unit;
+        paramTop = paramLo + (top - lo);
+      }
+      return { lo, hi: top, paramLo };
+    });
+    for (const b of buffers)
+      if (b.region === 'grad' && b.viewOf === undefined && !placed.has(b.id)) {
+        buffers[b.id] = { ...b, offset: top };
+        top += align(Math.max(b.bytes, 1));
+      }
+    regionTop.grad = top;
+    if (placedParams.size) {
+      for (const b of buffers)
+        if (b.region === 'param' && b.viewOf === undefined && !placedParams.has(b.id)) {
+          buffers[b.id] = { ...b, offset: paramTop };
+          paramTop += align(Math.max(b.bytes, 1));
+        }
+      regionTop.param = paramTop;
+    }
+    return out;
+  }
+
+  // ---- the arena: planned from lifetimes in issue order ---------------------------------------
+  const firstDef = new Map<number, number>();
+  const lastUse = new Map<number, number>();
+  instructions.forEach((ins, idx) => {
+    for (const id of ins.inputs) lastUse.set(root(id), idx);
+    for (const id of ins.outputs) {
+      const r = root(id);
+      if (!firstDef.has(r)) firstDef.set(r, idx);
+      lastUse.set(r, Math.max(lastUse.get(r) ?? idx, idx));
+    }
+  });
   const lifetimes: Lifetime[] = buffers
     .filter((b) => b.region === 'arena' && b.viewOf === undefined)
     .map((b) => ({
@@ -300,5 +715,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     outputs,
     events,
     instructions,
+    ...(shards.length ? { optimizerShards: shards } : {}),
   };
+}
+
+function weightDecayKey(p: ParamDecl): string {
+  return p.type.shape.length >= 2 ? 'wd' : 'no-wd';
 }

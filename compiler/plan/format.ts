@@ -13,6 +13,8 @@
 // constants (runtime-native/src/generated/schema.h, `npm run gen:native`); a test checks the
 // generated header is current, so the two cannot drift.
 
+import type { ParamDist } from '../../ir/graph.js';
+
 export const PLAN_FORMAT = 'lfc-plan';
 export const PROGRAM_FORMAT = 'lfc-program';
 /** bump on any change a runtime must know about; runtimes refuse other versions */
@@ -86,8 +88,14 @@ export interface ProgramParam {
   readonly grad?: number;
   readonly expAvg?: number;
   readonly expAvgSq?: number;
-  /** this rank's slice of the global tensor: per dim [start, length] */
+  /** this rank's slice of the global tensor: per dim [start, length] (without dist) */
   readonly shard: readonly (readonly [number, number])[];
+  /**
+   * set when the parameter is a piece of a whole tensor split over groups (tensor or expert
+   * parallelism): the whole tensor's name and shape, and how the rank's group indices pick its
+   * piece (ir/graph.ts ParamDist)
+   */
+  readonly dist?: ParamDist;
 }
 
 export interface ProgramInput {
@@ -118,6 +126,28 @@ export interface ProgramFile {
   }[];
   readonly events: number;
   readonly instructions: readonly PlanInstruction[];
+  /**
+   * --use-distributed-optimizer: AdamW state of flat gradient buckets, each split in `parts`
+   * equal slices over a data-parallel group (rank i of the group holds slice i)
+   */
+  readonly optimizerShards?: readonly OptimizerShard[];
+}
+
+export interface OptimizerShard {
+  /** group kind the bucket is sharded over (dp, or edp for experts) */
+  readonly group: string;
+  readonly parts: number;
+  /** f32 elements of the whole bucket (a multiple of parts) */
+  readonly elements: number;
+  /** buffers of this rank's slice of exp_avg and exp_avg_sq */
+  readonly expAvg: number;
+  readonly expAvgSq: number;
+  /** the parameters laid out in the bucket: element offset and count */
+  readonly params: readonly {
+    readonly name: string;
+    readonly offset: number;
+    readonly elements: number;
+  }[];
 }
 
 export interface PlanFile {
@@ -151,6 +181,8 @@ export interface PlanFile {
     readonly nnodes: number;
     readonly nprocPerNode: number;
     readonly sizes: Readonly<Record<string, number>>;
+    /** decoder layers of each virtual stage s = chunk·pp + stage (pipelines only) */
+    readonly pipelineLayers?: readonly number[];
   };
   readonly groups: readonly { readonly name: string; readonly ranks: readonly number[] }[];
   /**

@@ -40,25 +40,46 @@ export function livenessLowerBound(buffers: readonly Lifetime[]): number {
 
 /**
  * Greedy placement: largest buffers first (ties: earliest start), each at the lowest offset that
- * does not overlap a placed buffer whose lifetime intersects its own.
+ * does not overlap a placed buffer whose lifetime intersects its own. Placed buffers are indexed
+ * by blocks of instruction time, so finding the ones that share a lifetime visits only the
+ * blocks it spans.
  */
 export function planArena(buffers: readonly Lifetime[]): ArenaPlan {
   const order = [...buffers].sort((a, b) => b.bytes - a.bytes || a.start - b.start || a.id - b.id);
+  const BLOCK = 64;
+  const blocks = new Map<number, number[]>(); // block → indices into placed
   const placed: { start: number; end: number; lo: number; hi: number }[] = [];
+  const seen: number[] = [];
+  let stamp = 0;
   const offsets = new Map<number, number>();
   let size = 0;
   for (const buf of order) {
     const bytes = align(buf.bytes);
-    const conflicts = placed
-      .filter((p) => p.start <= buf.end && buf.start <= p.end)
-      .sort((a, b) => a.lo - b.lo);
+    stamp++;
+    const conflicts: { lo: number; hi: number }[] = [];
+    for (let k = Math.floor(buf.start / BLOCK); k <= Math.floor(buf.end / BLOCK); k++) {
+      for (const i of blocks.get(k) ?? []) {
+        if (seen[i] === stamp) continue;
+        seen[i] = stamp;
+        const p = placed[i];
+        if (p.start <= buf.end && buf.start <= p.end) conflicts.push(p);
+      }
+    }
+    conflicts.sort((a, b) => a.lo - b.lo);
     let offset = 0;
     for (const c of conflicts) {
       if (c.lo >= offset + bytes) break;
       offset = Math.max(offset, c.hi);
     }
     offsets.set(buf.id, offset);
+    const i = placed.length;
     placed.push({ start: buf.start, end: buf.end, lo: offset, hi: offset + bytes });
+    seen.push(0);
+    for (let k = Math.floor(buf.start / BLOCK); k <= Math.floor(buf.end / BLOCK); k++) {
+      let list = blocks.get(k);
+      if (!list) blocks.set(k, (list = []));
+      list.push(i);
+    }
     size = Math.max(size, offset + bytes);
   }
   return { offsets, sizeBytes: size, lowerBoundBytes: livenessLowerBound(buffers) };

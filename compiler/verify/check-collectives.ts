@@ -1,12 +1,12 @@
 // Rule collective-match: every member of a group issues the same collectives on it, in the same
 // order, with the same kind, root and static sizes (element counts of the input at the symbols'
 // bounds; for variable-size ops the row width and the size exchange), with group_size equal to the
-// group's size, from one stream, and only on groups it is a member of.
+// group's size, and only on groups it is a member of. Each (group, stream) is a communicator of
+// its own (the runtime makes one context per pair).
 //
 // Ranks whose group references resolve alike share one sequence, so sequences are compared once
 // per distinct sequence among a group's members, against the sequence most members issue.
 
-import { STREAMS } from '../plan/format.js';
 import {
   problemAt,
   ROOTED,
@@ -112,7 +112,6 @@ const NONE = new Int32Array(0);
 
 /** Each group's members issue one sequence: compared per distinct sequence, against the majority. */
 function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
-  const streamChecked = new Set<CommSeq>();
   for (const comm of ix.comms) {
     const bySeq = new Map<CommSeq | undefined, number[]>();
     for (const m of comm.ranks) {
@@ -133,18 +132,6 @@ function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
       const p = s.seq!.program;
       return groupName(ix, p, p.collRef[p.slot[s.seq!.instrs[0]]], comm.id);
     };
-    // one stream per group on each rank
-    for (const s of issuers) {
-      if (!s.seq || streamChecked.has(s.seq)) continue;
-      streamChecked.add(s.seq);
-      const p = s.seq.program;
-      const first = p.stream[s.seq.instrs[0]];
-      const other = s.seq.instrs.find((i) => p.stream[i] !== first);
-      if (other !== undefined) {
-        const msg = `collectives on ${name(s)} are issued on streams ${STREAMS[first]} and ${STREAMS[p.stream[other]]}; one group's collectives must share one stream`;
-        out.push(problemAt(RULE, s.ranks, p, other, msg));
-      }
-    }
     if (issuers.length < 2) continue;
     // the reference: the sequence the most members issue
     const votes = new Map<number, number>();

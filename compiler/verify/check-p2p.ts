@@ -1,5 +1,6 @@
 // Rule p2p-match: every send(peer, tag) on rank r has exactly one recv(peer = r, tag) on rank peer,
-// receiving the dtype and shape that is sent, and every recv has exactly one such send.
+// receiving the dtype and shape that is sent, and every recv has exactly one such send. A peer is
+// a global rank, or with a `group` attribute the index of a member of the rank's group of that kind.
 
 import { NONE, problemAt, type PlanIndex, type ProgramIndex } from './plan-index.js';
 import type { PlanProblem } from './problem.js';
@@ -12,9 +13,14 @@ export function checkP2p(ix: PlanIndex): PlanProblem[] {
     for (let o = 0; o < p.p2pInstr.length; o++) {
       const i = p.p2pInstr[o];
       const { attrs } = p.file.instructions[i];
-      const peer = p.p2pPeer[o];
-      if (peer < 0 || peer >= ix.world)
-        out.push(problemAt(RULE, p.ranks, p, i, `peer ${String(attrs.peer)} is not a rank`));
+      const bad = p.ranks.filter((r) => {
+        const peer = ix.peerOf(r, p, o);
+        return peer < 0 || peer >= ix.world;
+      });
+      if (bad.length) {
+        const what = attrs.group === undefined ? '' : ` of group ${String(attrs.group)}`;
+        out.push(problemAt(RULE, bad, p, i, `peer ${String(attrs.peer)}${what} is not a rank`));
+      }
       if (p.p2pTag[o] === NONE)
         out.push(
           problemAt(RULE, p.ranks, p, i, `tag ${String(attrs.tag)} is not a 32-bit integer`),

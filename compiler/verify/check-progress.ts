@@ -4,7 +4,9 @@
 //   - a local instruction completes when it starts
 //   - a group collective completes once every member of its group has started the collective
 //     with the same index in its sequence on that group
-//   - send and recv meet: each completes once both have started
+//   - send and recv meet: each completes once both have started; consecutive sends and recvs of
+//     one stream with the same `batch` attribute start together (a batched send/recv), and the
+//     stream moves past them once all have completed
 // Only the instructions that can block or unblock something are stepped through (collectives,
 // send/recv, and those that wait for or record events); the local instructions between them
 // complete with them. Event driven: a worklist of (rank, stream) that may move. A stream blocked
@@ -69,6 +71,14 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
     return new Int32Array(len);
   });
   const pairState = new Uint8Array(pairs.count); // bit 1: send started, bit 2: recv started
+  /** [rank × stream] members of the batch the stream is in that have not completed (0: none) */
+  const batchLeft = new Int32Array(world * S);
+  /** [rank × stream] hot-list position after that batch */
+  const batchEnd = new Int32Array(world * S);
+  const batchOf = (p: ProgramIndex, i: number): number => {
+    const b = p.file.instructions[i].attrs.batch;
+    return typeof b === 'number' ? b : -1;
+  };
   // [rank][ref] the communicator a rank's collective runs on, -1 when it resolves to none or to a
   // group the rank is not a member of (it never completes)
   const memberComm = ix.rankComm.map((cs, r) =>
@@ -103,10 +113,21 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
   const finish = (r: number, i: number) => {
     const p = prog(r)!;
     const rs = r * S + p.stream[i];
-    arrived[rs] = 0;
-    pc[rs]++;
     recordEvents(r, p, i);
+    if (batchLeft[rs] > 0) {
+      if (--batchLeft[rs] > 0) return;
+      pc[rs] = batchEnd[rs];
+    } else pc[rs]++;
+    arrived[rs] = 0;
     push(rs);
+  };
+  /** marks p2p instruction i of rank r started; completes the pair when both sides are */
+  const startP2p = (r: number, p: ProgramIndex, i: number) => {
+    const q = pairs.pairOf[r][p.slot[i]];
+    if (q >= 0 && (pairState[q] |= p.kind[i] === SEND ? 1 : 2) === 3) {
+      finish(pairs.src[q], pairs.sendInstr[q]);
+      finish(pairs.dst[q], pairs.recvInstr[q]);
+    }
   };
   const advance = (rs: number) => {
     if (arrived[rs]) return;
@@ -140,11 +161,23 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
         if (++arrivals[c][k] === comms[c].ranks.length)
           for (const m of comms[c].ranks) finish(m, ix.seqOn(m, c)!.instrs[k]);
       } else {
-        const q = pairs.pairOf[r][p.slot[i]];
-        if (q >= 0 && (pairState[q] |= kind === SEND ? 1 : 2) === 3) {
-          finish(pairs.src[q], pairs.sendInstr[q]);
-          finish(pairs.dst[q], pairs.recvInstr[q]);
+        const batch = batchOf(p, i);
+        if (batch < 0) {
+          startP2p(r, p, i);
+          return;
         }
+        // a batch: every member starts now
+        let end = at + 1;
+        while (
+          end < list.length &&
+          p.kind[list[end]] !== LOCAL &&
+          p.kind[list[end]] !== GROUP &&
+          batchOf(p, list[end]) === batch
+        )
+          end++;
+        batchLeft[rs] = end - at;
+        batchEnd[rs] = end;
+        for (let k = at; k < end; k++) startP2p(r, p, list[k]);
       }
       return;
     }
@@ -194,7 +227,12 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
     const p = prog(r);
     if (!p) return false;
     const s = p.stream[i];
-    return headOf(r, s) === i && arrived[r * S + s] === 1;
+    const rs = r * S + s;
+    if (arrived[rs] !== 1) return false;
+    if (batchLeft[rs] === 0) return headOf(r, s) === i;
+    const list = hot[programOf[r]][s];
+    for (let k = pc[rs]; k < batchEnd[rs]; k++) if (list[k] === i) return true;
+    return false;
   };
   const whyGroup = (r: number, p: ProgramIndex, i: number): string => {
     const j = p.collRef[p.slot[i]];

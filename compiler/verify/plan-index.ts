@@ -88,6 +88,8 @@ export interface ProgramIndex {
   readonly p2pInstr: Int32Array;
   readonly p2pPeer: Int32Array;
   readonly p2pTag: Int32Array;
+  /** [p2p] group kind the peer is a member index of (PlanIndex.kinds), -1: a global rank */
+  readonly p2pKind: Int32Array;
   readonly p2pPayload: Int32Array;
 }
 
@@ -98,6 +100,8 @@ export interface GroupRef {
   readonly comm: number;
   /** a group kind of plan.rankGroups: its index in PlanIndex.kinds; else -1 */
   readonly kind: number;
+  /** the stream its collectives are issued from: each (group, stream) is its own communicator */
+  readonly stream: number;
 }
 
 /** One rank's collectives on one communicator (shared by the ranks that resolve alike). */
@@ -152,6 +156,8 @@ export interface PlanIndex {
   /** the rank's sequence on a communicator, undefined when it issues none there */
   seqOn(rank: number, comm: number): CommSeq | undefined;
   readonly pairs: P2pPairs;
+  /** the global rank that p2p slot o of program p names on this rank (-1: none) */
+  peerOf(rank: number, p: ProgramIndex, o: number): number;
   readonly sigText: readonly string[];
   readonly payloadText: readonly string[];
   /** structure problems found while indexing */
@@ -252,8 +258,10 @@ class Dims {
 
 interface Ctx {
   readonly dims: Dims;
-  /** the group reference of a `group` attribute */
-  refOf(group: unknown): number;
+  /** a collective's group attribute, on the stream it is issued from */
+  refOf(group: unknown, stream: number): number;
+  /** a send/recv's group kind: its index in kinds; -1 without one (a global peer); -2 unknown */
+  kindOf(group: unknown): number;
   readonly sigs: Interner;
   readonly payloads: Interner;
   readonly problems: PlanProblem[];
@@ -304,7 +312,7 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
   const recordStart = new Int32Array(n + 1);
   const [waitEvents, recordEvents]: number[][] = [[], []];
   const [collRef, collSig]: number[][] = [[], []];
-  const [p2pInstr, p2pPeer, p2pTag, p2pPayload]: number[][] = [[], [], [], []];
+  const [p2pInstr, p2pPeer, p2pTag, p2pPayload, p2pKind]: number[][] = [[], [], [], [], []];
   const refIndex = new Map<number, number>(); // group ref → index in refs
   const refSeq: number[][] = [];
   const eventList = (i: number, ids: unknown, what: string, out: number[]) => {
@@ -343,7 +351,7 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     const attrs = (ins.attrs ?? {}) as Readonly<Record<string, unknown>>;
     if (k === GROUP) {
       slot[i] = collRef.length;
-      const ref = ctx.refOf(attrs.group);
+      const ref = ctx.refOf(attrs.group, stream[i]);
       let j = refIndex.get(ref);
       if (j === undefined) {
         refIndex.set(ref, (j = refSeq.length));
@@ -365,6 +373,7 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     p2pInstr.push(i);
     p2pPeer.push(int32(attrs.peer));
     p2pTag.push(int32(attrs.tag));
+    p2pKind.push(ctx.kindOf(attrs.group));
     let payload = -1;
     try {
       let dtype = attrs.dtype;
@@ -410,6 +419,7 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     p2pInstr: Int32Array.from(p2pInstr),
     p2pPeer: Int32Array.from(p2pPeer),
     p2pTag: Int32Array.from(p2pTag),
+    p2pKind: Int32Array.from(p2pKind),
     p2pPayload: Int32Array.from(p2pPayload),
   };
   for (const { i, message } of pending)
@@ -447,7 +457,16 @@ function buildComms(plan: PlanFile, world: number, problems: PlanProblem[]) {
     commOfName.set(g.name, c);
     commOfGroup[gi] = c;
   });
-  return { comms, commOfName, commOfGroup };
+  // one communicator per (group, stream), as the runtime makes one context per pair:
+  // communicator c·STREAM_COUNT + s is group c's on stream s
+  const perStream = comms.flatMap((c) =>
+    STREAMS.map((name, si) => ({
+      ...c,
+      id: c.id * STREAM_COUNT + si,
+      names: si === 0 ? c.names : c.names.map((n) => `${n}@${name}`),
+    })),
+  );
+  return { comms: perStream, commOfName, commOfGroup };
 }
 
 /** plan.rankGroups: [kind][rank] → communicator (-1 when the entry is not a usable group) */
@@ -491,7 +510,34 @@ function hash3(a: number, b: number, c: number): number {
   return h ^ (h >>> 12);
 }
 
-function pairP2p(world: number, programs: readonly ProgramIndex[], programOf: Int32Array) {
+/**
+ * The global rank a send/recv of rank r names: its peer attribute, or with a group kind, the
+ * member at that index of r's group of that kind; -1 when it names none.
+ */
+function resolvePeer(
+  r: number,
+  p: ProgramIndex,
+  o: number,
+  comms: readonly Communicator[],
+  kindComm: readonly Int32Array[],
+): number {
+  const peer = p.p2pPeer[o];
+  const kind = p.p2pKind[o];
+  if (kind === -1) return peer;
+  if (kind < 0) return -1;
+  const c = kindComm[kind][r];
+  if (c < 0) return -1;
+  const ranks = comms[c * STREAM_COUNT].ranks;
+  return peer >= 0 && peer < ranks.length ? ranks[peer] : -1;
+}
+
+function pairP2p(
+  world: number,
+  programs: readonly ProgramIndex[],
+  programOf: Int32Array,
+  comms: readonly Communicator[],
+  kindComm: readonly Int32Array[],
+) {
   let [sends, recvs] = [0, 0];
   for (let r = 0; r < world; r++) {
     const p = programOf[r] >= 0 ? programs[programOf[r]] : undefined;
@@ -546,7 +592,7 @@ function pairP2p(world: number, programs: readonly ProgramIndex[], programOf: In
     if (!p) continue;
     for (let o = 0; o < mine.length; o++) {
       const i = p.p2pInstr[o];
-      const peer = p.p2pPeer[o];
+      const peer = resolvePeer(r, p, o, comms, kindComm);
       const t = p.p2pTag[o];
       if (peer < 0 || peer >= world || t === NONE) continue;
       const isSend = p.kind[i] === SEND;
@@ -581,7 +627,9 @@ function resolveSequences(
     const refs = p ? p.refs : new Int32Array(0);
     const comms = Int32Array.from(refs, (ref) => {
       const g = groupRefs[ref];
-      return g.kind >= 0 ? kindComm[g.kind][r] : g.comm;
+      if (g.kind < 0) return g.comm;
+      const base = kindComm[g.kind][r];
+      return base < 0 ? -1 : base * STREAM_COUNT + g.stream;
     });
     const seqs: (CommSeq | undefined)[] = new Array<CommSeq | undefined>(refs.length);
     for (let j = 0; j < refs.length; j++) {
@@ -628,17 +676,24 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
   const refIds = new Map<string, number>();
   const ctx: Ctx = {
     dims: new Dims(bounds),
-    refOf(group) {
+    refOf(group, stream) {
       const text = String(group);
-      let id = refIds.get(text);
+      const key = `${text}\u0000${stream}`;
+      let id = refIds.get(key);
       if (id === undefined) {
         // a group kind first (the attribute names a kind since plan.rankGroups), else a name
         const kind = kinds.indexOf(text);
-        const comm = kind < 0 ? (commOfName.get(text) ?? -1) : -1;
-        refIds.set(text, (id = groupRefs.length));
-        groupRefs.push({ text, comm, kind });
+        const base = kind < 0 ? (commOfName.get(text) ?? -1) : -1;
+        const comm = base < 0 ? -1 : base * STREAM_COUNT + stream;
+        refIds.set(key, (id = groupRefs.length));
+        groupRefs.push({ text, comm, kind, stream });
       }
       return id;
+    },
+    kindOf(group) {
+      if (group === undefined) return -1;
+      const k = kinds.indexOf(String(group));
+      return k < 0 ? -2 : k;
     },
     sigs: new Interner(),
     payloads: new Interner(),
@@ -683,7 +738,8 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
     rankComm,
     rankSeq,
     seqOn,
-    pairs: pairP2p(world, programs, programOf),
+    pairs: pairP2p(world, programs, programOf, comms, kindComm),
+    peerOf: (rank, p, o) => resolvePeer(rank, p, o, comms, kindComm),
     sigText: ctx.sigs.texts,
     payloadText: ctx.payloads.texts,
     problems,

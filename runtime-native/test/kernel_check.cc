@@ -32,6 +32,7 @@
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/rope.h"
+#include "ops/basic_kernels.h"  // header-only: group_slice's block
 
 namespace cpu = lfc::cpu;
 using Vec = std::vector<double>;
@@ -461,6 +462,109 @@ void fd_cross_entropy() {
   rep.print();
 }
 
+// Vocab-parallel embedding: the table is rows [r·V, (r+1)·V) of a vocabulary of P·V, at ranks 0
+// and 1 of 2; ids of the other block give zero rows and no gradient.
+void fd_embedding_shard() {
+  const int64_t T = 7, V = 3, H = 2, P = 2;
+  const Ints ids = {4, 0, 4, 2, 5, 1, 2};  // both blocks, repeats
+  for (int64_t r = 0; r < P; r++) {
+    FdReport rep{"embedding vocab shard rank " + std::to_string(r) + " of 2", {}};
+    for (uint64_t seed : kSeeds) {
+      Rng rng(seed);
+      Vec table = rng.vec(V * H), c = rng.vec(T * H), y(T * H);
+      auto f = [&] {
+        cpu::embedding_shard_forward(y.data(), ids.data(), table.data(), T, V, H, r * V, P * V);
+        return dot(c, y);
+      };
+      const Vec base = rng.vec(V * H);  // backward accumulates
+      Vec dtable = base;
+      cpu::embedding_shard_backward(dtable.data(), c.data(), ids.data(), T, V, H, r * V, P * V);
+      for (int64_t i = 0; i < V * H; i++) dtable[i] -= base[i];
+      rep.add("dtable (accumulated)", fd_error(table, dtable, f));
+    }
+    rep.print();
+  }
+}
+
+// The vocab-parallel cross-entropy pieces, each against finite differences; vocab_target_logit at
+// ranks 0 and 1 of 2, with and without a mask.
+void fd_vocab_parallel() {
+  const int64_t T = 5, V = 4, P = 3;
+  const std::vector<uint8_t> mask = {1, 0, 1, 1, 0};
+  FdReport lse_rep{"vocab_logsumexp", {}}, comb{"lse_combine", {}}, ce{"ce_from_stats", {}};
+  for (uint64_t seed : kSeeds) {
+    Rng rng(seed);
+    Vec logits = rng.vec(T * V, -3, 3), lse(T), c = rng.vec(T);
+    auto f_lse = [&] {
+      cpu::vocab_logsumexp_forward(lse.data(), logits.data(), T, V);
+      return dot(c, lse);
+    };
+    f_lse();
+    Vec dlogits(T * V);
+    cpu::vocab_logsumexp_backward(dlogits.data(), c.data(), logits.data(), lse.data(), T, V);
+    lse_rep.add("dlogits", fd_error(logits, dlogits, f_lse));
+
+    Vec x = rng.vec(P * T, -3, 3), y(T);
+    auto f_comb = [&] {
+      cpu::lse_combine_forward(y.data(), x.data(), P, T);
+      return dot(c, y);
+    };
+    f_comb();
+    Vec dx(P * T);
+    cpu::lse_combine_backward(dx.data(), c.data(), x.data(), y.data(), P, T);
+    comb.add("dx", fd_error(x, dx, f_comb));
+
+    Vec l = rng.vec(T, 1, 3), tg = rng.vec(T, -1, 1);
+    const double g = rng.uniform(0.5, 2), loss_tokens = 7;
+    auto f_ce = [&] { return g * cpu::ce_from_stats_forward(l.data(), tg.data(), mask.data(), loss_tokens, T); };
+    Vec dl(T), dt(T);
+    cpu::ce_from_stats_backward(dl.data(), dt.data(), g, mask.data(), loss_tokens, T);
+    ce.add("dlse", fd_error(l, dl, f_ce));
+    ce.add("dtarget", fd_error(tg, dt, f_ce));
+  }
+  lse_rep.print();
+  comb.print();
+  ce.print();
+
+  const Ints labels = {1, 6, 3, 5, 7};  // vocabulary 2·V = 8: labels in both blocks
+  for (int64_t r = 0; r < 2; r++)
+    for (const uint8_t* m : {static_cast<const uint8_t*>(nullptr), mask.data()}) {
+      FdReport rep{"vocab_target_logit rank " + std::to_string(r) + " of 2" + (m ? ", masked" : ""), {}};
+      for (uint64_t seed : kSeeds) {
+        Rng rng(seed);
+        Vec logits = rng.vec(T * V, -3, 3), tgt(T), c = rng.vec(T);
+        auto f = [&] {
+          cpu::vocab_target_logit_forward(tgt.data(), logits.data(), labels.data(), m, T, V, r * V, 2 * V);
+          return dot(c, tgt);
+        };
+        Vec dlogits(T * V, 5.0);  // overwritten
+        cpu::vocab_target_logit_backward(dlogits.data(), c.data(), labels.data(), m, T, V, r * V, 2 * V);
+        rep.add("dlogits", fd_error(logits, dlogits, f));
+      }
+      rep.print();
+    }
+}
+
+void fd_moe_sort_chunks() {
+  const int64_t P = 2, L = 3, N = 13, H = 2;
+  const Ints counts = {2, 0, 3, 1, 4, 1};  // Σ = 11 < N: two rows pass through
+  for (bool inverse : {false, true}) {
+    FdReport rep{std::string("moe_sort_chunks") + (inverse ? " inverse" : ""), {}};
+    for (uint64_t seed : kSeeds) {
+      Rng rng(seed);
+      Vec x = rng.vec(N * H), c = rng.vec(N * H), y(N * H);
+      auto f = [&] {
+        cpu::moe_sort_chunks(y.data(), x.data(), counts.data(), P, L, N, H, inverse);
+        return dot(c, y);
+      };
+      Vec dx(N * H);  // the backward: the same op with inverse flipped
+      cpu::moe_sort_chunks(dx.data(), c.data(), counts.data(), P, L, N, H, !inverse);
+      rep.add("dx (the op with inverse flipped)", fd_error(x, dx, f));
+    }
+    rep.print();
+  }
+}
+
 void fd_merge_visual() {
   const int64_t T = 7, H = 3, Nv = 3;
   const Ints tokens = {5, 1, 1, 7, 0, 1, 9};  // placeholder 1 at t = 1, 2, 5
@@ -825,6 +929,113 @@ void fwd_cross_entropy() {
   report("fwd/cross_entropy [1000, 1000] = ln 2", std::abs(ln2 - std::log(2.0)), kExactTol);
 }
 
+// Every rank's shard lookup, summed over the ranks (the all-reduce), is the whole table's lookup.
+void fwd_embedding_shard() {
+  const int64_t V = 3, H = 4, T = 6, P = 2;
+  Rng rng(17);
+  Vec table = rng.vec(P * V * H), whole(T * H), sum(T * H, 0.0);
+  const Ints ids = {5, 0, 3, 2, 4, 1};
+  cpu::embedding_forward(whole.data(), ids.data(), table.data(), T, P * V, H);
+  bool zero_elsewhere = true;
+  for (int64_t r = 0; r < P; r++) {
+    Vec y(T * H);
+    cpu::embedding_shard_forward(y.data(), ids.data(), table.data() + r * V * H, T, V, H, r * V, P * V);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t i = 0; i < H; i++) {
+        sum[t * H + i] += y[t * H + i];
+        const bool mine = ids[t] >= r * V && ids[t] < (r + 1) * V;
+        if (!mine && y[t * H + i] != 0) zero_elsewhere = false;
+      }
+  }
+  report("fwd/embedding vocab shards at ranks 0, 1 sum to the lookup", norm_err(sum, whole), 0.0);
+  report_bool("fwd/embedding vocab shard: zero rows for other ranks' ids", zero_elsewhere);
+}
+
+// The vocab-parallel composition over P ranks, with the collectives done here by hand:
+//   lse = lse_combine(gather_p vocab_logsumexp(logits_p)), target = Σ_p vocab_target_logit_p,
+//   loss = ce_from_stats(lse, target, mask)
+// equals cross_entropy over the whole vocabulary, value and gradient (P = 1: bit for bit).
+void fwd_vocab_parallel_ce() {
+  const int64_t T = 6, Vl = 5;
+  const std::vector<uint8_t> mask = {1, 1, 0, 1, 0, 1};
+  const double loss_tokens = 5, g = 1.3;
+  for (int64_t P : {1, 2, 3}) {
+    const int64_t V = P * Vl;
+    Rng rng(uint64_t(20 + P));
+    Vec logits = rng.vec(T * V, -4, 4), lse_ref(T);
+    for (int64_t v = 0; v < V; v++) logits[V + v] += 1e4;  // a row of huge logits
+    Ints labels = rng.ints(T, 0, int32_t(V - 1));
+    labels[2] = -100;  // masked out: never read
+    const double want = cpu::cross_entropy_forward(lse_ref.data(), logits.data(), labels.data(), mask.data(),
+                                                   loss_tokens, T, V);
+    Vec want_d(T * V);
+    cpu::cross_entropy_backward(want_d.data(), g, logits.data(), lse_ref.data(), labels.data(), mask.data(),
+                                loss_tokens, T, V);
+    // forward, rank by rank
+    std::vector<Vec> shard(size_t(P), Vec(T * Vl, 0.0));
+    std::vector<Vec> lse_p(size_t(P), Vec(T, 0.0));
+    Vec gathered(P * T), target(T, 0.0), lse(T);
+    for (int64_t r = 0; r < P; r++) {
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t v = 0; v < Vl; v++) shard[r][t * Vl + v] = logits[t * V + r * Vl + v];
+      cpu::vocab_logsumexp_forward(lse_p[r].data(), shard[r].data(), T, Vl);
+      std::copy(lse_p[r].begin(), lse_p[r].end(), gathered.begin() + r * T);
+      Vec tr(T);
+      cpu::vocab_target_logit_forward(tr.data(), shard[r].data(), labels.data(), mask.data(), T, Vl, r * Vl, V);
+      for (int64_t t = 0; t < T; t++) target[t] += tr[t];
+    }
+    cpu::lse_combine_forward(lse.data(), gathered.data(), P, T);
+    const double got = cpu::ce_from_stats_forward(lse.data(), target.data(), mask.data(), loss_tokens, T);
+    // backward, rank by rank: ce_from_stats → lse_combine (slice of the gather) → vocab_logsumexp,
+    // + vocab_target_logit (the all-reduce's gradient is the identity)
+    Vec dlse(T), dtarget(T), dgathered(P * T), got_d(T * V);
+    cpu::ce_from_stats_backward(dlse.data(), dtarget.data(), g, mask.data(), loss_tokens, T);
+    cpu::lse_combine_backward(dgathered.data(), dlse.data(), gathered.data(), lse.data(), P, T);
+    for (int64_t r = 0; r < P; r++) {
+      Vec d1(T * Vl), d2(T * Vl);
+      cpu::vocab_logsumexp_backward(d1.data(), dgathered.data() + r * T, shard[r].data(), lse_p[r].data(), T, Vl);
+      cpu::vocab_target_logit_backward(d2.data(), dtarget.data(), labels.data(), mask.data(), T, Vl, r * Vl, V);
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t v = 0; v < Vl; v++) got_d[t * V + r * Vl + v] = d1[t * Vl + v] + d2[t * Vl + v];
+    }
+    const std::string at = " (P = " + std::to_string(P) + ")";
+    const double tol = P == 1 ? 0.0 : kExactTol;
+    report("fwd/vocab-parallel ce = cross_entropy" + at, std::abs(got - want) / std::abs(want), tol);
+    report("fwd/vocab-parallel ce gradient = cross_entropy's" + at, norm_err(got_d, want_d), tol);
+  }
+}
+
+void fwd_moe_ep() {
+  const Ints counts = {3, 0, 2, 5, 1, 1};  // E = 6
+  Ints ranks(3), ranks2(2);
+  cpu::moe_rank_counts(ranks.data(), counts.data(), 6, 3);
+  cpu::moe_rank_counts(ranks2.data(), counts.data(), 6, 2);
+  report_bool("fwd/moe_rank_counts blocks of E/P", ranks == Ints({3, 7, 2}) && ranks2 == Ints({5, 7}));
+  Ints local(3);
+  cpu::moe_local_counts(local.data(), counts.data(), 2, 3);  // as [P = 2, L = 3]
+  report_bool("fwd/moe_local_counts column sums", local == Ints({8, 1, 3}));
+
+  // P = 2, L = 2, counts [[1, 2], [2, 1]], N = 7 (one row past Σ), H = 1. p-major blocks:
+  // (0,0) = [1], (0,1) = [21, 22], (1,0) = [31, 32], (1,1) = [4]; l-major: (0,0) (1,0) (0,1) (1,1)
+  const Ints c = {1, 2, 2, 1};
+  const Vec x = {1, 21, 22, 31, 32, 4, 99};
+  Vec y(7), back(7);
+  cpu::moe_sort_chunks(y.data(), x.data(), c.data(), 2, 2, 7, 1, false);
+  cpu::moe_sort_chunks(back.data(), y.data(), c.data(), 2, 2, 7, 1, true);
+  report_bool("fwd/moe_sort_chunks hand case, and inverse undoes it",
+              y == Vec({1, 31, 32, 21, 22, 4, 99}) && back == x);
+}
+
+// group_slice keeps block r of dim 0 (ranks 0 and 1 of 2)
+void fwd_group_slice() {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};  // [2·1, 3]
+  std::vector<float> y0(3), y1(3);
+  lfc::basic::take_block(y0.data(), x.data(), 3 * sizeof(float), 0);
+  lfc::basic::take_block(y1.data(), x.data(), 3 * sizeof(float), 1);
+  report_bool("fwd/group_slice block of rank 0 and rank 1 of 2",
+              y0 == std::vector<float>({1, 2, 3}) && y1 == std::vector<float>({4, 5, 6}));
+}
+
 void fwd_merge_visual() {
   const int64_t T = 5, H = 2;
   const Ints tokens = {4, 1, 6, 1, 0};
@@ -899,6 +1110,24 @@ void err_checks() {
   report_bool("err/cross_entropy loss_tokens = 0", throws_kernel_error([&] {
     cpu::cross_entropy_forward(buf.data(), buf.data(), labels.data(), mask.data(), 0.0, 1, 4);
   }, "no loss token"));
+  report_bool("err/embedding vocab shard id outside the vocabulary", throws_kernel_error([&] {
+    cpu::embedding_shard_forward(buf.data(), bad_ids.data(), buf.data(), 2, 2, 2, 2, 4);
+  }, "embedding_shard_forward: ids[1] = 9 is outside the vocabulary of 4"));
+  const Ints big_label = {8};
+  report_bool("err/vocab_target_logit masked-in label outside the vocabulary", throws_kernel_error([&] {
+    cpu::vocab_target_logit_forward(buf.data(), buf.data(), big_label.data(), mask.data(), 1, 4, 4, 8);
+  }, "labels[0] = 8 is outside the vocab of 8"));
+  report_bool("err/ce_from_stats loss_tokens = 0", throws_kernel_error([&] {
+    cpu::ce_from_stats_forward(buf.data(), buf.data(), mask.data(), 0.0, 1);
+  }, "ce_from_stats_forward: loss_tokens is 0"));
+  const Ints sort_counts = {2, 3};
+  report_bool("err/moe_sort_chunks counts exceed rows", throws_kernel_error([&] {
+    cpu::moe_sort_chunks(buf.data(), buf.data() + 32, sort_counts.data(), 2, 1, 4, 2, false);
+  }, "counts sum to 5 rows but there are 4"));
+  Ints rc(4);
+  report_bool("err/moe_rank_counts experts not a multiple of ranks", throws_kernel_error([&] {
+    cpu::moe_rank_counts(rc.data(), sort_counts.data(), 2, 4);
+  }, "2 experts are not a multiple of 4 ranks"));
   const Ints seg = {0, 0};
   report_bool("err/attention nh not a multiple of nkv", throws_kernel_error([&] {
     cpu::attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), seg.data(), 2, 3, 2, 2, 1.0, true);
@@ -1026,6 +1255,9 @@ int main(int argc, char** argv) {
   fd_moe_permute();
   fd_moe_aux_loss();
   fd_cross_entropy();
+  fd_embedding_shard();
+  fd_vocab_parallel();
+  fd_moe_sort_chunks();
   fd_merge_visual();
   ref_linear();
   ref_grouped_linear();
@@ -1038,6 +1270,10 @@ int main(int argc, char** argv) {
   fwd_moe_permute();
   fwd_moe_aux_loss();
   fwd_cross_entropy();
+  fwd_embedding_shard();
+  fwd_vocab_parallel_ce();
+  fwd_moe_ep();
+  fwd_group_slice();
   fwd_merge_visual();
   fwd_optimizer();
   err_checks();

@@ -140,6 +140,59 @@ const CASES: Record<OpKind, Case> = {
       error: /loss_tokens must be a scalar/,
     },
   },
+  vocab_logsumexp: {
+    inputs: ['f32[S, 256]'],
+    out: ['f32[S]'],
+    bad: { inputs: ['f32[256]'], error: /logits must have rank 2/ },
+  },
+  lse_combine: {
+    inputs: ['f32[2, S]'],
+    out: ['f32[S]'],
+    bad: { inputs: ['i32[2, S]'], error: /x must be a float tensor/ },
+  },
+  vocab_target_logit: {
+    inputs: ['f32[S, 256]', 'i32[S]', 'u8[S]'],
+    attrs: { shard_group: 'tp', group_size: 2 },
+    out: ['f32[S]'],
+    bad: {
+      inputs: ['f32[S, 256]', 'i32[Nv]'],
+      attrs: { shard_group: 'tp', group_size: 2 },
+      error: /labels vs tokens/,
+    },
+  },
+  ce_from_stats: {
+    inputs: ['f32[S]', 'f32[S]', 'u8[S]', 'f32[]'],
+    out: ['f32[]'],
+    bad: {
+      inputs: ['f32[S]', 'f32[Nv]', 'u8[S]', 'f32[]'],
+      error: /target \[Nv\] vs lse \[S\]/,
+    },
+  },
+  moe_rank_counts: {
+    inputs: ['i32[8]'],
+    attrs: { group_size: 4 },
+    out: ['i32[4]'],
+    bad: {
+      inputs: ['i32[6]'],
+      attrs: { group_size: 4 },
+      error: /experts \[6\] must be a multiple of group_size 4/,
+    },
+  },
+  moe_sort_chunks: {
+    inputs: ['f32[8*S, 128]', 'i32[4, 2]'],
+    attrs: { inverse: false },
+    out: ['f32[8*S, 128]'],
+    bad: {
+      inputs: ['f32[8*S, 128]', 'i32[8]'],
+      attrs: { inverse: false },
+      error: /counts must have rank 2/,
+    },
+  },
+  moe_local_counts: {
+    inputs: ['i32[4, 2]'],
+    out: ['i32[2]'],
+    bad: { inputs: ['f32[4, 2]'], error: /counts must be an integer tensor/ },
+  },
   embedding_grad: {
     inputs: ['f32[S, 128]', 'i32[S]'],
     attrs: { rows: 512 },
@@ -290,6 +343,31 @@ const CASES: Record<OpKind, Case> = {
       error: /dloss must be a scalar/,
     },
   },
+  vocab_logsumexp_grad: {
+    inputs: ['f32[S]', 'f32[S, 256]', 'f32[S]'],
+    out: ['f32[S, 256]'],
+    bad: { inputs: ['f32[S]', 'f32[S, 256]', 'f32[Nv]'], error: /lse vs tokens/ },
+  },
+  lse_combine_grad: {
+    inputs: ['f32[S]', 'f32[2, S]', 'f32[S]'],
+    out: ['f32[2, S]'],
+    bad: { inputs: ['f32[S]', 'f32[S, 2]', 'f32[S]'], error: /dy vs tokens/ },
+  },
+  vocab_target_logit_grad: {
+    inputs: ['f32[S]', 'i32[S]'],
+    attrs: { shard_group: 'tp', group_size: 2, columns: 256 },
+    out: ['f32[S, 256]'],
+    bad: {
+      inputs: ['f32[S]', 'i32[S]'],
+      attrs: { shard_group: 'tp', group_size: 2 },
+      error: /missing attribute 'columns'/,
+    },
+  },
+  ce_from_stats_grad: {
+    inputs: ['f32[]', 'f32[S]', 'u8[S]', 'f32[]'],
+    out: ['f32[S]', 'f32[S]'],
+    bad: { inputs: ['f32[S]', 'f32[S]', 'u8[S]', 'f32[]'], error: /dloss must be a scalar/ },
+  },
   reshape: {
     inputs: ['f32[4*Nv, 64]'],
     attrs: { shape: ['Nv', '256'] },
@@ -315,6 +393,26 @@ const CASES: Record<OpKind, Case> = {
       inputs: [],
       attrs: { value: 'one', dtype: 'f32', shape: [] },
       error: /'value' must be number/,
+    },
+  },
+  copy_to_group: {
+    inputs: ['f32[S, 128]'],
+    attrs: { group: 'tp', group_size: 2 },
+    out: ['f32[S, 128]'],
+    bad: {
+      inputs: ['f32[S, 128]'],
+      attrs: { group: 'tp' },
+      error: /missing attribute 'group_size'/,
+    },
+  },
+  group_slice: {
+    inputs: ['f32[S, 128]'],
+    attrs: { group: 'tp', group_size: 2 },
+    out: ['f32[S/2, 128]'],
+    bad: {
+      inputs: ['f32[7, 128]'],
+      attrs: { group: 'tp', group_size: 2 },
+      error: /7 is not divisible by 2/,
     },
   },
   grad_accumulate: {
@@ -414,18 +512,22 @@ const CASES: Record<OpKind, Case> = {
   },
   send: {
     inputs: ['f32[S, 128]'],
-    attrs: { peer: 1, tag: 3 },
+    attrs: { group: 'pp', peer: 1, tag: 3 },
     out: [],
-    bad: { inputs: [], attrs: { peer: 1, tag: 3 }, error: /send takes 1 inputs, got 0/ },
+    bad: {
+      inputs: ['f32[S, 128]'],
+      attrs: { peer: 1, tag: 3 },
+      error: /missing attribute 'group'/,
+    },
   },
   recv: {
     inputs: [],
-    attrs: { peer: 0, tag: 3, dtype: 'f32', shape: ['S', '128'] },
+    attrs: { group: 'pp', peer: 0, tag: 3, dtype: 'f32', shape: ['S', '128'] },
     out: ['f32[S, 128]'],
     bad: {
       inputs: [],
-      attrs: { peer: 0, tag: 3, dtype: 'f32' },
-      error: /missing attribute 'shape'/,
+      attrs: { group: 'pp', peer: -1, tag: 3, dtype: 'f32', shape: ['S', '128'] },
+      error: /peer must be ≥ 0, got -1/,
     },
   },
   offload: {
@@ -456,6 +558,49 @@ describe('op table shape rules', () => {
       );
     });
   }
+});
+
+describe('parallel attributes', () => {
+  const infer = (kind: OpKind, inputs: string[], attrs: Attrs) =>
+    inferTypes(kind, inputs.map(parseType), attrs).map(formatType);
+  it('embedding and embedding_grad take shard_group and group_size together', () => {
+    const shard = { shard_group: 'tp', group_size: 2 };
+    expect(infer('embedding', ['i32[S]', 'f32[256, 64]'], shard)).toEqual(['f32[S, 64]']);
+    expect(infer('embedding_grad', ['f32[S, 64]', 'i32[S]'], { rows: 256, ...shard })).toEqual([
+      'f32[256, 64]',
+    ]);
+    expect(() => infer('embedding', ['i32[S]', 'f32[256, 64]'], { shard_group: 'tp' })).toThrow(
+      /shard_group and group_size go together/,
+    );
+  });
+  it("all_gather's grad is reduce_scatter or slice", () => {
+    for (const grad of ['reduce_scatter', 'slice'])
+      expect(infer('all_gather', ['f32[1, S]'], { group: 'tp', group_size: 4, grad })).toEqual([
+        'f32[4, S]',
+      ]);
+    expect(() =>
+      infer('all_gather', ['f32[1, S]'], { group: 'tp', group_size: 4, grad: 'sum' }),
+    ).toThrow(/grad must be reduce_scatter or slice, got sum/);
+  });
+  it('all_to_all_v exchanges integer rows (the expert counts matrix)', () => {
+    expect(
+      infer('all_to_all_v', ['i32[4, 2]', 'i32[4]'], {
+        group: 'ep',
+        group_size: 4,
+        out_rows: ['4'],
+      }),
+    ).toEqual(['i32[4, 2]', 'i32[4]']);
+  });
+  it('vocab_target_logit takes an optional mask; group_slice keeps symbolic fractions', () => {
+    const shard = { shard_group: 'tp', group_size: 2 };
+    expect(infer('vocab_target_logit', ['f32[S, 64]', 'i32[S]'], shard)).toEqual(['f32[S]']);
+    expect(() => infer('vocab_target_logit', ['f32[S, 64]', 'i32[S]', 'u8[Nv]'], shard)).toThrow(
+      /mask vs tokens/,
+    );
+    expect(infer('group_slice', ['f32[2*S, 8]'], { group: 'tp', group_size: 4 })).toEqual([
+      'f32[S/2, 8]',
+    ]);
+  });
 });
 
 describe('op table costs', () => {

@@ -19,7 +19,7 @@ describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
     for (const ranks of dpGroups) expect(ranks).toEqual([0, 1, 2, 3]);
   });
   it('sums every gradient byte exactly once', () => {
-    const syncs = p.instructions.filter((i) => i.op === 'all_reduce');
+    const syncs = p.instructions.filter((i) => i.scope === 'gradient_sync');
     expect(syncs.length).toBeGreaterThan(1);
     const covered = new Map<number, number>();
     for (const s of syncs) {
@@ -40,7 +40,7 @@ describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
     p.instructions.forEach((ins, i) => ins.record.forEach((e) => recordedBy.set(e, i)));
     const syncs = p.instructions
       .map((ins, i) => [ins, i] as const)
-      .filter(([ins]) => ins.op === 'all_reduce');
+      .filter(([ins]) => ins.scope === 'gradient_sync');
     for (const [s] of syncs) {
       const b = p.buffers[s.inputs[0]];
       const lastWrite = Math.max(
@@ -60,5 +60,14 @@ describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
     const firstOpt = p.instructions.findIndex((ins) => ins.phase === 'optimizer');
     expect(p.instructions[firstOpt].wait).toHaveLength(1);
     expect(recordedBy.get(p.instructions[firstOpt].wait[0])).toBe(syncs[syncs.length - 1][1]);
+  });
+  it('weighs each replica a quarter in the gradient norm, summed over the world', () => {
+    const at = p.instructions.findIndex((ins) => ins.op === 'sum_squares');
+    const scales = p.instructions[at].attrs.scales as number[];
+    expect(scales).toHaveLength(p.instructions[at].inputs.length);
+    for (const s of scales) expect(s).toBe(0.25);
+    const sum = p.instructions[at + 1];
+    expect([sum.op, sum.attrs]).toEqual(['all_reduce', { group: 'world', group_size: 4 }]);
+    expect(sum.inputs).toEqual(p.instructions[at].outputs);
   });
 });

@@ -328,6 +328,205 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
   });
 });
 
+describe('native runtime: vocab-parallel and expert-parallel ops (f64, group rank 0)', () => {
+  it('vocab_logsumexp, lse_combine, vocab_target_logit, ce_from_stats and their backward', async () => {
+    // a loss through every piece: logits [5, 6] of a vocabulary of 2·6 (rank 0's block), the
+    // gathered lse [2, 5] a parameter of its own
+    const b = new ProgramBuilder('vocab-ce', { S: 5, Nv: 0 });
+    const labels = b.input('labels', 'i32', ['S']);
+    const mask = b.input('loss_mask', 'u8', ['S']);
+    const count = b.scalar('loss_tokens');
+    const shard = { shard_group: 'tp', group_size: 2 };
+    const logits = f64Param(b, 'logits', [5, 6]);
+    const gathered = f64Param(b, 'gathered', [2, 5]);
+    const [lseLocal, lse, target, loss] = [
+      f64(b, 'lse_local', [5]),
+      f64(b, 'lse', [5]),
+      f64(b, 'target', [5]),
+      f64(b, 'loss', []),
+    ];
+    const t = terms(b, [
+      [lseLocal, [5]],
+      [target, [5]],
+      [lse, [5]],
+      [loss, []],
+    ]);
+    const [d1, d2, dgathered, dlse, dtarget] = [
+      f64(b, 'dlogits.lse', [5, 6]),
+      f64(b, 'dlogits.target', [5, 6]),
+      f64(b, 'dgathered', [2, 5]),
+      f64(b, 'dlse', [5]),
+      f64(b, 'dtarget', [5]),
+    ];
+    const dlogits = f64(b, 'dlogits', [5, 6]);
+    b.instr('compute', 'vocab_logsumexp', [logits], [lseLocal]);
+    b.instr('compute', 'vocab_target_logit', [logits, labels, mask], [target], shard);
+    b.instr('compute', 'lse_combine', [gathered], [lse]);
+    b.instr('compute', 'ce_from_stats', [lse, target, mask, count], [loss]);
+    // the loss's own gradient pieces are checked through dlse/dtarget of ce_from_stats_grad,
+    // scaled by dy3, and added to the direct terms' gradients
+    const [dlseCe, dtargetCe] = [f64(b, 'dlse.ce', [5]), f64(b, 'dtarget.ce', [5])];
+    b.instr('compute', 'ce_from_stats_grad', [t[3].dy, lse, mask, count], [dlseCe, dtargetCe]);
+    b.instr('compute', 'add', [t[2].dy, dlseCe], [dlse]);
+    b.instr('compute', 'add', [t[1].dy, dtargetCe], [dtarget]);
+    b.instr('compute', 'lse_combine_grad', [dlse, gathered, lse], [dgathered]);
+    b.instr('compute', 'vocab_logsumexp_grad', [t[0].dy, logits, lseLocal], [d1]);
+    b.instr('compute', 'vocab_target_logit_grad', [dtarget, labels, mask], [d2], {
+      ...shard,
+      columns: 6,
+    });
+    b.instr('compute', 'add', [d1, d2], [dlogits]);
+    await checkGradients({
+      b,
+      terms: t,
+      grads: { logits: dlogits, gathered: dgathered },
+      // labels 3, 5, 4, 9(other block), 0 for padding; mask 1 1 1 1 0
+      mb: textMicrobatch([[2, 3, 5, 4, 9]], 5),
+    });
+  });
+
+  it('one rank: the vocab-parallel pieces give cross_entropy and its gradient', async () => {
+    const b = new ProgramBuilder('vocab-ce-1', { S: 5, Nv: 0 });
+    const labels = b.input('labels', 'i32', ['S']);
+    const mask = b.input('loss_mask', 'u8', ['S']);
+    const count = b.scalar('loss_tokens');
+    const one = { group: 'tp', group_size: 1 };
+    const logits = f64Param(b, 'logits', [5, 6]);
+    const dloss = f64Param(b, 'dloss', []);
+    const [ce, dce] = [f64(b, 'ce', []), f64(b, 'dce', [5, 6])];
+    const [local, row, gathered, lse, target, loss] = [
+      f64(b, 'lse_local', [5]),
+      f64(b, 'lse_row', [1, 5]),
+      f64(b, 'gathered', [1, 5]),
+      f64(b, 'lse', [5]),
+      f64(b, 'target', [5]),
+      f64(b, 'loss', []),
+    ];
+    const [dlse, dtarget, dgathered, d1, d2, dlogits] = [
+      f64(b, 'dlse', [5]),
+      f64(b, 'dtarget', [5]),
+      f64(b, 'dgathered', [1, 5]),
+      f64(b, 'd1', [5, 6]),
+      f64(b, 'd2', [5, 6]),
+      f64(b, 'dlogits', [5, 6]),
+    ];
+    b.instr('compute', 'cross_entropy', [logits, labels, mask, count], [ce]);
+    b.instr('compute', 'cross_entropy_grad', [dloss, logits, labels, mask, count], [dce]);
+    b.instr('compute', 'vocab_logsumexp', [logits], [local]);
+    b.instr('compute', 'reshape', [local], [row], { shape: ['1', '5'] });
+    b.instr('compute', 'group_slice', [row], [gathered], one); // the one-rank all_gather's place
+    b.instr('compute', 'lse_combine', [gathered], [lse]);
+    b.instr('compute', 'vocab_target_logit', [logits, labels, mask], [target], {
+      shard_group: 'tp',
+      group_size: 1,
+    });
+    b.instr('compute', 'ce_from_stats', [lse, target, mask, count], [loss]);
+    b.instr('compute', 'ce_from_stats_grad', [dloss, lse, mask, count], [dlse, dtarget]);
+    b.instr('compute', 'lse_combine_grad', [dlse, gathered, lse], [dgathered]);
+    b.instr('compute', 'vocab_logsumexp_grad', [dgathered, logits, local], [d1]);
+    b.instr('compute', 'vocab_target_logit_grad', [dtarget, labels, mask], [d2], {
+      shard_group: 'tp',
+      group_size: 1,
+      columns: 6,
+    });
+    b.instr('compute', 'add', [d1, d2], [dlogits]);
+    const program = b.build();
+    const rt = new native.Runtime(JSON.stringify(program));
+    rt.initParams(
+      3,
+      program.params.map((p) => ({
+        name: p.name,
+        init: 'normal(2)',
+        shape: p.shard.map(([, n]) => n),
+      })),
+    );
+    rt.setMicrobatch(0, textMicrobatch([[2, 3, 5, 4, 0]], 5));
+    rt.setScalar('loss_tokens', 3);
+    await rt.step({ lr: 0, step: 1 });
+    const read = (id: number) => Array.from(new Float64Array(rt.readBuffer(id)));
+    expect(read(loss)).toEqual(read(ce));
+    expect(read(dlogits)).toEqual(read(dce));
+    expect(read(loss)[0]).toBeGreaterThan(0);
+  });
+
+  it('embedding, embedding_grad vocab-parallel (rank 0 of 2: ids of the other block give 0)', async () => {
+    const b = new ProgramBuilder('embedding-shard', { S: 5, Nv: 0 });
+    const tokens = b.input('tokens', 'i32', ['S']);
+    const table = f64Param(b, 'table', [4, 3]); // rows 0–3 of a vocabulary of 8
+    const y = f64(b, 'y', ['S', 3]);
+    const t = terms(b, [[y, [5, 3]]]);
+    const dtable = f64(b, 'dtable', [4, 3]);
+    const shard = { shard_group: 'tp', group_size: 2 };
+    b.instr('compute', 'embedding', [tokens, table], [y], shard);
+    b.instr('compute', 'embedding_grad', [t[0].dy, tokens], [dtable], { rows: 4, ...shard });
+    const mb = textMicrobatch([[2, 6, 2, 3, 7]], 5);
+    await checkGradients({ b, terms: t, grads: { table: dtable }, mb });
+    const program = b.build();
+    const rt = new native.Runtime(JSON.stringify(program));
+    rt.initParams(
+      1,
+      program.params.map((p) => ({
+        name: p.name,
+        init: 'normal(1)',
+        shape: p.shard.map(([, n]) => n),
+      })),
+    );
+    rt.setMicrobatch(0, mb);
+    await rt.step({ lr: 0, step: 1 });
+    const rows = Array.from(new Float64Array(rt.readBuffer(y)));
+    expect(rows.slice(3, 6)).toEqual([0, 0, 0]); // id 6 is rank 1's
+    expect(rows.slice(12, 15)).toEqual([0, 0, 0]); // id 7
+    expect(rows.slice(0, 3).some((v) => v !== 0)).toBe(true);
+  });
+
+  it('moe_sort_chunks and its inverse (the backward) against finite differences', async () => {
+    // counts [[1, 1], [1, 1]] (P = 2 source ranks, L = 2 local experts): rows 1 and 2 swap, the
+    // 3 rows past Σ counts pass through
+    const b = new ProgramBuilder('sort-chunks');
+    const expertCounts = b.arena('expert_counts', 'i32', [4]);
+    const counts = b.arena('counts', 'i32', [2, 2]);
+    const rows = f64Param(b, 'rows', [7, 2]);
+    const y = f64(b, 'y', [7, 2]);
+    const t = terms(b, [[y, [7, 2]]]);
+    const drows = f64(b, 'drows', [7, 2]);
+    b.instr('compute', 'constant', [], [expertCounts], { value: 1, dtype: 'i32', shape: ['4'] });
+    b.instr('compute', 'reshape', [expertCounts], [counts], { shape: ['2', '2'] });
+    b.instr('compute', 'moe_sort_chunks', [rows, counts], [y], { inverse: false });
+    b.instr('compute', 'moe_sort_chunks', [t[0].dy, counts], [drows], { inverse: true });
+    await checkGradients({ b, terms: t, grads: { rows: drows } });
+  });
+
+  it('moe_rank_counts and moe_local_counts', async () => {
+    const b = new ProgramBuilder('ep-counts');
+    const expertCounts = b.arena('expert_counts', 'i32', [4]);
+    const counts = b.arena('counts', 'i32', [2, 2]);
+    const [perRank, perExpert] = [b.arena('rank', 'i32', [2]), b.arena('local', 'i32', [2])];
+    b.instr('compute', 'constant', [], [expertCounts], { value: 3, dtype: 'i32', shape: ['4'] });
+    b.instr('compute', 'reshape', [expertCounts], [counts], { shape: ['2', '2'] });
+    b.instr('compute', 'moe_rank_counts', [expertCounts], [perRank], { group_size: 2 });
+    b.instr('compute', 'moe_local_counts', [counts], [perExpert]);
+    const rt = new native.Runtime(JSON.stringify(b.build()));
+    await rt.step({ lr: 0, step: 1 });
+    expect(Array.from(new Int32Array(rt.readBuffer(perRank)))).toEqual([6, 6]);
+    expect(Array.from(new Int32Array(rt.readBuffer(perExpert)))).toEqual([6, 6]);
+  });
+
+  it('copy_to_group copies; group_slice keeps the block of group rank 0', async () => {
+    const b = new ProgramBuilder('regions');
+    const x = b.param('x', [4, 3], { trainable: false }).buffer;
+    const [copy, slice] = [b.arena('copy', 'f32', [4, 3]), b.arena('slice', 'f32', [2, 3])];
+    b.instr('compute', 'copy_to_group', [x], [copy], { group: 'tp', group_size: 2 });
+    b.instr('compute', 'group_slice', [x], [slice], { group: 'tp', group_size: 2 });
+    const program = b.build();
+    const rt = new native.Runtime(JSON.stringify(program));
+    const xs = new Float32Array(rt.region('param'), program.buffers[x].offset, 12);
+    xs.set(Array.from({ length: 12 }, (_, i) => i + 1));
+    await rt.step({ lr: 0, step: 1 });
+    expect(Array.from(new Float32Array(rt.readBuffer(copy)))).toEqual(Array.from(xs));
+    expect(Array.from(new Float32Array(rt.readBuffer(slice)))).toEqual([1, 2, 3, 4, 5, 6]);
+  });
+});
+
 describe('native runtime: layout, memory and constant ops', () => {
   it('split and concat invert each other; add; offload and reload copy; constant fills', async () => {
     const b = new ProgramBuilder('layout');

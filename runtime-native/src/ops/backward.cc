@@ -4,6 +4,7 @@
 // and rstd, the cross-entropy log-sum-exp, the router's renormalized weights) are recomputed here
 // exactly as the forward computes them.
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/activation.h"
@@ -26,10 +27,15 @@ void run_embedding_grad(const Instr&, StepCtx& c) {
   const int64_t T = ids.numel, H = dy.last(), V = c.integer("rows");
   requireNumel(dy, T * H, "input 0 (dy)");
   requireOut(dtable, dy.dtype, V * H, "output 0 (dtable)");
+  const std::optional<GroupPos> shard = vocabShard(c);
   zero(dtable);
   withReal(dy, "input 0 (dy)", [&](auto z) {
     using Real = decltype(z);
-    cpu::embedding_backward<Real>(dtable.as<Real>(), dy.as<Real>(), ids.as<int32_t>(), T, V, H);
+    if (shard)
+      cpu::embedding_shard_backward<Real>(dtable.as<Real>(), dy.as<Real>(), ids.as<int32_t>(), T, V, H,
+                                          shard->rank * V, shard->size * V);
+    else
+      cpu::embedding_backward<Real>(dtable.as<Real>(), dy.as<Real>(), ids.as<int32_t>(), T, V, H);
   });
 }
 
@@ -322,6 +328,64 @@ void run_cross_entropy_grad(const Instr&, StepCtx& c) {
                                      lossTokens, a.T, a.V);
     cpu::cross_entropy_backward<Real>(dlogits.as<Real>(), Real(g), logits.as<Real>(), lse, labels.as<int32_t>(),
                                       mask.as<uint8_t>(), lossTokens, a.T, a.V);
+  });
+}
+
+void run_vocab_logsumexp_grad(const Instr&, StepCtx& c) {
+  // dy [T], logits [T, Vl], lse [T] → dlogits [T, Vl]
+  const Tensor &dy = c.in(0), &logits = c.in(1), &lse = c.in(2), &dlogits = c.out(0);
+  requireRank(logits, 2, "input 1 (logits)");
+  const int64_t T = logits.dim(0), V = logits.dim(1);
+  requireOut(dy, logits.dtype, T, "input 0 (dy)");
+  requireOut(lse, logits.dtype, T, "input 2 (lse)");
+  requireOut(dlogits, logits.dtype, T * V, "output 0 (dlogits)");
+  withReal(logits, "input 1 (logits)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::vocab_logsumexp_backward<Real>(dlogits.as<Real>(), dy.as<Real>(), logits.as<Real>(), lse.as<Real>(), T,
+                                        V);
+  });
+}
+
+void run_lse_combine_grad(const Instr&, StepCtx& c) {
+  // dy [T], x [P, T], y [T] → dx [P, T]
+  const Tensor &dy = c.in(0), &x = c.in(1), &y = c.in(2), &dx = c.out(0);
+  requireRank(x, 2, "input 1 (x)");
+  const int64_t P = x.dim(0), T = x.dim(1);
+  requireOut(dy, x.dtype, T, "input 0 (dy)");
+  requireOut(y, x.dtype, T, "input 2 (y)");
+  requireOut(dx, x.dtype, P * T, "output 0 (dx)");
+  withReal(x, "input 1 (x)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::lse_combine_backward<Real>(dx.as<Real>(), dy.as<Real>(), x.as<Real>(), y.as<Real>(), P, T);
+  });
+}
+
+void run_vocab_target_logit_grad(const Instr&, StepCtx& c) {
+  // dy [T], labels i32 [T], mask? u8 [T] → dlogits [T, columns]
+  const Tensor &dy = c.in(0), &labels = c.in(1), &dlogits = c.out(0);
+  const TargetArgs a = targetArgs(c, dy.numel, c.integer("columns"), labels);
+  requireOut(dlogits, dy.dtype, a.T * a.V, "output 0 (dlogits)");
+  withReal(dy, "input 0 (dy)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::vocab_target_logit_backward<Real>(dlogits.as<Real>(), dy.as<Real>(), labels.as<int32_t>(), a.mask, a.T,
+                                           a.V, a.shard.rank * a.V, a.shard.size * a.V);
+  });
+}
+
+void run_ce_from_stats_grad(const Instr&, StepCtx& c) {
+  // dloss [], lse [T], mask u8 [T], loss_tokens [] → dlse [T], dtarget [T]
+  const Tensor &lse = c.in(1), &mask = c.in(2), &dlse = c.out(0), &dtarget = c.out(1);
+  const double g = scalarValue(c.in(0), "input 0 (dloss)");
+  const double lossTokens = scalarValue(c.in(3), "input 3 (loss_tokens)");
+  const int64_t T = lse.numel;
+  requireDType(mask, DType::u8, "input 2 (mask)");
+  requireNumel(mask, T, "input 2 (mask)");
+  requireOut(dlse, lse.dtype, T, "output 0 (dlse)");
+  requireOut(dtarget, lse.dtype, T, "output 1 (dtarget)");
+  withReal(lse, "input 1 (lse)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::ce_from_stats_backward<Real>(dlse.as<Real>(), dtarget.as<Real>(), Real(g), mask.as<uint8_t>(), lossTokens,
+                                      T);
   });
 }
 

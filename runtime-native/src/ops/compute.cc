@@ -1,4 +1,5 @@
 // Forward compute ops → kernels/cpu. Shapes in the comments use the letters of ir/ops.ts.
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/activation.h"
@@ -21,9 +22,14 @@ void run_embedding(const Instr&, StepCtx& c) {
   requireRank(table, 2, "input 1 (table)");
   const int64_t T = ids.numel, V = table.dim(0), H = table.dim(1);
   requireOut(y, table.dtype, T * H, "output 0");
+  const std::optional<GroupPos> shard = vocabShard(c);
   withReal(table, "input 1 (table)", [&](auto z) {
     using R = decltype(z);
-    cpu::embedding_forward<R>(y.as<R>(), ids.as<int32_t>(), table.as<R>(), T, V, H);
+    if (shard)  // this rank's rows [r·V, (r+1)·V) of a vocabulary of P·V
+      cpu::embedding_shard_forward<R>(y.as<R>(), ids.as<int32_t>(), table.as<R>(), T, V, H, shard->rank * V,
+                                      shard->size * V);
+    else
+      cpu::embedding_forward<R>(y.as<R>(), ids.as<int32_t>(), table.as<R>(), T, V, H);
   });
 }
 
@@ -240,6 +246,91 @@ void run_cross_entropy(const Instr&, StepCtx& c) {
                                                        mask.as<uint8_t>(), lossTokens, a.T, a.V);
     setScalarValue(y, double(loss), "output 0");
   });
+}
+
+// ---- vocab-parallel cross-entropy pieces -----------------------------------------------------
+
+void run_vocab_logsumexp(const Instr&, StepCtx& c) {
+  const Tensor &logits = c.in(0), &lse = c.out(0);  // logits [T, Vl] → [T]
+  requireRank(logits, 2, "input 0 (logits)");
+  const int64_t T = logits.dim(0), V = logits.dim(1);
+  requireOut(lse, logits.dtype, T, "output 0 (lse)");
+  withReal(logits, "input 0 (logits)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::vocab_logsumexp_forward<Real>(lse.as<Real>(), logits.as<Real>(), T, V);
+  });
+}
+
+void run_lse_combine(const Instr&, StepCtx& c) {
+  const Tensor &x = c.in(0), &y = c.out(0);  // x [P, T] → [T]
+  requireRank(x, 2, "input 0 (x)");
+  const int64_t P = x.dim(0), T = x.dim(1);
+  requireOut(y, x.dtype, T, "output 0");
+  withReal(x, "input 0 (x)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::lse_combine_forward<Real>(y.as<Real>(), x.as<Real>(), P, T);
+  });
+}
+
+void run_vocab_target_logit(const Instr&, StepCtx& c) {
+  // logits [T, Vl], labels i32 [T], mask? u8 [T] → [T]
+  const Tensor &logits = c.in(0), &labels = c.in(1), &y = c.out(0);
+  const TargetArgs a = targetArgs(c, logits, labels);
+  requireOut(y, logits.dtype, a.T, "output 0");
+  withReal(logits, "input 0 (logits)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::vocab_target_logit_forward<Real>(y.as<Real>(), logits.as<Real>(), labels.as<int32_t>(), a.mask, a.T,
+                                          a.V, a.shard.rank * a.V, a.shard.size * a.V);
+  });
+}
+
+void run_ce_from_stats(const Instr&, StepCtx& c) {
+  // lse [T], target [T], mask u8 [T], loss_tokens [] → scalar
+  const Tensor &lse = c.in(0), &target = c.in(1), &mask = c.in(2), &y = c.out(0);
+  const int64_t T = lse.numel;
+  requireSame(target, lse, "input 1 (target)");
+  requireDType(mask, DType::u8, "input 2 (mask)");
+  requireNumel(mask, T, "input 2 (mask)");
+  const double lossTokens = scalarValue(c.in(3), "input 3 (loss_tokens)");
+  withReal(lse, "input 0 (lse)", [&](auto z) {
+    using Real = decltype(z);
+    const Real loss =
+        cpu::ce_from_stats_forward<Real>(lse.as<Real>(), target.as<Real>(), mask.as<uint8_t>(), lossTokens, T);
+    setScalarValue(y, double(loss), "output 0");
+  });
+}
+
+// ---- expert parallelism ------------------------------------------------------------------------
+
+void run_moe_rank_counts(const Instr&, StepCtx& c) {
+  const Tensor &counts = c.in(0), &y = c.out(0);  // counts i32 [E] → i32 [P]
+  requireDType(counts, DType::i32, "input 0 (counts)");
+  const int64_t E = counts.numel, P = c.integer("group_size");
+  if (P < 1 || E % P != 0) throw OpError(cat(E, " experts are not a multiple of group_size ", P));
+  requireOut(y, DType::i32, P, "output 0");
+  cpu::moe_rank_counts(y.as<int32_t>(), counts.as<int32_t>(), E, P);
+}
+
+void run_moe_sort_chunks(const Instr&, StepCtx& c) {
+  // rows [N, H], counts i32 [P, L] → [N, H]
+  const Tensor &rows = c.in(0), &counts = c.in(1), &y = c.out(0);
+  requireRank(rows, 2, "input 0 (rows)");
+  requireRank(counts, 2, "input 1 (counts)");
+  requireDType(counts, DType::i32, "input 1 (counts)");
+  requireOut(y, rows.dtype, rows.numel, "output 0");
+  withReal(rows, "input 0 (rows)", [&](auto z) {
+    using Real = decltype(z);
+    cpu::moe_sort_chunks<Real>(y.as<Real>(), rows.as<Real>(), counts.as<int32_t>(), counts.dim(0), counts.dim(1),
+                               rows.dim(0), rows.dim(1), c.flag("inverse"));
+  });
+}
+
+void run_moe_local_counts(const Instr&, StepCtx& c) {
+  const Tensor &counts = c.in(0), &y = c.out(0);  // counts i32 [P, L] → i32 [L]
+  requireRank(counts, 2, "input 0 (counts)");
+  requireDType(counts, DType::i32, "input 0 (counts)");
+  requireOut(y, DType::i32, counts.dim(1), "output 0");
+  cpu::moe_local_counts(y.as<int32_t>(), counts.as<int32_t>(), counts.dim(0), counts.dim(1));
 }
 
 }  // namespace lfc::ops

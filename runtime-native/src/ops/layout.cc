@@ -1,4 +1,5 @@
-// Layout ops (reshape, split, concat, constant) and memory moves (offload, reload).
+// Layout ops (reshape, split, concat, constant, copy_to_group, group_slice) and memory moves
+// (offload, reload).
 #include <cstring>
 #include <vector>
 
@@ -71,6 +72,21 @@ void run_constant(const Instr&, StepCtx& c) {
     case DType::u8: basic::fill(y.as<uint8_t>(), uint8_t(v), y.numel); return;
     default: throw OpError(cat("constant of dtype ", dtypeName(y.dtype), " is not supported on CPU"));
   }
+}
+
+// Entering a parallel region is the identity forward (its backward is an all-reduce the plan
+// holds): a copy, or nothing when the plan made the output a view of the input.
+void run_copy_to_group(const Instr&, StepCtx& c) { copyBytes(c.out(0), c.in(0)); }
+
+void run_group_slice(const Instr&, StepCtx& c) {
+  // x [P·n, ...] → block r [n, ...], r = this rank's index in the group
+  const Tensor &x = c.in(0), &y = c.out(0);
+  const GroupPos g = groupPos(c, "group");
+  if (x.rank() < 1) throw OpError("group_slice needs an input of rank ≥ 1");
+  if (x.dim(0) % g.size != 0)
+    throw OpError(cat("dim 0 of input 0 ", formatShape(x.shape), " is not divisible by group_size ", g.size));
+  requireOut(y, x.dtype, x.numel / g.size, "output 0");
+  basic::take_block(y.data, x.data, y.bytes(), g.rank);
 }
 
 // Host and device memory are the same on CPU: a copy between the two buffers.

@@ -27,6 +27,8 @@ bool StepCtx::flag(const char* name) const { return attr(instr_, name).get<bool>
 
 std::string StepCtx::str(const char* name) const { return attr(instr_, name).get<std::string>(); }
 
+bool StepCtx::has(const char* name) const { return instr_.attrs.contains(name); }
+
 std::vector<int64_t> StepCtx::ints(const char* name) const {
   std::vector<int64_t> out;
   for (const auto& v : attr(instr_, name)) out.push_back(int64_t(std::llround(v.get<double>())));

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,9 +68,27 @@ class Scratch {
   std::vector<std::vector<std::byte>> slots_ = std::vector<std::vector<std::byte>>(4);
 };
 
+// This rank's index inside each of its process groups, by group kind ("tp", "ep", "pp", …), for
+// the ops whose work depends on it (group_slice, the vocab-parallel embedding and cross-entropy
+// pieces). The runtime fills it once per rank from the plan; a kind never set reads as 0, which is
+// also what a one-rank plan means.
+class GroupRanks {
+ public:
+  void set(const std::string& kind, int rank) { ranks_[kind] = rank; }
+  int rank(const std::string& kind) const {
+    auto it = ranks_.find(kind);
+    return it == ranks_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::map<std::string, int> ranks_;
+};
+
 struct StepParams {
   double lr = 0;
   int64_t step = 1;  // t ≥ 1 for AdamW
+  // this rank's group ranks (owned by the runtime, constant over the run); null: every kind is 0
+  const GroupRanks* groupRanks = nullptr;
 };
 
 class StepCtx {
@@ -84,6 +103,10 @@ class StepCtx {
   int numOut() const { return int(outputs_.size()); }
   const StepParams& params() const { return params_; }
   Scratch& scratch() { return scratch_; }
+  // this rank's index in its group of the given kind (0 when the runtime set none)
+  int groupRank(const std::string& kind) const {
+    return params_.groupRanks ? params_.groupRanks->rank(kind) : 0;
+  }
 
   // attributes (checked at load; a missing optional attribute gives the fallback)
   double num(const char* name) const;
@@ -92,6 +115,7 @@ class StepCtx {
   bool flag(const char* name) const;
   std::string str(const char* name) const;
   std::vector<int64_t> ints(const char* name) const;
+  bool has(const char* name) const;
 
  private:
   const Instr& instr_;

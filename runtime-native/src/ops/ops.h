@@ -24,6 +24,13 @@ void run_grouped_linear(const Instr& in, StepCtx& c);
 void run_moe_unpermute(const Instr& in, StepCtx& c);
 void run_moe_aux_loss(const Instr& in, StepCtx& c);
 void run_cross_entropy(const Instr& in, StepCtx& c);
+void run_vocab_logsumexp(const Instr& in, StepCtx& c);
+void run_lse_combine(const Instr& in, StepCtx& c);
+void run_vocab_target_logit(const Instr& in, StepCtx& c);
+void run_ce_from_stats(const Instr& in, StepCtx& c);
+void run_moe_rank_counts(const Instr& in, StepCtx& c);
+void run_moe_sort_chunks(const Instr& in, StepCtx& c);
+void run_moe_local_counts(const Instr& in, StepCtx& c);
 
 // backward (backward.cc)
 void run_embedding_grad(const Instr& in, StepCtx& c);
@@ -43,12 +50,18 @@ void run_grouped_linear_wgrad(const Instr& in, StepCtx& c);
 void run_moe_unpermute_grad(const Instr& in, StepCtx& c);
 void run_moe_aux_loss_grad(const Instr& in, StepCtx& c);
 void run_cross_entropy_grad(const Instr& in, StepCtx& c);
+void run_vocab_logsumexp_grad(const Instr& in, StepCtx& c);
+void run_lse_combine_grad(const Instr& in, StepCtx& c);
+void run_vocab_target_logit_grad(const Instr& in, StepCtx& c);
+void run_ce_from_stats_grad(const Instr& in, StepCtx& c);
 
 // layout and constants (layout.cc)
 void run_reshape(const Instr& in, StepCtx& c);
 void run_split(const Instr& in, StepCtx& c);
 void run_concat(const Instr& in, StepCtx& c);
 void run_constant(const Instr& in, StepCtx& c);
+void run_copy_to_group(const Instr& in, StepCtx& c);
+void run_group_slice(const Instr& in, StepCtx& c);
 
 // optimizer (optimizer.cc)
 void run_grad_accumulate(const Instr& in, StepCtx& c);

@@ -42,7 +42,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   std::array<OpEntry, kOpCount> r{};
   auto set = [&r](Op op, OpEntry e) { r[size_t(op)] = e; };
   // forward compute
-  set(Op::embedding, compute(2, 2, 1, 1, "", run_embedding));
+  set(Op::embedding, compute(2, 2, 1, 1, "shard_group?:string,group_size?:int", run_embedding));
   set(Op::patch_embed, compute(2, 3, 1, 1, "", run_patch_embed));
   set(Op::linear, compute(2, 3, 1, 1, "", run_linear));
   set(Op::layernorm, compute(3, 3, 1, 1, "eps:number", run_layernorm));
@@ -59,8 +59,17 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::moe_unpermute, compute(3, 3, 1, 1, "", run_moe_unpermute));
   set(Op::moe_aux_loss, compute(3, 3, 1, 1, "coeff:number", run_moe_aux_loss));
   set(Op::cross_entropy, compute(4, 4, 1, 1, "", run_cross_entropy));
+  set(Op::vocab_logsumexp, compute(1, 1, 1, 1, "", run_vocab_logsumexp));
+  set(Op::lse_combine, compute(1, 1, 1, 1, "", run_lse_combine));
+  set(Op::vocab_target_logit,
+      compute(2, 3, 1, 1, "shard_group:string,group_size:int", run_vocab_target_logit));
+  set(Op::ce_from_stats, compute(4, 4, 1, 1, "", run_ce_from_stats));
+  set(Op::moe_rank_counts, compute(1, 1, 1, 1, "group_size:int", run_moe_rank_counts));
+  set(Op::moe_sort_chunks, compute(2, 2, 1, 1, "inverse:bool", run_moe_sort_chunks));
+  set(Op::moe_local_counts, compute(1, 1, 1, 1, "", run_moe_local_counts));
   // backward
-  set(Op::embedding_grad, compute(2, 2, 1, 1, "rows:int", run_embedding_grad));
+  set(Op::embedding_grad,
+      compute(2, 2, 1, 1, "rows:int,shard_group?:string,group_size?:int", run_embedding_grad));
   set(Op::linear_dgrad, compute(2, 2, 1, 1, "", run_linear_dgrad));
   set(Op::linear_wgrad, compute(2, 2, 1, 2, "bias:bool", run_linear_wgrad));
   set(Op::layernorm_grad, compute(3, 3, 3, 3, "eps:number", run_layernorm_grad));
@@ -79,11 +88,18 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::moe_unpermute_grad, compute(4, 4, 2, 2, "", run_moe_unpermute_grad));
   set(Op::moe_aux_loss_grad, compute(4, 4, 1, 1, "coeff:number", run_moe_aux_loss_grad));
   set(Op::cross_entropy_grad, compute(5, 5, 1, 1, "", run_cross_entropy_grad));
+  set(Op::vocab_logsumexp_grad, compute(3, 3, 1, 1, "", run_vocab_logsumexp_grad));
+  set(Op::lse_combine_grad, compute(3, 3, 1, 1, "", run_lse_combine_grad));
+  set(Op::vocab_target_logit_grad, compute(2, 3, 1, 1, "shard_group:string,group_size:int,columns:int",
+                                           run_vocab_target_logit_grad));
+  set(Op::ce_from_stats_grad, compute(4, 4, 2, 2, "", run_ce_from_stats_grad));
   // layout and constants
   set(Op::reshape, entry(OpClass::layout, 1, 1, 1, 1, "shape:dims", run_reshape, true));
   set(Op::split, entry(OpClass::layout, 1, 1, 1, V, "sizes:ints", run_split));
   set(Op::concat, entry(OpClass::layout, 1, V, 1, 1, "", run_concat));
   set(Op::constant, entry(OpClass::layout, 0, 0, 1, 1, "value:number,dtype:dtype,shape:dims", run_constant));
+  set(Op::copy_to_group, entry(OpClass::layout, 1, 1, 1, 1, "group:string,group_size:int", run_copy_to_group, true));
+  set(Op::group_slice, entry(OpClass::layout, 1, 1, 1, 1, "group:string,group_size:int", run_group_slice));
   // optimizer: in place on persistent buffers
   set(Op::grad_accumulate, entry(OpClass::optimizer, 2, 2, 0, 0, "", run_grad_accumulate));
   set(Op::sum_squares, entry(OpClass::optimizer, 1, V, 1, 1, "", run_sum_squares));

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/merge.h"
@@ -24,6 +26,50 @@ inline void requireDim(int64_t got, int64_t want, const char* what) {
 inline void requireSame(const Tensor& t, const Tensor& ref, const char* what) {
   requireDType(t, ref.dtype, what);
   requireNumel(t, ref.numel, what);
+}
+
+// This rank's index in the group named by the string attribute groupAttr ("group",
+// "shard_group"), checked against the attribute group_size: 0 ≤ rank < group_size.
+struct GroupPos {
+  int64_t rank = 0, size = 1;
+};
+inline GroupPos groupPos(const StepCtx& c, const char* groupAttr) {
+  const std::string kind = c.str(groupAttr);
+  const GroupPos g{c.groupRank(kind), c.integer("group_size")};
+  if (g.size < 1) throw OpError(cat("group_size must be ≥ 1, got ", g.size));
+  if (g.rank < 0 || g.rank >= g.size)
+    throw OpError(cat("this rank's index in group ", kind, " is ", g.rank, ", outside group_size ", g.size));
+  return g;
+}
+
+// The vocab-parallel attributes of embedding and embedding_grad: this rank's block when
+// shard_group is present, nothing otherwise.
+inline std::optional<GroupPos> vocabShard(const StepCtx& c) {
+  if (!c.has("shard_group")) return std::nullopt;
+  return groupPos(c, "shard_group");
+}
+
+struct TargetArgs {
+  int64_t T, V;
+  const uint8_t* mask;  // null without the optional mask input
+  GroupPos shard;
+};
+// vocab_target_logit(_grad): rows T and columns V of the logits, labels i32 [T] and the optional
+// mask u8 [T] (input 2), the rank's vocabulary block
+inline TargetArgs targetArgs(const StepCtx& c, int64_t T, int64_t V, const Tensor& labels) {
+  requireDType(labels, DType::i32, "input 1 (labels)");
+  requireNumel(labels, T, "input 1 (labels)");
+  const uint8_t* mask = nullptr;
+  if (c.numIn() > 2) {
+    requireDType(c.in(2), DType::u8, "input 2 (mask)");
+    requireNumel(c.in(2), T, "input 2 (mask)");
+    mask = c.in(2).as<uint8_t>();
+  }
+  return TargetArgs{T, V, mask, groupPos(c, "shard_group")};
+}
+inline TargetArgs targetArgs(const StepCtx& c, const Tensor& logits, const Tensor& labels) {
+  requireRank(logits, 2, "input 0 (logits)");
+  return targetArgs(c, logits.dim(0), logits.dim(1), labels);
 }
 
 struct RopeArgs {

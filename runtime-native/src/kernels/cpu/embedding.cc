@@ -10,6 +10,13 @@ void check_ids(const char* kernel, const int32_t* ids, int64_t T, int64_t V) {
     LFC_KERNEL_CHECK(ids[t] >= 0 && ids[t] < V, kernel, ": ids[", t, "] = ", ids[t],
                      " is outside the table of ", V, " rows");
 }
+void check_vocab(const char* kernel, const int32_t* ids, int64_t T, int64_t first, int64_t V, int64_t vocab) {
+  LFC_KERNEL_CHECK(first >= 0 && V >= 0 && first + V <= vocab, kernel, ": rows [", first, ", ", first + V,
+                   ") are outside the vocabulary of ", vocab);
+  for (int64_t t = 0; t < T; t++)
+    LFC_KERNEL_CHECK(ids[t] >= 0 && ids[t] < vocab, kernel, ": ids[", t, "] = ", ids[t],
+                     " is outside the vocabulary of ", vocab);
+}
 }  // namespace
 
 template <typename Real>
@@ -31,9 +38,47 @@ void embedding_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_
   }
 }
 
+template <typename Real>
+void embedding_shard_forward(Real* y, const int32_t* ids, const Real* table, int64_t T, int64_t V, int64_t H,
+                             int64_t first, int64_t vocab) {
+  check_vocab("embedding_shard_forward", ids, T, first, V, vocab);
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t row = int64_t(ids[t]) - first;
+    Real* yt = y + t * H;  // (H)
+    if (row < 0 || row >= V) {
+      std::fill(yt, yt + H, Real(0));
+      continue;
+    }
+    const Real* src = table + row * H;  // (H)
+    std::copy(src, src + H, yt);
+  }
+}
+
+template <typename Real>
+void embedding_shard_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_t T, int64_t V,
+                              int64_t H, int64_t first, int64_t vocab) {
+  check_vocab("embedding_shard_backward", ids, T, first, V, vocab);
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t row = int64_t(ids[t]) - first;
+    if (row < 0 || row >= V) continue;
+    Real* drow = dtable + row * H;  // (H)
+    const Real* dyt = dy + t * H;   // (H)
+    for (int64_t i = 0; i < H; i++) drow[i] += dyt[i];
+  }
+}
+
 template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, int64_t);
 template void embedding_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t, int64_t);
 template void embedding_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
 template void embedding_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t);
+
+template void embedding_shard_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
+                                             int64_t, int64_t);
+template void embedding_shard_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t, int64_t,
+                                              int64_t, int64_t);
+template void embedding_shard_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
+                                              int64_t, int64_t);
+template void embedding_shard_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t,
+                                               int64_t, int64_t, int64_t);
 
 }  // namespace lfc::cpu

@@ -14,4 +14,16 @@ void embedding_forward(Real* y, const int32_t* ids, const Real* table, int64_t T
 template <typename Real>
 void embedding_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_t T, int64_t V, int64_t H);
 
+// Vocab-parallel (Megatron's VocabParallelEmbedding, before its all-reduce): the table (V, H) holds
+// rows [first, first + V) of a vocabulary of `vocab` ids. y (T, H)[t] = table[ids[t] − first] for
+// the ids inside that block, 0 for the others. Throws KernelError if an id is outside [0, vocab).
+template <typename Real>
+void embedding_shard_forward(Real* y, const int32_t* ids, const Real* table, int64_t T, int64_t V, int64_t H,
+                             int64_t first, int64_t vocab);
+// dtable (V, H)[ids[t] − first] += dy (T, H)[t] for the ids inside the block: ACCUMULATES; the other
+// tokens contribute nothing.
+template <typename Real>
+void embedding_shard_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_t T, int64_t V,
+                              int64_t H, int64_t first, int64_t vocab);
+
 }  // namespace lfc::cpu

@@ -14,6 +14,33 @@ void check_args(const char* kernel, const int32_t* labels, const uint8_t* mask, 
     LFC_KERNEL_CHECK(!mask[t] || (labels[t] >= 0 && labels[t] < V), kernel, ": labels[", t, "] = ",
                      labels[t], " is outside the vocab of ", V);
 }
+// log Σ exp(x[i·stride]) over n values, max-shifted, summed in double (cross_entropy_forward's
+// arithmetic)
+template <typename Real>
+double logsumexp(const Real* x, int64_t n, int64_t stride) {
+  double m = double(x[0]);
+  for (int64_t i = 1; i < n; i++) m = std::max(m, double(x[i * stride]));
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += std::exp(double(x[i * stride]) - m);
+  return m + std::log(sum);
+}
+
+void check_loss_tokens(const char* kernel, double loss_tokens) {
+  LFC_KERNEL_CHECK(loss_tokens > 0, kernel, ": loss_tokens is ", loss_tokens,
+                   "; a global batch with no loss token is an error");
+}
+
+// the column of labels[t] in the block [first, first + V), or −1 when the row reads no logit
+int64_t target_column(const char* kernel, const int32_t* labels, const uint8_t* mask, int64_t t, int64_t V,
+                      int64_t first, int64_t vocab) {
+  if (mask && !mask[t]) return -1;
+  if (mask)
+    LFC_KERNEL_CHECK(labels[t] >= 0 && labels[t] < vocab, kernel, ": labels[", t, "] = ", labels[t],
+                     " is outside the vocab of ", vocab);
+  const int64_t col = int64_t(labels[t]) - first;
+  return col >= 0 && col < V ? col : -1;
+}
+
 }  // namespace
 
 template <typename Real>
@@ -62,5 +89,91 @@ template void cross_entropy_backward<float>(float*, float, const float*, const f
                                             const uint8_t*, double, int64_t, int64_t);
 template void cross_entropy_backward<double>(double*, double, const double*, const double*,
                                              const int32_t*, const uint8_t*, double, int64_t, int64_t);
+
+// ---- vocab-parallel pieces ---------------------------------------------------------------------
+
+template <typename Real>
+void vocab_logsumexp_forward(Real* lse, const Real* logits, int64_t T, int64_t V) {
+  LFC_KERNEL_CHECK(V >= 1 || T == 0, "vocab_logsumexp_forward: no vocabulary columns");
+  for (int64_t t = 0; t < T; t++) lse[t] = Real(logsumexp(logits + t * V, V, 1));
+}
+
+template <typename Real>
+void vocab_logsumexp_backward(Real* dlogits, const Real* dy, const Real* logits, const Real* lse, int64_t T,
+                              int64_t V) {
+  for (int64_t t = 0; t < T; t++) {
+    const Real* lt = logits + t * V;  // (V)
+    Real* dt = dlogits + t * V;       // (V)
+    for (int64_t v = 0; v < V; v++) dt[v] = dy[t] * std::exp(lt[v] - lse[t]);
+  }
+}
+
+template <typename Real>
+void lse_combine_forward(Real* y, const Real* x, int64_t P, int64_t T) {
+  LFC_KERNEL_CHECK(P >= 1 || T == 0, "lse_combine_forward: no rows to combine");
+  for (int64_t t = 0; t < T; t++) y[t] = Real(logsumexp(x + t, P, T));
+}
+
+template <typename Real>
+void lse_combine_backward(Real* dx, const Real* dy, const Real* x, const Real* y, int64_t P, int64_t T) {
+  for (int64_t p = 0; p < P; p++)
+    for (int64_t t = 0; t < T; t++) dx[p * T + t] = dy[t] * std::exp(x[p * T + t] - y[t]);
+}
+
+template <typename Real>
+void vocab_target_logit_forward(Real* target, const Real* logits, const int32_t* labels, const uint8_t* mask,
+                                int64_t T, int64_t V, int64_t first, int64_t vocab) {
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t col = target_column("vocab_target_logit_forward", labels, mask, t, V, first, vocab);
+    target[t] = col < 0 ? Real(0) : logits[t * V + col];
+  }
+}
+
+template <typename Real>
+void vocab_target_logit_backward(Real* dlogits, const Real* dy, const int32_t* labels, const uint8_t* mask,
+                                 int64_t T, int64_t V, int64_t first, int64_t vocab) {
+  std::fill(dlogits, dlogits + T * V, Real(0));
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t col = target_column("vocab_target_logit_backward", labels, mask, t, V, first, vocab);
+    if (col >= 0) dlogits[t * V + col] = dy[t];
+  }
+}
+
+template <typename Real>
+Real ce_from_stats_forward(const Real* lse, const Real* target, const uint8_t* mask, double loss_tokens,
+                           int64_t T) {
+  check_loss_tokens("ce_from_stats_forward", loss_tokens);
+  double total = 0;
+  for (int64_t t = 0; t < T; t++)
+    if (mask[t]) total += double(lse[t]) - double(target[t]);
+  return Real(total / loss_tokens);
+}
+
+template <typename Real>
+void ce_from_stats_backward(Real* dlse, Real* dtarget, Real g, const uint8_t* mask, double loss_tokens,
+                            int64_t T) {
+  check_loss_tokens("ce_from_stats_backward", loss_tokens);
+  const Real scale = Real(double(g) / loss_tokens);  // as cross_entropy_backward rounds it
+  for (int64_t t = 0; t < T; t++) {
+    dlse[t] = mask[t] ? scale : Real(0);
+    dtarget[t] = -dlse[t];
+  }
+}
+
+#define LFC_INSTANTIATE_VOCAB_PARALLEL(Real)                                                               \
+  template void vocab_logsumexp_forward<Real>(Real*, const Real*, int64_t, int64_t);                      \
+  template void vocab_logsumexp_backward<Real>(Real*, const Real*, const Real*, const Real*, int64_t,      \
+                                               int64_t);                                                   \
+  template void lse_combine_forward<Real>(Real*, const Real*, int64_t, int64_t);                          \
+  template void lse_combine_backward<Real>(Real*, const Real*, const Real*, const Real*, int64_t, int64_t); \
+  template void vocab_target_logit_forward<Real>(Real*, const Real*, const int32_t*, const uint8_t*,       \
+                                                 int64_t, int64_t, int64_t, int64_t);                      \
+  template void vocab_target_logit_backward<Real>(Real*, const Real*, const int32_t*, const uint8_t*,      \
+                                                  int64_t, int64_t, int64_t, int64_t);                     \
+  template Real ce_from_stats_forward<Real>(const Real*, const Real*, const uint8_t*, double, int64_t);   \
+  template void ce_from_stats_backward<Real>(Real*, Real*, Real, const uint8_t*, double, int64_t);
+LFC_INSTANTIATE_VOCAB_PARALLEL(float)
+LFC_INSTANTIATE_VOCAB_PARALLEL(double)
+#undef LFC_INSTANTIATE_VOCAB_PARALLEL
 
 }  // namespace lfc::cpu

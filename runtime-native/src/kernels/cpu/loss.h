@@ -22,4 +22,48 @@ void cross_entropy_backward(Real* dlogits, Real g, const Real* logits, const Rea
                             const int32_t* labels, const uint8_t* mask, double loss_tokens, int64_t T,
                             int64_t V);
 
+// ---- vocab-parallel cross-entropy: cross_entropy over a vocabulary split in column blocks --------
+// A rank holds logits (T, V) = columns [first, first + V) of a vocabulary of `vocab` ids. With the
+// per-rank lse gathered into (P, T) and the target logits summed over the ranks:
+//   ce_from_stats(lse_combine(lse_p), Σ_p target_p, mask) = cross_entropy over the whole vocabulary.
+// Every log-sum-exp is shifted by its max and summed in double, as cross_entropy_forward does, so
+// on one rank (P = 1) the composition gives cross_entropy's value and gradient bit for bit.
+
+// lse (T) = log Σ_v exp(logits (T, V)[t, v]), every row (no mask).
+template <typename Real>
+void vocab_logsumexp_forward(Real* lse, const Real* logits, int64_t T, int64_t V);
+// dlogits (T, V) OVERWRITTEN = dy (T)[t] · exp(logits[t, v] − lse (T)[t]).
+template <typename Real>
+void vocab_logsumexp_backward(Real* dlogits, const Real* dy, const Real* logits, const Real* lse, int64_t T,
+                              int64_t V);
+
+// y (T) = log Σ_p exp(x (P, T)[p, t]).
+template <typename Real>
+void lse_combine_forward(Real* y, const Real* x, int64_t P, int64_t T);
+// dx (P, T) OVERWRITTEN = dy (T)[t] · exp(x[p, t] − y (T)[t]).
+template <typename Real>
+void lse_combine_backward(Real* dx, const Real* dy, const Real* x, const Real* y, int64_t P, int64_t T);
+
+// target (T) = logits (T, V)[t, labels[t] − first] where first ≤ labels[t] < first + V, else 0.
+// mask (T) may be null. With a mask, rows with mask 0 give 0 (their labels are not read) and a
+// masked-in label outside [0, vocab) throws KernelError, as in cross_entropy_forward.
+template <typename Real>
+void vocab_target_logit_forward(Real* target, const Real* logits, const int32_t* labels, const uint8_t* mask,
+                                int64_t T, int64_t V, int64_t first, int64_t vocab);
+// dlogits (T, V) OVERWRITTEN: dy (T)[t] at (t, labels[t] − first) on the rows the forward read a
+// logit for, 0 elsewhere.
+template <typename Real>
+void vocab_target_logit_backward(Real* dlogits, const Real* dy, const int32_t* labels, const uint8_t* mask,
+                                 int64_t T, int64_t V, int64_t first, int64_t vocab);
+
+// Returns Σ_{t: mask[t]} (lse[t] − target[t]) / loss_tokens, accumulated in double. lse, target (T).
+// loss_tokens 0 throws KernelError (a global batch with no loss token).
+template <typename Real>
+Real ce_from_stats_forward(const Real* lse, const Real* target, const uint8_t* mask, double loss_tokens,
+                           int64_t T);
+// dlse (T) = (g / loss_tokens)·[mask[t]], dtarget (T) = −dlse; both OVERWRITTEN.
+template <typename Real>
+void ce_from_stats_backward(Real* dlse, Real* dtarget, Real g, const uint8_t* mask, double loss_tokens,
+                            int64_t T);
+
 }  // namespace lfc::cpu

@@ -215,4 +215,66 @@ void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, con
 LFC_INSTANTIATE_MOE(float)
 LFC_INSTANTIATE_MOE(double)
 
+// ---- expert parallelism ----------------------------------------------------------------------
+
+void moe_rank_counts(int32_t* rank_counts, const int32_t* counts, int64_t E, int64_t P) {
+  LFC_KERNEL_CHECK(P >= 1 && E % P == 0, "moe_rank_counts: ", E, " experts are not a multiple of ", P,
+                   " ranks");
+  const int64_t L = E / P;
+  for (int64_t p = 0; p < P; p++) {
+    int64_t sum = 0;
+    for (int64_t l = 0; l < L; l++) {
+      const int32_t c = counts[p * L + l];
+      LFC_KERNEL_CHECK(c >= 0, "moe_rank_counts: counts[", p * L + l, "] = ", c, " is negative");
+      sum += c;
+    }
+    rank_counts[p] = int32_t(sum);
+  }
+}
+
+void moe_local_counts(int32_t* local, const int32_t* counts, int64_t P, int64_t L) {
+  for (int64_t l = 0; l < L; l++) {
+    int64_t sum = 0;
+    for (int64_t p = 0; p < P; p++) {
+      const int32_t c = counts[p * L + l];
+      LFC_KERNEL_CHECK(c >= 0, "moe_local_counts: counts[", p, ", ", l, "] = ", c, " is negative");
+      sum += c;
+    }
+    local[l] = int32_t(sum);
+  }
+}
+
+template <typename Real>
+void moe_sort_chunks(Real* y, const Real* x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
+                     bool inverse) {
+  // start (P, L): the first row of block (p, l) in p-major order; lstart the same in l-major order
+  std::vector<int64_t> pstart(size_t(P * L)), lstart(size_t(P * L));
+  int64_t total = 0;
+  for (int64_t p = 0; p < P; p++)
+    for (int64_t l = 0; l < L; l++) {
+      const int32_t c = counts[p * L + l];
+      LFC_KERNEL_CHECK(c >= 0, "moe_sort_chunks: counts[", p, ", ", l, "] = ", c, " is negative");
+      pstart[size_t(p * L + l)] = total;
+      total += c;
+    }
+  LFC_KERNEL_CHECK(total <= N, "moe_sort_chunks: counts sum to ", total, " rows but there are ", N);
+  int64_t at = 0;
+  for (int64_t l = 0; l < L; l++)
+    for (int64_t p = 0; p < P; p++) {
+      lstart[size_t(p * L + l)] = at;
+      at += counts[p * L + l];
+    }
+  for (int64_t b = 0; b < P * L; b++) {
+    const int64_t from = inverse ? lstart[size_t(b)] : pstart[size_t(b)];
+    const int64_t to = inverse ? pstart[size_t(b)] : lstart[size_t(b)];
+    std::copy(x + from * H, x + (from + counts[b]) * H, y + to * H);  // (counts[b], H)
+  }
+  std::copy(x + total * H, x + N * H, y + total * H);  // the rows past Σ counts
+}
+
+template void moe_sort_chunks<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
+                                     bool);
+template void moe_sort_chunks<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t,
+                                      int64_t, bool);
+
 }  // namespace lfc::cpu

@@ -57,4 +57,20 @@ template <typename Real>
 void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, const int32_t* segments,
                            int64_t T, int64_t E, int64_t k, double coeff);
 
+// ---- expert parallelism: P ranks of the ep group, L = E/P local experts per rank --------------------
+
+// rank_counts (P)[p] = Σ counts (E)[p·E/P … (p+1)·E/P − 1]: the rows a rank sends to each rank of the
+// group. E must be a multiple of P; a negative count throws.
+void moe_rank_counts(int32_t* rank_counts, const int32_t* counts, int64_t E, int64_t P);
+// local (L)[l] = Σ_p counts (P, L)[p, l]: the rows of each local expert after the dispatch.
+void moe_local_counts(int32_t* local, const int32_t* counts, int64_t P, int64_t L);
+// y (N, H): the row blocks of x (N, H) reordered. Forward: x holds blocks (p, l) in p-major order,
+// counts (P, L)[p, l] rows each, and y holds them l-major (expert l's rows from every source p, in
+// order of p). inverse: x holds l-major blocks and y p-major. Rows past Σ counts are copied
+// unchanged, so the op is a permutation and its backward is the same op with inverse flipped.
+// Throws if a count is negative or Σ counts > N.
+template <typename Real>
+void moe_sort_chunks(Real* y, const Real* x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
+                     bool inverse);
+
 }  // namespace lfc::cpu

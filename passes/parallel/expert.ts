@@ -1,0 +1,158 @@
+// Pass: expert parallelism, on the forward graph before autodiff and before tensor parallelism.
+// After: each MoE layer's experts are split over the `ep` group (rank i holds experts
+// i·E/ep … (i+1)·E/ep − 1 as local parameters), and the routed rows travel to their expert and
+// back (Megatron-LM's all-to-all token dispatcher):
+//
+//   moe_permute            rows grouped by global expert, counts [E]
+//   all_to_all_v           the counts, as [ep, E/ep] (one row to each rank): who sends me what
+//   moe_rank_counts        rows to each rank: sums of consecutive E/ep counts
+//   all_to_all_v           the rows (sizes exchanged first; the received row count is a symbol,
+//                          bounded by ep × the rows a rank sends)
+//   moe_sort_chunks        received (source, expert) blocks reordered to (expert, source)
+//   moe_local_counts       rows per local expert
+//   grouped_linear …       the local experts
+//   moe_sort_chunks⁻¹, all_to_all_v back, moe_unpermute
+//
+// Gradients: all_to_all_v's gradient is the reverse exchange. Expert gradients are summed over
+// expert-data-parallel ranks (`edp`), not `dp`. Router, auxiliary loss and permutation stay on the
+// rank's own tokens (every ep rank has its own microbatches).
+
+import { GraphBuilder, type Graph, type ParamDecl } from '../../ir/graph.js';
+import { formatDim, isSym } from '../../ir/shape.js';
+
+export interface ExpertParallelOptions {
+  /** expert-parallel size */
+  readonly ep: number;
+}
+
+export class ExpertParallelError extends Error {}
+
+const GROUP = 'ep';
+const EXPERT_RE = /^(.*\.experts)\.(\d+)\.(.+)$/;
+
+interface LayerExchange {
+  /** counts received: [ep, E/ep], row p = rows source p sends to each of my experts */
+  readonly countsIn: string;
+  /** rows received from each source (the combine sends these back) */
+  readonly countsBack: string;
+  /** rows dim of the rows this rank sends */
+  readonly rowsOut: string;
+}
+
+export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
+  const ep = o.ep;
+  if (ep === 1) return g;
+  const b = new GraphBuilder(g.name);
+  for (const s of g.symbols) b.declareSymbol(s);
+  const name = new Map<string, string>();
+  for (const i of g.inputs) name.set(i.name, b.input(i.name, i.type.dtype, i.type.shape, i.doc));
+
+  // local expert parameters: global expert e = rank·perRank + local
+  const perLayer = new Map<string, number>();
+  for (const p of g.params) {
+    const m = EXPERT_RE.exec(p.name);
+    if (m) perLayer.set(m[1], Math.max(perLayer.get(m[1]) ?? 0, Number(m[2]) + 1));
+  }
+  for (const [prefix, count] of perLayer) {
+    if (count % ep !== 0)
+      throw new ExpertParallelError(
+        `expert parallelism (ep ${ep}): ${prefix} has ${count} experts, not divisible by ep`,
+      );
+  }
+  for (const p of g.params) {
+    const m = EXPERT_RE.exec(p.name);
+    if (!m) {
+      b.declare(p);
+      name.set(p.name, p.name);
+      continue;
+    }
+    const [, prefix, index, rest] = m;
+    const perRank = perLayer.get(prefix)! / ep;
+    const e = Number(index);
+    if (e >= perRank) {
+      name.set(p.name, ''); // another rank's expert: dropped from its grouped_linear
+      continue;
+    }
+    const local = `${prefix}.local${e}.${rest}`;
+    const decl: ParamDecl = {
+      ...p,
+      name: local,
+      dist: {
+        name: `${prefix}.{}.${rest}`,
+        shape: p.type.shape as number[],
+        split: p.type.shape.map(() => null),
+        expert: { group: GROUP, perRank, local: e },
+        gradSum: [],
+        replicas: 'edp',
+      },
+    };
+    name.set(p.name, b.declare(decl));
+  }
+
+  const exchanges = new Map<string, LayerExchange>();
+  const coll = { group: GROUP, group_size: ep };
+  let layerIndex = 0;
+  for (const n of g.nodes) {
+    const ins = n.inputs.map((v) => {
+      const m = name.get(v);
+      if (m === undefined) throw new Error(`expert parallelism: undefined value ${v}`);
+      return m;
+    });
+    b.at(n.scope, n.phase, () => {
+      if (n.op === 'moe_permute') {
+        const [rows, counts, rowOf] = b.op('moe_permute', ins, n.attrs);
+        const perRank = (n.attrs.num_experts as number) / ep;
+        const countsBy = b.op1('reshape', [counts], { shape: [String(ep), String(perRank)] });
+        const ones = b.op1('constant', [], { value: 1, dtype: 'i32', shape: [String(ep)] });
+        const [countsIn] = b.op('all_to_all_v', [countsBy, ones], {
+          ...coll,
+          out_rows: [String(ep)],
+        });
+        const send = b.op1('moe_rank_counts', [counts], { group_size: ep });
+        const rowsDim = b.typeOf(rows).shape[0];
+        const bound = isSym(rowsDim)
+          ? (g.symbols.find((s) => s.name === rowsDim.sym)!.bound * rowsDim.num) / rowsDim.den
+          : rowsDim;
+        const sym = b.symbol(
+          `Rx${layerIndex++}`,
+          ep * bound,
+          `rows ${n.scope}'s expert dispatch receives (at most ep × the rows it sends)`,
+        );
+        const [rowsIn, countsBack] = b.op('all_to_all_v', [rows, send], {
+          ...coll,
+          out_rows: [formatDim(sym)],
+        });
+        const sorted = b.op1('moe_sort_chunks', [rowsIn, countsIn], { inverse: false });
+        const local = b.op1('moe_local_counts', [countsIn]);
+        exchanges.set(n.scope, { countsIn, countsBack, rowsOut: formatDim(rowsDim) });
+        const [oRows, oCounts, oRowOf] = n.outputs.map((x) => x.name);
+        name.set(oRows, sorted);
+        name.set(oCounts, local);
+        name.set(oRowOf, rowOf);
+        return;
+      }
+      if (n.op === 'grouped_linear') {
+        const weights = ins.slice(2).filter((w) => w !== '');
+        const [y] = b.op('grouped_linear', [ins[0], ins[1], ...weights], n.attrs);
+        name.set(n.outputs[0].name, y);
+        return;
+      }
+      if (n.op === 'moe_unpermute') {
+        const x = exchanges.get(n.scope);
+        if (!x) throw new Error(`expert parallelism: ${n.scope} unpermutes without a dispatch`);
+        const unsorted = b.op1('moe_sort_chunks', [ins[0], x.countsIn], { inverse: true });
+        const [back] = b.op('all_to_all_v', [unsorted, x.countsBack], {
+          ...coll,
+          out_rows: [x.rowsOut],
+        });
+        const [y] = b.op('moe_unpermute', [back, ins[1], ins[2]], n.attrs);
+        name.set(n.outputs[0].name, y);
+        return;
+      }
+      const outs = b.op(n.op, ins, n.attrs);
+      n.outputs.forEach((v, i) => name.set(v.name, outs[i]));
+    });
+  }
+  for (const out of g.outputs) b.output(out.label, name.get(out.value)!);
+  return b.build();
+}
