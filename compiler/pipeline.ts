@@ -141,11 +141,12 @@ export function compile(o: CompileOptions): CompileResult {
     throw e;
   };
 
+  // the auxiliary loss is a mean over every microbatch of the global batch (all replicas)
   const forward = buildForwardGraph(cfg, {
     seqLength,
     microBatchSize: mbs,
     maxVisualTokens: o.maxVisualTokens,
-    numMicrobatches,
+    numMicrobatches: gbs / mbs,
   });
   assertValid(forward, 'after pass build');
   dump('build', forward);

@@ -104,7 +104,7 @@ export type OpKind = (typeof OP_KINDS)[number];
 
 export type OpCategory = 'compute' | 'layout' | 'optimizer' | 'collective' | 'memory';
 
-export type AttrType = 'number' | 'int' | 'bool' | 'string' | 'ints' | 'dims' | 'dtype';
+export type AttrType = 'number' | 'int' | 'bool' | 'string' | 'ints' | 'numbers' | 'dims' | 'dtype';
 export interface AttrSpec {
   readonly type: AttrType;
   readonly required: boolean;
@@ -1206,12 +1206,19 @@ export const OP_TABLE = {
     kernel: 'accumulate',
   },
   sum_squares: {
-    summary: 'Σ x² over every element of every input (global gradient norm²)',
+    summary:
+      'Σ_i scales[i] · Σ x_i² over every element of every input (global gradient norm²; a rank ' +
+      "weighs each gradient by 1 / its copies in the world before the world's sum)",
     category: 'optimizer',
     inputs: [1, Infinity],
-    attrs: {},
-    shape: (inputs) => {
+    attrs: { scales: attr('numbers', 'weight of each input (default 1 each)', false) },
+    shape: (inputs, attrs) => {
       for (const t of inputs) floatT(t, 'input');
+      const scales = attrs.scales as readonly number[] | undefined;
+      need(
+        scales === undefined || scales.length === inputs.length,
+        `scales has ${scales?.length} entries for ${inputs.length} inputs`,
+      );
       return [scalarF32];
     },
     flops: noFlops,
@@ -1403,6 +1410,11 @@ export const OP_TABLE = {
       group: attr('string', 'group kind of the pair (e.g. pp)'),
       peer: attr('int', 'index in that group of the rank that receives'),
       tag: attr('int', 'matches the recv'),
+      batch: attr(
+        'int',
+        'consecutive sends and recvs of one stream with the same batch are posted together',
+        false,
+      ),
     },
     shape: (_inputs, attrs) => {
       need(num(attrs, 'peer') >= 0, `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
@@ -1420,6 +1432,7 @@ export const OP_TABLE = {
       group: attr('string', 'group kind of the pair (e.g. pp)'),
       peer: attr('int', 'index in that group of the rank that sends'),
       tag: attr('int', 'matches the send'),
+      batch: attr('int', 'as for send: posted together with the batch it names', false),
       dtype: attr('dtype', 'element type received'),
       shape: attr('dims', 'shape received'),
     },
@@ -1547,6 +1560,8 @@ function attrTypeOk(t: AttrType, v: AttrValue): boolean {
       return typeof v === 'string';
     case 'ints':
       return Array.isArray(v) && v.every((x) => typeof x === 'number' && Number.isInteger(x));
+    case 'numbers':
+      return Array.isArray(v) && v.every((x) => typeof x === 'number' && Number.isFinite(x));
     case 'dims':
       return Array.isArray(v) && v.every((x) => typeof x === 'string');
   }

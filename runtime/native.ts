@@ -3,7 +3,9 @@
 // The addon executes one rank's program (compiler/plan/format.ts: ProgramFile): it validates the
 // program when a Runtime is constructed, owns the memory of its regions, fills microbatch data
 // (given or synthetic), and runs training steps on a worker thread with one executor thread per
-// stream. runtime-native/README.md describes the model; this file only declares its types.
+// stream. A rank of a multi-rank plan connects to the other ranks first (Gloo over TCP, met at a
+// rendezvous store), and its collective instructions run over those connections.
+// runtime-native/README.md describes the model; this file only declares its types.
 
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -21,6 +23,34 @@ export interface NativeRuntimeOptions {
   readonly mergeSize?: number;
   /** report per-instruction start/end times in step results */
   readonly timing?: boolean;
+  /** accept collective instructions (the runtime must be connected before its first step) */
+  readonly collectives?: boolean;
+}
+
+/** A communicator to open: a group of the plan (index into `groups`) on a stream. */
+export interface NativeCommContext {
+  readonly group: number;
+  readonly stream: 'compute' | 'comm' | 'copy';
+}
+
+/** How one rank meets the others (runtime-native/src/comm/comm.h: Config). */
+export interface NativeCommConfig {
+  readonly rank: number;
+  readonly worldSize: number;
+  /** `tcp:HOST:PORT` (the launcher's store) or `file:DIR` (one machine) */
+  readonly store: string;
+  /** store keys of this run start with it */
+  readonly prefix: string;
+  /** the address this rank's connections listen on (default 127.0.0.1) */
+  readonly host?: string;
+  /** plan.groups */
+  readonly groups: readonly { readonly name: string; readonly ranks: readonly number[] }[];
+  /** plan.rankGroups */
+  readonly rankGroups: Readonly<Record<string, readonly number[]>>;
+  /** every (group, stream) some rank's collectives use, the same list on every rank */
+  readonly contexts: readonly NativeCommContext[];
+  /** a collective (and the rendezvous) that takes longer fails, naming its op and group */
+  readonly timeoutMs?: number;
 }
 
 export interface NativeImage {
@@ -59,6 +89,10 @@ export interface NativeParamInit {
   readonly shape: readonly number[];
   /** if given, must equal the program's shard of this parameter */
   readonly shard?: readonly (readonly [number, number])[];
+  /** a piece of a whole tensor: the whole tensor's checkpoint name (the initializer's key) */
+  readonly key?: string;
+  /** …and per dim, the global index of each local index */
+  readonly index?: readonly (readonly number[])[];
 }
 
 export interface NativeSynthOptions {
@@ -134,6 +168,11 @@ export interface NativeRuntime {
   /** Zeroes the gradients and runs the program on worker threads; rejects with the failing
    * instruction's index, op and scope. One step at a time. */
   step(options: NativeStepOptions): Promise<NativeStepResult>;
+  /** Opens this rank's communicators: resolves once every member of each group has arrived;
+   * rejects after the config's timeout. Once, before the first step. */
+  connect(config: NativeCommConfig): Promise<void>;
+  /** Σ over every rank of the values, elementwise (between steps; every rank must call it). */
+  worldSum(values: Float64Array): Promise<Float64Array>;
 }
 
 export interface NativeAddon {

@@ -1,6 +1,12 @@
 // The training loop of one rank: data in (synthetic or a replayed batch file), the native
 // runtime's step, the learning-rate schedule, metrics (JSONL), checkpoints, and the step dump of
 // tiny-vlm.md. The CLI (`lfc run`, `lfc demo`) and the tests call train().
+//
+// A rank of a multi-rank plan (options.rank) connects to the others first, runs the microbatches
+// of its data-parallel index (slot j holds global microbatch dpIndex · m + j), and sums over every
+// rank what describes the global batch: its loss tokens before the step (the loss is normalized by
+// the whole batch's count) and the losses after it, each microbatch counted once
+// (launch-rank.ts: speaksForItsData).
 
 import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -15,6 +21,8 @@ import {
   type Microbatch,
 } from './batch.js';
 import { loadCheckpoint, loadWeights, saveCheckpoint } from './checkpoint.js';
+import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
+import { groupRanksOf, pieceOf } from './shard.js';
 import { loadNative, type NativeRuntime } from './native.js';
 import { readPlan } from './plan-io.js';
 import { writeSafetensors, type Tensor } from './safetensors.js';
@@ -42,6 +50,8 @@ export interface TrainOptions {
   readonly shuffleImages?: boolean;
   readonly metricsPath?: string;
   readonly threads?: number;
+  /** this process is one rank of a multi-rank run */
+  readonly rank?: RankContext;
   readonly onStep?: (m: StepMetrics) => void;
 }
 
@@ -57,6 +67,8 @@ export interface StepMetrics {
   readonly lossTokens: number;
   readonly stepMs: number;
   readonly tokensPerSecond: number;
+  /** this process's peak resident memory so far */
+  readonly peakRssBytes: number;
 }
 
 export interface TrainResult {
@@ -70,13 +82,31 @@ export interface TrainResult {
 export async function train(o: TrainOptions): Promise<TrainResult> {
   const loaded = readPlan(o.planDir);
   const plan = loaded.plan;
-  if (plan.topology.worldSize !== 1) {
+  const world = plan.topology.worldSize;
+  const rank = o.rank?.rank ?? 0;
+  if ((o.rank?.worldSize ?? 1) !== world) {
     throw new UserError(
-      `${o.planDir} is a plan for ${plan.topology.worldSize} ranks; this runner runs one rank`,
+      `${o.planDir} is a plan for ${world} rank${world === 1 ? '' : 's'}; ` +
+        (o.rank
+          ? `this run has ${o.rank.worldSize}`
+          : `start it with lfc run ${o.planDir} --nproc-per-node ${plan.topology.nprocPerNode}` +
+            (plan.topology.nnodes > 1 ? ` --nnodes ${plan.topology.nnodes}` : '')),
     );
   }
-  const programId = plan.rankPrograms[0];
+  if (world > 1 && o.dumpStep) throw new UserError('--dump-step runs on one rank');
+  if (world > 1 && o.shuffleImages) throw new UserError('--shuffle-images runs on one rank');
+  const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
+  const rank0 = loaded.programs.get(plan.rankPrograms[0])!;
+  const rank0HoldsAll = plan.params.every((pp) =>
+    rank0.params.some(
+      (x) => x.name === pp.name && x.shard.every(([at, len], d) => at === 0 && len === pp.shape[d]),
+    ),
+  );
+  if (o.save && !rank0HoldsAll)
+    throw new UserError(
+      '--save: rank 0 of this plan does not hold every parameter whole; gathering shards into a checkpoint is not built yet',
+    );
   const native = loadNative();
   const enc = (
     plan.model.config as { image_encoder: { patch_size: number; spatial_merge_size: number } }
@@ -89,8 +119,30 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         threads: o.threads,
         patchSize: enc.patch_size,
         mergeSize: enc.spatial_merge_size,
+        collectives: o.rank !== undefined,
       }),
   );
+  if (o.rank) {
+    const r = o.rank;
+    await rt.connect(commConfig(plan, loaded.programs, r)).catch((e: Error) => {
+      throw new UserError(`rank ${r.rank}: ${e.message}`);
+    });
+  }
+  // sums over the global batch: each rank adds its share, weighted 1 where it speaks for its data
+  const dataWeight = speaksForItsData(plan, loaded.programs, rank, (p) =>
+    p.inputs.some((i) => i.name === 'loss_mask'),
+  )
+    ? 1
+    : 0;
+  const lossWeight = speaksForItsData(plan, loaded.programs, rank, (p) =>
+    p.outputs.some((x) => x.name === 'loss'),
+  )
+    ? 1
+    : 0;
+  const globalSum = async (values: number[]): Promise<number[]> =>
+    o.rank ? [...(await rt.worldSum(Float64Array.from(values)))] : values;
+  const dpIndex = plan.dataParallel?.rankIndex[rank] ?? 0;
+  const dpSize = plan.dataParallel?.size ?? 1;
   const state = new RankState(program, rt);
   const seed = o.seed ?? 1234;
   const m = plan.training.numMicrobatches;
@@ -103,21 +155,32 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const meta = loadCheckpoint(o.load, state, plan.model.name);
     startStep = meta.step;
   } else {
+    // whole tensors, or this rank's pieces of them (tensor and expert parallelism)
+    const groupRank = groupRanksOf(plan, rank);
+    const byName = new Map(plan.params.map((p) => [p.name, p]));
     rt.initParams(
       seed,
-      plan.params.map((p) => ({
-        name: p.name,
-        init: p.init,
-        shape: p.shape,
-        shard: p.shape.map((d) => [0, d]),
-      })),
+      program.params.map((q) => {
+        if (!q.dist) {
+          const p = byName.get(q.name)!;
+          return { name: p.name, init: p.init, shape: p.shape, shard: p.shape.map((d) => [0, d]) };
+        }
+        const piece = pieceOf(q.dist, groupRank);
+        return {
+          name: q.name,
+          key: piece.name,
+          init: byName.get(piece.name)!.init,
+          shape: piece.shape,
+          index: piece.index,
+        };
+      }),
     );
     if (o.weights) loadWeights(o.weights, state);
   }
   const replay = o.batch ? readBatchFile(o.batch) : undefined;
-  if (replay && replay.length !== m) {
+  if (replay && replay.length !== m * dpSize) {
     throw new UserError(
-      `${o.batch} holds ${replay.length} microbatches; the plan takes ${m} per step (compile with --global-batch-size ${replay.length})`,
+      `${o.batch} holds ${replay.length} microbatches; the plan takes ${m * dpSize} per step (compile with --global-batch-size ${replay.length})`,
     );
   }
   if (o.trainIters <= startStep) {
@@ -132,17 +195,19 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     decayStyle: o.lrDecayStyle ?? 'constant',
     totalIters: o.trainIters,
   };
-  if (o.metricsPath) mkdirSync(join(o.metricsPath, '..'), { recursive: true });
+  // every rank sees the same global figures: rank 0 writes them
+  const metricsPath = rank === 0 ? o.metricsPath : undefined;
+  if (metricsPath) mkdirSync(join(metricsPath, '..'), { recursive: true });
 
   const steps: StepMetrics[] = [];
   for (let step = startStep + 1; step <= o.trainIters; step++) {
-    // 1. the global batch of this step
+    // 1. this rank's microbatches of the global batch
     let mbs: Microbatch[];
-    if (replay) mbs = replay;
+    if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
     else {
       mbs = [];
       for (let j = 0; j < m; j++) {
-        rt.synthesize(j, seed, step - 1, j, {
+        rt.synthesize(j, seed, step - 1, dpIndex * m + j, {
           seqLength: plan.training.seqLength * plan.training.microBatchSize,
           vocab,
         });
@@ -156,13 +221,17 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
       ),
     );
-    const lossTokens = mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0);
+    const [lossTokens, captionTokens, tokens] = await globalSum([
+      dataWeight * mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0),
+      dataWeight * captions.reduce((a, c) => a + countOnes(c), 0),
+      dataWeight * mbs.reduce((a, mb) => a + mb.tokens.length, 0),
+    ]);
     if (lossTokens === 0)
       throw new UserError(
         `step ${step}: the global batch has no loss token (every loss_mask is 0)`,
       );
-    const captionTokens = captions.reduce((a, c) => a + countOnes(c), 0);
-    rt.setScalar('loss_tokens', lossTokens);
+    // pipeline stages without the loss have no loss scalars
+    if ('loss_tokens' in program.scalars) rt.setScalar('loss_tokens', lossTokens);
     if ('caption_tokens' in program.scalars)
       rt.setScalar('caption_tokens', Math.max(1, captionTokens));
 
@@ -172,9 +241,15 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // 2. the step
     const lr = lrAt(schedule, step);
     const r = await rt.step({ lr, step });
-    const sum = (name: string) =>
-      r.outputs.filter((x) => x.name === name).reduce((a, x) => a + x.value, 0);
-    const has = (name: string) => r.outputs.some((x) => x.name === name);
+    const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss'];
+    const sums = await globalSum(
+      OUTPUTS.flatMap((name) => {
+        const mine = r.outputs.filter((x) => x.name === name);
+        return [lossWeight * mine.reduce((a, x) => a + x.value, 0), lossWeight * +!!mine.length];
+      }),
+    );
+    const sum = (name: string) => sums[2 * OUTPUTS.indexOf(name)];
+    const has = (name: string) => sums[2 * OUTPUTS.indexOf(name) + 1] > 0;
     const loss = sum('loss');
     const metrics: StepMetrics = {
       step,
@@ -184,20 +259,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       captionLoss: has('caption_loss') && captionTokens > 0 ? sum('caption_loss') : null,
       gradNorm: Math.sqrt(r.scalars.grad_norm_sq),
       lr,
-      tokens: mbs.reduce((a, mb) => a + mb.tokens.length, 0),
+      tokens,
       lossTokens,
       stepMs: r.stepMs,
-      tokensPerSecond:
-        (mbs.reduce((a, mb) => a + mb.tokens.length, 0) * 1000) / Math.max(r.stepMs, 1e-3),
+      tokensPerSecond: (tokens * 1000) / Math.max(r.stepMs, 1e-3),
+      peakRssBytes: process.resourceUsage().maxRSS * 1024,
     };
     steps.push(metrics);
-    if (o.metricsPath) appendFileSync(o.metricsPath, JSON.stringify(snake(metrics)) + '\n');
+    if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
     if (dumping) dumpAfter(o.dumpStep!, state, metrics, plan, lossTokens);
     o.onStep?.(metrics);
 
     // 3. checkpoints
     const last = step === o.trainIters;
-    if (o.save && ((o.saveInterval && step % o.saveInterval === 0) || last)) {
+    // data-parallel replicas hold the same whole tensors: rank 0 writes them
+    if (rank === 0 && o.save && ((o.saveInterval && step % o.saveInterval === 0) || last)) {
       saveCheckpoint(o.save, state, {
         model: plan.model.name,
         step,
@@ -211,7 +287,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   return { steps, finalStep: o.trainIters, plan, params };
 }
 
-function snake(m: StepMetrics): Record<string, number | null> {
+export function snake(m: StepMetrics): Record<string, number | null> {
   return {
     step: m.step,
     loss: m.loss,
@@ -224,6 +300,7 @@ function snake(m: StepMetrics): Record<string, number | null> {
     loss_tokens: m.lossTokens,
     step_ms: m.stepMs,
     tokens_per_s: m.tokensPerSecond,
+    peak_rss_mb: m.peakRssBytes / 2 ** 20,
   };
 }
 

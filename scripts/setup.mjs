@@ -38,7 +38,9 @@ export function ensureDeps({ quiet = false } = {}) {
 export async function ensureBuilt({ quiet = false } = {}) {
   ensureDeps({ quiet });
   const info = join(root, 'dist', '.tsbuildinfo');
-  const sources = Math.max(...['ir', 'passes', 'compiler'].map((d) => newestMtime(join(root, d))));
+  const sources = Math.max(
+    ...['ir', 'passes', 'compiler', 'runtime'].map((d) => newestMtime(join(root, d))),
+  );
   if (
     existsSync(info) &&
     statSync(info).mtimeMs >= sources &&
@@ -57,7 +59,14 @@ export async function ensureBuilt({ quiet = false } = {}) {
 }
 
 /** Debian packages the native runtime and its checks build against. */
-export const SYSTEM_PACKAGES = ['cmake', 'g++', 'make', 'libopenblas-dev', 'nlohmann-json3-dev'];
+export const SYSTEM_PACKAGES = [
+  'cmake',
+  'g++',
+  'make',
+  'libopenblas-dev',
+  'nlohmann-json3-dev',
+  'libgloo-dev',
+];
 
 function installed(pkg) {
   try {

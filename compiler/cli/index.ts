@@ -60,7 +60,8 @@ export async function run(argv: readonly string[], io: CliIO = processIO): Promi
     }
     if (e instanceof UserError) {
       io.err(`lfc: error: ${e.message}\n`);
-      return 2;
+      // a failed rank of a launch says its own code (launch.ts: RankFailure)
+      return (e as UserError & { exitCode?: number }).exitCode ?? 2;
     }
     io.err(`lfc: internal error: ${(e as Error).stack ?? String(e)}\n`);
     return 1;

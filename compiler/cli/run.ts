@@ -1,12 +1,26 @@
-// lfc run DIR: execute a compiled plan (one rank for now), with the training flags.
+// lfc run DIR: execute a compiled plan, with the training flags. One rank runs in this process; a
+// multi-rank plan is launched (runtime/launch.ts): this process hosts the store and spawns the
+// ranks of its node, each an `lfc run` that finds its rank in its environment (set by the
+// launcher, torchrun-style, or by Slurm) and trains as that rank.
 
 import type { Command } from 'commander';
+import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../errors.js';
+import type { PlanFile } from '../plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import { train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
+import { snake, train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
 import { progressBar } from '../../runtime/progress.js';
+import { launch, type MergedStep, type RankMessage } from '../../runtime/launch.js';
+import {
+  DEFAULT_COLLECTIVE_TIMEOUT_S,
+  DEFAULT_MASTER_PORT,
+  rankFromEnv,
+  type RankContext,
+} from '../../runtime/launch-rank.js';
+import { StoreServer } from '../../runtime/store.js';
+import { readPlan } from '../../runtime/plan-io.js';
 
 export interface RunFlags {
   trainIters?: number;
@@ -26,7 +40,37 @@ export interface RunFlags {
   metrics?: string;
   threads?: number;
   nprocPerNode?: number;
+  nnodes?: number;
+  nodeRank?: number;
+  masterAddr?: string;
+  masterPort?: number;
+  collectiveTimeout?: number;
+  rdzvBackend?: string;
   quiet?: boolean;
+}
+
+/** The training flags as `lfc run` arguments, for the ranks a launcher spawns. */
+export function trainingArgv(f: RunFlags): string[] {
+  const valued: [keyof RunFlags, string][] = [
+    ['trainIters', '--train-iters'],
+    ['steps', '--steps'],
+    ['lr', '--lr'],
+    ['minLr', '--min-lr'],
+    ['lrWarmupIters', '--lr-warmup-iters'],
+    ['lrDecayStyle', '--lr-decay-style'],
+    ['seed', '--seed'],
+    ['save', '--save'],
+    ['saveInterval', '--save-interval'],
+    ['load', '--load'],
+    ['dumpStep', '--dump-step'],
+    ['weights', '--weights'],
+    ['batch', '--batch'],
+    ['threads', '--threads'],
+  ];
+  const argv: string[] = [];
+  for (const [key, flag] of valued) if (f[key] !== undefined) argv.push(flag, String(f[key]));
+  if (f.shuffleImages) argv.push('--shuffle-images');
+  return [...argv, '--quiet'];
 }
 
 export function addTrainingOptions(cmd: Command): Command {
@@ -61,7 +105,32 @@ export function addTrainingOptions(cmd: Command): Command {
     .option('--quiet', 'no progress bar');
 }
 
+function addLaunchOptions(cmd: Command): Command {
+  return cmd
+    .option(
+      '--nproc-per-node <n>',
+      "ranks to spawn on this node (default: the plan's ranks, on one node)",
+      positiveInt('--nproc-per-node'),
+    )
+    .option('--nnodes <n>', 'nodes of the run (default 1)', positiveInt('--nnodes'))
+    .option('--node-rank <n>', 'this node (0: hosts the store)', nonNegativeInt('--node-rank'))
+    .option('--master-addr <host>', 'address of node 0, where the store runs (default 127.0.0.1)')
+    .option(
+      '--master-port <port>',
+      `port of the store (default: ${DEFAULT_MASTER_PORT} on several nodes, any free one on one)`,
+      positiveInt('--master-port'),
+    )
+    .option(
+      '--collective-timeout <s>',
+      `a collective that takes longer fails, naming its op and group (default ${DEFAULT_COLLECTIVE_TIMEOUT_S})`,
+      positiveNumber('--collective-timeout'),
+    )
+    .option('--rdzv-backend <kind>', "tcp (the launcher's store) or file (one node)", 'tcp');
+}
+
 export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
+  if (f.rdzvBackend !== undefined && f.rdzvBackend !== 'tcp' && f.rdzvBackend !== 'file')
+    throw new UserError(`--rdzv-backend must be tcp or file, got '${f.rdzvBackend}'`);
   if (
     f.lrDecayStyle !== undefined &&
     f.lrDecayStyle !== 'constant' &&
@@ -101,6 +170,11 @@ export function describeStep(m: StepMetrics): string {
   return `loss ${m.loss.toFixed(4)}${caption}${aux} | ${(m.tokensPerSecond / 1000).toFixed(1)}k tok/s | ${m.stepMs.toFixed(0)} ms`;
 }
 
+function describeRanks(m: MergedStep): string {
+  const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)}`;
+  return `peak memory per rank (MiB): ${m.ranks.map((r) => `r${r.rank} ${mib(r.peakRssBytes)}`).join(', ')}`;
+}
+
 export async function runTraining(opts: TrainOptions, io: CliIO, quiet: boolean, isTTY: boolean) {
   const bar = progressBar(opts.trainIters, io.err, isTTY);
   const result = await train({
@@ -112,28 +186,121 @@ export async function runTraining(opts: TrainOptions, io: CliIO, quiet: boolean,
 }
 
 export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean): void {
-  addTrainingOptions(
-    program
-      .command('run')
-      .description('execute a compiled plan: train on local ranks (one rank for now)')
-      .argument('<dir>', 'plan directory written by lfc compile')
-      .option(
-        '--nproc-per-node <n>',
-        'local ranks to spawn (the plan decides how many it needs)',
-        positiveInt('--nproc-per-node'),
-      ),
+  addLaunchOptions(
+    addTrainingOptions(
+      program
+        .command('run')
+        .description('execute a compiled plan: train on this process, or launch its ranks')
+        .argument('<dir>', 'plan directory written by lfc compile'),
+    ),
   ).action(async (dir: string, f: RunFlags) => {
-    if (f.nprocPerNode !== undefined && f.nprocPerNode !== 1) {
-      throw new UserError(
-        `--nproc-per-node ${f.nprocPerNode}: multi-rank execution is not built yet; this runner runs one rank`,
-      );
-    }
     const opts = trainOptions(dir, f);
-    const r = await runTraining(opts, io, !!f.quiet, isTTY());
-    const last = r.steps[r.steps.length - 1];
-    if (last)
+    const launching =
+      f.nprocPerNode !== undefined || f.nnodes !== undefined || f.nodeRank !== undefined;
+    const rank = launching ? undefined : await rankFromEnv();
+    if (rank) return runRank(opts, rank, io, !!f.quiet, isTTY());
+    const plan = readPlanJson(dir);
+    const nnodes = f.nnodes ?? 1;
+    const nprocPerNode =
+      f.nprocPerNode ?? Math.max(1, Math.floor(plan.topology.worldSize / nnodes));
+    if (plan.topology.worldSize === 1 && nnodes * nprocPerNode === 1) {
+      const r = await runTraining(opts, io, !!f.quiet, isTTY());
+      const last = r.steps[r.steps.length - 1];
+      if (last)
+        io.out(
+          `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n`,
+        );
+      return;
+    }
+    // a multi-rank plan: check what the ranks would refuse, then launch them
+    if (plan.topology.worldSize > 1 && (f.dumpStep || f.shuffleImages))
+      throw new UserError(`${f.dumpStep ? '--dump-step' : '--shuffle-images'} runs on one rank`);
+    readPlan(dir); // every program present and readable before any rank starts
+    const metricsPath = opts.metricsPath!;
+    const nodeRank = f.nodeRank ?? 0;
+    const bar = progressBar(opts.trainIters, io.err, isTTY());
+    const quiet = !!f.quiet || nodeRank !== 0;
+    mkdirSync(join(metricsPath, '..'), { recursive: true });
+    const steps = await launch({
+      planDir: dir,
+      plan,
+      nnodes,
+      nprocPerNode,
+      nodeRank,
+      masterAddr: f.masterAddr ?? '127.0.0.1',
+      masterPort: f.masterPort,
+      collectiveTimeoutS: f.collectiveTimeout ?? DEFAULT_COLLECTIVE_TIMEOUT_S,
+      rendezvous: (f.rdzvBackend ?? 'tcp') as 'tcp' | 'file',
+      rankArgv: trainingArgv(f),
+      logDir: join(dir, 'logs'),
+      onStep: (m) => {
+        if (nodeRank === 0) {
+          const { ranks, ...global } = m;
+          appendFileSync(
+            metricsPath,
+            JSON.stringify({
+              ...snake(global),
+              peak_rss_mb_per_rank: ranks.map((r) => r.peakRssBytes / 2 ** 20),
+            }) + '\n',
+          );
+        }
+        if (!quiet) bar.update(m.step, describeStep(m));
+      },
+    });
+    if (!quiet) bar.done();
+    const last = steps[steps.length - 1];
+    if (last && nodeRank === 0)
       io.out(
-        `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n`,
+        `trained ${plan.model.name} on ${plan.topology.worldSize} ranks to step ${last.step}: ${describeStep(last)}\n${describeRanks(last)}\nmetrics: ${metricsPath}\nlogs: ${join(dir, 'logs')}\n`,
       );
   });
+}
+
+function readPlanJson(dir: string): PlanFile {
+  try {
+    return JSON.parse(readFileSync(join(dir, 'plan.json'), 'utf8')) as PlanFile;
+  } catch {
+    return readPlan(dir).plan; // its error names the problem
+  }
+}
+
+/** This process is one rank of a launched (or cluster-managed) run. */
+async function runRank(
+  opts: TrainOptions,
+  rank: RankContext,
+  io: CliIO,
+  quiet: boolean,
+  isTTY: boolean,
+): Promise<void> {
+  // the launcher gone: nothing will collect this rank's work, and a peer may wait forever
+  const orphaned = (): void => void process.kill(process.pid, 'SIGKILL');
+  if (rank.launched) process.on('disconnect', orphaned);
+  const port = Number(rank.store.split(':').pop());
+  const server = rank.hostsStore ? await StoreServer.listen(port) : undefined;
+  try {
+    const bar = progressBar(opts.trainIters, io.err, isTTY);
+    const talk = !rank.launched && rank.rank === 0 && !quiet;
+    const r = await train({
+      ...opts,
+      rank,
+      // under a launcher, it merges the metrics; otherwise rank 0 writes the global ones
+      metricsPath: rank.launched ? undefined : opts.metricsPath,
+      onStep: (m) => {
+        if (rank.launched)
+          process.send!({ type: 'step', rank: rank.rank, metrics: m } satisfies RankMessage);
+        else if (talk) bar.update(m.step, describeStep(m));
+      },
+    });
+    if (talk) bar.done();
+    const last = r.steps[r.steps.length - 1];
+    if (last && talk)
+      io.out(`trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\n`);
+  } finally {
+    await server?.close();
+    if (rank.launched) {
+      // the IPC channel would keep this process alive
+      process.off('disconnect', orphaned);
+      process.disconnect();
+    }
+  }
 }

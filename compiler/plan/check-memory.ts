@@ -1,6 +1,6 @@
-// A debug checker for memory plans: replays a program in issue order (one stream) tracking which
-// buffer last wrote each arena byte range, and proves that every read finds its own buffer's
-// bytes there: no buffer is read after its space was reused.
+// A checker for memory plans: replays a program in issue order (one stream), keeping the arena
+// buffers that are live (written, and read again later) sorted by offset, and proves that no write
+// lands on a live buffer's bytes: no buffer is read after its space was reused.
 
 import type { ProgramFile } from './format.js';
 
@@ -11,55 +11,111 @@ export interface MemoryProblem {
 }
 
 export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
-  // owners: disjoint arena intervals [lo, hi) → buffer id whose bytes are there, sorted by lo
-  const owners: { lo: number; hi: number; id: number }[] = [];
   const root = (id: number) => p.buffers[id].viewOf ?? id;
-  const extent = (id: number) => {
-    const b = p.buffers[root(id)];
-    return { lo: b.offset, hi: b.offset + Math.max(b.bytes, 1) };
-  };
-  /** index of the first owner whose hi is above lo */
-  const firstAbove = (lo: number) => {
-    let [a, b] = [0, owners.length];
-    while (a < b) {
-      const mid = (a + b) >>> 1;
-      if (owners[mid].hi <= lo) a = mid + 1;
-      else b = mid;
-    }
-    return a;
-  };
-  const written = new Set<number>();
+  const isArena = (r: number) => p.buffers[r].region === 'arena';
+  // the last instruction that reads or writes each arena buffer
+  const lastUse = new Int32Array(p.buffers.length).fill(-1);
+  p.instructions.forEach((ins, idx) => {
+    for (const id of ins.inputs) lastUse[root(id)] = idx;
+    for (const id of ins.outputs) lastUse[root(id)] = Math.max(lastUse[root(id)], idx);
+  });
+  // live buffers (written, read again later), sorted by offset: their bytes must never overlap
+  const live = new LiveSet();
+  const isLive = new Uint8Array(p.buffers.length);
+  const ending: number[][] = p.instructions.map(() => []);
   const problems: MemoryProblem[] = [];
   p.instructions.forEach((ins, idx) => {
-    for (const id of ins.inputs) {
-      const r = root(id);
-      if (p.buffers[r].region !== 'arena' || !written.has(r)) continue;
-      const { lo, hi } = extent(r);
-      for (let k = firstAbove(lo); k < owners.length && owners[k].lo < hi; k++) {
-        if (owners[k].id !== r) {
-          problems.push({
-            instruction: idx,
-            buffer: p.buffers[id].name,
-            clobberedBy: p.buffers[owners[k].id].name,
-          });
-          break;
-        }
-      }
-    }
     for (const id of ins.outputs) {
       const r = root(id);
-      if (p.buffers[r].region !== 'arena') continue;
-      const { lo, hi } = extent(r);
-      const from = firstAbove(lo);
-      let to = from;
-      while (to < owners.length && owners[to].lo < hi) to++;
-      const keep: { lo: number; hi: number; id: number }[] = [];
-      if (from < to && owners[from].lo < lo) keep.push({ ...owners[from], hi: lo });
-      keep.push({ lo, hi, id: r });
-      if (from < to && owners[to - 1].hi > hi) keep.push({ ...owners[to - 1], lo: hi });
-      owners.splice(from, to - from, ...keep);
-      written.add(r);
+      if (!isArena(r) || isLive[r]) continue;
+      const b = p.buffers[r];
+      const [lo, hi] = [b.offset, b.offset + Math.max(b.bytes, 1)];
+      const over = live.overlapping(lo, hi);
+      if (over >= 0) {
+        // a live buffer's bytes are reused: its next read finds another buffer's data
+        const victim = over;
+        problems.push({
+          instruction: lastUse[victim],
+          buffer: p.buffers[victim].name,
+          clobberedBy: b.name,
+        });
+        continue;
+      }
+      live.insert(lo, hi, r);
+      isLive[r] = 1;
+      ending[lastUse[r]].push(r);
+    }
+    for (const r of ending[idx]) {
+      if (isLive[r]) live.remove(p.buffers[r].offset, r);
+      isLive[r] = 0;
     }
   });
   return problems;
+}
+
+interface Span {
+  readonly lo: number;
+  readonly hi: number;
+  readonly id: number;
+}
+
+/**
+ * Disjoint byte spans sorted by offset, in chunks of at most CHUNK (a sorted list of sorted
+ * lists): insert, remove and the overlap query touch one or two chunks.
+ */
+class LiveSet {
+  private static readonly CHUNK = 256;
+  private chunks: Span[][] = [];
+
+  /** the id of a span that overlaps [lo, hi), or -1 */
+  overlapping(lo: number, hi: number): number {
+    const c = this.chunkOf(lo);
+    for (let k = c; k < this.chunks.length && k <= c + 1; k++) {
+      const chunk = this.chunks[k];
+      const at = firstAbove(chunk, lo);
+      if (at < chunk.length && chunk[at].lo < hi) return chunk[at].id;
+    }
+    return -1;
+  }
+
+  insert(lo: number, hi: number, id: number): void {
+    if (!this.chunks.length) {
+      this.chunks.push([{ lo, hi, id }]);
+      return;
+    }
+    const c = this.chunkOf(lo);
+    const chunk = this.chunks[c];
+    chunk.splice(firstAbove(chunk, lo), 0, { lo, hi, id });
+    if (chunk.length > LiveSet.CHUNK) this.chunks.splice(c + 1, 0, chunk.splice(chunk.length >> 1));
+  }
+
+  remove(lo: number, id: number): void {
+    const c = this.chunkOf(lo);
+    const chunk = this.chunks[c];
+    const at = firstAbove(chunk, lo);
+    if (at < chunk.length && chunk[at].id === id) chunk.splice(at, 1);
+    if (!chunk.length) this.chunks.splice(c, 1);
+  }
+
+  /** the chunk that holds (or would hold) a span starting at lo: the last whose first lo ≤ lo */
+  private chunkOf(lo: number): number {
+    let [a, b] = [0, this.chunks.length];
+    while (a < b) {
+      const mid = (a + b) >>> 1;
+      if (this.chunks[mid][0].lo <= lo) a = mid + 1;
+      else b = mid;
+    }
+    return Math.max(0, a - 1);
+  }
+}
+
+/** index of the first span whose hi is above lo */
+function firstAbove(spans: readonly Span[], lo: number): number {
+  let [a, b] = [0, spans.length];
+  while (a < b) {
+    const mid = (a + b) >>> 1;
+    if (spans[mid].hi <= lo) a = mid + 1;
+    else b = mid;
+  }
+  return a;
 }

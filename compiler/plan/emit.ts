@@ -241,7 +241,18 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     return e;
   };
   const push = (ins: Omit<PlanInstruction, 'wait' | 'record'>, wait: number[] = []): number => {
-    instructions.push({ ...ins, wait, record: [] });
+    instructions.push({
+      stream: ins.stream,
+      op: ins.op,
+      inputs: ins.inputs,
+      outputs: ins.outputs,
+      attrs: ins.attrs,
+      wait,
+      record: [],
+      microbatch: ins.microbatch,
+      phase: ins.phase,
+      scope: ins.scope,
+    });
     return instructions.length - 1;
   };
 

@@ -39,12 +39,85 @@ export function livenessLowerBound(buffers: readonly Lifetime[]): number {
 }
 
 /**
+ * Placement for programs of any size: greedy by size while that is cheap, a best-fit allocator
+ * run through the program in issue order beyond (greedy by size compares each buffer with every
+ * placed buffer it overlaps in time: quadratic in the buffers live at once).
+ */
+export function planArena(buffers: readonly Lifetime[]): ArenaPlan {
+  return buffers.length <= GREEDY_LIMIT ? planBySize(buffers) : planByTime(buffers);
+}
+
+export const GREEDY_LIMIT = 6000;
+
+/**
+ * Best fit in issue order: at each instruction, the buffers whose last use was the instruction
+ * before are freed (their gaps merged with free neighbours), then the buffers it defines take the
+ * smallest free gap that holds them, or the top of the arena.
+ */
+export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
+  const order = [...buffers].sort((a, b) => a.start - b.start || b.bytes - a.bytes || a.id - b.id);
+  const ends = [...buffers].sort((a, b) => a.end - b.end);
+  const offsets = new Map<number, number>();
+  /** free gaps [lo, hi), sorted by lo, never adjacent to each other */
+  const gaps: { lo: number; hi: number }[] = [];
+  let top = 0;
+  let size = 0;
+  let e = 0;
+  const release = (lo: number, hi: number) => {
+    let [a, b] = [0, gaps.length];
+    while (a < b) {
+      const mid = (a + b) >>> 1;
+      if (gaps[mid].lo < lo) a = mid + 1;
+      else b = mid;
+    }
+    const prev = a > 0 && gaps[a - 1].hi === lo ? gaps[a - 1] : undefined;
+    const next = a < gaps.length && gaps[a].lo === hi ? gaps[a] : undefined;
+    if (prev && next) {
+      prev.hi = next.hi;
+      gaps.splice(a, 1);
+    } else if (prev) prev.hi = hi;
+    else if (next) next.lo = lo;
+    else gaps.splice(a, 0, { lo, hi });
+    // a gap that reaches the top lowers it
+    const last = gaps[gaps.length - 1];
+    if (last && last.hi === top) {
+      top = last.lo;
+      gaps.pop();
+    }
+  };
+  for (const buf of order) {
+    while (e < ends.length && ends[e].end < buf.start) {
+      const x = ends[e++];
+      if (offsets.has(x.id)) release(offsets.get(x.id)!, offsets.get(x.id)! + align(x.bytes));
+    }
+    const bytes = align(buf.bytes);
+    let best = -1;
+    for (let i = 0; i < gaps.length; i++) {
+      const g = gaps[i].hi - gaps[i].lo;
+      if (g >= bytes && (best < 0 || g < gaps[best].hi - gaps[best].lo)) best = i;
+    }
+    let offset: number;
+    if (best >= 0) {
+      offset = gaps[best].lo;
+      gaps[best].lo += bytes;
+      if (gaps[best].lo === gaps[best].hi) gaps.splice(best, 1);
+    } else {
+      offset = top;
+      top += bytes;
+    }
+    offsets.set(buf.id, offset);
+    size = Math.max(size, offset + bytes);
+  }
+  return { offsets, sizeBytes: size, lowerBoundBytes: livenessLowerBound(buffers) };
+}
+
+/**
  * Greedy placement: largest buffers first (ties: earliest start), each at the lowest offset that
  * does not overlap a placed buffer whose lifetime intersects its own. Placed buffers are indexed
  * by blocks of instruction time, so finding the ones that share a lifetime visits only the
  * blocks it spans.
  */
-export function planArena(buffers: readonly Lifetime[]): ArenaPlan {
+export function planBySize(buffers: readonly Lifetime[]): ArenaPlan {
   const order = [...buffers].sort((a, b) => b.bytes - a.bytes || a.start - b.start || a.id - b.id);
   const BLOCK = 64;
   const blocks = new Map<number, number[]>(); // block → indices into placed

@@ -47,6 +47,7 @@ function checkResolution(ix: PlanIndex, out: PlanProblem[]): void {
       if (c >= 0 && !ix.comms[c].groupRank.has(r)) e.outside.push(r);
     }
   }
+  const bySize = new Map<string, { p: ProgramIndex; j: number; c: number; ranks: number[] }>();
   for (const { p, j, c, ranks, outside } of seen.values()) {
     const seq = p.refSeq[j];
     const ref = ix.groupRefs[p.refs[j]];
@@ -69,8 +70,17 @@ function checkResolution(ix: PlanIndex, out: PlanProblem[]): void {
           `issues collectives on ${name}, which it is not a member of`,
         ),
       );
+    // sizes and roots depend on the group's size only: checked once per (program, ref, size)
     const size = ix.comms[c].ranks.length;
-    for (const i of seq) {
+    const key = `${p.id}|${j}|${size}`;
+    const b = bySize.get(key);
+    if (b) b.ranks.push(...ranks);
+    else bySize.set(key, { p, j, c, ranks: [...ranks] });
+  }
+  for (const { p, j, c, ranks } of bySize.values()) {
+    const name = groupName(ix, p, j, c);
+    const size = ix.comms[c].ranks.length;
+    for (const i of p.refSeq[j]) {
       const { op, attrs } = p.file.instructions[i];
       if (attrs.group_size !== size) {
         const msg = `group_size is ${String(attrs.group_size)}; group ${name} has ${size} ranks`;

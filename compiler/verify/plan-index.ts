@@ -504,10 +504,17 @@ function buildKinds(
 
 /** Hash of a (src, dst, tag) triple. */
 function hash3(a: number, b: number, c: number): number {
-  let h = Math.imul(a, 0x9e3779b1) ^ Math.imul(b, 0x85ebca77) ^ Math.imul(c, 0xc2b2ae3d);
-  h ^= h >>> 15;
-  h = Math.imul(h, 0x2c1b3c6d);
-  return h ^ (h >>> 12);
+  // each part through murmur3's finalizer, so structured triples (neighbouring stages, tag
+  // ranges) spread over the table
+  return fmix32(fmix32(fmix32(a) ^ Math.imul(b, 0x85ebca6b)) ^ Math.imul(c, 0xc2b2ae35));
+}
+
+function fmix32(x: number): number {
+  let h = x ^ (x >>> 16);
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  return h ^ (h >>> 16);
 }
 
 /**
@@ -572,7 +579,7 @@ function pairP2p(
   };
   // open addressing over the first pair of each (src, dst, tag): no garbage, no text keys
   let size = 16;
-  while (size < (4 * Math.max(sends, recvs)) / 3) size *= 2;
+  while (size < 4 * Math.max(sends, recvs)) size *= 2;
   const mask = size - 1;
   const table = new Int32Array(size).fill(-1);
   const firstPair = (s: number, d: number, t: number): number => {

@@ -74,12 +74,15 @@ export function tensorParallelRole(name: string): ParamRole {
   return { kind: 'replicated' };
 }
 
-/** ops that are linear in every float input: a partial sum stays a partial sum through them */
+/**
+ * ops linear in their first input that need no other float input's gradient through it: a partial
+ * sum stays a partial sum through them (not moe_unpermute: its routing weights' gradient reads the
+ * expert outputs, which must be whole, as Megatron-LM sums expert TP before the combine)
+ */
 const LINEAR_OPS: ReadonlySet<OpKind> = new Set<OpKind>([
   'reshape',
   'moe_sort_chunks',
   'all_to_all_v',
-  'moe_unpermute',
 ]);
 /** ops that work row by row (per token): a sequence split passes through them */
 const ROW_WISE: ReadonlySet<OpKind> = new Set<OpKind>([
@@ -281,7 +284,9 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
           const [row] = emit('reshape', [lseLocal], { shape: ['1', formatDim(rows)] }, [R]);
           const [all] = emit('all_gather', [row], { ...coll, grad: 'slice' }, [R]);
           const [lse] = emit('lse_combine', [all], {}, [R]);
-          const [tLocal] = emit('vocab_target_logit', [logits, labels], vocab, [P]);
+          const [tLocal] = emit('vocab_target_logit', [logits, labels, convert(mask, 'R')], vocab, [
+            P,
+          ]);
           const target = convert(tLocal, 'R');
           return out(emit('ce_from_stats', [lse, target, convert(mask, 'R'), count], {}, [R]));
         }

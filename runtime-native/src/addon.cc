@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "core/error.h"
@@ -172,6 +173,102 @@ class StepWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
 };
 
+// ---- multi-rank: the connect config and blocking calls on a worker thread ----------------------
+
+std::vector<int> intList(const Napi::Value& v, const std::string& what) {
+  if (!v.IsArray()) throw Napi::TypeError::New(v.Env(), what + " must be an array");
+  std::vector<int> out;
+  const auto a = v.As<Napi::Array>();
+  for (uint32_t i = 0; i < a.Length(); i++) out.push_back(int(integer(a.Get(i), cat(what, "[", i, "]"))));
+  return out;
+}
+
+int streamIndex(const Napi::Value& v, const std::string& what) {
+  const std::string name = string(v, what);
+  if (name == "control") return lfc::comm::kControlStream;
+  for (int s = 0; s < lfc::kStreamCount; s++)
+    if (name == lfc::schema::kStreams[s]) return s;
+  throw Napi::TypeError::New(v.Env(), cat(what, ": unknown stream '", name, "'"));
+}
+
+lfc::comm::Config commConfigOf(const Napi::Value& v) {
+  const Napi::Object o = object(v, "config");
+  lfc::comm::Config c;
+  c.rank = int(integer(o.Get("rank"), "config.rank"));
+  c.worldSize = int(integer(o.Get("worldSize"), "config.worldSize"));
+  c.store = string(o.Get("store"), "config.store");
+  c.prefix = string(o.Get("prefix"), "config.prefix");
+  if (o.Has("host") && !o.Get("host").IsUndefined()) c.host = string(o.Get("host"), "config.host");
+  if (o.Has("timeoutMs") && !o.Get("timeoutMs").IsUndefined())
+    c.timeout = std::chrono::milliseconds(integer(o.Get("timeoutMs"), "config.timeoutMs"));
+  if (c.worldSize < 1 || c.rank < 0 || c.rank >= c.worldSize)
+    throw Napi::TypeError::New(v.Env(), cat("config: rank ", c.rank, " of world size ", c.worldSize));
+  const Napi::Value groups = o.Get("groups");
+  if (!groups.IsArray()) throw Napi::TypeError::New(v.Env(), "config.groups must be an array");
+  for (uint32_t i = 0; i < groups.As<Napi::Array>().Length(); i++) {
+    const std::string w = cat("config.groups[", i, "]");
+    const Napi::Object g = object(groups.As<Napi::Array>().Get(i), w);
+    c.groups.push_back({string(g.Get("name"), w + ".name"), intList(g.Get("ranks"), w + ".ranks")});
+  }
+  const Napi::Object kinds = object(o.Get("rankGroups"), "config.rankGroups");
+  const Napi::Array names = kinds.GetPropertyNames();
+  for (uint32_t i = 0; i < names.Length(); i++) {
+    const std::string kind = names.Get(i).As<Napi::String>().Utf8Value();
+    std::vector<int> list = intList(kinds.Get(kind), "config.rankGroups." + kind);
+    if (int(list.size()) != c.worldSize)
+      throw Napi::TypeError::New(v.Env(), cat("config.rankGroups.", kind, " has ", list.size(), " entries for ",
+                                              c.worldSize, " ranks"));
+    for (int g : list)
+      if (g < 0 || g >= int(c.groups.size()))
+        throw Napi::TypeError::New(v.Env(), cat("config.rankGroups.", kind, " names group ", g, " of ", c.groups.size()));
+    c.rankGroups[kind] = std::move(list);
+  }
+  const Napi::Value contexts = o.Get("contexts");
+  if (!contexts.IsArray()) throw Napi::TypeError::New(v.Env(), "config.contexts must be an array");
+  for (uint32_t i = 0; i < contexts.As<Napi::Array>().Length(); i++) {
+    const std::string w = cat("config.contexts[", i, "]");
+    const Napi::Object e = object(contexts.As<Napi::Array>().Get(i), w);
+    c.contexts.push_back({int(integer(e.Get("group"), w + ".group")), streamIndex(e.Get("stream"), w + ".stream")});
+  }
+  return c;
+}
+
+// Runs `work` on a libuv worker (it may block on other ranks), then settles a promise with what
+// `done` makes of it on the JS thread.
+class TaskWorker : public Napi::AsyncWorker {
+ public:
+  TaskWorker(Napi::Env env, const char* name, std::function<void()> work,
+             std::function<Napi::Value(Napi::Env)> done, std::function<void()> settle)
+      : Napi::AsyncWorker(env, name),
+        work_(std::move(work)),
+        done_(std::move(done)),
+        settle_(std::move(settle)),
+        deferred_(Napi::Promise::Deferred::New(env)) {}
+
+  Napi::Promise promise() const { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      work_();
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    settle_();
+    deferred_.Resolve(done_(Env()));
+  }
+  void OnError(const Napi::Error& e) override {
+    settle_();
+    deferred_.Reject(e.Value());
+  }
+
+ private:
+  std::function<void()> work_;
+  std::function<Napi::Value(Napi::Env)> done_;
+  std::function<void()> settle_;
+  Napi::Promise::Deferred deferred_;
+};
+
 // ---- class Runtime -----------------------------------------------------------------------------
 
 class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
@@ -190,6 +287,8 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
                            InstanceMethod<&RuntimeWrap::readBuffer>("readBuffer"),
                            InstanceMethod<&RuntimeWrap::info>("info"),
                            InstanceMethod<&RuntimeWrap::step>("step"),
+                           InstanceMethod<&RuntimeWrap::connect>("connect"),
+                           InstanceMethod<&RuntimeWrap::worldSum>("worldSum"),
                        });
   }
 
@@ -205,6 +304,8 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
       if (o.Has("mergeSize") && !o.Get("mergeSize").IsUndefined())
         opts.mergeSize = int(integer(o.Get("mergeSize"), "options.mergeSize"));
       if (o.Has("timing") && !o.Get("timing").IsUndefined()) opts.timing = o.Get("timing").ToBoolean();
+      if (o.Has("collectives") && !o.Get("collectives").IsUndefined())
+        opts.collectives = o.Get("collectives").ToBoolean();
     }
     rt_ = std::make_shared<lfc::Runtime>(text, opts);
   }
@@ -257,6 +358,21 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
                          integer(pair.As<Napi::Array>().Get(1u), w + ".shard"));
         }
         p.shard = s;
+      }
+      const Napi::Value key = o.Get("key");
+      if (!key.IsUndefined() && !key.IsNull()) p.key = string(key, w + ".key");
+      const Napi::Value index = o.Get("index");
+      if (!index.IsUndefined() && !index.IsNull()) {
+        if (!index.IsArray()) throw Napi::TypeError::New(info.Env(), w + ".index must be an array");
+        std::vector<std::vector<int64_t>> ix;
+        for (uint32_t d = 0; d < index.As<Napi::Array>().Length(); d++) {
+          const Napi::Value list = index.As<Napi::Array>().Get(d);
+          if (!list.IsArray()) throw Napi::TypeError::New(info.Env(), w + ".index must hold lists");
+          ix.emplace_back();
+          for (uint32_t i = 0; i < list.As<Napi::Array>().Length(); i++)
+            ix.back().push_back(integer(list.As<Napi::Array>().Get(i), w + ".index"));
+        }
+        p.index = ix;
       }
       params.push_back(std::move(p));
     }
@@ -335,6 +451,36 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
     rt_->beginStep();
     try {
       auto* worker = new StepWorker(info.Env(), rt_, params);  // deletes itself after OnOK/OnError
+      Napi::Promise promise = worker->promise();
+      worker->Queue();
+      return promise;
+    } catch (...) {
+      rt_->endStep();
+      throw;
+    }
+  }
+
+  // Both block on the other ranks, so they run on a worker thread and hold the runtime's step mark
+  // meanwhile: no step or data call overlaps them.
+  Napi::Value connect(const Napi::CallbackInfo& info) {
+    const lfc::comm::Config config = commConfigOf(info[0]);
+    return blocking(info.Env(), "lfc.connect", [rt = rt_, config] { rt->connect(config); },
+                    [](Napi::Env env) { return env.Undefined(); });
+  }
+
+  Napi::Value worldSum(const Napi::CallbackInfo& info) {
+    auto values = std::make_shared<std::vector<double>>(
+        typedArray<double>(info[0], napi_float64_array, "values", "Float64Array"));
+    return blocking(
+        info.Env(), "lfc.worldSum", [rt = rt_, values] { *values = rt->worldSum(*values); },
+        [values](Napi::Env env) { return toTyped(env, *values); });
+  }
+
+  Napi::Value blocking(Napi::Env env, const char* name, std::function<void()> work,
+                       std::function<Napi::Value(Napi::Env)> done) {
+    rt_->beginStep();
+    try {
+      auto* worker = new TaskWorker(env, name, std::move(work), std::move(done), [rt = rt_] { rt->endStep(); });
       Napi::Promise promise = worker->promise();
       worker->Queue();
       return promise;

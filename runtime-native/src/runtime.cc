@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -33,7 +34,7 @@ void writeField(std::byte* dst, const Buffer& b, const std::vector<T>& values, i
 }  // namespace
 
 Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
-    : program_(parseProgram(programJson)), options_(options) {
+    : program_(parseProgram(programJson, ParseOptions{options.collectives})), options_(options) {
   if (options_.patchSize < 1 || options_.mergeSize < 1)
     throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
                            " must be ≥ 1"));
@@ -42,6 +43,30 @@ Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
   slots_.resize(size_t(program_.slots));
   sizes_.resize(size_t(program_.slots));
   scratch_.resize(size_t(kStreamCount));
+  for (const Instr& in : program_.instrs) hasCollectives_ = hasCollectives_ || opEntry(in.op).cls == OpClass::collective;
+}
+
+void Runtime::connect(const comm::Config& config) {
+  if (backend_) throw RuntimeError("connect: this runtime is connected already");
+  try {
+    backend_ = comm::connectGloo(config);
+  } catch (const comm::CommError& e) {
+    throw RuntimeError(cat("connect (rank ", config.rank, " of ", config.worldSize, "): ", e.what()));
+  }
+  for (const auto& [kind, groupOfRank] : config.rankGroups) {
+    const auto& ranks = config.groups.at(size_t(groupOfRank.at(size_t(config.rank)))).ranks;
+    groupRanks_.set(kind, int(std::find(ranks.begin(), ranks.end(), config.rank) - ranks.begin()));
+  }
+}
+
+std::vector<double> Runtime::worldSum(std::vector<double> values) {
+  if (!backend_) throw RuntimeError("worldSum: the runtime is not connected");
+  try {
+    backend_->at(comm::kWorldGroup, comm::kControlStream).allReduce(values.data(), DType::f64, int64_t(values.size()));
+  } catch (const comm::CommError& e) {
+    throw RuntimeError(cat("worldSum over every rank: ", e.what()));
+  }
+  return values;
 }
 
 void Runtime::requireIdle(const char* what) const {
@@ -62,6 +87,18 @@ void Runtime::initParams(uint64_t seed, const std::vector<ParamInit>& params) {
       if (p.name == pp.name) spec = &p;
     if (!spec) throw RuntimeError(cat("initParams: no init given for param ", pp.name));
     const Buffer& b = program_.buffers[size_t(pp.buffer)];
+    if (spec->index) {
+      // a piece of a whole tensor: the local dims must be the index lists' lengths
+      const std::vector<int64_t> local = resolveShape(b.shape, SymbolSizes{});
+      bool fits = spec->index->size() == local.size();
+      for (size_t d = 0; fits && d < local.size(); d++) fits = int64_t((*spec->index)[d].size()) == local[d];
+      if (!fits)
+        throw RuntimeError(cat("initParams: the piece given for param ", pp.name, " does not fit its buffer ",
+                               formatShape(local)));
+      initParamAt(memory_->buffer(program_, pp.buffer), b.dtype, seed, spec->key.value_or(pp.name), spec->init,
+                  spec->shape, *spec->index);
+      continue;
+    }
     std::vector<std::pair<int64_t, int64_t>> shard = pp.shard;
     if (shard.empty())
       for (int64_t d : spec->shape) shard.emplace_back(0, d);
@@ -241,6 +278,12 @@ std::vector<std::byte> Runtime::readBuffer(int id) const {
   int64_t bytes = b.bytes;
   if (const SymbolSizes* s = sizesOf(b.microbatch); s || !b.symbolic)
     bytes = std::min(bytes, numel(resolveShape(b.shape, s ? *s : SymbolSizes{})) * dtypeBytes(b.dtype));
+  if (size_t(id) < lastRows_.size() && lastRows_[size_t(id)] >= 0 && !b.shape.empty()) {
+    // a collective's output: the rows it received
+    std::vector<int64_t> shape = resolveShape(b.shape, sizesOf(b.microbatch) ? *sizesOf(b.microbatch) : SymbolSizes{});
+    const int64_t perRow = shape[0] == 0 ? 0 : numel(shape) / shape[0];
+    bytes = std::min(b.bytes, lastRows_[size_t(id)] * perRow * dtypeBytes(b.dtype));
+  }
   const std::byte* p = memory_->buffer(program_, id);
   return std::vector<std::byte>(p, p + bytes);
 }
@@ -256,6 +299,9 @@ void Runtime::endStep() { running_ = false; }
 StepResult Runtime::runStep(const StepParams& params) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!(params.step >= 1)) throw RuntimeError(cat("step: t = ", params.step, " must be ≥ 1"));
+  if (!broken_.empty()) throw RuntimeError(cat("step: this runtime cannot step again: ", broken_));
+  if (hasCollectives_ && !backend_)
+    throw RuntimeError("step: the program has collectives; connect the runtime to its ranks first");
 
   // 1. every buffer at its microbatch's sizes fits its plan (the runtime memory check)
   const auto sizesFor = [&](int mb, const Buffer& b, const std::string& user) -> SymbolSizes {
@@ -298,7 +344,17 @@ StepResult Runtime::runStep(const StepParams& params) {
 
   // 3. zero the gradients, run
   std::memset(memory_->region(Region::grad), 0, size_t(memory_->regionSize(Region::grad)));
-  ExecResult exec = execute(program_, operands, results, params, scratch_, options_.timing);
+  ExecResult exec;
+  try {
+    StepParams withGroups = params;
+    withGroups.groupRanks = &groupRanks_;
+    exec = execute(program_, std::move(operands), std::move(results), withGroups, scratch_, options_.timing,
+                   backend_.get());
+  } catch (const AbandonedStepError& e) {
+    broken_ = e.what();
+    throw;
+  }
+  lastRows_ = exec.rows;
 
   StepResult r;
   for (const ProgramOutput& o : program_.outputs) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/comm.h"
 #include "core/executor.h"
 #include "core/memory.h"
 #include "core/program.h"
@@ -23,6 +24,8 @@ struct RuntimeOptions {
   int patchSize = 4;
   int mergeSize = 2;
   bool timing = false;  // per-instruction start/end in step results
+  // accept collective instructions: the caller connects a backend (connect) before stepping
+  bool collectives = false;
 };
 
 struct ParamInit {
@@ -30,6 +33,11 @@ struct ParamInit {
   std::string init;
   std::vector<int64_t> shape;  // global
   std::optional<std::vector<std::pair<int64_t, int64_t>>> shard;  // must equal the program's if given
+  // a piece of a whole tensor split over groups (tensor / expert parallelism): the whole
+  // tensor's checkpoint name (the initializer's key) and, per dim, the global index of each
+  // local index
+  std::optional<std::string> key;
+  std::optional<std::vector<std::vector<int64_t>>> index;
 };
 
 struct StepOutput {
@@ -64,8 +72,17 @@ class Runtime {
   std::vector<uint8_t> captionMask(int slot) const;
   void setScalar(const std::string& name, double value);
   double scalar(const std::string& name) const;
-  // A copy of a buffer's bytes at its microbatch's sizes (planned bytes when none are set).
+  // A copy of a buffer's bytes at its microbatch's sizes (planned bytes when none are set; the
+  // rows a variable-size collective received in the last step, for its output).
   std::vector<std::byte> readBuffer(int id) const;
+
+  // Multi-rank: opens this rank's communicators (blocks until every member of each group has
+  // arrived, or throws after the config's timeout). Once, before the first step. Both calls
+  // block on other ranks: the caller runs them off its main thread, between steps.
+  void connect(const comm::Config& config);
+  bool connected() const { return backend_ != nullptr; }
+  // Σ over every rank of `values`, on the control communicator (between steps).
+  std::vector<double> worldSum(std::vector<double> values);
 
   // A step: beginStep marks it running (throws if one is) on the caller's thread, runStep
   // zeroes the grad region and runs the program (on a worker thread), endStep clears the mark
@@ -87,6 +104,11 @@ class Runtime {
   std::vector<std::optional<SymbolSizes>> sizes_;
   std::vector<Scratch> scratch_;  // one per stream
   std::atomic<bool> running_{false};
+  std::unique_ptr<comm::Backend> backend_;
+  GroupRanks groupRanks_;  // this rank's index in its group of each kind (all 0 unconnected)
+  bool hasCollectives_ = false;
+  std::vector<int64_t> lastRows_;  // per buffer: rows received by a collective in the last step
+  std::string broken_;             // why this runtime cannot step again, if it cannot
 };
 
 }  // namespace lfc

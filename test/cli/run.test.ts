@@ -86,7 +86,7 @@ describe('lfc run refuses bad input before anything runs', () => {
     [['--lr-decay-style', 'linear'], /--lr-decay-style must be constant or cosine/],
     [['--steps', '0'], /--steps must be a positive integer/],
     [['--save-interval', '2'], /--save-interval needs --save DIR/],
-    [['--nproc-per-node', '2'], /multi-rank execution is not built yet/],
+    [['--nproc-per-node', '2'], /is a plan for 1 rank .*; this launch starts 2/],
   ])('flags %j', async (flags, message) => {
     const r = await cli('run', plan, ...(flags as string[]));
     expect(r.code).toBe(2);

@@ -3,10 +3,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 
-#include "core/error.h"
+#include "comm/collectives.h"
 #include "ops/registry.h"
 
 namespace lfc {
@@ -15,14 +16,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Events of one step and the first error; one lock for all (instructions are coarse).
+// Everything the stream threads of one step use, shared with them so that a thread left behind
+// in a collective still points at live memory. One lock for all (instructions are coarse).
 struct StepState {
+  const Program& p;
+  std::vector<std::vector<Tensor>> operands, results;
+  const StepParams params;
+  comm::Backend* backend;
+  Clock::time_point t0;
+  bool timed = false;
+  std::vector<InstrTiming> timing;  // per instruction when timed
+
   std::mutex mu;
   std::condition_variable cv;
   std::vector<char> recorded;
+  std::vector<int64_t> rows;  // per buffer, −1 unless a variable-size collective wrote it
   bool failed = false;
   std::string error;
+  int running = 0;  // stream threads not yet finished
   std::atomic<int> run{0};
+
+  StepState(const Program& prog, std::vector<std::vector<Tensor>> ops, std::vector<std::vector<Tensor>> res,
+            const StepParams& sp, comm::Backend* b)
+      : p(prog), operands(std::move(ops)), results(std::move(res)), params(sp), backend(b) {}
 
   void fail(const std::string& msg) {
     {
@@ -40,64 +56,128 @@ double msSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-void runStream(const Program& p, int stream, std::vector<std::vector<Tensor>>& operands,
-               std::vector<std::vector<Tensor>>& results, const StepParams& params, Scratch& scratch,
-               StepState& st, std::vector<InstrTiming>* timing, Clock::time_point t0) {
-  for (int idx : p.streamInstrs[size_t(stream)]) {
+// Operands of buffers a variable-size collective wrote this step, at the rows it wrote.
+void applyRows(std::vector<Tensor>& ts, const std::vector<int64_t>& rows) {
+  for (Tensor& t : ts) {
+    const int64_t r = rows[size_t(t.buffer)];
+    if (r < 0 || t.shape.empty() || t.shape[0] == r) continue;
+    const int64_t perRow = t.shape[0] == 0 ? 0 : t.numel / t.shape[0];
+    t.shape[0] = r;
+    t.numel = r * perRow;
+  }
+}
+
+void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
+  StepState& st = *stp;
+  const Program& p = st.p;
+  const auto finish = [&] {
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.running--;
+    }
+    st.cv.notify_all();
+  };
+  const std::vector<int>& order = p.streamInstrs[size_t(stream)];
+  // the batch of a batched send/recv (-1: none)
+  const auto batchOf = [&](int idx) -> int64_t {
+    const Instr& x = p.instrs[size_t(idx)];
+    return x.attrs.contains("batch") ? x.attrs.at("batch").get<int64_t>() : -1;
+  };
+  for (size_t k = 0; k < order.size(); k++) {
+    const int idx = order[k];
     const Instr& in = p.instrs[size_t(idx)];
+    std::vector<Tensor>& ins = st.operands[size_t(idx)];
+    std::vector<Tensor>& outs = st.results[size_t(idx)];
+    bool stop = false;
     {
       std::unique_lock<std::mutex> lock(st.mu);
       for (int e : in.wait) st.cv.wait(lock, [&] { return st.failed || st.recorded[size_t(e)]; });
-      if (st.failed) return;
+      stop = st.failed;
+      applyRows(ins, st.rows);
+      applyRows(outs, st.rows);
     }
-    const double start = timing ? msSince(t0) : 0;
+    if (stop) return finish();
+    const double start = st.timed ? msSince(st.t0) : 0;
+    int64_t rows = -1;
     try {
-      StepCtx ctx(in, operands[size_t(idx)], results[size_t(idx)], params, scratch);
-      opEntry(in.op).run(in, ctx);
+      StepCtx ctx(in, ins, outs, st.params, scratch);
+      if (opEntry(in.op).cls == OpClass::collective) {
+        if (!st.backend) throw OpError("no collective backend (the runtime was not connected)");
+        const int64_t batch = batchOf(idx);
+        const bool batchEnd = batch >= 0 && (k + 1 == order.size() || batchOf(order[k + 1]) != batch);
+        rows = comm::runCollective(in, ctx, *st.backend, batchEnd);
+      } else {
+        opEntry(in.op).run(in, ctx);
+      }
     } catch (const std::exception& e) {
       st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
-      return;
+      return finish();
     } catch (...) {
       st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"));
-      return;
+      return finish();
     }
-    if (timing) (*timing)[size_t(idx)] = {start, msSince(t0)};
+    if (st.timed) st.timing[size_t(idx)] = {start, msSince(st.t0)};
     st.run++;
-    if (!in.record.empty()) {
+    if (!in.record.empty() || rows >= 0) {
       {
         std::lock_guard<std::mutex> lock(st.mu);
+        if (rows >= 0) st.rows[size_t(in.outputs[0])] = rows;
         for (int e : in.record) st.recorded[size_t(e)] = 1;
       }
       st.cv.notify_all();
     }
   }
+  finish();
 }
 
 }  // namespace
 
-ExecResult execute(const Program& p, std::vector<std::vector<Tensor>>& operands,
-                   std::vector<std::vector<Tensor>>& results, const StepParams& params,
-                   std::vector<Scratch>& scratch, bool timing) {
-  StepState st;
-  st.recorded.assign(size_t(p.events), 0);
+ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
+                   std::vector<std::vector<Tensor>> results, const StepParams& params,
+                   std::vector<Scratch>& scratch, bool timing, comm::Backend* backend) {
+  auto st = std::make_shared<StepState>(p, std::move(operands), std::move(results), params, backend);
+  st->recorded.assign(size_t(p.events), 0);
+  st->rows.assign(p.buffers.size(), -1);
   ExecResult result;
-  if (timing) result.timing.assign(p.instrs.size(), {});
-  const Clock::time_point t0 = Clock::now();
+  st->timed = timing;
+  if (timing) st->timing.assign(p.instrs.size(), {});
+  st->t0 = Clock::now();
   std::vector<std::thread> threads;
   for (int s = 0; s < kStreamCount; s++) {
     if (p.streamInstrs[size_t(s)].empty()) continue;
     try {
-      threads.emplace_back(runStream, std::cref(p), s, std::ref(operands), std::ref(results),
-                           std::cref(params), std::ref(scratch[size_t(s)]), std::ref(st),
-                           timing ? &result.timing : nullptr, t0);
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->running++;
+      }
+      threads.emplace_back(runStream, st, s, std::ref(scratch[size_t(s)]));
     } catch (const std::exception& e) {
-      st.fail(cat("cannot start the executor thread of stream ", schema::kStreams[s], ": ", e.what()));
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->running--;
+      }
+      st->fail(cat("cannot start the executor thread of stream ", schema::kStreams[s], ": ", e.what()));
       break;
     }
   }
-  for (auto& t : threads) t.join();
-  if (st.failed) throw RuntimeError(st.error);
-  result.instructionsRun = st.run;
+  // every thread finishes, or the step failed and some are still blocked past the grace period
+  bool abandoned = false;
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->running == 0 || st->failed; });
+    if (st->running > 0)
+      abandoned = !st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; });
+  }
+  for (auto& t : threads) {
+    if (abandoned) t.detach();  // `st` keeps what they use alive; the scratch is the runtime's
+    else t.join();
+  }
+  if (abandoned)
+    throw AbandonedStepError(cat(st->error, " (stream threads still blocked in collectives were left behind)"));
+  if (st->failed) throw RuntimeError(st->error);
+  result.instructionsRun = st->run;
+  result.timing = std::move(st->timing);
+  result.rows = st->rows;
   return result;
 }
 

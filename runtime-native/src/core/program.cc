@@ -4,6 +4,7 @@
 #include <cmath>
 #include <queue>
 
+#include "comm/collectives.h"
 #include "core/error.h"
 #include "ops/registry.h"
 
@@ -18,6 +19,7 @@ constexpr const char* kProgramFormat = "lfc-program";
 // Errors name the program and, inside an instruction, its index, op and scope.
 struct Ctx {
   std::string program = "?";
+  ParseOptions options;
   [[noreturn]] void fail(const std::string& msg) const {
     throw ProgramError("program " + program + ": " + msg);
   }
@@ -266,9 +268,11 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
     in.phase = e["phase"].is_string() ? e["phase"].get<std::string>() : "";
     if (in.phase != "forward" && in.phase != "backward" && in.phase != "optimizer")
       bad(cat("unknown phase ", e["phase"].dump()));
-    if (opEntry(in.op).cls == OpClass::collective)
+    const bool collective = opEntry(in.op).cls == OpClass::collective;
+    if (collective && !c.options.collectives)
       bad(cat("op ", opText, " needs a collective backend; this runtime runs one rank"));
-    if (opEntry(in.op).run == nullptr) bad(cat("op ", opText, " has no implementation in the registry"));
+    if (!collective && opEntry(in.op).run == nullptr)
+      bad(cat("op ", opText, " has no implementation in the registry"));
     const int nb = int(p.buffers.size());
     const auto buffers = [&](const char* key, std::vector<int>& out) {
       if (!e[key].is_array()) bad(cat(key, " must be a list of buffer ids"));
@@ -299,7 +303,8 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
     if (!e["microbatch"].is_number_integer() || e["microbatch"].get<int64_t>() < -1)
       bad(cat("microbatch must be an integer ≥ −1, got ", e["microbatch"].dump()));
     in.microbatch = int(e["microbatch"].get<int64_t>());
-    const std::string problem = checkInstrAgainstRegistry(in);
+    const std::string problem = collective ? comm::checkCollective(in) : checkInstrAgainstRegistry(in);
+    const bool inPlace = collective ? comm::collectiveInPlace(in.op) : opEntry(in.op).inPlace;
     if (!problem.empty()) bad(problem);
     // operands: symbolic dims need a microbatch; outputs must not overlap inputs (except in place)
     for (int id : in.inputs)
@@ -307,7 +312,11 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
         bad(cat(bufferText(p, id), " is symbolic but the instruction has no microbatch"));
     for (size_t o = 0; o < in.outputs.size(); o++) {
       const Buffer& ob = p.buffers[size_t(in.outputs[o])];
-      if (ob.region == Region::param || ob.region == Region::data)
+      // views write nothing; the optimizer step writes parameters (the distributed optimizer
+      // gathers them)
+      const bool writes = ob.viewOf < 0;
+      const bool step = in.phase == "optimizer" && ob.region == Region::param;
+      if ((ob.region == Region::param || ob.region == Region::data) && writes && !step)
         bad(cat("output ", bufferText(p, ob.id), " is in region ", regionName(ob.region),
                 ", which instructions only read"));
       for (size_t k = 0; k < in.inputs.size(); k++) {
@@ -318,7 +327,7 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
                              ib.bytes > 0 && ob.bytes > 0;
         if (!overlap) continue;
         const bool sameBytes = ib.offset == ob.offset && ib.bytes == ob.bytes;
-        if (o == 0 && k == 0 && sameBytes && opEntry(in.op).inPlace) continue;
+        if (o == 0 && k == 0 && sameBytes && inPlace) continue;
         bad(cat("output ", bufferText(p, ob.id), " overlaps input ", bufferText(p, ib.id)));
       }
     }
@@ -396,8 +405,9 @@ std::string describeInstr(const Instr& in) {
              in.scope.empty() ? "?" : in.scope, ")");
 }
 
-Program parseProgram(const std::string& text) {
+Program parseProgram(const std::string& text, const ParseOptions& options) {
   Ctx c;
+  c.options = options;
   json j;
   try {
     j = json::parse(text);

@@ -127,7 +127,13 @@ struct Program {
   int scalarBuffer(const std::string& name) const;  // −1 when absent
 };
 
-Program parseProgram(const std::string& jsonText);
+// collectives: accept collective instructions (checked against comm/collectives.h's table) for a
+// runtime that will have a collective backend; otherwise they are refused at load.
+struct ParseOptions {
+  bool collectives = false;
+};
+
+Program parseProgram(const std::string& jsonText, const ParseOptions& options = {});
 
 // "instruction 12 (linear, scope model.layers.0.mlp)"
 std::string describeInstr(const Instr& in);

@@ -36,23 +36,23 @@ InitSpec parseInit(const std::string& name, const std::string& raw) {
 
 template <typename Real>
 void fill(Real* dst, const InitSpec& spec, uint64_t key, const std::vector<int64_t>& shape,
-          const std::vector<std::pair<int64_t, int64_t>>& shard) {
+          const std::vector<std::vector<int64_t>>& index) {
   const size_t rank = shape.size();
   std::vector<int64_t> stride(rank, 1);  // global strides
   for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
   int64_t n = 1;
-  for (const auto& s : shard) n *= s.second;
-  std::vector<int64_t> idx(rank, 0);  // local multi-index
+  for (const auto& ix : index) n *= int64_t(ix.size());
+  std::vector<size_t> idx(rank, 0);  // local multi-index
   for (int64_t i = 0; i < n; i++) {
     if (spec.kind == InitSpec::zeros) dst[i] = Real(0);
     else if (spec.kind == InitSpec::ones) dst[i] = Real(1);
     else {
       int64_t g = 0;
-      for (size_t d = 0; d < rank; d++) g += (shard[d].first + idx[d]) * stride[d];
+      for (size_t d = 0; d < rank; d++) g += index[d][idx[d]] * stride[d];
       dst[i] = Real(spec.std * hash::normal(key, uint64_t(g)));
     }
     for (size_t d = rank; d-- > 0;) {  // next local index, row-major
-      if (++idx[d] < shard[d].second) break;
+      if (++idx[d] < index[d].size()) break;
       idx[d] = 0;
     }
   }
@@ -60,26 +60,44 @@ void fill(Real* dst, const InitSpec& spec, uint64_t key, const std::vector<int64
 
 }  // namespace
 
+void initParamAt(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,
+                 const std::string& init, const std::vector<int64_t>& globalShape,
+                 const std::vector<std::vector<int64_t>>& index) {
+  const InitSpec spec = parseInit(name, init);
+  if (index.size() != globalShape.size())
+    throw RuntimeError(cat("param ", name, ": the piece has ", index.size(), " dims, the global shape ",
+                           globalShape.size()));
+  for (size_t d = 0; d < index.size(); d++)
+    for (int64_t g : index[d])
+      if (g < 0 || g >= globalShape[d])
+        throw RuntimeError(cat("param ", name, ": index ", g, " of dim ", d, " is outside the global size ",
+                               globalShape[d]));
+  const uint64_t key = hash::combine(hash::combine(hash::splitmix64(kInitTag), seed), hash::ofString(name));
+  if (dtype == DType::f32) fill(reinterpret_cast<float*>(dst), spec, key, globalShape, index);
+  else if (dtype == DType::f64) fill(reinterpret_cast<double*>(dst), spec, key, globalShape, index);
+  else
+    throw RuntimeError(cat("param ", name, ": dtype ", dtypeName(dtype),
+                           " cannot be initialized here (f32 or f64)"));
+}
+
 void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,
                const std::string& init, const std::vector<int64_t>& globalShape,
                const std::vector<std::pair<int64_t, int64_t>>& shardIn) {
-  const InitSpec spec = parseInit(name, init);
   std::vector<std::pair<int64_t, int64_t>> shard = shardIn;
   if (shard.empty())
     for (int64_t d : globalShape) shard.emplace_back(0, d);
   if (shard.size() != globalShape.size())
     throw RuntimeError(cat("param ", name, ": shard has ", shard.size(), " dims, the global shape ",
                            globalShape.size()));
-  for (size_t d = 0; d < shard.size(); d++)
+  std::vector<std::vector<int64_t>> index;
+  for (size_t d = 0; d < shard.size(); d++) {
     if (shard[d].first < 0 || shard[d].second < 0 || shard[d].first + shard[d].second > globalShape[d])
       throw RuntimeError(cat("param ", name, ": shard [", shard[d].first, ", ", shard[d].second,
                              "] of dim ", d, " is outside the global size ", globalShape[d]));
-  const uint64_t key = hash::combine(hash::combine(hash::splitmix64(kInitTag), seed), hash::ofString(name));
-  if (dtype == DType::f32) fill(reinterpret_cast<float*>(dst), spec, key, globalShape, shard);
-  else if (dtype == DType::f64) fill(reinterpret_cast<double*>(dst), spec, key, globalShape, shard);
-  else
-    throw RuntimeError(cat("param ", name, ": dtype ", dtypeName(dtype),
-                           " cannot be initialized here (f32 or f64)"));
+    index.emplace_back();
+    for (int64_t i = 0; i < shard[d].second; i++) index.back().push_back(shard[d].first + i);
+  }
+  initParamAt(dst, dtype, seed, name, init, globalShape, index);
 }
 
 }  // namespace lfc

@@ -23,4 +23,10 @@ void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& na
                const std::string& init, const std::vector<int64_t>& globalShape,
                const std::vector<std::pair<int64_t, int64_t>>& shard);
 
+// The same for any piece of the global tensor: index[d][i] is the global index of local index i
+// along dim d (a split over ranks with several blocks takes one range per block).
+void initParamAt(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,
+                 const std::string& init, const std::vector<int64_t>& globalShape,
+                 const std::vector<std::vector<int64_t>>& index);
+
 }  // namespace lfc

@@ -35,6 +35,12 @@ std::vector<int64_t> StepCtx::ints(const char* name) const {
   return out;
 }
 
+std::vector<double> StepCtx::numbers(const char* name) const {
+  std::vector<double> out;
+  for (const auto& v : attr(instr_, name)) out.push_back(v.get<double>());
+  return out;
+}
+
 void requireDType(const Tensor& t, DType want, const char* what) {
   if (t.dtype != want)
     throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), ", expected ", dtypeName(want)));

@@ -115,6 +115,7 @@ class StepCtx {
   bool flag(const char* name) const;
   std::string str(const char* name) const;
   std::vector<int64_t> ints(const char* name) const;
+  std::vector<double> numbers(const char* name) const;
   bool has(const char* name) const;
 
  private:

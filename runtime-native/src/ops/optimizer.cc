@@ -16,11 +16,16 @@ void run_grad_accumulate(const Instr&, StepCtx& c) {
 }
 
 void run_sum_squares(const Instr&, StepCtx& c) {
-  double total = 0;  // Σ over every element of every input, in double
+  // Σ over every element of every input, in double; input i weighed by scales[i] when given
+  std::vector<double> scales = c.has("scales") ? c.numbers("scales") : std::vector<double>();
+  if (!scales.empty() && int(scales.size()) != c.numIn())
+    throw OpError(cat("scales has ", scales.size(), " entries for ", c.numIn(), " inputs"));
+  double total = 0;
   for (int i = 0; i < c.numIn(); i++)
     withReal(c.in(i), "input", [&](auto z) {
       using Real = decltype(z);
-      total += cpu::sum_squares<Real>(c.in(i).as<Real>(), c.in(i).numel);
+      const double s = cpu::sum_squares<Real>(c.in(i).as<Real>(), c.in(i).numel);
+      total += scales.empty() ? s : scales[size_t(i)] * s;
     });
   setScalarValue(c.out(0), total, "output 0");
 }

@@ -102,7 +102,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::group_slice, entry(OpClass::layout, 1, 1, 1, 1, "group:string,group_size:int", run_group_slice));
   // optimizer: in place on persistent buffers
   set(Op::grad_accumulate, entry(OpClass::optimizer, 2, 2, 0, 0, "", run_grad_accumulate));
-  set(Op::sum_squares, entry(OpClass::optimizer, 1, V, 1, 1, "", run_sum_squares));
+  set(Op::sum_squares, entry(OpClass::optimizer, 1, V, 1, 1, "scales?:numbers", run_sum_squares));
   set(Op::clip_coef, entry(OpClass::optimizer, 1, 1, 1, 1, "max_norm:number", run_clip_coef));
   set(Op::adamw, entry(OpClass::optimizer, 5, 5, 0, 0, "beta1:number,beta2:number,eps:number,weight_decay:number",
                        run_adamw));
@@ -162,6 +162,11 @@ std::string attrTypeProblem(const std::string& type, const nlohmann::json& v) {
     bool ok = v.is_array();
     if (ok)
       for (const auto& x : v) ok = ok && isIntegral(x);
+    if (ok) return "";
+  } else if (type == "numbers") {
+    bool ok = v.is_array();
+    if (ok)
+      for (const auto& x : v) ok = ok && x.is_number() && std::isfinite(x.get<double>());
     if (ok) return "";
   } else if (type == "dims") {
     if (v.is_array()) {

@@ -1,0 +1,283 @@
+// Bus bandwidth of lfc's collectives (the Gloo backend of the native runtime) against OpenMPI,
+// on 2 and 4 local ranks, 1–64 MiB: all_reduce, all_to_all_v (equal blocks), gather_v (equal
+// blocks to rank 0).
+//
+//   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12]
+//
+// Each rank process runs one program holding every (op, size) REPEATS times in a row; the time of
+// one instance is the slowest rank's, the figure the median over the repeats. OpenMPI runs the
+// same schedule in a small C program (compiled here with mpicc, run with mpirun); it needs
+// `apt-get install -y libopenmpi-dev openmpi-bin`. Bus bandwidth as in nccl-tests, for S bytes
+// (all_reduce: the buffer; all_to_all_v: what one rank sends; gather_v: what the root receives):
+// all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
+
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  PLAN_VERSION,
+  PROGRAM_FORMAT,
+  type PlanBuffer,
+  type PlanInstruction,
+  type ProgramFile,
+} from '../compiler/plan/format.js';
+import { StoreServer } from '../runtime/store.js';
+import type { BenchSpec } from './collectives-rank.js';
+
+const OPS = ['all_reduce', 'all_to_all_v', 'gather_v'] as const;
+type Op = (typeof OPS)[number];
+const MiB = 2 ** 20;
+const ROW_FLOATS = 256; // rows of 1 KiB
+
+function flag(name: string, fallback: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1] : fallback;
+}
+const RANKS = flag('--ranks', '2,4').split(',').map(Number);
+const SIZES_MIB = flag('--sizes', '1,4,16,64').split(',').map(Number);
+const REPEATS = Number(flag('--repeats', '12'));
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const busFactor = (op: Op, P: number) => (op === 'all_reduce' ? (2 * (P - 1)) / P : (P - 1) / P);
+
+/** One program: every op at every size, REPEATS times; buffers of all sizes share the arena. */
+function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, number][] } {
+  const maxBytes = Math.max(...SIZES_MIB) * MiB;
+  const buffers: PlanBuffer[] = [];
+  const params: number[] = [];
+  const buffer = (
+    name: string,
+    region: 'arena' | 'param',
+    dtype: string,
+    shape: number[],
+    offset: number,
+  ) => {
+    const bytes = shape.reduce((a, b) => a * b, 1) * 4;
+    buffers.push({
+      id: buffers.length,
+      name,
+      region,
+      space: 'device',
+      dtype,
+      shape: shape.map(String),
+      offset,
+      bytes,
+      microbatch: -1,
+    });
+    return buffers.length - 1;
+  };
+  const instructions: PlanInstruction[] = [];
+  const order: [Op, number][] = [];
+  const counts: Record<string, number[]>[] = Array.from({ length: P }, () => ({}));
+  const g = { group: 'dp', group_size: P };
+  const add = (
+    op: Op,
+    size: number,
+    inputs: number[],
+    outputs: number[],
+    attrs: Record<string, unknown>,
+  ) => {
+    for (let k = 0; k < REPEATS; k++) {
+      instructions.push({
+        stream: 'comm',
+        op,
+        inputs,
+        outputs,
+        attrs,
+        wait: [],
+        record: [],
+        microbatch: -1,
+        phase: 'backward',
+        scope: `bench.${op}.${size}MiB`,
+      });
+      order.push([op, size]);
+    }
+  };
+  for (const size of SIZES_MIB) {
+    const bytes = size * MiB;
+    const rows = bytes / (ROW_FLOATS * 4);
+    const x = buffer(`ar.${size}`, 'arena', 'f32', [bytes / 4], 0);
+    add('all_reduce', size, [x], [x], g);
+    const a2aIn = buffer(`a2a.in.${size}`, 'arena', 'f32', [rows, ROW_FLOATS], 0);
+    const a2aOut = buffer(`a2a.out.${size}`, 'arena', 'f32', [rows, ROW_FLOATS], maxBytes);
+    const send = buffer(`a2a.send.${size}`, 'param', 'i32', [P], params.length * 64);
+    params.push(send);
+    const recv = buffer(`a2a.recv.${size}`, 'arena', 'i32', [P], 2 * maxBytes);
+    for (const c of counts) c[String(send)] = Array(P).fill(rows / P);
+    add('all_to_all_v', size, [a2aIn, send], [a2aOut, recv], { ...g, out_rows: [String(rows)] });
+    const gvIn = buffer(`gv.in.${size}`, 'arena', 'f32', [rows / P, ROW_FLOATS], 0);
+    const gvOut = buffer(`gv.out.${size}`, 'arena', 'f32', [rows, ROW_FLOATS], maxBytes);
+    add('gather_v', size, [gvIn], [gvOut], { ...g, root: 0, out_rows: [String(rows)] });
+  }
+  const program: ProgramFile = {
+    format: PROGRAM_FORMAT,
+    version: PLAN_VERSION,
+    id: 'bench',
+    regions: {
+      arena: 2 * maxBytes + 64,
+      param: params.length * 64,
+      grad: 0,
+      optim: 0,
+      data: 0,
+      scalar: 0,
+    },
+    arenaLowerBoundBytes: 0,
+    buffers,
+    params: [],
+    inputs: [],
+    scalars: {},
+    outputs: [],
+    events: 0,
+    instructions,
+  };
+  return { spec: { program, counts }, order };
+}
+
+/** ms per (op, size) on P ranks of lfc's runtime. */
+async function runLfc(P: number): Promise<Map<string, number>> {
+  const { spec, order } = benchProgram(P);
+  const server = await StoreServer.listen(0, '127.0.0.1');
+  const file = join(mkdtempSync(join(tmpdir(), 'lfc-bench-')), 'spec.json');
+  const full: BenchSpec = {
+    ...spec,
+    comm: {
+      worldSize: P,
+      store: `tcp:127.0.0.1:${server.port}`,
+      prefix: 'bench',
+      groups: [{ name: 'dp[0]', ranks: Array.from({ length: P }, (_, r) => r) }],
+      rankGroups: { dp: Array(P).fill(0) },
+      contexts: [{ group: 0, stream: 'comm' }],
+    },
+  };
+  writeFileSync(file, JSON.stringify(full));
+  const tsx = createRequire(import.meta.url).resolve('tsx');
+  const worker = fileURLToPath(new URL('./collectives-rank.ts', import.meta.url));
+  const perRank = await Promise.all(
+    Array.from({ length: P }, (_, rank) => {
+      const child = spawn(process.execPath, ['--import', tsx, worker, file, String(rank)], {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      let out = '';
+      child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+      return new Promise<number[]>((resolve, reject) =>
+        child.on('exit', (code) =>
+          code === 0
+            ? resolve(JSON.parse(out) as number[])
+            : reject(new Error(`rank ${rank} exited ${code}`)),
+        ),
+      );
+    }),
+  );
+  await server.close();
+  const times = new Map<string, number[]>();
+  order.forEach(([op, size], i) => {
+    const key = `${op}/${size}`;
+    times.set(key, [...(times.get(key) ?? []), Math.max(...perRank.map((t) => t[i]))]);
+  });
+  return new Map([...times].map(([k, ts]) => [k, median(ts)]));
+}
+
+const MPI_SOURCE = String.raw`
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int cmp(const void* a, const void* b) { double x = *(const double*)a, y = *(const double*)b; return (x > y) - (x < y); }
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, P; MPI_Comm_rank(MPI_COMM_WORLD, &rank); MPI_Comm_size(MPI_COMM_WORLD, &P);
+  int repeats = atoi(argv[1]);
+  size_t maxBytes = 0;
+  for (int s = 2; s < argc; s++) if ((size_t)atoi(argv[s]) << 20 > maxBytes) maxBytes = (size_t)atoi(argv[s]) << 20;
+  float* a = calloc(maxBytes / 4, 4); float* b = calloc(maxBytes / 4, 4);
+  int* counts = malloc(P * sizeof(int)); int* displs = malloc(P * sizeof(int));
+  double* t = malloc(repeats * sizeof(double)); double* tmax = malloc(repeats * sizeof(double));
+  const char* names[3] = {"all_reduce", "all_to_all_v", "gather_v"};
+  for (int s = 2; s < argc; s++) {
+    int mib = atoi(argv[s]); size_t bytes = (size_t)mib << 20; int n = (int)(bytes / 4);
+    for (int op = 0; op < 3; op++) {
+      for (int i = 0; i < P; i++) { counts[i] = n / P; displs[i] = i * (n / P); }
+      for (int k = 0; k < repeats; k++) {
+        double t0 = MPI_Wtime();
+        if (op == 0) MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else if (op == 1) MPI_Alltoallv(a, counts, displs, MPI_FLOAT, b, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+        else MPI_Gatherv(a, n / P, MPI_FLOAT, b, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        t[k] = (MPI_Wtime() - t0) * 1e3;
+      }
+      MPI_Reduce(t, tmax, repeats, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      if (rank == 0) { qsort(tmax, repeats, sizeof(double), cmp); printf("%s/%d %f\n", names[op], mib, tmax[repeats / 2]); }
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
+`;
+
+/** ms per (op, size) on P ranks of OpenMPI, or undefined when OpenMPI is not installed. */
+function runMpi(P: number, exe: string | undefined): Map<string, number> | undefined {
+  if (!exe) return undefined;
+  const out = execFileSync(
+    'mpirun',
+    [
+      '--allow-run-as-root',
+      '--oversubscribe',
+      '-np',
+      String(P),
+      exe,
+      String(REPEATS),
+      ...SIZES_MIB.map(String),
+    ],
+    { encoding: 'utf8', env: { ...process.env, OMPI_MCA_btl_vader_single_copy_mechanism: 'none' } },
+  );
+  return new Map(
+    out
+      .trim()
+      .split('\n')
+      .map((l) => l.split(' '))
+      .map(([k, ms]) => [k, Number(ms)]),
+  );
+}
+
+function buildMpi(): string | undefined {
+  try {
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-mpi-'));
+    writeFileSync(join(dir, 'bench.c'), MPI_SOURCE);
+    execFileSync('mpicc', ['-O2', '-o', join(dir, 'bench'), join(dir, 'bench.c')]);
+    return join(dir, 'bench');
+  } catch {
+    process.stderr.write(
+      'OpenMPI not found (apt-get install -y libopenmpi-dev openmpi-bin): lfc only\n',
+    );
+    return undefined;
+  }
+}
+
+const mpiExe = buildMpi();
+const gbps = (op: Op, P: number, size: number, ms: number) =>
+  ((size * MiB) / (ms / 1e3) / 1e9) * busFactor(op, P);
+console.log(`bus bandwidth GB/s (median of ${REPEATS}; slowest rank per instance)`);
+console.log('ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI');
+for (const P of RANKS) {
+  const lfc = await runLfc(P);
+  const mpi = runMpi(P, mpiExe);
+  for (const op of OPS)
+    for (const size of SIZES_MIB) {
+      const key = `${op}/${size}`;
+      const a = lfc.get(key)!;
+      const b = mpi?.get(key);
+      const cells = [
+        String(P).padEnd(6),
+        op.padEnd(14),
+        `${size} MiB`.padStart(7),
+        a.toFixed(2).padStart(10),
+        gbps(op, P, size, a).toFixed(2).padStart(10),
+        b === undefined ? '-'.padStart(10) : b.toFixed(2).padStart(10),
+        b === undefined ? '-'.padStart(10) : gbps(op, P, size, b).toFixed(2).padStart(10),
+        b === undefined ? '-'.padStart(9) : (b / a).toFixed(2).padStart(9),
+      ];
+      console.log(cells.join(' '));
+    }
+}

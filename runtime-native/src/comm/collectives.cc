@@ -1,0 +1,332 @@
+#include "comm/collectives.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace lfc::comm {
+
+namespace {
+
+struct Group {
+  Communicator& comm;
+  int P, r;
+};
+
+using RunFn = int64_t (*)(const Instr&, StepCtx&, Group&);
+
+// One line per collective: operand counts (inputs min..max, outputs min..max), the attributes the
+// loader checks (`name:type`, `name?:type` when optional), in place or not, the function.
+struct CollectiveEntry {
+  int minIn, maxIn, minOut, maxOut;
+  const char* attrs;
+  bool inPlace;
+  RunFn run;
+};
+
+// ---- the ops --------------------------------------------------------------------------------
+
+void requireFloatOrInt(const Tensor& t, const char* what) {
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::i32 && t.dtype != DType::i64)
+    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; collectives sum f32, f64, i32 or i64"));
+}
+
+void requireSameType(const Tensor& y, const Tensor& x, int64_t numel, const char* what) {
+  requireDType(y, x.dtype, what);
+  requireNumel(y, numel, what);
+}
+
+void copyIfApart(const Tensor& to, const Tensor& from) {
+  if (to.data != from.data && from.bytes() > 0) std::memmove(to.data, from.data, size_t(from.bytes()));
+}
+
+int rootOf(const StepCtx& c, const Group& g) {
+  const int64_t root = c.integer("root");
+  if (root < 0 || root >= g.P) throw OpError(cat("root ", root, " is not a group rank (group of ", g.P, ")"));
+  return int(root);
+}
+
+int64_t rowBytes(const Tensor& t) { return t.last() * dtypeBytes(t.dtype); }
+
+void requireRows(const Tensor& x, const Tensor& y) {
+  requireRank(x, 2, "input 0 (rows)");
+  requireRank(y, 2, "output 0 (rows)");
+  requireDType(y, x.dtype, "output 0 (rows)");
+  if (y.last() != x.last())
+    throw OpError(cat("output 0 ", formatShape(y.shape), " has rows of ", y.last(), " values, input 0 ",
+                      formatShape(x.shape), " of ", x.last()));
+}
+
+int64_t run_all_reduce(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireFloatOrInt(x, "input 0");
+  requireSameType(y, x, x.numel, "output 0");
+  copyIfApart(y, x);
+  g.comm.allReduce(y.data, y.dtype, y.numel);
+  return -1;
+}
+
+int64_t run_all_gather(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireSameType(y, x, x.numel * g.P, "output 0 (every rank's input, concatenated)");
+  g.comm.allGather(x.data, y.data, x.bytes());
+  return -1;
+}
+
+int64_t run_reduce_scatter(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireFloatOrInt(x, "input 0");
+  requireSameType(y, x, x.numel / g.P, "output 0 (one block of the sum)");
+  if (x.numel % g.P != 0) throw OpError(cat("input 0 ", formatShape(x.shape), " does not split in ", g.P, " blocks"));
+  // the sum of the whole input in scratch, then this rank's block
+  std::byte* sum = c.scratch().get<std::byte>(0, x.bytes());
+  std::memcpy(sum, x.data, size_t(x.bytes()));
+  g.comm.allReduce(sum, x.dtype, x.numel);
+  std::memcpy(y.data, sum + g.r * y.bytes(), size_t(y.bytes()));
+  return -1;
+}
+
+int64_t run_broadcast(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireSameType(y, x, x.numel, "output 0");
+  const int root = rootOf(c, g);
+  if (g.r == root) copyIfApart(y, x);
+  g.comm.broadcast(y.data, y.bytes(), root);
+  return -1;
+}
+
+std::vector<int64_t> counts(const Tensor& t, int P, const char* what) {
+  requireDType(t, DType::i32, what);
+  requireNumel(t, P, what);
+  std::vector<int64_t> v(static_cast<size_t>(P));
+  for (int i = 0; i < P; i++) {
+    v[size_t(i)] = t.as<int32_t>()[i];
+    if (v[size_t(i)] < 0) throw OpError(cat(what, "[", i, "] = ", v[size_t(i)], " is negative"));
+  }
+  return v;
+}
+
+std::vector<int64_t> times(std::vector<int64_t> v, int64_t k) {
+  for (auto& x : v) x *= k;
+  return v;
+}
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); }
+
+// The row counts of every group rank: each gives its own.
+std::vector<int64_t> gatherRows(Group& g, int64_t mine, StepCtx& c) {
+  int64_t* all = c.scratch().get<int64_t>(1, g.P);
+  g.comm.allGather(&mine, all, sizeof(int64_t));
+  return std::vector<int64_t>(all, all + g.P);
+}
+
+int64_t run_all_to_all_v(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0), &recvCounts = c.out(1);
+  requireRows(x, y);
+  const std::vector<int64_t> send = counts(c.in(1), g.P, "input 1 (send_counts)");
+  if (sum(send) > x.dim(0))
+    throw OpError(cat("send_counts sum to ", sum(send), " rows, input 0 ", formatShape(x.shape), " has ", x.dim(0)));
+  requireDType(recvCounts, DType::i32, "output 1 (recv_counts)");
+  requireNumel(recvCounts, g.P, "output 1 (recv_counts)");
+  // 1. the counts: rank j learns how many rows each rank sends it
+  std::vector<int32_t> sent(send.begin(), send.end());
+  int32_t* got = recvCounts.as<int32_t>();
+  g.comm.allToAllV(sent.data(), std::vector<int64_t>(size_t(g.P), 4), got, std::vector<int64_t>(size_t(g.P), 4));
+  std::vector<int64_t> recv(got, got + g.P);
+  const int64_t rows = sum(recv);
+  if (rows > y.dim(0))
+    throw OpError(cat("receives ", rows, " rows; output 0 ", formatShape(y.shape), " holds at most ", y.dim(0),
+                      " (its out_rows bound at this microbatch's sizes)"));
+  // 2. the rows
+  g.comm.allToAllV(x.data, times(send, rowBytes(x)), y.data, times(recv, rowBytes(y)));
+  return rows;
+}
+
+int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireRows(x, y);
+  const int root = rootOf(c, g);
+  const std::vector<int64_t> rows = gatherRows(g, x.dim(0), c);
+  std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
+  send[size_t(root)] = x.dim(0) * rowBytes(x);
+  if (g.r == root) {
+    if (sum(rows) > y.dim(0))
+      throw OpError(cat("the group's blocks sum to ", sum(rows), " rows; output 0 ", formatShape(y.shape),
+                        " holds at most ", y.dim(0), " (its out_rows bound at this microbatch's sizes)"));
+    recv = times(rows, rowBytes(y));
+  }
+  g.comm.allToAllV(x.data, send, y.data, recv);
+  return g.r == root ? sum(rows) : 0;
+}
+
+int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireRows(x, y);
+  const int root = rootOf(c, g);
+  const std::vector<int64_t> rows = gatherRows(g, y.dim(0), c);
+  std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
+  recv[size_t(root)] = y.dim(0) * rowBytes(y);
+  if (g.r == root) {
+    if (sum(rows) > x.dim(0))
+      throw OpError(cat("the group's outputs take ", sum(rows), " rows; input 0 ", formatShape(x.shape), " has ",
+                        x.dim(0)));
+    send = times(rows, rowBytes(x));
+  }
+  g.comm.allToAllV(x.data, send, y.data, recv);
+  return y.dim(0);
+}
+
+int peerOf(const StepCtx& c, const Group& g) {
+  const int64_t peer = c.integer("peer");
+  if (peer < 0 || peer >= g.P || peer == g.r)
+    throw OpError(cat("peer ", peer, " is not another rank of the group (group rank ", g.r, " of ", g.P, ")"));
+  return int(peer);
+}
+
+uint32_t tagOf(const StepCtx& c) {
+  const int64_t tag = c.integer("tag");
+  if (tag < 0 || tag > int64_t(UINT32_MAX)) throw OpError(cat("tag ", tag, " is out of range"));
+  return uint32_t(tag);
+}
+
+// with a `batch` attribute, send and recv are posted and complete together at the batch's last
+// instruction (runCollective's batchEnd)
+int64_t run_send(const Instr&, StepCtx& c, Group& g) {
+  const Tensor& x = c.in(0);
+  if (c.has("batch"))
+    g.comm.postSend(x.data, x.bytes(), peerOf(c, g), tagOf(c));
+  else
+    g.comm.send(x.data, x.bytes(), peerOf(c, g), tagOf(c));
+  return -1;
+}
+
+int64_t run_recv(const Instr&, StepCtx& c, Group& g) {
+  const Tensor& y = c.out(0);
+  if (c.has("batch"))
+    g.comm.postRecv(y.data, y.bytes(), peerOf(c, g), tagOf(c));
+  else
+    g.comm.recv(y.data, y.bytes(), peerOf(c, g), tagOf(c));
+  return -1;
+}
+
+// ---- the table ------------------------------------------------------------------------------
+
+constexpr const char* kGroup = "group:string,group_size:int";
+
+const CollectiveEntry* entryOf(Op op) {
+  static const CollectiveEntry allReduce{1, 1, 1, 1, kGroup, true, run_all_reduce};
+  static const CollectiveEntry allGather{1, 1, 1, 1, "group:string,group_size:int,grad?:string", false,
+                                         run_all_gather};
+  static const CollectiveEntry reduceScatter{1, 1, 1, 1, kGroup, false, run_reduce_scatter};
+  static const CollectiveEntry broadcast{1, 1, 1, 1, "group:string,group_size:int,root:int", true, run_broadcast};
+  static const CollectiveEntry allToAllV{2, 2, 2, 2, "group:string,group_size:int,out_rows:dims", false,
+                                         run_all_to_all_v};
+  static const CollectiveEntry gatherV{1, 1, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
+                                       run_gather_v};
+  static const CollectiveEntry scatterV{1, 1, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
+                                        run_scatter_v};
+  static const CollectiveEntry send{1, 1, 0, 0, "group:string,group_size?:int,peer:int,tag:int,batch?:int", false, run_send};
+  static const CollectiveEntry recv{0, 0, 1, 1, "group:string,group_size?:int,peer:int,tag:int,dtype:dtype,shape:dims,batch?:int",
+                                    false, run_recv};
+  switch (op) {
+    case Op::all_reduce: return &allReduce;
+    case Op::all_gather: return &allGather;
+    case Op::reduce_scatter: return &reduceScatter;
+    case Op::broadcast: return &broadcast;
+    case Op::all_to_all_v: return &allToAllV;
+    case Op::gather_v: return &gatherV;
+    case Op::scatter_v: return &scatterV;
+    case Op::send: return &send;
+    case Op::recv: return &recv;
+    default: return nullptr;
+  }
+}
+
+bool integral(const nlohmann::json& v) {
+  if (v.is_number_integer()) return true;
+  return v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>());
+}
+
+// "" when v fits the type (the subset of ir/ops.ts's attribute types collectives use)
+std::string typeProblem(const std::string& type, const nlohmann::json& v) {
+  bool ok = false;
+  if (type == "int") ok = integral(v);
+  else if (type == "string") ok = v.is_string();
+  else if (type == "dtype") ok = v.is_string() && parseDType(v.get<std::string>()).has_value();
+  else if (type == "dims") {
+    ok = v.is_array();
+    for (const auto& d : v.is_array() ? v : nlohmann::json::array()) {
+      if (!d.is_string()) return "must be a list of dims as strings, got " + v.dump();
+      try {
+        parseDim(d.get<std::string>());
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+    }
+  }
+  return ok ? "" : "must be " + type + ", got " + v.dump();
+}
+
+}  // namespace
+
+bool collectiveInPlace(Op op) {
+  const CollectiveEntry* e = entryOf(op);
+  return e && e->inPlace;
+}
+
+std::string checkCollective(const Instr& in) {
+  const CollectiveEntry* e = entryOf(in.op);
+  const char* name = schema::kOpNames[int(in.op)];
+  if (!e) return cat(name, " is not a collective");
+  const int ni = int(in.inputs.size()), no = int(in.outputs.size());
+  if (ni < e->minIn || ni > e->maxIn) return cat(name, " takes ", e->minIn, " inputs, got ", ni);
+  if (no < e->minOut || no > e->maxOut) return cat(name, " gives ", e->minOut, " outputs, got ", no);
+  std::vector<std::string> known;
+  const std::string spec = e->attrs;
+  for (size_t pos = 0; pos < spec.size();) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    std::string key = item.substr(0, item.find(':'));
+    const std::string type = item.substr(item.find(':') + 1);
+    const bool optional = key.back() == '?';
+    if (optional) key.pop_back();
+    known.push_back(key);
+    if (!in.attrs.contains(key)) {
+      if (optional) continue;
+      return cat("missing attribute '", key, "' (", type, ")");
+    }
+    const std::string problem = typeProblem(type, in.attrs.at(key));
+    if (!problem.empty()) return cat("attribute '", key, "' ", problem);
+  }
+  for (const auto& [key, _] : in.attrs.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      return cat("unknown attribute '", key, "' for ", name);
+  return "";
+}
+
+int64_t runCollective(const Instr& in, StepCtx& c, Backend& backend, bool batchEnd) {
+  const std::string kind = c.str("group");
+  Communicator* comm = nullptr;
+  try {
+    comm = &backend.at(groupOf(backend.config(), kind), in.stream);
+  } catch (const CommError& e) {
+    throw OpError(e.what());
+  }
+  Group g{*comm, comm->size(), comm->rank()};
+  if (in.attrs.contains("group_size") && c.integer("group_size") != g.P)
+    throw OpError(cat("group ", comm->name(), " (kind ", kind, ") has ", g.P, " ranks; the instruction says group_size ",
+                      c.integer("group_size")));
+  try {
+    const int64_t rows = entryOf(in.op)->run(in, c, g);
+    if (batchEnd) comm->waitPosted();
+    return rows;
+  } catch (const CommError& e) {
+    throw OpError(cat("over group ", comm->name(), " (kind ", kind, "): ", e.what()));
+  }
+}
+
+}  // namespace lfc::comm

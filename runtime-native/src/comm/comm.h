@@ -1,0 +1,107 @@
+// The collective backend: what the collective instructions of a plan (all_reduce … recv) run on.
+//
+// A Communicator is one group of the plan on one stream: a few blocking primitives over byte
+// buffers (sum all-reduce, equal-block all-gather, broadcast, all-to-all of variable blocks,
+// point-to-point send/recv). The collective ops (collectives.cc) build the plan's semantics from
+// them, so a second backend (NCCL) only implements this interface. A Backend holds one
+// Communicator per (group, stream) this rank takes part in, so the comm stream runs beside the
+// compute stream without sharing a connection, plus one over every rank (the control
+// communicator) that the training loop uses between steps.
+//
+// Every primitive blocks until done, or throws CommError after the backend's timeout (the
+// collective timeout of `lfc run`), so a missing rank turns into an error rather than a hang.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace lfc::comm {
+
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The stream index of the control communicator (after schema::kStreams).
+constexpr int kControlStream = 3;
+// The group index of the world (every rank, in rank order), for the control communicator.
+constexpr int kWorldGroup = -1;
+
+struct GroupSpec {
+  std::string name;        // plan.groups[i].name, e.g. "dp[0]"
+  std::vector<int> ranks;  // group rank j is global rank ranks[j]
+};
+
+// A communicator to open: a group (index into groups, or kWorldGroup) on a stream.
+struct ContextSpec {
+  int group = kWorldGroup;
+  int stream = kControlStream;
+  bool operator<(const ContextSpec& o) const {
+    return group != o.group ? group < o.group : stream < o.stream;
+  }
+};
+
+// One rank's view of the job, from plan.json and the launcher.
+struct Config {
+  int rank = 0;
+  int worldSize = 1;
+  // where the ranks meet: "tcp:HOST:PORT" (the launcher's store) or "file:DIR" (one machine)
+  std::string store;
+  std::string prefix;              // store keys of this run start with it
+  std::string host = "127.0.0.1";  // the address this rank's connections listen on
+  std::vector<GroupSpec> groups;
+  std::map<std::string, std::vector<int>> rankGroups;  // kind → each rank's group index
+  // communicators to open: every (group, stream) that some rank's collectives use, so that all
+  // members of a group open the same ones (ranks outside a group skip it)
+  std::vector<ContextSpec> contexts;
+  std::chrono::milliseconds timeout{300'000};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // in the group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+
+  // data[0:count] ← sum over the group (f32, f64, i32, i64)
+  virtual void allReduce(void* data, DType dtype, int64_t count) = 0;
+  // out ← every rank's `in` (blockBytes each) concatenated in group order
+  virtual void allGather(const void* in, void* out, int64_t blockBytes) = 0;
+  // data ← root's data
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  // block j of `in` (sendBytes[j], consecutive) goes to rank j; block i of `out`
+  // (recvBytes[i], consecutive) comes from rank i; sizes must match pairwise
+  virtual void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
+                         const std::vector<int64_t>& recvBytes) = 0;
+  virtual void send(const void* data, int64_t bytes, int peer, uint32_t tag) = 0;
+  virtual void recv(void* data, int64_t bytes, int peer, uint32_t tag) = 0;
+  // a batched send/recv (Megatron's batch_isend_irecv): post now, complete in waitPosted, which
+  // the last instruction of the batch calls; buffers stay untouched until then
+  virtual void postSend(const void* data, int64_t bytes, int peer, uint32_t tag) = 0;
+  virtual void postRecv(void* data, int64_t bytes, int peer, uint32_t tag) = 0;
+  virtual void waitPosted() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const Config& config() const = 0;
+  // the communicator of group index `group` on `stream`; throws CommError when it was not opened
+  virtual Communicator& at(int group, int stream) = 0;
+};
+
+// Opens every communicator of the config this rank belongs to (blocks until all members
+// arrived, or throws CommError after the timeout). Gloo over TCP.
+std::unique_ptr<Backend> connectGloo(const Config& config);
+
+// The group index of a group kind for this rank; throws CommError naming the kind.
+int groupOf(const Config& config, const std::string& kind);
+
+}  // namespace lfc::comm

@@ -1,0 +1,326 @@
+// The Gloo backend: one Gloo context per (group, stream), all over one TCP device, met at the
+// launcher's store (or a FileStore on one machine).
+//
+// Algorithms: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal, and as fast as
+// ring-chunked over loopback, see bench/collectives.ts); an integer one Gloo's ring with segments
+// of at least kMinSegmentBytes (its default 1 MiB segments are slow over loopback,
+// ../shared/reference/anchors.md); all_gather, broadcast and all-to-all are Gloo's; send/recv are
+// unbound-buffer transfers in a slot range of their own. Each call carries the timeout; Gloo's
+// exceptions become CommError.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/alltoallv.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "comm/comm.h"
+#include "comm/store.h"
+#include "core/error.h"
+#include "generated/schema.h"
+
+namespace lfc::comm {
+
+namespace {
+
+// segments of Gloo's ring all-reduce: ≥ 4 MiB (anchors.md), larger for large buffers
+constexpr size_t kMinSegmentBytes = size_t(4) << 20;
+// send/recv slots: above every collective's slot prefix (Gloo's prefixes are small)
+constexpr uint64_t kP2PSlotBase = uint64_t(0x7f) << 56;
+
+template <typename T>
+void sumInto(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
+}
+
+const char* streamName(int stream) {
+  return stream == kControlStream ? "control" : schema::kStreams[stream];
+}
+
+class GlooComm : public Communicator {
+ public:
+  GlooComm(std::string name, std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
+      : name_(std::move(name)), ctx_(std::move(ctx)), timeout_(timeout) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  const std::string& name() const override { return name_; }
+
+  void allReduce(void* data, DType dtype, int64_t count) override {
+    if (count == 0) return;
+    if (dtype == DType::f32) return halvingDoubling(static_cast<float*>(data), count);
+    if (dtype == DType::f64) return halvingDoubling(static_cast<double*>(data), count);
+    gloo::AllreduceOptions o(ctx_);
+    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    o.setTimeout(timeout_);
+    const size_t bytes = size_t(count) * size_t(dtypeBytes(dtype));
+    o.setMaxSegmentSize(std::max(kMinSegmentBytes, bytes / size_t(2 * size()) + 1));
+    switch (dtype) {
+      case DType::i32: setup<int32_t>(o, data, count); break;
+      case DType::i64: setup<int64_t>(o, data, count); break;
+      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, i32, i64)"));
+    }
+    guard([&] { gloo::allreduce(o); });
+  }
+
+  void allGather(const void* in, void* out, int64_t blockBytes) override {
+    if (blockBytes == 0) return;
+    gloo::AllgatherOptions o(ctx_);
+    o.setTimeout(timeout_);
+    o.setInput(static_cast<char*>(const_cast<void*>(in)), size_t(blockBytes));
+    o.setOutput(static_cast<char*>(out), size_t(blockBytes) * size_t(size()));
+    guard([&] { gloo::allgather(o); });
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    if (bytes == 0) return;
+    gloo::BroadcastOptions o(ctx_);
+    o.setTimeout(timeout_);
+    o.setRoot(root);
+    o.setOutput(static_cast<char*>(data), size_t(bytes));
+    guard([&] { gloo::broadcast(o); });
+  }
+
+  void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
+                 const std::vector<int64_t>& recvBytes) override {
+    gloo::AlltoallvOptions o(ctx_);
+    o.setTimeout(timeout_);
+    // Gloo wants non-null pointers even for empty buffers
+    static char empty[1];
+    o.setInput(in ? static_cast<char*>(const_cast<void*>(in)) : empty, sendBytes);
+    o.setOutput(out ? static_cast<char*>(out) : empty, recvBytes);
+    guard([&] { gloo::alltoallv(o); });
+  }
+
+  void send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), size_t(bytes));
+    guard([&] {
+      buf->send(peer, kP2PSlotBase | tag);
+      buf->waitSend(timeout_);
+    });
+  }
+
+  void recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    auto buf = ctx_->createUnboundBuffer(data, size_t(bytes));
+    guard([&] {
+      buf->recv(peer, kP2PSlotBase | tag);
+      buf->waitRecv(timeout_);
+    });
+  }
+
+  void postSend(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), size_t(bytes));
+    guard([&] { buf->send(peer, kP2PSlotBase | tag); });
+    postedSends_.push_back(std::move(buf));
+  }
+
+  void postRecv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    auto buf = ctx_->createUnboundBuffer(data, size_t(bytes));
+    guard([&] { buf->recv(peer, kP2PSlotBase | tag); });
+    postedRecvs_.push_back(std::move(buf));
+  }
+
+  void waitPosted() override {
+    auto sends = std::move(postedSends_);
+    auto recvs = std::move(postedRecvs_);
+    postedSends_.clear();
+    postedRecvs_.clear();
+    guard([&] {
+      for (auto& b : recvs) b->waitRecv(timeout_);
+      for (auto& b : sends) b->waitSend(timeout_);
+    });
+  }
+
+ private:
+  // Gloo's halving-doubling all-reduce binds its buffers when built (a collective step of its
+  // own), so one is kept per (pointer, count): plan buffers keep their addresses for the run.
+  template <typename T>
+  void halvingDoubling(T* data, int64_t count) {
+    if (count > INT32_MAX) throw CommError(cat("all-reduce of ", count, " elements is over Gloo's limit"));
+    auto it = bound_.find({data, count});
+    if (it == bound_.end()) {
+      std::unique_ptr<gloo::Algorithm> a;
+      guard([&] {
+        a = std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx_, std::vector<T*>{data}, int(count));
+      });
+      it = bound_.emplace(std::make_pair(static_cast<void*>(data), count), std::move(a)).first;
+    }
+    guard([&] { it->second->run(); });
+  }
+
+  template <typename T>
+  static void setup(gloo::AllreduceOptions& o, void* data, int64_t count) {
+    o.setOutput(static_cast<T*>(data), size_t(count));
+    o.setReduceFunction(&sumInto<T>);
+  }
+
+  // Gloo's exceptions as CommError: a timeout says which timeout it was
+  template <typename F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      // the unbound-buffer ops say "Timed out waiting …", the bound ones "Read timeout …"
+      if (what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos)
+        throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
+                            " s (--collective-timeout): a rank of the group did not take part"));
+      // Gloo prefixes messages with its source location in brackets
+      const size_t cut = what.find("] ");
+      throw CommError(cut == std::string::npos ? what : what.substr(cut + 2));
+    }
+  }
+
+  std::string name_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
+  std::chrono::milliseconds timeout_;
+  std::map<std::pair<void*, int64_t>, std::unique_ptr<gloo::Algorithm>> bound_;
+};
+
+// A group of one rank: every primitive is a local copy.
+class SelfComm : public Communicator {
+ public:
+  explicit SelfComm(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  void allReduce(void*, DType, int64_t) override {}
+  void allGather(const void* in, void* out, int64_t blockBytes) override {
+    if (in != out && blockBytes > 0) std::memmove(out, in, size_t(blockBytes));
+  }
+  void broadcast(void*, int64_t, int) override {}
+  void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
+                 const std::vector<int64_t>& recvBytes) override {
+    if (sendBytes.at(0) != recvBytes.at(0)) throw CommError("all-to-all of one rank: sizes differ");
+    if (sendBytes[0] > 0) std::memmove(out, in, size_t(sendBytes[0]));
+  }
+  void send(const void*, int64_t, int, uint32_t) override {
+    throw CommError("send to itself in a group of one rank");
+  }
+  void recv(void*, int64_t, int, uint32_t) override {
+    throw CommError("recv from itself in a group of one rank");
+  }
+  void postSend(const void*, int64_t, int, uint32_t) override {
+    throw CommError("send to itself in a group of one rank");
+  }
+  void postRecv(void*, int64_t, int, uint32_t) override {
+    throw CommError("recv from itself in a group of one rank");
+  }
+  void waitPosted() override {}
+
+ private:
+  std::string name_;
+};
+
+class GlooBackend : public Backend {
+ public:
+  explicit GlooBackend(const Config& c) : config_(c) {
+    if (c.rank < 0 || c.rank >= c.worldSize)
+      throw CommError(cat("rank ", c.rank, " is out of range for world size ", c.worldSize));
+    if (c.store.rfind("tcp:", 0) == 0) {
+      const std::string hostPort = c.store.substr(4);
+      const size_t colon = hostPort.rfind(':');
+      if (colon == std::string::npos) throw CommError(cat("store address '", c.store, "' has no port"));
+      store_ = std::make_unique<TcpStore>(hostPort.substr(0, colon), std::stoi(hostPort.substr(colon + 1)),
+                                          c.timeout);
+    } else if (c.store.rfind("file:", 0) == 0) {
+      store_ = std::make_unique<gloo::rendezvous::FileStore>(c.store.substr(5));
+    } else {
+      throw CommError(cat("store address '", c.store, "' is neither tcp:HOST:PORT nor file:DIR"));
+    }
+    gloo::transport::tcp::attr attr;
+    attr.hostname = c.host;
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw CommError(cat("cannot listen on ", c.host, ": ", e.what()));
+    }
+    // a fixed order on every rank, so that no two ranks wait for each other's next group
+    std::vector<ContextSpec> specs = c.contexts;
+    specs.push_back({kWorldGroup, kControlStream});
+    std::sort(specs.begin(), specs.end());
+    specs.erase(std::unique(specs.begin(), specs.end(),
+                            [](const ContextSpec& a, const ContextSpec& b) { return !(a < b) && !(b < a); }),
+                specs.end());
+    for (const ContextSpec& s : specs) open(s);
+  }
+
+  const Config& config() const override { return config_; }
+
+  Communicator& at(int group, int stream) override {
+    auto it = comms_.find({group, stream});
+    if (it == comms_.end())
+      throw CommError(cat("no communicator for group ", groupName(group), " on stream ", streamName(stream),
+                          " (the plan's collectives did not announce it)"));
+    return *it->second;
+  }
+
+ private:
+  std::string groupName(int group) const {
+    return group == kWorldGroup ? "world" : config_.groups.at(size_t(group)).name;
+  }
+
+  void open(const ContextSpec& s) {
+    std::vector<int> ranks;
+    if (s.group == kWorldGroup)
+      for (int r = 0; r < config_.worldSize; r++) ranks.push_back(r);
+    else if (s.group < 0 || s.group >= int(config_.groups.size()))
+      throw CommError(cat("group index ", s.group, " is out of range (", config_.groups.size(), " groups)"));
+    else
+      ranks = config_.groups[size_t(s.group)].ranks;
+    const auto me = std::find(ranks.begin(), ranks.end(), config_.rank);
+    if (me == ranks.end()) return;  // not a member
+    const std::string name = cat(groupName(s.group), "/", streamName(s.stream));
+    if (ranks.size() == 1) {
+      comms_[{s.group, s.stream}] = std::make_unique<SelfComm>(name);
+      return;
+    }
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(int(me - ranks.begin()), int(ranks.size()));
+    ctx->setTimeout(config_.timeout);
+    PrefixedStore store(cat(config_.prefix, "/", name), *store_, config_.timeout);
+    try {
+      ctx->connectFullMesh(store, device_);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(cat("cannot connect group ", name, ": ", e.what()));
+    }
+    comms_[{s.group, s.stream}] = std::make_unique<GlooComm>(name, ctx, config_.timeout);
+  }
+
+  Config config_;
+  std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> connectGloo(const Config& config) { return std::make_unique<GlooBackend>(config); }
+
+int groupOf(const Config& config, const std::string& kind) {
+  auto it = config.rankGroups.find(kind);
+  if (it == config.rankGroups.end()) {
+    std::string known;
+    for (const auto& [k, _] : config.rankGroups) known += (known.empty() ? "" : ", ") + k;
+    throw CommError(cat("group kind '", kind, "' is not in the plan's rankGroups (", known, ")"));
+  }
+  if (config.rank >= int(it->second.size()))
+    throw CommError(cat("rankGroups.", kind, " has no entry for rank ", config.rank));
+  return it->second[size_t(config.rank)];
+}
+
+}  // namespace lfc::comm

@@ -1,0 +1,69 @@
+// A rank that dies ends the run: kill -9 of one rank of a launched 2-rank run makes the launcher
+// exit non-zero within 30 s, naming the rank, with no rank process left behind.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { cli } from '../helpers.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'lfc-faults-'));
+const plan = join(dir, 'dp2');
+
+beforeAll(async () => {
+  const r = await cli('compile', 'tiny-vlm', '--nproc-per-node', '2', '-o', plan);
+  expect(r.err).toBe('');
+}, 60_000);
+
+/** Child processes of this process that are ranks of a launch: rank → pid. */
+function rankProcesses(): Map<number, number> {
+  let pids: number[];
+  try {
+    pids = execFileSync('pgrep', ['-P', String(process.pid)], { encoding: 'utf8' })
+      .trim()
+      .split('\n')
+      .map(Number);
+  } catch {
+    return new Map(); // pgrep: none
+  }
+  const ranks = new Map<number, number>();
+  for (const pid of pids) {
+    try {
+      const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+      const rank = env.find((e) => e.startsWith('RANK='));
+      if (env.includes('LFC_LAUNCHED=1') && rank) ranks.set(Number(rank.slice(5)), pid);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return ranks;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+describe('faults', () => {
+  it('kill -9 of a rank: the launcher exits non-zero naming it within 30 s, no rank left', async () => {
+    const metrics = join(dir, 'metrics.jsonl');
+    const run = cli('run', plan, '--steps', '100000', '--metrics', metrics, '--quiet');
+    let ended: string | undefined;
+    void run.then((r) => (ended = r.err || `exit ${r.code}`));
+    // wait until the ranks train
+    const t0 = Date.now();
+    while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').length > 0)) {
+      if (ended !== undefined) throw new Error(`the run ended before training: ${ended}`);
+      if (Date.now() - t0 > 60_000) throw new Error('the ranks did not start training');
+      await sleep(100);
+    }
+    const ranks = rankProcesses();
+    expect([...ranks.keys()].sort()).toEqual([0, 1]);
+    process.kill(ranks.get(1)!, 'SIGKILL');
+    const killedAt = Date.now();
+    const r = await run;
+    expect(Date.now() - killedAt).toBeLessThan(30_000);
+    expect(r.code).not.toBe(0);
+    expect(r.err).toMatch(/rank 1 was killed by SIGKILL/);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+    expect(rankProcesses().size).toBe(0);
+    for (const pid of ranks.values()) expect(() => process.kill(pid, 0)).toThrow();
+  }, 120_000);
+});

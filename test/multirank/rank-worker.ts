@@ -1,0 +1,73 @@
+// One rank of a hand-built multi-rank test (collectives.test.ts), as its own process:
+//   node --import tsx rank-worker.ts SPEC.json RANK
+// It loads its program, connects to the others through the spec's store, fills its buffers, runs
+// the steps and prints {"buffers": {id: values}} (each read buffer at the rows it holds) or
+// {"error": message} on stdout.
+
+import { readFileSync } from 'node:fs';
+import { loadNative } from '../../runtime/native.js';
+import type { NativeCommConfig } from '../../runtime/native.js';
+import type { ProgramFile } from '../../compiler/plan/format.js';
+
+export interface WorkerSpec {
+  readonly programs: Readonly<Record<string, ProgramFile>>;
+  readonly rankPrograms: readonly string[];
+  readonly comm: Omit<NativeCommConfig, 'rank'>;
+  /** per rank: tokens of microbatch 0 (sets S), values to write before the step */
+  readonly ranks: readonly {
+    readonly tokens?: number;
+    readonly fill: Readonly<Record<string, readonly number[]>>;
+  }[];
+  /** buffers to print after the steps */
+  readonly read: readonly number[];
+  readonly steps?: number;
+  /** ranks that connect and then never step (a collective timeout test) */
+  readonly idle?: readonly number[];
+}
+
+const [specPath, rankText] = process.argv.slice(2);
+const spec = JSON.parse(readFileSync(specPath, 'utf8')) as WorkerSpec;
+const rank = Number(rankText);
+const program = spec.programs[spec.rankPrograms[rank]];
+const native = loadNative();
+
+try {
+  const rt = new native.Runtime(JSON.stringify(program), { collectives: true });
+  await rt.connect({ ...spec.comm, rank });
+  const mine = spec.ranks[rank];
+  if (mine.tokens !== undefined) {
+    const S = mine.tokens;
+    rt.setMicrobatch(0, {
+      tokens: new Int32Array(S).fill(2),
+      labels: new Int32Array(S),
+      lossMask: new Uint8Array(S),
+      positions: new Int32Array(S),
+      segments: new Int32Array(S),
+      images: [],
+    });
+  }
+  for (const [id, values] of Object.entries(mine.fill)) {
+    const b = program.buffers[Number(id)];
+    const region = rt.region(b.region as 'param');
+    const view =
+      b.dtype === 'i32'
+        ? new Int32Array(region, b.offset, values.length)
+        : new Float32Array(region, b.offset, values.length);
+    view.set(values);
+  }
+  if (spec.idle?.includes(rank)) {
+    await new Promise((r) => setTimeout(r, 60_000));
+  } else {
+    for (let t = 1; t <= (spec.steps ?? 1); t++) await rt.step({ lr: 0, step: t });
+  }
+  const buffers: Record<number, number[]> = {};
+  for (const id of spec.read) {
+    const bytes = rt.readBuffer(id);
+    buffers[id] = [
+      ...(program.buffers[id].dtype === 'i32' ? new Int32Array(bytes) : new Float32Array(bytes)),
+    ];
+  }
+  process.stdout.write(JSON.stringify({ buffers }) + '\n');
+} catch (e) {
+  process.stdout.write(JSON.stringify({ error: (e as Error).message }) + '\n');
+}
