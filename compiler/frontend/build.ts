@@ -335,7 +335,10 @@ function buildDecoder(
         const aux = b.op1('moe_aux_loss', [probs, experts, segments], {
           coeff: d.moe_aux_loss_coeff / numMicrobatches,
         });
-        auxLosses.push(aux);
+        // a running sum, added in the layer itself: one scalar crosses each pipeline boundary
+        auxLosses.push(
+          auxLosses.length ? b.op1('add', [auxLosses[auxLosses.length - 1], aux]) : aux,
+        );
         const [rows, counts, rowOf] = b.op('moe_permute', [h2, experts], {
           num_experts: d.num_experts,
         });
@@ -379,7 +382,7 @@ function buildDecoder(
     b.output('loss', ce);
   } else {
     b.in('loss', () => {
-      const aux = auxLosses.reduce((acc, a) => b.op1('add', [acc, a]));
+      const aux = auxLosses[auxLosses.length - 1];
       b.output('loss', b.op1('add', [ce, aux]));
       b.output('ce_loss', ce);
       b.output('aux_loss', aux);

@@ -502,21 +502,6 @@ function buildKinds(
   return { kinds, kindComm };
 }
 
-/** Hash of a (src, dst, tag) triple. */
-function hash3(a: number, b: number, c: number): number {
-  // each part through murmur3's finalizer, so structured triples (neighbouring stages, tag
-  // ranges) spread over the table
-  return fmix32(fmix32(fmix32(a) ^ Math.imul(b, 0x85ebca6b)) ^ Math.imul(c, 0xc2b2ae35));
-}
-
-function fmix32(x: number): number {
-  let h = x ^ (x >>> 16);
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  return h ^ (h >>> 16);
-}
-
 /**
  * The global rank a send/recv of rank r names: its peer attribute, or with a group kind, the
  * member at that index of r's group of that kind; -1 when it names none.
@@ -577,18 +562,18 @@ function pairP2p(
     tag[count] = t;
     return count++;
   };
-  // open addressing over the first pair of each (src, dst, tag): no garbage, no text keys
-  let size = 16;
-  while (size < 4 * Math.max(sends, recvs)) size *= 2;
-  const mask = size - 1;
-  const table = new Int32Array(size).fill(-1);
+  // the first pair of each (src, dst, tag), in one small map per destination rank (a rank's
+  // pairs stay together in memory; one table over all ranks misses the cache on every probe)
+  const byDst = new Array<Map<number, number> | undefined>(world);
   const firstPair = (s: number, d: number, t: number): number => {
-    let h = hash3(s, d, t) & mask;
-    for (; table[h] >= 0; h = (h + 1) & mask) {
-      const q = table[h];
-      if (src[q] === s && dst[q] === d && tag[q] === t) return q;
-    }
-    return (table[h] = newPair(s, d, t));
+    let m = byDst[d];
+    if (!m) byDst[d] = m = new Map<number, number>();
+    const key = s * 4294967296 + (t >>> 0);
+    const q = m.get(key);
+    if (q !== undefined) return q;
+    const fresh = newPair(s, d, t);
+    m.set(key, fresh);
+    return fresh;
   };
   const next = new Map<number, number>();
   const pairOf: Int32Array[] = [];

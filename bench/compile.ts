@@ -1,0 +1,141 @@
+// bench/compile: wall time and peak memory of `lfc compile` (every pass, emission of every
+// stage's program, the memory checker and the plan verifier over all ranks) for large layouts,
+// and the size of the plan on disk. Each layout runs in a fresh process, so peak memory is its
+// own; the median of --runs runs is printed.
+//
+//   npx tsx bench/compile.ts [--runs 3] [--layout 235b|30b-ep8|30b-tp4|30b-distopt|all]
+//
+// The target layout (issue: parallel compilation, part 1): qwen3-vl-235b-a22b on 1024 GPUs
+// (128 nodes × 8), tp 4, pp 8, vpp 2, ep 16, global batch 1024, sequence 32768; target < 10 s
+// and < 4 GiB.
+
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
+
+const LAYOUTS: Record<string, CompileOptions> = {
+  '235b': {
+    model: 'qwen3-vl-235b-a22b',
+    nnodes: 128,
+    nprocPerNode: 8,
+    seqLength: 32768,
+    microBatchSize: 1,
+    globalBatchSize: 1024,
+    parallel: { tp: 4, pp: 8, vpp: 2, ep: 16 },
+  },
+  '30b-ep8': {
+    model: 'qwen3-vl-30b-a3b',
+    nnodes: 4,
+    nprocPerNode: 8,
+    seqLength: 32768,
+    microBatchSize: 1,
+    globalBatchSize: 64,
+    parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 },
+  },
+  '30b-tp4': {
+    model: 'qwen3-vl-30b-a3b',
+    nnodes: 4,
+    nprocPerNode: 8,
+    seqLength: 32768,
+    microBatchSize: 1,
+    globalBatchSize: 64,
+    parallel: { tp: 4, pp: 2, ep: 4 },
+  },
+  '30b-distopt': {
+    model: 'qwen3-vl-30b-a3b',
+    nnodes: 4,
+    nprocPerNode: 8,
+    seqLength: 32768,
+    microBatchSize: 1,
+    globalBatchSize: 64,
+    parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 },
+    distributedOptimizer: true,
+  },
+};
+
+function arg(name: string, def: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? process.argv[i + 1] : def;
+}
+
+function duSync(dir: string): number {
+  let bytes = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    bytes += e.isDirectory() ? duSync(p) : statSync(p).size;
+  }
+  return bytes;
+}
+
+/** one run in this process: prints one JSON line */
+function child(name: string): void {
+  const t0 = performance.now();
+  const r = compile(LAYOUTS[name]);
+  const ms = performance.now() - t0;
+  const peak = process.resourceUsage().maxRSS * 1024;
+  const dir = mkdtempSync(join(tmpdir(), 'lfc-bench-compile-'));
+  try {
+    writePlan(join(dir, 'plan'), r.plan, r.programs);
+    const disk = duSync(join(dir, 'plan'));
+    const e = r.stats.emit;
+    process.stdout.write(
+      JSON.stringify({
+        ms,
+        verifyMs: r.stats.verify.ms,
+        peak,
+        disk,
+        ranks: r.plan.topology.worldSize,
+        programs: e.programs,
+        instructions: r.programs.reduce((n, p) => n + p.instructions.length, 0),
+      }) + '\n',
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+if (process.argv.includes('--child')) {
+  child(arg('child', '235b'));
+} else {
+  const runs = Number(arg('runs', '3'));
+  const which = arg('layout', '235b');
+  const names = which === 'all' ? Object.keys(LAYOUTS) : [which];
+  const self = fileURLToPath(import.meta.url);
+  const gib = (b: number) => `${(b / 2 ** 30).toFixed(2)} GiB`;
+  console.log(
+    'layout        ranks  programs  instructions  compile+verify (median)  verify  peak RSS  plan on disk',
+  );
+  for (const name of names) {
+    if (!LAYOUTS[name])
+      throw new Error(`unknown layout ${name}; layouts: ${Object.keys(LAYOUTS).join(', ')}, all`);
+    const results = Array.from({ length: runs }, () => {
+      const out = execFileSync(process.execPath, [...process.execArgv, self, '--child', name], {
+        encoding: 'utf8',
+        maxBuffer: 1 << 20,
+      });
+      return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number>;
+    });
+    const m = (k: string) => median(results.map((x) => x[k]));
+    console.log(
+      [
+        name.padEnd(13),
+        String(results[0].ranks).padStart(5),
+        String(results[0].programs).padStart(9),
+        String(results[0].instructions).padStart(13),
+        `${(m('ms') / 1000).toFixed(2)} s`.padStart(24),
+        `${(m('verifyMs') / 1000).toFixed(2)} s`.padStart(7),
+        gib(m('peak')).padStart(9),
+        `${(results[0].disk / 2 ** 20).toFixed(1)} MiB`.padStart(13),
+      ].join(' '),
+    );
+    console.log(`  runs: ${results.map((x) => (x.ms / 1000).toFixed(2)).join(', ')} s`);
+  }
+}

@@ -1,0 +1,155 @@
+// The passes that split a step over ranks: golden text after each (--dump-after), and the
+// properties the text shows: expert parallelism keeps E/ep local experts and exchanges rows by
+// all_to_all_v; tensor parallelism splits column/row parameters, heads (GQA kept), the
+// vocabulary, inserts the conjugate collectives and the vocabulary-parallel loss; the pipeline
+// split moves values only between consecutive virtual stages.
+import { describe, expect, it } from 'vitest';
+import { compile } from '../../compiler/pipeline.js';
+import { parseGraph } from '../../ir/parser.js';
+import { expectGolden } from '../golden.js';
+
+function dump(pass: string, opts: Parameters<typeof compile>[0]): string {
+  let text = '';
+  compile({ ...opts, dumpAfter: pass, onDump: (t) => (text = t) });
+  return text;
+}
+
+const moe4 = { model: 'tiny-vlm-moe', nprocPerNode: 4, globalBatchSize: 8 };
+
+describe('expert-parallel pass (tiny-vlm-moe, ep 2)', () => {
+  const text = dump('expert-parallel', { ...moe4, parallel: { ep: 2 } });
+  const g = parseGraph(text);
+  it('golden', () => expectGolden('tiny-vlm-moe.ep2.ir', text));
+  it('keeps 4 of 8 experts per layer, named by their global index through dist', () => {
+    const experts = g.params.filter((p) => p.dist?.expert);
+    expect(experts).toHaveLength(4 * 4 * 3); // layers × local experts × (gate, up, down)
+    for (const p of experts) {
+      expect(p.dist!.replicas).toBe('edp');
+      expect(p.dist!.expert).toMatchObject({ group: 'ep', perRank: 4 });
+      expect(p.dist!.name).toMatch(/\.experts\.\{\}\./);
+    }
+  });
+  it('exchanges counts and rows with all_to_all_v over ep, and back', () => {
+    const a2a = g.nodes.filter((n) => n.op === 'all_to_all_v');
+    expect(a2a).toHaveLength(4 * 3); // per layer: counts, rows, rows back
+    for (const n of a2a) expect(n.attrs).toMatchObject({ group: 'ep', group_size: 2 });
+    expect(g.symbols.map((s) => s.name)).toEqual(['S', 'Nv', 'Rx0', 'Rx1', 'Rx2', 'Rx3']);
+  });
+});
+
+describe('tensor-parallel pass (tiny-vlm-moe, tp 2)', () => {
+  const text = dump('tensor-parallel', { ...moe4, parallel: { tp: 2 } });
+  const g = parseGraph(text);
+  it('golden', () => expectGolden('tiny-vlm-moe.tp2.ir', text));
+  it('splits column, row and vocabulary parameters in half, and nothing else', () => {
+    for (const p of g.params) {
+      const split = p.dist!.split.map((s, d) => (s ? d : -1)).filter((d) => d >= 0);
+      const whole = p.dist!.shape;
+      const local = p.type.shape as number[];
+      if (/(q_proj|k_proj|v_proj|gate_proj|up_proj|fc1|qkv)\.(weight|bias)$/.test(p.name))
+        expect(split).toEqual([0]);
+      else if (/(o_proj|down_proj|fc2|attn\.proj)\.weight$/.test(p.name))
+        expect(split).toEqual([1]);
+      else if (/^(model\.embed_tokens|lm_head)\.weight$/.test(p.name)) expect(split).toEqual([0]);
+      else expect(split).toEqual([]);
+      local.forEach((n, d) => expect(n).toBe(split.includes(d) ? whole[d] / 2 : whole[d]));
+    }
+    const qkv = g.params.find((p) => p.name === 'visual.blocks.0.attn.qkv.weight')!;
+    expect(qkv.dist!.split[0]).toEqual({ group: 'tp', parts: 2, blocks: 3 });
+  });
+  it('halves query and key/value heads alike (GQA groups kept)', () => {
+    const attn = g.nodes.filter((n) => n.op === 'attention' && n.scope.startsWith('model.'));
+    for (const n of attn) {
+      const t = (v: string) => g.nodes.flatMap((m) => m.outputs).find((o) => o.name === v)!.type;
+      expect([t(n.inputs[0]).shape[1], t(n.inputs[1]).shape[1]]).toEqual([4, 2]);
+    }
+  });
+  it('computes the loss from vocabulary shards: no whole-vocabulary cross_entropy', () => {
+    const ops = g.nodes.map((n) => n.op);
+    expect(ops).not.toContain('cross_entropy');
+    for (const op of ['vocab_logsumexp', 'lse_combine', 'vocab_target_logit', 'ce_from_stats'])
+      expect(ops).toContain(op);
+    const embedding = g.nodes.find(
+      (n) => n.op === 'embedding' && n.scope === 'model.embed_tokens',
+    )!;
+    expect(embedding.attrs).toMatchObject({ shard_group: 'tp', group_size: 2 });
+  });
+  it('sums each row-parallel product once, and copies into each column-parallel region', () => {
+    const count = (op: string) => g.nodes.filter((n) => n.op === op).length;
+    // decoder: o_proj and the experts per layer; encoder: attn.proj, fc2 per block; merger fc2;
+    // embedding; the target logit of the loss and of the caption metric
+    expect(count('all_reduce')).toBe(4 * 2 + 2 * 2 + 1 + 1 + 2);
+    // one copy per region input, shared by its column-parallel consumers: q/k/v and the experts
+    // per layer; qkv and fc1 per encoder block; merger fc1; lm_head
+    expect(count('copy_to_group')).toBe(4 * 2 + 2 * 2 + 1 + 1);
+  });
+});
+
+describe('tensor-parallel pass with sequence parallelism (tiny-vlm, tp 2)', () => {
+  const text = dump('tensor-parallel', {
+    model: 'tiny-vlm',
+    nprocPerNode: 2,
+    globalBatchSize: 2,
+    parallel: { tp: 2 },
+    sequenceParallel: true,
+  });
+  const g = parseGraph(text);
+  it('golden', () => expectGolden('tiny-vlm.tp2-sp.ir', text));
+  it('gathers before and reduce-scatters after every decoder TP region; norms sum over tp', () => {
+    const decoder = g.nodes.filter((n) => n.scope.startsWith('model.layers.'));
+    const count = (op: string) => decoder.filter((n) => n.op === op).length;
+    expect(count('all_gather')).toBe(4 * 2); // attention and MLP inputs of each layer
+    expect(count('reduce_scatter')).toBe(4 * 2);
+    const norm = g.params.find((p) => p.name === 'model.layers.0.input_layernorm.weight')!;
+    expect(norm.dist!.gradSum).toEqual(['tp']);
+  });
+});
+
+describe('pipeline pass (tiny-vlm-moe, pp 2, vpp 2)', () => {
+  const text = dump('pipeline', { ...moe4, parallel: { pp: 2, vpp: 2 } });
+  it('golden', () => expectGolden('tiny-vlm-moe.pp2-vpp2.pipeline.txt', text));
+  it('puts layer i in chunk i, the encoder first, the loss last; transfers between neighbours', () => {
+    const lines = text.trim().split('\n');
+    for (const l of lines.filter((x) => x.startsWith('chunk'))) {
+      const [, c] = /^chunk (\d+)/.exec(l)!;
+      const layer = /scope=model\.layers\.(\d+)/.exec(l);
+      if (layer) expect(Number(c)).toBe(Number(layer[1]));
+      if (/scope=visual/.test(l)) expect(c).toBe('0');
+      if (/scope=(loss|lm_head)/.test(l)) expect(c).toBe('3');
+    }
+    const hops = lines.filter((l) => l.startsWith('transfer'));
+    expect(hops.length).toBeGreaterThan(0);
+    for (const h of hops) {
+      const [, a, b] = /chunk (\d+) → (\d+)/.exec(h)!;
+      expect(Math.abs(Number(a) - Number(b))).toBe(1);
+    }
+  });
+});
+
+describe('the issue layouts of qwen3-vl-30b-a3b on 32 ranks compile and verify', () => {
+  const base = {
+    model: 'qwen3-vl-30b-a3b',
+    nnodes: 4,
+    nprocPerNode: 8,
+    seqLength: 32768,
+    microBatchSize: 1,
+    globalBatchSize: 64,
+  };
+  it.each([
+    ['tp 1, pp 2, ep 8, vpp 2', { parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 } }],
+    ['tp 4, pp 2, ep 4', { parallel: { tp: 4, pp: 2, ep: 4 } }],
+    [
+      'tp 1, pp 2, ep 8, vpp 2, distributed optimizer',
+      { parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 }, distributedOptimizer: true },
+    ],
+  ])(
+    '%s',
+    (_, extra) => {
+      // compile() runs the plan verifier and throws on any problem
+      const r = compile({ ...base, ...extra });
+      expect(r.plan.topology.worldSize).toBe(32);
+      expect(new Set(r.plan.rankPrograms).size).toBe(2);
+    },
+    120_000,
+  );
+});
