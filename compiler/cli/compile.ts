@@ -2,6 +2,7 @@
 
 import type { Command } from 'commander';
 import { PASSES, compile, writePlan } from '../pipeline.js';
+import { describeLayout } from '../schedule/partition.js';
 import { UserError } from '../errors.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
@@ -206,12 +207,23 @@ export function addCompileCommand(program: Command, io: CliIO): void {
         );
         return;
       }
+      const sz = result.plan.topology.sizes;
+      const world = result.plan.topology.worldSize;
+      const layoutText = [
+        `tp ${sz.tp}${f.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
+        `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
+        `dp ${sz.dp}`,
+        ...(sz.ep > 1 ? [`ep ${sz.ep} (expert dp ${sz.edp})`] : []),
+        ...(f.useDistributedOptimizer && sz.dp > 1 ? ['distributed optimizer'] : []),
+      ].join(', ');
+      const programs = result.programs.length;
       io.out(
         [
-          `compiled ${result.config.name} for ${result.plan.topology.worldSize} rank${result.plan.topology.worldSize > 1 ? `s (data parallel ${result.plan.dataParallel.size}, ${new Set(result.plan.rankPrograms).size} distinct program)` : ''} → ${f.output}`,
-          `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step, ≤ ${t.maxVisualTokens} visual tokens each`,
-          `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors`,
-          `  program: ${e.instructions} instructions, ${e.buffers} buffers`,
+          `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${layoutText}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
+          ...(result.layout ? describeLayout(result.layout).map((l) => `  ${l}`) : []),
+          `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each`,
+          `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
+          `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
           `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,
           '',
         ].join('\n'),

@@ -97,7 +97,19 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   if (!Number.isInteger(m) || m < 1)
     throw new Error(`numMicrobatches must be a positive integer, got ${m}`);
   const bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
-  const bytesOf = (t: TensorType) => numel(t.shape, (s) => bound.get(s)!) * DTYPE_BYTES[t.dtype];
+  // a value's type object is shared by its buffers of every microbatch: size and shape text once
+  const typeInfo = new WeakMap<TensorType, { bytes: number; shape: string[] }>();
+  const infoOf = (t: TensorType) => {
+    let i = typeInfo.get(t);
+    if (!i) {
+      i = {
+        bytes: numel(t.shape, (s) => bound.get(s)!) * DTYPE_BYTES[t.dtype],
+        shape: t.shape.map(formatDim),
+      };
+      typeInfo.set(t, i);
+    }
+    return i;
+  };
   const groupSizes: Record<string, number> = { ...(opts.groupSizes ?? {}) };
   if (opts.dataParallel) groupSizes.dp = opts.dataParallel.size;
   const bucketBytes = opts.bucketBytes ?? opts.dataParallel?.bucketBytes ?? DEFAULT_BUCKET_BYTES;
@@ -131,7 +143,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     viewOf?: number,
   ): number => {
     const id = buffers.length;
-    const bytes = bytesOf(t);
+    const { bytes, shape } = infoOf(t);
     let offset = 0;
     if (viewOf !== undefined) offset = buffers[viewOf].offset;
     else if (region !== 'arena') {
@@ -144,7 +156,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       region: viewOf !== undefined ? buffers[viewOf].region : region,
       space: t.space ?? 'device',
       dtype: t.dtype,
-      shape: t.shape.map(formatDim),
+      shape,
       offset,
       bytes,
       ...(viewOf !== undefined ? { viewOf } : {}),

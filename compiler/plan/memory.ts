@@ -24,15 +24,19 @@ export function align(n: number): number {
 
 /** The most bytes live at once (aligned sizes): a lower bound on any arena. */
 export function livenessLowerBound(buffers: readonly Lifetime[]): number {
-  const events: [number, number][] = [];
+  // bytes starting and ending at each instruction, then a running sum (frees first at a tie)
+  let last = 0;
+  for (const b of buffers) last = Math.max(last, b.end + 1);
+  const delta = new Float64Array(last + 2);
+  const freed = new Float64Array(last + 2);
   for (const b of buffers) {
-    events.push([b.start, align(b.bytes)], [b.end + 1, -align(b.bytes)]);
+    delta[b.start] += align(b.bytes);
+    freed[b.end + 1] += align(b.bytes);
   }
-  events.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
   let live = 0;
   let peak = 0;
-  for (const [, delta] of events) {
-    live += delta;
+  for (let t = 0; t < delta.length; t++) {
+    live += delta[t] - freed[t];
     peak = Math.max(peak, live);
   }
   return peak;
