@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { compile } from '../../compiler/pipeline.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
 import { formatPlanProblem, verifyPlan } from '../../compiler/verify/plan-verifier.js';
-import { dropCollective, withOwnProgram, withoutEvent } from './mutations.js';
+import { MUTATIONS, dropCollective, withOwnProgram, withoutEvent } from './mutations.js';
 import { rng } from './plan-gen.js';
 
 describe('tiny-vlm-moe, data parallel on 4 ranks', () => {
@@ -45,4 +45,43 @@ describe('tiny-vlm-moe, data parallel on 4 ranks', () => {
       expect(rules).toContain('progress');
     }
   });
+});
+
+describe('tiny-vlm-moe on 8 ranks: tp 2, pp 2 × vpp 2, ep 2, dp 2, distributed optimizer', () => {
+  const { plan, programs: list } = compile({
+    model: 'tiny-vlm-moe',
+    nprocPerNode: 8,
+    globalBatchSize: 16,
+    parallel: { tp: 2, pp: 2, vpp: 2, ep: 2 },
+    distributedOptimizer: true,
+  });
+  const valid = { plan, programs: new Map<string, ProgramFile>(list.map((p) => [p.id, p])) };
+
+  it('is accepted, with one program per stage', () => {
+    expect(verifyPlan(valid.plan, valid.programs).map(formatPlanProblem)).toEqual([]);
+    expect(new Set(plan.rankPrograms)).toEqual(new Set(['p0', 'p1']));
+  });
+
+  // the event mutation needs an event whose waiter itself reads what the recorder wrote: a pass
+  // waits once, at its first instruction, for the batch before it, so this plan has ~30 such
+  // places (the generated plans of plan-verifier.test.ts give it 50)
+  it.each(MUTATIONS.map((m) => [m.name, m, m.rule === 'event-order' ? 20 : 50] as const))(
+    'mutation %s is rejected at ≥ %i random places',
+    (_, m, least) => {
+      const rand = rng(0x51 + m.name.length);
+      const places = new Set<string>();
+      const missed: string[] = [];
+      for (let attempt = 0; places.size < 50 && attempt < 5_000; attempt++) {
+        const mutated = m.apply(valid, rand);
+        if (!mutated || places.has(mutated.place)) continue;
+        places.add(mutated.place);
+        const rules = verifyPlan(mutated.plan.plan, mutated.plan.programs).map((x) => x.rule);
+        if (!rules.includes(m.rule))
+          missed.push(`${mutated.place}: ${rules.join(', ') || 'accepted'}`);
+      }
+      expect(places.size).toBeGreaterThanOrEqual(least);
+      expect(missed).toEqual([]);
+    },
+    120_000,
+  );
 });

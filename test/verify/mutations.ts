@@ -44,7 +44,12 @@ export function withOwnProgram(
 
 const attrSpecs = (op: string): Readonly<Record<string, AttrSpec>> =>
   isOpKind(op) ? (OP_TABLE[op].attrs as Readonly<Record<string, AttrSpec>>) : {};
-const isGroupOp = (ins: PlanInstruction) => 'group' in attrSpecs(ins.op);
+/** a collective on a group (not send/recv, which dropP2p covers; not the local group_slice) */
+const isGroupOp = (ins: PlanInstruction) =>
+  isOpKind(ins.op) &&
+  OP_TABLE[ins.op].category === 'collective' &&
+  'group' in attrSpecs(ins.op) &&
+  !('peer' in attrSpecs(ins.op));
 const isVariable = (ins: PlanInstruction) => 'out_rows' in attrSpecs(ins.op);
 const isRooted = (ins: PlanInstruction) => 'root' in attrSpecs(ins.op);
 /** size of the group a collective names on a rank: a group kind resolved per rank, or a name */
@@ -97,8 +102,13 @@ export const swapCollectives: Mutation = {
     const { rank, p } = randomRank(g, rand);
     const cands = collectivesOnGroups(g, rank, p);
     if (!cands.length) return undefined;
-    const group = p.instructions[pick(cands, rand)].attrs.group;
-    const onGroup = cands.filter((i) => p.instructions[i].attrs.group === group);
+    // one communicator: the same group on the same stream
+    const first = p.instructions[pick(cands, rand)];
+    const onGroup = cands.filter(
+      (i) =>
+        p.instructions[i].attrs.group === first.attrs.group &&
+        p.instructions[i].stream === first.stream,
+    );
     const differ = (a: PlanInstruction, b: PlanInstruction) =>
       a.op !== b.op ||
       a.attrs.root !== b.attrs.root ||
