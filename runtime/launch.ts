@@ -109,6 +109,9 @@ interface Rank {
   exited: boolean;
 }
 
+/** where node 0's launcher publishes the run's key prefix */
+const RUN_ID_KEY = 'lfc/run_id';
+
 export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
   checkWorldSize(o);
   if (o.nodeRank < 0 || o.nodeRank >= o.nnodes)
@@ -117,7 +120,6 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     throw new UserError('--rdzv-backend file needs one node (a shared directory is not assumed)');
   mkdirSync(o.logDir, { recursive: true });
   const world = o.nnodes * o.nprocPerNode;
-  const runId = `lfc-${process.pid}-${Date.now()}`;
 
   // 1. the store: hosted here on node 0, reached over TCP by every launcher and rank
   let server: StoreServer | undefined;
@@ -138,6 +140,15 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
       throw new UserError(e.message);
     },
   );
+  // the run's key prefix: node 0's, published in the store for the other nodes' launchers
+  let runId: string;
+  if (o.nodeRank === 0) {
+    runId = `lfc-${process.pid}-${Date.now()}`;
+    await store.set(RUN_ID_KEY, runId);
+  } else {
+    await store.wait([RUN_ID_KEY]);
+    runId = (await store.get(RUN_ID_KEY))!.toString('utf8');
+  }
   const storeAddress =
     o.rendezvous === 'file'
       ? `file:${mkdtempSync(join(o.logDir, 'rdzv-'))}`

@@ -50,8 +50,12 @@ function either(
   return a ?? b;
 }
 
+/** bytes in the largest binary unit that keeps the number ≥ 1 (MiB at least) */
 function mib(bytes: number): string {
-  return `${(bytes / 2 ** 20).toFixed(2)} MiB`;
+  const units = ['MiB', 'GiB', 'TiB', 'PiB'];
+  let k = 0;
+  while (k + 1 < units.length && bytes >= 2 ** (20 + 10 * (k + 1))) k++;
+  return `${(bytes / 2 ** (20 + 10 * k)).toFixed(2)} ${units[k]}`;
 }
 
 export function addCompileCommand(program: Command, io: CliIO): void {
