@@ -11,7 +11,7 @@
 
 import { mkdirSync, renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
-import type { Graph, ParamDecl } from '../ir/graph.js';
+import type { Graph } from '../ir/graph.js';
 import { formatNode, printGraph } from '../ir/printer.js';
 import { assertValid } from '../ir/verify.js';
 import {
@@ -215,11 +215,14 @@ export function compile(o: CompileOptions): CompileResult {
     pp: sizes.pp,
     world,
   };
-  const copiesOf = (p: ParamDecl) => {
-    const parts = (p.dist?.split ?? []).reduce((n, s) => n * (s ? s.parts : 1), 1);
+  // copies of each gradient in the world after the sums (the gradient norm's weights)
+  const copies: Record<string, number> = {};
+  for (const p of graph.params) {
+    if (p.role !== 'param') continue;
+    const parts = (p.dist?.split ?? []).reduce((n, x) => n * (x ? x.parts : 1), 1);
     const expertParts = p.dist?.expert ? sizes.ep : 1;
-    return world / sizes.pp / parts / expertParts;
-  };
+    copies[p.name] = world / sizes.pp / parts / expertParts;
+  }
   const programs: ProgramFile[] = [];
   for (let stage = 0; stage < sizes.pp; stage++) {
     const program = emitProgram(graph, {
@@ -238,7 +241,7 @@ export function compile(o: CompileOptions): CompileResult {
           }
         : {}),
       groupSizes,
-      copiesOf,
+      copies,
       worldSize: world,
       distributedOptimizer: o.distributedOptimizer,
     });

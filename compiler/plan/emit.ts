@@ -70,10 +70,11 @@ export interface EmitOptions {
   /** --use-distributed-optimizer: reduce-scatter gradients and shard the optimizer over dp */
   readonly distributedOptimizer?: boolean;
   /**
-   * How many ranks of the world hold each copy of a parameter's gradient after the sums: the
-   * gradient norm weighs each local sum of squares by 1/that, then sums over `world`. Absent: 1.
+   * How many ranks of the world hold each copy of a parameter's gradient after the sums, by
+   * parameter name: the gradient norm weighs each local sum of squares by 1/that, then sums over
+   * `world`. Absent: 1. (Plain data, so emission can run in a worker.)
    */
-  readonly copiesOf?: (p: ParamDecl) => number;
+  readonly copies?: Readonly<Record<string, number>>;
   /** ranks in the world (the gradient norm is summed over them when > 1) */
   readonly worldSize?: number;
   /** @deprecated use groupSizes: data parallelism only */
@@ -443,7 +444,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const shardOver = dist && groups.includes(replicas) ? replicas : undefined;
       // a shard is updated by one AdamW and weighed once in the norm: its parameters share the
       // weight decay and the copy count
-      const key = `${groups.join(',')}|${shardOver ? `${weightDecayKey(gb.p)}|${opts.copiesOf?.(gb.p) ?? 1}` : ''}`;
+      const key = `${groups.join(',')}|${shardOver ? `${weightDecayKey(gb.p)}|${opts.copies?.[gb.p.name] ?? 1}` : ''}`;
       let cur = open.get(key);
       if (!cur) {
         cur = { bucket: { groups, grads: [], shardOver }, bytes: 0 };
@@ -570,7 +571,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
         const p = v.replace(/^grad\./, '');
         return localNames.has(p) && !sharded.has(p);
       });
-      const weight = (p: ParamDecl) => 1 / (opts.copiesOf?.(p) ?? 1);
+      const weight = (p: ParamDecl) => 1 / (opts.copies?.[p.name] ?? 1);
       const scales = ins.map((v) => weight(byName.get(v.replace(/^grad\./, ''))!));
       const shardIns = shardBuffers.map((x) => x.grad);
       const shardScales = shardBuffers.map(
