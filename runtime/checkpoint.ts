@@ -4,16 +4,25 @@
 //   state.json             format, version, model, step, seed, the data position, lr settings
 // written into a temporary directory and renamed, then `<save>/latest` (the step) replaced
 // atomically: a crash never leaves a torn checkpoint, and the previous one stays intact.
+//
+// Checkpoints hold whole tensors whatever the layout, so a run resumes under another one. A rank
+// holds pieces of them: a shard of a parameter split over a group (tensor or expert parallelism,
+// runtime/shard.ts), the parameters of its pipeline stage, and, with the distributed optimizer,
+// one slice of each flat bucket of AdamW moments (ProgramFile.optimizerShards). Saving gathers
+// each rank's share (rankShare) into whole tensors (assembleCheckpoint); loading cuts each rank's
+// share out of them.
 
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
+import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
   readSafetensors,
   serializeSafetensors,
   writeFileAtomic,
   type Tensor,
 } from './safetensors.js';
+import { groupRanksOf, pieceOf } from './shard.js';
 import type { RankState } from './state.js';
 
 export const CHECKPOINT_FORMAT = 'lfc-checkpoint';
@@ -31,40 +40,216 @@ export interface CheckpointState {
   readonly lr: Record<string, unknown>;
 }
 
+export type CheckpointMeta = Omit<CheckpointState, 'format' | 'version'>;
+
 export function iterDir(save: string, step: number): string {
   return join(save, `iter_${String(step).padStart(7, '0')}`);
 }
 
-export function saveCheckpoint(
-  save: string,
-  state: RankState,
-  meta: Omit<CheckpointState, 'format' | 'version'>,
-): string {
+/** A program parameter as a piece of a whole tensor. */
+export interface HeldPiece {
+  /** the program's parameter name */
+  readonly param: string;
+  /** the whole tensor's checkpoint name and shape */
+  readonly name: string;
+  readonly shape: readonly number[];
+  /** per dim, the global index of each local index */
+  readonly index: readonly (readonly number[])[];
+}
+
+const range = (start: number, length: number) => Array.from({ length }, (_, i) => start + i);
+const numel = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
+
+/** The pieces of whole tensors the program of `rank` holds, in the program's parameter order. */
+export function heldPieces(plan: PlanFile, program: ProgramFile, rank: number): HeldPiece[] {
+  const groupRank = groupRanksOf(plan, rank);
+  const byName = new Map(plan.params.map((p) => [p.name, p]));
+  return program.params.map((q) => {
+    if (q.dist) return { param: q.name, ...pieceOf(q.dist, groupRank) };
+    const whole = byName.get(q.name);
+    if (!whole) throw new Error(`program ${program.id}: parameter ${q.name} is not in plan.json`);
+    return {
+      param: q.name,
+      name: q.name,
+      shape: whole.shape,
+      index: q.shard.map(([start, length]) => range(start, length)),
+    };
+  });
+}
+
+/** For each element of the piece (row-major over its local shape), its flat index in the whole. */
+function wholeOffsets(piece: HeldPiece): Float64Array {
+  let offsets = [0];
+  let stride = 1;
+  for (let d = piece.shape.length - 1; d >= 0; d--) {
+    const next: number[] = [];
+    for (const g of piece.index[d]) for (const o of offsets) next.push(g * stride + o);
+    offsets = next;
+    stride *= piece.shape[d];
+  }
+  return Float64Array.from(offsets);
+}
+
+/** One flat bucket slice of the distributed optimizer's moments on a rank. */
+interface BucketSlice {
+  readonly key: string;
+  /** [lo, hi) of the bucket's elements this rank holds */
+  readonly lo: number;
+  readonly hi: number;
+  readonly params: readonly {
+    readonly name: string;
+    readonly offset: number;
+    readonly elements: number;
+  }[];
+  readonly expAvg: number;
+  readonly expAvgSq: number;
+}
+
+function bucketSlices(plan: PlanFile, program: ProgramFile, rank: number): BucketSlice[] {
+  const groupRank = groupRanksOf(plan, rank);
+  return (program.optimizerShards ?? []).map((s, k) => {
+    const length = s.elements / s.parts;
+    const lo = groupRank(s.group) * length;
+    return {
+      key: `shard${k}`,
+      lo,
+      hi: lo + length,
+      params: s.params,
+      expAvg: s.expAvg,
+      expAvgSq: s.expAvgSq,
+    };
+  });
+}
+
+/**
+ * A rank's share of a checkpoint, by key: `param.<p>` for each program parameter p,
+ * `exp_avg.<p>` and `exp_avg_sq.<p>` where p has its own moments, and `shard<k>.exp_avg` /
+ * `shard<k>.exp_avg_sq`, this rank's slice of optimizer bucket k.
+ */
+export function rankShare(state: RankState, program: ProgramFile): Map<string, Tensor> {
+  const share = new Map<string, Tensor>();
+  const f32 = (data: Float32Array, shape: readonly number[]): Tensor => ({
+    dtype: 'F32',
+    shape: [...shape],
+    data: data.slice(),
+  });
+  for (const name of state.names()) {
+    const shape = state.shape(name);
+    share.set(`param.${name}`, f32(state.view(name, 'param'), shape));
+    if (state.has(name, 'expAvg')) {
+      share.set(`exp_avg.${name}`, f32(state.view(name, 'expAvg'), shape));
+      share.set(`exp_avg_sq.${name}`, f32(state.view(name, 'expAvgSq'), shape));
+    }
+  }
+  (program.optimizerShards ?? []).forEach((s, k) => {
+    const length = s.elements / s.parts;
+    share.set(`shard${k}.exp_avg`, f32(state.buffer(s.expAvg).subarray(0, length), [length]));
+    share.set(`shard${k}.exp_avg_sq`, f32(state.buffer(s.expAvgSq).subarray(0, length), [length]));
+  });
+  return share;
+}
+
+export interface WholeTensors {
+  readonly model: Map<string, Tensor>;
+  readonly optim: Map<string, Tensor>;
+}
+
+/**
+ * Whole tensors from every rank's share (`shareOf(rank)`; data-parallel replicas give the same
+ * values). Every element of every parameter, and of the moments of every trainable one, must
+ * come from some rank.
+ */
+export function assembleCheckpoint(
+  plan: PlanFile,
+  programs: ReadonlyMap<string, ProgramFile>,
+  shareOf: (rank: number) => ReadonlyMap<string, Tensor>,
+): WholeTensors {
+  interface Whole {
+    readonly data: Float32Array;
+    readonly covered: Uint8Array;
+  }
+  const make = () =>
+    new Map(
+      plan.params.map((p) => [
+        p.name,
+        { data: new Float32Array(numel(p.shape)), covered: new Uint8Array(numel(p.shape)) },
+      ]),
+    );
+  const model: Map<string, Whole> = make();
+  const expAvg: Map<string, Whole> = make();
+  const expAvgSq: Map<string, Whole> = make();
+  const put = (w: Whole, offsets: Float64Array, values: Float32Array, from = 0) => {
+    for (let j = 0; j < values.length; j++) {
+      const g = offsets[from + j];
+      w.data[g] = values[j];
+      w.covered[g] = 1;
+    }
+  };
+  const take = (share: ReadonlyMap<string, Tensor>, key: string, rank: number): Float32Array => {
+    const t = share.get(key);
+    if (!t) throw new UserError(`checkpoint: the share of rank ${rank} has no ${key}`);
+    return t.data as Float32Array;
+  };
+  plan.rankPrograms.forEach((id, rank) => {
+    const program = programs.get(id)!;
+    const share = shareOf(rank);
+    const pieces = heldPieces(plan, program, rank);
+    const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
+    const wholeOf = new Map(pieces.map((p) => [p.param, p.name]));
+    for (const p of pieces) {
+      const at = offsets.get(p.param)!;
+      put(model.get(p.name)!, at, take(share, `param.${p.param}`, rank));
+      if (share.has(`exp_avg.${p.param}`)) {
+        put(expAvg.get(p.name)!, at, take(share, `exp_avg.${p.param}`, rank));
+        put(expAvgSq.get(p.name)!, at, take(share, `exp_avg_sq.${p.param}`, rank));
+      }
+    }
+    for (const s of bucketSlices(plan, program, rank)) {
+      const m = take(share, `${s.key}.exp_avg`, rank);
+      const v = take(share, `${s.key}.exp_avg_sq`, rank);
+      for (const bp of s.params) {
+        const start = Math.max(s.lo, bp.offset);
+        const end = Math.min(s.hi, bp.offset + bp.elements);
+        if (start >= end) continue;
+        const name = wholeOf.get(bp.name);
+        if (name === undefined)
+          throw new Error(
+            `program ${id}: optimizer bucket ${s.key} holds ${bp.name}, not a parameter of it`,
+          );
+        const at = offsets.get(bp.name)!;
+        put(expAvg.get(name)!, at, m.subarray(start - s.lo, end - s.lo), start - bp.offset);
+        put(expAvgSq.get(name)!, at, v.subarray(start - s.lo, end - s.lo), start - bp.offset);
+      }
+    }
+  });
+  const out: WholeTensors = { model: new Map(), optim: new Map() };
+  const complete = (w: Whole, what: string) => {
+    const missing = w.covered.length - w.covered.reduce((a, b) => a + b, 0);
+    if (missing)
+      throw new Error(`checkpoint: ${missing} elements of ${what} are held by no rank of the plan`);
+  };
+  for (const p of plan.params) {
+    const tensor = (w: Whole): Tensor => ({ dtype: 'F32', shape: [...p.shape], data: w.data });
+    complete(model.get(p.name)!, `parameter ${p.name}`);
+    out.model.set(p.name, tensor(model.get(p.name)!));
+    if (!p.trainable) continue;
+    complete(expAvg.get(p.name)!, `exp_avg.${p.name}`);
+    complete(expAvgSq.get(p.name)!, `exp_avg_sq.${p.name}`);
+    out.optim.set(`exp_avg.${p.name}`, tensor(expAvg.get(p.name)!));
+    out.optim.set(`exp_avg_sq.${p.name}`, tensor(expAvgSq.get(p.name)!));
+  }
+  return out;
+}
+
+/** Writes a checkpoint of whole tensors atomically; returns its directory. */
+export function writeCheckpoint(save: string, whole: WholeTensors, meta: CheckpointMeta): string {
   mkdirSync(save, { recursive: true });
   const final = iterDir(save, meta.step);
   const tmp = `${final}.tmp-${process.pid}`;
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp);
-  const model = new Map<string, Tensor>();
-  const optim = new Map<string, Tensor>();
-  for (const name of state.names()) {
-    const shape = state.shape(name);
-    model.set(name, { dtype: 'F32', shape, data: state.view(name, 'param').slice() });
-    if (state.has(name, 'expAvg')) {
-      optim.set(`exp_avg.${name}`, {
-        dtype: 'F32',
-        shape,
-        data: state.view(name, 'expAvg').slice(),
-      });
-      optim.set(`exp_avg_sq.${name}`, {
-        dtype: 'F32',
-        shape,
-        data: state.view(name, 'expAvgSq').slice(),
-      });
-    }
-  }
-  writeFileAtomic(join(tmp, 'model.safetensors'), serialize(model, meta.model));
-  writeFileAtomic(join(tmp, 'optimizer.safetensors'), serialize(optim, meta.model));
+  writeFileAtomic(join(tmp, 'model.safetensors'), serialize(whole.model, meta.model));
+  writeFileAtomic(join(tmp, 'optimizer.safetensors'), serialize(whole.optim, meta.model));
   writeFileAtomic(
     join(tmp, 'state.json'),
     JSON.stringify({ format: CHECKPOINT_FORMAT, version: CHECKPOINT_VERSION, ...meta }, null, 1),
@@ -73,6 +258,19 @@ export function saveCheckpoint(
   renameSync(tmp, final);
   writeFileAtomic(join(save, 'latest'), `${meta.step}\n`);
   return final;
+}
+
+/** A one-rank plan's checkpoint, from its runtime's state. */
+export function saveCheckpoint(
+  save: string,
+  plan: PlanFile,
+  program: ProgramFile,
+  state: RankState,
+  meta: CheckpointMeta,
+): string {
+  const share = rankShare(state, program);
+  const whole = assembleCheckpoint(plan, new Map([[program.id, program]]), () => share);
+  return writeCheckpoint(save, whole, meta);
 }
 
 function serialize(t: Map<string, Tensor>, model: string): Buffer {
@@ -92,10 +290,17 @@ export function resolveCheckpoint(load: string): string {
 }
 
 /**
- * Loads a checkpoint into the runtime's state after checking it fits this plan: the same
- * parameter names and shapes. Nothing is written to the runtime before every check passed.
+ * Loads this rank's share of a checkpoint into the runtime's state after checking it fits the
+ * plan: the same parameter names and whole shapes. Nothing is written to the runtime before every
+ * check passed.
  */
-export function loadCheckpoint(load: string, state: RankState, model: string): CheckpointState {
+export function loadCheckpoint(
+  load: string,
+  state: RankState,
+  plan: PlanFile,
+  program: ProgramFile,
+  rank: number,
+): CheckpointState {
   const dir = resolveCheckpoint(load);
   const statePath = join(dir, 'state.json');
   let meta: CheckpointState;
@@ -112,33 +317,62 @@ export function loadCheckpoint(load: string, state: RankState, model: string): C
       `${statePath}: checkpoint version ${meta.version}; this lfc reads version ${CHECKPOINT_VERSION}`,
     );
   }
-  if (meta.model !== model)
-    throw new UserError(`${dir}: a checkpoint of model ${meta.model}, not ${model}`);
+  if (meta.model !== plan.model.name)
+    throw new UserError(`${dir}: a checkpoint of model ${meta.model}, not ${plan.model.name}`);
   const weights = readSafetensors(join(dir, 'model.safetensors')).tensors;
   const optim = readSafetensors(join(dir, 'optimizer.safetensors')).tensors;
-  const plans: [Float32Array, Tensor][] = [];
-  for (const name of state.names()) {
-    const want = state.shape(name);
-    const take = (t: Tensor | undefined, what: string) =>
-      fitting(t, want, dir, what, ' (a checkpoint of another model or layout?)');
-    plans.push([state.view(name, 'param'), take(weights.get(name), `parameter ${name}`)]);
-    if (state.has(name, 'expAvg')) {
-      plans.push([
-        state.view(name, 'expAvg'),
-        take(optim.get(`exp_avg.${name}`), `optimizer state exp_avg.${name}`),
-      ]);
-      plans.push([
-        state.view(name, 'expAvgSq'),
-        take(optim.get(`exp_avg_sq.${name}`), `optimizer state exp_avg_sq.${name}`),
-      ]);
+  const hint = ' (a checkpoint of another model?)';
+  const whole = (t: Map<string, Tensor>, key: string, shape: readonly number[], what: string) =>
+    fitting(t.get(key), shape, dir, what, hint).data as Float32Array;
+  const cut = (data: Float32Array, offsets: Float64Array, from = 0, length = offsets.length) => {
+    const out = new Float32Array(length);
+    for (let j = 0; j < length; j++) out[j] = data[offsets[from + j]];
+    return out;
+  };
+  const writes: [Float32Array, Float32Array][] = [];
+  const pieces = heldPieces(plan, program, rank);
+  const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
+  const wholeOf = new Map(pieces.map((p) => [p.param, p]));
+  for (const p of pieces) {
+    const at = offsets.get(p.param)!;
+    writes.push([
+      state.view(p.param, 'param'),
+      cut(whole(weights, p.name, p.shape, `parameter ${p.name}`), at),
+    ]);
+    if (state.has(p.param, 'expAvg')) {
+      for (const [kind, key] of [
+        ['expAvg', 'exp_avg'],
+        ['expAvgSq', 'exp_avg_sq'],
+      ] as const) {
+        const src = whole(optim, `${key}.${p.name}`, p.shape, `optimizer state ${key}.${p.name}`);
+        writes.push([state.view(p.param, kind), cut(src, at)]);
+      }
     }
   }
-  const extra = [...weights.keys()].filter((n) => !state.names().includes(n));
+  for (const s of bucketSlices(plan, program, rank)) {
+    for (const [buffer, key] of [
+      [s.expAvg, 'exp_avg'],
+      [s.expAvgSq, 'exp_avg_sq'],
+    ] as const) {
+      const slice = new Float32Array(s.hi - s.lo);
+      for (const bp of s.params) {
+        const start = Math.max(s.lo, bp.offset);
+        const end = Math.min(s.hi, bp.offset + bp.elements);
+        if (start >= end) continue;
+        const p = wholeOf.get(bp.name)!;
+        const src = whole(optim, `${key}.${p.name}`, p.shape, `optimizer state ${key}.${p.name}`);
+        slice.set(cut(src, offsets.get(bp.name)!, start - bp.offset, end - start), start - s.lo);
+      }
+      writes.push([state.buffer(buffer).subarray(0, slice.length), slice]);
+    }
+  }
+  const known = new Set(plan.params.map((p) => p.name));
+  const extra = [...weights.keys()].filter((n) => !known.has(n));
   if (extra.length)
     throw new UserError(
       `${dir}: holds parameters this model lacks: ${extra.slice(0, 3).join(', ')}${extra.length > 3 ? ', …' : ''}`,
     );
-  for (const [dst, t] of plans) dst.set(t.data as Float32Array);
+  for (const [dst, src] of writes) dst.set(src);
   return meta;
 }
 

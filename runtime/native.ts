@@ -25,6 +25,11 @@ export interface NativeRuntimeOptions {
   readonly timing?: boolean;
   /** accept collective instructions (the runtime must be connected before its first step) */
   readonly collectives?: boolean;
+  /**
+   * the plan's symbols (plan.json `symbols`): S and Nv come from the data; the others are
+   * run-time symbols, at their bound until a variable-size collective of the step sets them
+   */
+  readonly symbols?: readonly { readonly name: string; readonly bound: number }[];
 }
 
 /** A communicator to open: a group of the plan (index into `groups`) on a stream. */

@@ -1,6 +1,7 @@
 // Views of a rank's persistent state (parameters, gradients, AdamW moments) inside the native
-// runtime's regions, by parameter name. One rank holds whole tensors; shards come with the
-// parallel passes.
+// runtime's regions, by program parameter name (a rank's parameters may be pieces of whole tensors:
+// checkpoint.ts maps them), and of other persistent buffers by id (the distributed optimizer's
+// bucket slices).
 
 import type { ProgramFile, ProgramParam } from '../compiler/plan/format.js';
 
@@ -38,6 +39,18 @@ export class RankState {
 
   shape(name: string): number[] {
     return this.program.params.find((p) => p.name === name)!.shard.map(([, len]) => len);
+  }
+
+  /** A persistent f32 buffer (param, grad or optim region) by id, over the runtime's memory. */
+  buffer(id: number): Float32Array {
+    const b = this.program.buffers[id];
+    if (
+      !b ||
+      b.dtype !== 'f32' ||
+      !(b.region === 'param' || b.region === 'grad' || b.region === 'optim')
+    )
+      throw new Error(`program ${this.program.id}: buffer ${id} is not a persistent f32 buffer`);
+    return new Float32Array(this.rt.region(b.region), b.offset, b.bytes / 4);
   }
 
   /** A Float32Array over the runtime's memory (writes go straight to the runtime). */

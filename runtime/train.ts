@@ -8,10 +8,10 @@
 // the whole batch's count) and the losses after it, each microbatch counted once
 // (launch-rank.ts: speaksForItsData).
 
-import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
-import type { PlanFile } from '../compiler/plan/format.js';
+import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
   captionMask,
   countOnes,
@@ -20,12 +20,27 @@ import {
   writeBatchFile,
   type Microbatch,
 } from './batch.js';
-import { loadCheckpoint, loadWeights, saveCheckpoint } from './checkpoint.js';
+import {
+  assembleCheckpoint,
+  iterDir,
+  loadCheckpoint,
+  loadWeights,
+  rankShare,
+  saveCheckpoint,
+  writeCheckpoint,
+  type CheckpointMeta,
+} from './checkpoint.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
 import { groupRanksOf, pieceOf } from './shard.js';
 import { loadNative, type NativeRuntime } from './native.js';
 import { readPlan } from './plan-io.js';
-import { writeSafetensors, type Tensor } from './safetensors.js';
+import {
+  readSafetensors,
+  serializeSafetensors,
+  writeFileAtomic,
+  writeSafetensors,
+  type Tensor,
+} from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
 import { RankState } from './state.js';
 
@@ -97,16 +112,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (world > 1 && o.shuffleImages) throw new UserError('--shuffle-images runs on one rank');
   const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
-  const rank0 = loaded.programs.get(plan.rankPrograms[0])!;
-  const rank0HoldsAll = plan.params.every((pp) =>
-    rank0.params.some(
-      (x) => x.name === pp.name && x.shard.every(([at, len], d) => at === 0 && len === pp.shape[d]),
-    ),
-  );
-  if (o.save && !rank0HoldsAll)
-    throw new UserError(
-      '--save: rank 0 of this plan does not hold every parameter whole; gathering shards into a checkpoint is not built yet',
-    );
   const native = loadNative();
   const enc = (
     plan.model.config as { image_encoder: { patch_size: number; spatial_merge_size: number } }
@@ -120,6 +125,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         patchSize: enc.patch_size,
         mergeSize: enc.spatial_merge_size,
         collectives: o.rank !== undefined,
+        symbols: plan.symbols,
       }),
   );
   if (o.rank) {
@@ -152,7 +158,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // parameters: a checkpoint, given weights, or the deterministic initializer
   let startStep = 0;
   if (o.load) {
-    const meta = loadCheckpoint(o.load, state, plan.model.name);
+    const meta = loadCheckpoint(o.load, state, plan, program, rank);
     startStep = meta.step;
   } else {
     // whole tensors, or this rank's pieces of them (tensor and expert parallelism)
@@ -270,21 +276,52 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (dumping) dumpAfter(o.dumpStep!, state, metrics, plan, lossTokens);
     o.onStep?.(metrics);
 
-    // 3. checkpoints
+    // 3. checkpoints: whole tensors, gathered from every rank's share
     const last = step === o.trainIters;
-    // data-parallel replicas hold the same whole tensors: rank 0 writes them
-    if (rank === 0 && o.save && ((o.saveInterval && step % o.saveInterval === 0) || last)) {
-      saveCheckpoint(o.save, state, {
-        model: plan.model.name,
-        step,
-        seed,
-        dataStep: step,
-        lr: { ...schedule },
-      });
+    if (o.save && ((o.saveInterval && step % o.saveInterval === 0) || last)) {
+      const meta = { model: plan.model.name, step, seed, dataStep: step, lr: { ...schedule } };
+      if (world === 1) saveCheckpoint(o.save, plan, program, state, meta);
+      else await saveGathered(o.save, meta, loaded.programs, plan, program, state, rank, globalSum);
     }
   }
   const params = new Map(state.names().map((n) => [n, state.view(n, 'param').slice()]));
   return { steps, finalStep: o.trainIters, plan, params };
+}
+
+/**
+ * A checkpoint of a multi-rank run: every rank writes its share into `<iter>.shares/` (the save
+ * directory must be one every rank reaches: a shared file system across nodes), and rank 0
+ * assembles the whole tensors once all have (the world sums are the barriers).
+ */
+async function saveGathered(
+  save: string,
+  meta: CheckpointMeta,
+  programs: ReadonlyMap<string, ProgramFile>,
+  plan: PlanFile,
+  program: ProgramFile,
+  state: RankState,
+  rank: number,
+  barrier: (values: number[]) => Promise<number[]>,
+): Promise<void> {
+  const shares = `${iterDir(save, meta.step)}.shares`;
+  const file = (r: number) => join(shares, `rank-${r}.safetensors`);
+  if (rank === 0) {
+    rmSync(shares, { recursive: true, force: true });
+    mkdirSync(shares, { recursive: true });
+  }
+  await barrier([0]);
+  writeFileAtomic(file(rank), serializeSafetensors(rankShare(state, program)));
+  await barrier([0]);
+  if (rank !== 0) return;
+  const whole = assembleCheckpoint(plan, programs, (r) => {
+    if (!existsSync(file(r)))
+      throw new UserError(
+        `--save ${save}: rank ${r}'s share is not in ${shares}; every rank must reach the save directory (a shared file system)`,
+      );
+    return readSafetensors(file(r)).tensors;
+  });
+  writeCheckpoint(save, whole, meta);
+  rmSync(shares, { recursive: true, force: true });
 }
 
 export function snake(m: StepMetrics): Record<string, number | null> {

@@ -1,8 +1,10 @@
 // A checker for memory plans: replays a program in issue order (one stream), keeping the arena
 // buffers that are live (written, and read again later) sorted by offset, and proves that no write
-// lands on a live buffer's bytes: no buffer is read after its space was reused.
+// lands on a live buffer's bytes: no buffer is read after its space was reused. A batched
+// send/recv runs over its whole batch: its reads last to the batch's end, its writes happen at the
+// batch's start.
 
-import type { ProgramFile } from './format.js';
+import { batchSpans, type ProgramFile } from './format.js';
 
 export interface MemoryProblem {
   readonly instruction: number;
@@ -14,38 +16,46 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
   const root = (id: number) => p.buffers[id].viewOf ?? id;
   const isArena = (r: number) => p.buffers[r].region === 'arena';
   // the last instruction that reads or writes each arena buffer
+  const span = batchSpans(p.instructions);
   const lastUse = new Int32Array(p.buffers.length).fill(-1);
   p.instructions.forEach((ins, idx) => {
-    for (const id of ins.inputs) lastUse[root(id)] = idx;
-    for (const id of ins.outputs) lastUse[root(id)] = Math.max(lastUse[root(id)], idx);
+    for (const id of [...ins.inputs, ...ins.outputs])
+      lastUse[root(id)] = Math.max(lastUse[root(id)], span.last[idx]);
   });
   // live buffers (written, read again later), sorted by offset: their bytes must never overlap
   const live = new LiveSet();
   const isLive = new Uint8Array(p.buffers.length);
-  const ending: number[][] = p.instructions.map(() => []);
+  // buffers by the instruction after which they die: a linked list per instruction
+  const endHead = new Int32Array(p.instructions.length).fill(-1);
+  const endNext = new Int32Array(p.buffers.length).fill(-1);
   const problems: MemoryProblem[] = [];
-  p.instructions.forEach((ins, idx) => {
-    for (const id of ins.outputs) {
-      const r = root(id);
-      if (!isArena(r) || isLive[r]) continue;
-      const b = p.buffers[r];
-      const [lo, hi] = [b.offset, b.offset + Math.max(b.bytes, 1)];
-      const over = live.overlapping(lo, hi);
-      if (over >= 0) {
-        // a live buffer's bytes are reused: its next read finds another buffer's data
-        const victim = over;
-        problems.push({
-          instruction: lastUse[victim],
-          buffer: p.buffers[victim].name,
-          clobberedBy: b.name,
-        });
-        continue;
-      }
-      live.insert(lo, hi, r);
-      isLive[r] = 1;
-      ending[lastUse[r]].push(r);
+  const write = (id: number) => {
+    const r = root(id);
+    if (!isArena(r) || isLive[r]) return;
+    const b = p.buffers[r];
+    const [lo, hi] = [b.offset, b.offset + Math.max(b.bytes, 1)];
+    const over = live.overlapping(lo, hi);
+    if (over >= 0) {
+      // a live buffer's bytes are reused: its next read finds another buffer's data
+      const victim = over;
+      problems.push({
+        instruction: lastUse[victim],
+        buffer: p.buffers[victim].name,
+        clobberedBy: b.name,
+      });
+      return;
     }
-    for (const r of ending[idx]) {
+    live.insert(lo, hi, r);
+    isLive[r] = 1;
+    endNext[r] = endHead[lastUse[r]];
+    endHead[lastUse[r]] = r;
+  };
+  p.instructions.forEach((_, idx) => {
+    // the writes of a batch happen at its first instruction
+    if (span.first[idx] === idx)
+      for (let k = idx; k <= span.last[idx]; k++)
+        for (const id of p.instructions[k].outputs) write(id);
+    for (let r = endHead[idx]; r >= 0; r = endNext[r]) {
       if (isLive[r]) live.remove(p.buffers[r].offset, r);
       isLive[r] = 0;
     }

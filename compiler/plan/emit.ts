@@ -37,6 +37,7 @@ import {
   type PlanInstruction,
   type ProgramFile,
   type ProgramInput,
+  batchSpans,
   type OptimizerShard,
   type ProgramParam,
   type StreamName,
@@ -696,18 +697,25 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
         }
       regionTop.param = paramTop;
     }
+    // views (a reshaped bias, a bucket) follow the buffer they view
+    for (const b of buffers)
+      if (b.viewOf !== undefined && b.region !== 'arena')
+        buffers[b.id] = { ...b, offset: buffers[b.viewOf].offset };
     return out;
   }
 
   // ---- the arena: planned from lifetimes in issue order ---------------------------------------
-  const firstDef = new Map<number, number>();
-  const lastUse = new Map<number, number>();
+  // a batched send/recv runs from its batch's first instruction to its last: what it sends
+  // stays live to the end, what it receives is written from the start
+  const span = batchSpans(instructions);
+  const firstDef = new Int32Array(buffers.length).fill(-1);
+  const lastUse = new Int32Array(buffers.length).fill(-1);
   instructions.forEach((ins, idx) => {
-    for (const id of ins.inputs) lastUse.set(root(id), idx);
+    for (const id of ins.inputs) lastUse[root(id)] = Math.max(lastUse[root(id)], span.last[idx]);
     for (const id of ins.outputs) {
       const r = root(id);
-      if (!firstDef.has(r)) firstDef.set(r, idx);
-      lastUse.set(r, Math.max(lastUse.get(r) ?? idx, idx));
+      if (firstDef[r] < 0) firstDef[r] = span.first[idx];
+      lastUse[r] = Math.max(lastUse[r], span.last[idx]);
     }
   });
   const lifetimes: Lifetime[] = buffers
@@ -715,8 +723,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     .map((b) => ({
       id: b.id,
       bytes: b.bytes,
-      start: firstDef.get(b.id) ?? 0,
-      end: lastUse.get(b.id) ?? firstDef.get(b.id) ?? 0,
+      start: Math.max(firstDef[b.id], 0),
+      end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
     }));
   const plan = planArena(lifetimes);
   const placed = buffers.map((b) => {

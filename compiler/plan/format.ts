@@ -201,3 +201,29 @@ export interface PlanFile {
   /** program id of each rank, by rank */
   readonly rankPrograms: readonly string[];
 }
+
+/**
+ * For each instruction, the first and last instruction of its batch (consecutive instructions of
+ * one stream with the same `batch` attribute, posted together); itself when not batched.
+ */
+export function batchSpans(instructions: readonly PlanInstruction[]): {
+  first: Int32Array;
+  last: Int32Array;
+} {
+  const n = instructions.length;
+  const first = Int32Array.from({ length: n }, (_, i) => i);
+  const last = Int32Array.from({ length: n }, (_, i) => i);
+  const batchOf = (i: number) => {
+    const b = instructions[i].attrs.batch;
+    return typeof b === 'number' ? b : -1;
+  };
+  for (let i = 0; i < n;) {
+    const b = batchOf(i);
+    let j = i + 1;
+    if (b >= 0)
+      while (j < n && batchOf(j) === b && instructions[j].stream === instructions[i].stream) j++;
+    for (let k = i; k < j; k++) [first[k], last[k]] = [i, j - 1];
+    i = j;
+  }
+  return { first, last };
+}

@@ -113,7 +113,9 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
 
   // ---- parameters: split by role ----------------------------------------------------------
   const role = new Map<string, ParamRole>();
-  const gradOverSeq = new Set<string>(); // replicated params used on sequence-split values
+  // replicated parameters applied to split values (sequence-split under SP, or head-split: the
+  // q/k norms): each rank's gradient covers its piece, so the gradient sums over tp
+  const gradOverSeq = new Set<string>();
   const declared = new Map<string, ParamDecl>();
   for (const p of g.params) {
     const r = tensorParallelRole(p.dist?.name ?? p.name);
@@ -149,7 +151,7 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
         : { k: 'S', dim: r.kind === 'row' ? 1 : 0, blocks: r.kind === 'column' ? r.blocks : 1 },
     );
   }
-  // parameters are declared after the walk, when gradOverSeq is known; values need types now
+  // parameters are declared before the walk; gradOverSeq patches their dist after it
   for (const p of declared.values()) types.set(p.name, p.type);
   const paramNames = new Set(g.params.map((p) => p.name));
 
@@ -220,8 +222,11 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
       const run = (inputs: string[], attrs: Attrs, states: State[]) =>
         out(emit(n.op, inputs, attrs, states));
       const noteSeqParams = (inputs: string[]) => {
-        if (inputs.some((v) => state.get(v)!.k === 'Q'))
-          for (const v of inputs) if (paramNames.has(v)) gradOverSeq.add(v);
+        const split = inputs.some((v) => {
+          const k = state.get(v)!.k;
+          return !paramNames.has(v) && (k === 'Q' || k === 'S');
+        });
+        if (split) for (const v of inputs) if (paramNames.has(v)) gradOverSeq.add(v);
       };
       switch (n.op) {
         case 'linear':

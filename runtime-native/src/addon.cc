@@ -306,6 +306,15 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
       if (o.Has("timing") && !o.Get("timing").IsUndefined()) opts.timing = o.Get("timing").ToBoolean();
       if (o.Has("collectives") && !o.Get("collectives").IsUndefined())
         opts.collectives = o.Get("collectives").ToBoolean();
+      if (o.Has("symbols") && !o.Get("symbols").IsUndefined()) {
+        const Napi::Value symbols = o.Get("symbols");
+        if (!symbols.IsArray()) throw Napi::TypeError::New(info.Env(), "options.symbols must be an array");
+        for (uint32_t i = 0; i < symbols.As<Napi::Array>().Length(); i++) {
+          const std::string w = lfc::cat("options.symbols[", i, "]");
+          const Napi::Object e = object(symbols.As<Napi::Array>().Get(i), w);
+          opts.symbols.push_back({string(e.Get("name"), w + ".name"), integer(e.Get("bound"), w + ".bound")});
+        }
+      }
     }
     rt_ = std::make_shared<lfc::Runtime>(text, opts);
   }

@@ -34,7 +34,7 @@ void writeField(std::byte* dst, const Buffer& b, const std::vector<T>& values, i
 }  // namespace
 
 Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
-    : program_(parseProgram(programJson, ParseOptions{options.collectives})), options_(options) {
+    : program_(parseProgram(programJson, ParseOptions{options.collectives, options.symbols})), options_(options) {
   if (options_.patchSize < 1 || options_.mergeSize < 1)
     throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
                            " must be ≥ 1"));
@@ -61,12 +61,17 @@ void Runtime::connect(const comm::Config& config) {
 
 std::vector<double> Runtime::worldSum(std::vector<double> values) {
   if (!backend_) throw RuntimeError("worldSum: the runtime is not connected");
+  // the backend keeps a bound all-reduce per (address, count): every rank must hit or miss that
+  // cache alike, so the values travel in a buffer of this runtime kept per count (the ranks call
+  // worldSum with the same counts in the same order), never in memory whose address varies
+  std::vector<double>& buffer = worldSumBuffers_[values.size()];
+  buffer.assign(values.begin(), values.end());
   try {
-    backend_->at(comm::kWorldGroup, comm::kControlStream).allReduce(values.data(), DType::f64, int64_t(values.size()));
+    backend_->at(comm::kWorldGroup, comm::kControlStream).allReduce(buffer.data(), DType::f64, int64_t(buffer.size()));
   } catch (const comm::CommError& e) {
     throw RuntimeError(cat("worldSum over every rank: ", e.what()));
   }
-  return values;
+  return buffer;
 }
 
 void Runtime::requireIdle(const char* what) const {
@@ -204,7 +209,7 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
       case DataField::kCount: break;
     }
   }
-  SymbolSizes sizes{};
+  SymbolSizes sizes = program_.symbols.atBounds();
   sizes[kSymS] = int64_t(S);
   sizes[kSymNv] = Nv;
   sizes_[size_t(slot)] = sizes;
@@ -275,14 +280,25 @@ std::vector<std::byte> Runtime::readBuffer(int id) const {
   if (id < 0 || id >= int(program_.buffers.size()))
     throw RuntimeError(cat("readBuffer: buffer id ", id, " is out of range (", program_.buffers.size(), " buffers)"));
   const Buffer& b = program_.buffers[size_t(id)];
+  // its microbatch's sizes: run-time symbols as the last step left them (their bounds before one)
+  const SymbolSizes* s = sizesOf(b.microbatch);
+  SymbolSizes sizes;
+  if (s && b.runTime && size_t(b.microbatch) < lastSizes_.size()) {
+    sizes = *s;
+    for (int k = kDataSymbolCount; k < program_.symbols.size(); k++)
+      sizes[size_t(k)] = lastSizes_[size_t(b.microbatch)][size_t(k)];
+    s = &sizes;
+  }
   int64_t bytes = b.bytes;
-  if (const SymbolSizes* s = sizesOf(b.microbatch); s || !b.symbolic)
-    bytes = std::min(bytes, numel(resolveShape(b.shape, s ? *s : SymbolSizes{})) * dtypeBytes(b.dtype));
-  if (size_t(id) < lastRows_.size() && lastRows_[size_t(id)] >= 0 && !b.shape.empty()) {
-    // a collective's output: the rows it received
-    std::vector<int64_t> shape = resolveShape(b.shape, sizesOf(b.microbatch) ? *sizesOf(b.microbatch) : SymbolSizes{});
-    const int64_t perRow = shape[0] == 0 ? 0 : numel(shape) / shape[0];
-    bytes = std::min(b.bytes, lastRows_[size_t(id)] * perRow * dtypeBytes(b.dtype));
+  if (s || !b.symbolic) {
+    std::vector<int64_t> shape = resolveShape(b.shape, s ? *s : SymbolSizes{});
+    if (size_t(id) < lastRows_.size() && lastRows_[size_t(id)] >= 0 && !shape.empty()) {
+      // a collective's output: the rows it received
+      const int64_t perRow = shape[0] == 0 ? 0 : numel(shape) / shape[0];
+      bytes = std::min(b.bytes, lastRows_[size_t(id)] * perRow * dtypeBytes(b.dtype));
+    } else {
+      bytes = std::min(bytes, numel(shape) * dtypeBytes(b.dtype));
+    }
   }
   const std::byte* p = memory_->buffer(program_, id);
   return std::vector<std::byte>(p, p + bytes);
@@ -348,13 +364,17 @@ StepResult Runtime::runStep(const StepParams& params) {
   try {
     StepParams withGroups = params;
     withGroups.groupRanks = &groupRanks_;
-    exec = execute(program_, std::move(operands), std::move(results), withGroups, scratch_, options_.timing,
-                   backend_.get());
+    std::vector<SymbolSizes> sizes(size_t(program_.slots), program_.symbols.atBounds());
+    for (int mb = 0; mb < program_.slots; mb++)
+      if (const SymbolSizes* s = sizesOf(mb)) sizes[size_t(mb)] = *s;
+    exec = execute(program_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch_,
+                   options_.timing, backend_.get());
   } catch (const AbandonedStepError& e) {
     broken_ = e.what();
     throw;
   }
   lastRows_ = exec.rows;
+  lastSizes_ = std::move(exec.sizes);
 
   StepResult r;
   for (const ProgramOutput& o : program_.outputs) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +27,8 @@ struct RuntimeOptions {
   bool timing = false;  // per-instruction start/end in step results
   // accept collective instructions: the caller connects a backend (connect) before stepping
   bool collectives = false;
+  // the plan's symbols (plan.json `symbols`): bounds of the run-time symbols the program names
+  std::vector<SymbolDecl> symbols;
 };
 
 struct ParamInit {
@@ -73,7 +76,8 @@ class Runtime {
   void setScalar(const std::string& name, double value);
   double scalar(const std::string& name) const;
   // A copy of a buffer's bytes at its microbatch's sizes (planned bytes when none are set; the
-  // rows a variable-size collective received in the last step, for its output).
+  // rows a variable-size collective received in the last step, for its output and, through its
+  // run-time symbol, every buffer over that symbol).
   std::vector<std::byte> readBuffer(int id) const;
 
   // Multi-rank: opens this rank's communicators (blocks until every member of each group has
@@ -108,7 +112,9 @@ class Runtime {
   GroupRanks groupRanks_;  // this rank's index in its group of each kind (all 0 unconnected)
   bool hasCollectives_ = false;
   std::vector<int64_t> lastRows_;  // per buffer: rows received by a collective in the last step
+  std::vector<SymbolSizes> lastSizes_;  // per slot: the symbols' values at the last step's end
   std::string broken_;             // why this runtime cannot step again, if it cannot
+  std::map<size_t, std::vector<double>> worldSumBuffers_;  // per count: the values worldSum sums
 };
 
 }  // namespace lfc

@@ -250,7 +250,7 @@ bool integral(const nlohmann::json& v) {
 }
 
 // "" when v fits the type (the subset of ir/ops.ts's attribute types collectives use)
-std::string typeProblem(const std::string& type, const nlohmann::json& v) {
+std::string typeProblem(const std::string& type, const nlohmann::json& v, const SymbolTable& symbols) {
   bool ok = false;
   if (type == "int") ok = integral(v);
   else if (type == "string") ok = v.is_string();
@@ -260,7 +260,7 @@ std::string typeProblem(const std::string& type, const nlohmann::json& v) {
     for (const auto& d : v.is_array() ? v : nlohmann::json::array()) {
       if (!d.is_string()) return "must be a list of dims as strings, got " + v.dump();
       try {
-        parseDim(d.get<std::string>());
+        parseDim(d.get<std::string>(), symbols);
       } catch (const std::exception& e) {
         return e.what();
       }
@@ -276,7 +276,7 @@ bool collectiveInPlace(Op op) {
   return e && e->inPlace;
 }
 
-std::string checkCollective(const Instr& in) {
+std::string checkCollective(const Instr& in, const SymbolTable& symbols) {
   const CollectiveEntry* e = entryOf(in.op);
   const char* name = schema::kOpNames[int(in.op)];
   if (!e) return cat(name, " is not a collective");
@@ -299,7 +299,7 @@ std::string checkCollective(const Instr& in) {
       if (optional) continue;
       return cat("missing attribute '", key, "' (", type, ")");
     }
-    const std::string problem = typeProblem(type, in.attrs.at(key));
+    const std::string problem = typeProblem(type, in.attrs.at(key), symbols);
     if (!problem.empty()) return cat("attribute '", key, "' ", problem);
   }
   for (const auto& [key, _] : in.attrs.items())

@@ -17,7 +17,8 @@
 //   send / recv     to / from group rank `peer`, matched by `tag`
 // The variable-size ops (all_to_all_v, gather_v, scatter_v) report the rows they wrote: output 0
 // holds that many rows, fewer than its planned bound, and the executor hands later instructions
-// that read it the received row count.
+// the received row count (through output 0's run-time symbol when its dim 0 is one:
+// core/executor.h).
 #pragma once
 
 #include <string>
@@ -29,7 +30,7 @@
 namespace lfc::comm {
 
 // Load-time checks of a collective instruction: operand counts and attributes. "" when fine.
-std::string checkCollective(const Instr& in);
+std::string checkCollective(const Instr& in, const SymbolTable& symbols);
 // Output 0 may be input 0 (same bytes): all_reduce, broadcast.
 bool collectiveInPlace(Op op);
 

@@ -31,6 +31,8 @@ struct StepState {
   std::condition_variable cv;
   std::vector<char> recorded;
   std::vector<int64_t> rows;  // per buffer, −1 unless a variable-size collective wrote it
+  std::vector<SymbolSizes> sizes;         // per microbatch slot, run-time symbols as set so far
+  std::vector<std::vector<int>> setBy;    // per slot and symbol: the instruction that set it, or −1
   bool failed = false;
   std::string error;
   int running = 0;  // stream threads not yet finished
@@ -54,6 +56,40 @@ struct StepState {
 
 double msSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Operands over run-time symbols, at the values set so far for their microbatch.
+void applySymbols(const Program& p, const Instr& in, std::vector<Tensor>& ts, const std::vector<SymbolSizes>& sizes) {
+  for (Tensor& t : ts) {
+    const Buffer& b = p.buffers[size_t(t.buffer)];
+    if (!b.runTime) continue;
+    const int mb = in.microbatch >= 0 ? in.microbatch : b.microbatch;
+    t.shape = resolveShape(b.shape, sizes[size_t(mb)]);
+    t.numel = numel(t.shape);
+  }
+}
+
+// What a variable-size collective's `rows` set (under the step's lock): its output's run-time
+// symbol for the instruction's microbatch, or the rows of that output buffer. "" or the problem.
+std::string recordRows(StepState& st, const Instr& in, int64_t rows) {
+  const Buffer& b = st.p.buffers[size_t(in.outputs[0])];
+  if (b.shape.empty() || !b.shape[0].bareSymbol() || !SymbolTable::runTime(b.shape[0].sym)) {
+    st.rows[size_t(b.id)] = rows;
+    return "";
+  }
+  const int mb = in.microbatch >= 0 ? in.microbatch : b.microbatch;
+  const int sym = b.shape[0].sym;
+  int64_t& value = st.sizes[size_t(mb)][size_t(sym)];
+  int& by = st.setBy[size_t(mb)][size_t(sym)];
+  if (by >= 0 && value != rows)
+    return cat("received ", rows, " rows into buffer ", b.id, " (", b.name, ") ", formatShape(b.shape), ", but ",
+               b.shape[0].name, " of microbatch ", mb, " is ", value, " (the rows ",
+               describeInstr(st.p.instrs[size_t(by)]), " received)");
+  if (rows > st.p.symbols.at(sym).bound)
+    return cat("received ", rows, " rows, past the bound ", st.p.symbols.at(sym).bound, " of ", b.shape[0].name);
+  value = rows;
+  by = in.index;
+  return "";
 }
 
 // Operands of buffers a variable-size collective wrote this step, at the rows it wrote.
@@ -93,6 +129,8 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
       std::unique_lock<std::mutex> lock(st.mu);
       for (int e : in.wait) st.cv.wait(lock, [&] { return st.failed || st.recorded[size_t(e)]; });
       stop = st.failed;
+      applySymbols(p, in, ins, st.sizes);
+      applySymbols(p, in, outs, st.sizes);
       applyRows(ins, st.rows);
       applyRows(outs, st.rows);
     }
@@ -119,10 +157,16 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
     if (st.timed) st.timing[size_t(idx)] = {start, msSince(st.t0)};
     st.run++;
     if (!in.record.empty() || rows >= 0) {
+      std::string problem;
       {
         std::lock_guard<std::mutex> lock(st.mu);
-        if (rows >= 0) st.rows[size_t(in.outputs[0])] = rows;
-        for (int e : in.record) st.recorded[size_t(e)] = 1;
+        if (rows >= 0) problem = recordRows(st, in, rows);
+        if (problem.empty())
+          for (int e : in.record) st.recorded[size_t(e)] = 1;
+      }
+      if (!problem.empty()) {
+        st.fail(cat("step failed at ", describeInstr(in), ": ", problem));
+        return finish();
       }
       st.cv.notify_all();
     }
@@ -133,11 +177,19 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
 }  // namespace
 
 ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
-                   std::vector<std::vector<Tensor>> results, const StepParams& params,
-                   std::vector<Scratch>& scratch, bool timing, comm::Backend* backend) {
+                   std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
+                   const StepParams& params, std::vector<Scratch>& scratch, bool timing,
+                   comm::Backend* backend) {
   auto st = std::make_shared<StepState>(p, std::move(operands), std::move(results), params, backend);
   st->recorded.assign(size_t(p.events), 0);
   st->rows.assign(p.buffers.size(), -1);
+  if (sizes.size() != size_t(p.slots))
+    throw RuntimeError(cat("execute: sizes of ", sizes.size(), " microbatch slots, the program has ", p.slots));
+  for (const SymbolSizes& s : sizes)
+    if (s.size() != size_t(p.symbols.size()))
+      throw RuntimeError(cat("execute: sizes of ", s.size(), " symbols, the program has ", p.symbols.size()));
+  st->sizes = std::move(sizes);
+  st->setBy.assign(size_t(p.slots), std::vector<int>(size_t(p.symbols.size()), -1));
   ExecResult result;
   st->timed = timing;
   if (timing) st->timing.assign(p.instrs.size(), {});
@@ -178,6 +230,7 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
   result.instructionsRun = st->run;
   result.timing = std::move(st->timing);
   result.rows = st->rows;
+  result.sizes = st->sizes;
   return result;
 }
 

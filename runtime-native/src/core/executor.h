@@ -6,11 +6,17 @@
 // the instruction index, op and scope — is thrown to the caller.
 //
 // Collective instructions run on the backend's communicator of their group and stream. A
-// variable-size collective (all_to_all_v, gather_v, scatter_v) reports the rows it wrote; later
-// instructions that read the same buffer see that row count as its dim 0 (the buffer's declared
-// dim is only a bound). A stream thread blocked in a collective cannot be woken by a failure on
-// another stream: the executor waits kAbandonAfter for it, then leaves it behind (detached, with
-// the state it uses kept alive) and reports the failure; the runtime must not step again.
+// variable-size collective (all_to_all_v, gather_v, scatter_v) reports the rows it wrote. When its
+// output's dim 0 is a run-time symbol (`Rx0`: core/shape.h), that symbol takes the row count for
+// the instruction's microbatch, and every later instruction of that microbatch sees it in every
+// operand over the symbol (the step starts with run-time symbols at their bounds; a second
+// collective writing the same symbol of the same microbatch must receive as many rows). Otherwise
+// later instructions that read that same buffer see the row count as its dim 0 (the buffer's
+// declared dim is only a bound). Consumers are ordered after the collective by their stream or
+// an event, so they see the value it set. A stream thread blocked in a collective cannot be woken
+// by a failure on another stream: the executor waits kAbandonAfter for it, then leaves it behind
+// (detached, with the state it uses kept alive) and reports the failure; the runtime must not
+// step again.
 #pragma once
 
 #include <chrono>
@@ -34,6 +40,7 @@ struct ExecResult {
   int instructionsRun = 0;
   std::vector<InstrTiming> timing;  // per instruction when asked for
   std::vector<int64_t> rows;        // per buffer: rows a variable-size collective wrote, or −1
+  std::vector<SymbolSizes> sizes;   // per microbatch slot: every symbol's value at the step's end
 };
 
 // Thrown when a failed step left stream threads blocked in collectives.
@@ -41,10 +48,12 @@ struct AbandonedStepError : RuntimeError {
   using RuntimeError::RuntimeError;
 };
 
-// operands[i] / results[i]: instruction i's inputs and outputs, resolved for this step.
+// operands[i] / results[i]: instruction i's inputs and outputs, resolved for this step (run-time
+// symbols at their bounds). sizes: per microbatch slot, the symbols' values the step starts with.
 // scratch: one per stream, kept between steps. backend: null for a program without collectives.
 ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
-                   std::vector<std::vector<Tensor>> results, const StepParams& params,
+                   std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
+                   const StepParams& params,
                    std::vector<Scratch>& scratch, bool timing, comm::Backend* backend);
 
 }  // namespace lfc

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <queue>
+#include <tuple>
 
 #include "comm/collectives.h"
 #include "core/error.h"
@@ -50,6 +51,26 @@ std::string bufferText(const Program& p, int id) {
   return cat("buffer ", id, " (", p.buffers[size_t(id)].name, ")");
 }
 
+// The run-time symbols: the caller's (the plan's), then any the program declares.
+void parseSymbols(const Ctx& c, const json& j, Program& p) {
+  const auto declare = [&](const std::string& name, int64_t bound, const std::string& where) {
+    try {
+      p.symbols.declare(name, bound);
+    } catch (const std::exception& e) {
+      c.fail(cat(where, ": ", e.what()));
+    }
+  };
+  for (const SymbolDecl& d : c.options.symbols) declare(d.name, d.bound, "the plan's symbols");
+  if (!j.contains("symbols")) return;
+  const json& list = j["symbols"];
+  if (!list.is_array()) c.fail("'symbols' must be a list of {name, bound}");
+  for (size_t i = 0; i < list.size(); i++) {
+    const std::string where = cat("symbols[", i, "]");
+    declare(asString(c, field(c, list[i], "name", where), where + ".name"),
+            asInt(c, field(c, list[i], "bound", where), where + ".bound"), where);
+  }
+}
+
 void parseBuffers(const Ctx& c, const json& j, Program& p) {
   const json& list = field(c, j, "buffers", "the program");
   if (!list.is_array()) c.fail("'buffers' must be a list");
@@ -86,11 +107,12 @@ void parseBuffers(const Ctx& c, const json& j, Program& p) {
       else if (d.is_number_integer()) text = std::to_string(d.get<int64_t>());
       else c.fail(cat(here, " has a dim that is neither a number nor a string: ", d.dump()));
       try {
-        buf.shape.push_back(parseDim(text));
+        buf.shape.push_back(parseDim(text, p.symbols));
       } catch (const std::exception& e) {
         c.fail(cat(here, ": ", e.what()));
       }
       buf.symbolic = buf.symbolic || buf.shape.back().symbolic();
+      buf.runTime = buf.runTime || SymbolTable::runTime(buf.shape.back().sym);
     }
     buf.offset = asInt(c, field(c, b, "offset", where), here + ".offset");
     buf.bytes = asInt(c, field(c, b, "bytes", where), here + ".bytes");
@@ -303,7 +325,7 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
     if (!e["microbatch"].is_number_integer() || e["microbatch"].get<int64_t>() < -1)
       bad(cat("microbatch must be an integer ≥ −1, got ", e["microbatch"].dump()));
     in.microbatch = int(e["microbatch"].get<int64_t>());
-    const std::string problem = collective ? comm::checkCollective(in) : checkInstrAgainstRegistry(in);
+    const std::string problem = collective ? comm::checkCollective(in, p.symbols) : checkInstrAgainstRegistry(in);
     const bool inPlace = collective ? comm::collectiveInPlace(in.op) : opEntry(in.op).inPlace;
     if (!problem.empty()) bad(problem);
     // operands: symbolic dims need a microbatch; outputs must not overlap inputs (except in place)
@@ -392,6 +414,45 @@ void checkEvents(const Ctx& c, Program& p) {
   }
 }
 
+// A batched send/recv (a `batch` attribute; consecutive instructions of one stream) posts every
+// member, then waits for all at the batch's last instruction: its sends read and its recvs write
+// for the whole batch, so no recv may write bytes another member reads or writes.
+void checkBatches(const Ctx& c, const Program& p) {
+  const auto batchOf = [&](int idx) -> int64_t {
+    const Instr& x = p.instrs[size_t(idx)];
+    return x.attrs.contains("batch") && x.attrs.at("batch").is_number_integer() ? x.attrs.at("batch").get<int64_t>() : -1;
+  };
+  const auto overlap = [&](int a, int b) {
+    const Buffer &x = p.buffers[size_t(a)], &y = p.buffers[size_t(b)];
+    if (x.region != y.region || (x.region == Region::data && x.microbatch != y.microbatch)) return false;
+    return x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes && x.bytes > 0 && y.bytes > 0;
+  };
+  for (const std::vector<int>& order : p.streamInstrs)
+    for (size_t k = 0; k < order.size();) {
+      const int64_t batch = batchOf(order[k]);
+      size_t end = k + 1;
+      while (batch >= 0 && end < order.size() && batchOf(order[end]) == batch) end++;
+      // (instruction, buffer, written) of every member
+      std::vector<std::tuple<int, int, bool>> operands;
+      for (size_t i = k; i < end; i++) {
+        const Instr& in = p.instrs[size_t(order[i])];
+        for (int id : in.inputs) operands.emplace_back(in.index, id, false);
+        for (int id : in.outputs) operands.emplace_back(in.index, id, true);
+      }
+      for (size_t i = 0; i < operands.size(); i++)
+        for (size_t j = 0; j < operands.size(); j++) {
+          const auto& [wi, wb, written] = operands[i];
+          const auto& [oi, ob, otherWritten] = operands[j];
+          if (!written || wi == oi || (otherWritten && j < i) || !overlap(wb, ob)) continue;
+          c.fail(cat(describeInstr(p.instrs[size_t(wi)]), " and ", describeInstr(p.instrs[size_t(oi)]),
+                     " are in flight together (batch ", batch, "), but the first writes ", bufferText(p, wb),
+                     " over bytes of ", bufferText(p, ob), ", which the second ", otherWritten ? "writes" : "reads",
+                     " (the memory plan must keep a batch's buffers apart until its last instruction)"));
+        }
+      k = end;
+    }
+}
+
 }  // namespace
 
 int Program::scalarBuffer(const std::string& name) const {
@@ -440,12 +501,14 @@ Program parseProgram(const std::string& text, const ParseOptions& options) {
   p.events = int(asInt(c, field(c, j, "events", "the program"), "events"));
   if (p.events < 0) c.fail("events must be ≥ 0");
 
+  parseSymbols(c, j, p);
   parseBuffers(c, j, p);
   parseParams(c, j, p);
   parseInputs(c, j, p);
   parseScalarsAndOutputs(c, j, p);
   parseInstrs(c, j, p);
   checkEvents(c, p);
+  checkBatches(c, p);
 
   int maxMb = -1;
   for (const Buffer& b : p.buffers) maxMb = std::max(maxMb, b.microbatch);

@@ -69,6 +69,7 @@ struct Buffer {
   DType dtype = DType::f32;
   std::vector<Dim> shape;
   bool symbolic = false;  // some dim depends on a microbatch's sizes
+  bool runTime = false;   // some dim is over a run-time symbol (set during the step)
   int64_t offset = 0;     // within its region (data: within its microbatch slot's region)
   int64_t bytes = 0;      // planned, at the symbols' bounds
   int viewOf = -1;        // the buffer whose bytes a view shares
@@ -108,6 +109,7 @@ struct ProgramOutput {
 
 struct Program {
   std::string id;
+  SymbolTable symbols;  // S, Nv, then the run-time symbols its dims may name
   std::array<int64_t, kRegionCount> regionBytes{};  // indexed by Region
   int64_t arenaLowerBoundBytes = 0;
   std::vector<Buffer> buffers;
@@ -129,8 +131,12 @@ struct Program {
 
 // collectives: accept collective instructions (checked against comm/collectives.h's table) for a
 // runtime that will have a collective backend; otherwise they are refused at load.
+// symbols: the plan's symbols (plan.json `symbols`, name and bound): S and Nv come from the data,
+// the others are run-time symbols. A program may also declare them itself (a `symbols` list of the
+// same form); a name given twice must have one bound.
 struct ParseOptions {
   bool collectives = false;
+  std::vector<SymbolDecl> symbols;
 };
 
 Program parseProgram(const std::string& jsonText, const ParseOptions& options = {});

@@ -24,7 +24,40 @@ bool isIdent(const std::string& s) {
 
 }  // namespace
 
-Dim parseDim(const std::string& raw) {
+SymbolTable::SymbolTable() : decls_{{"S", -1}, {"Nv", -1}} {}
+
+void SymbolTable::declare(const std::string& name, int64_t bound) {
+  if (!isIdent(name)) throw std::invalid_argument("symbol name '" + name + "' is not an identifier");
+  const int s = find(name);
+  if (s >= 0 && !runTime(s)) return;  // S and Nv come from the data, whatever their bound
+  if (bound < 0) throw std::invalid_argument("symbol " + name + " has a negative bound");
+  if (s >= 0 && decls_[size_t(s)].bound != bound)
+    throw std::invalid_argument("symbol " + name + " is declared with bounds " +
+                                std::to_string(decls_[size_t(s)].bound) + " and " + std::to_string(bound));
+  if (s < 0) decls_.push_back({name, bound});
+}
+
+int SymbolTable::find(const std::string& name) const {
+  for (size_t s = 0; s < decls_.size(); s++)
+    if (decls_[s].name == name) return int(s);
+  return -1;
+}
+
+SymbolSizes SymbolTable::atBounds() const {
+  SymbolSizes sizes(decls_.size(), 0);
+  for (size_t s = kDataSymbolCount; s < decls_.size(); s++) sizes[s] = decls_[s].bound;
+  return sizes;
+}
+
+std::string SymbolTable::names() const {
+  std::string out;
+  for (size_t s = 0; s < decls_.size(); s++) out += (s ? ", " : "") + decls_[s].name;
+  return out;
+}
+
+Dim parseDim(const std::string& raw) { return parseDim(raw, SymbolTable{}); }
+
+Dim parseDim(const std::string& raw, const SymbolTable& table) {
   std::string t;
   for (char c : raw)
     if (!std::isspace(static_cast<unsigned char>(c))) t += c;
@@ -54,13 +87,12 @@ Dim parseDim(const std::string& raw) {
   }
   if (!isIdent(body)) throw bad("expected a number or [k*]Symbol[/d]");
   if (d.num <= 0 || d.den <= 0) throw bad("factors must be positive");
-  for (int s = 0; s < kSymbolCount; s++)
-    if (body == kSymbolNames[s]) d.sym = s;
+  d.sym = table.find(body);
   if (d.sym < 0) {
-    std::string known;
-    for (int s = 0; s < kSymbolCount; s++) known += std::string(s ? ", " : "") + kSymbolNames[s];
-    throw bad("unknown symbol '" + body + "' (this runtime resolves " + known + ")");
+    throw bad("unknown symbol '" + body + "' (this runtime resolves " + table.names() +
+              "); a symbol the data does not give needs its bound from plan.json's symbols");
   }
+  d.name = body;
   return d;
 }
 
@@ -68,7 +100,7 @@ std::string formatDim(const Dim& d) {
   if (d.sym < 0) return std::to_string(d.value);
   std::string s;
   if (d.num != 1) s += std::to_string(d.num) + "*";
-  s += kSymbolNames[d.sym];
+  s += d.name;
   if (d.den != 1) s += "/" + std::to_string(d.den);
   return s;
 }
@@ -83,6 +115,13 @@ std::string formatShape(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
+}
+
+int64_t resolveDim(const Dim& d, const SymbolSizes& sizes) {
+  if (d.sym < 0) return d.value;
+  if (size_t(d.sym) >= sizes.size())
+    throw std::logic_error("dim " + formatDim(d) + " resolved without the sizes of a microbatch");
+  return sizes[size_t(d.sym)] * d.num / d.den;
 }
 
 std::vector<int64_t> resolveShape(const std::vector<Dim>& s, const SymbolSizes& sizes) {
