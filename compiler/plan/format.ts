@@ -211,8 +211,8 @@ export function batchSpans(instructions: readonly PlanInstruction[]): {
   last: Int32Array;
 } {
   const n = instructions.length;
-  const first = Int32Array.from({ length: n }, (_, i) => i);
-  const last = Int32Array.from({ length: n }, (_, i) => i);
+  const first = new Int32Array(n);
+  const last = new Int32Array(n);
   const batchOf = (i: number) => {
     const b = instructions[i].attrs.batch;
     return typeof b === 'number' ? b : -1;
@@ -222,7 +222,10 @@ export function batchSpans(instructions: readonly PlanInstruction[]): {
     let j = i + 1;
     if (b >= 0)
       while (j < n && batchOf(j) === b && instructions[j].stream === instructions[i].stream) j++;
-    for (let k = i; k < j; k++) [first[k], last[k]] = [i, j - 1];
+    for (let k = i; k < j; k++) {
+      first[k] = i;
+      last[k] = j - 1;
+    }
     i = j;
   }
   return { first, last };

@@ -98,7 +98,10 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
     let best = -1;
     for (let i = 0; i < gaps.length; i++) {
       const g = gaps[i].hi - gaps[i].lo;
-      if (g >= bytes && (best < 0 || g < gaps[best].hi - gaps[best].lo)) best = i;
+      if (g >= bytes && (best < 0 || g < gaps[best].hi - gaps[best].lo)) {
+        best = i;
+        if (g === bytes) break; // an exact fit: none is better
+      }
     }
     let offset: number;
     if (best >= 0) {
