@@ -16,6 +16,16 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
 
+/** the Qwen3-VL-30B-A3B layouts: 4 nodes × 8, sequence 32768, global batch 64 */
+const Q30: CompileOptions = {
+  model: 'qwen3-vl-30b-a3b',
+  nnodes: 4,
+  nprocPerNode: 8,
+  seqLength: 32768,
+  microBatchSize: 1,
+  globalBatchSize: 64,
+};
+
 const LAYOUTS: Record<string, CompileOptions> = {
   '235b': {
     model: 'qwen3-vl-235b-a22b',
@@ -26,34 +36,9 @@ const LAYOUTS: Record<string, CompileOptions> = {
     globalBatchSize: 1024,
     parallel: { tp: 4, pp: 8, vpp: 2, ep: 16 },
   },
-  '30b-ep8': {
-    model: 'qwen3-vl-30b-a3b',
-    nnodes: 4,
-    nprocPerNode: 8,
-    seqLength: 32768,
-    microBatchSize: 1,
-    globalBatchSize: 64,
-    parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 },
-  },
-  '30b-tp4': {
-    model: 'qwen3-vl-30b-a3b',
-    nnodes: 4,
-    nprocPerNode: 8,
-    seqLength: 32768,
-    microBatchSize: 1,
-    globalBatchSize: 64,
-    parallel: { tp: 4, pp: 2, ep: 4 },
-  },
-  '30b-distopt': {
-    model: 'qwen3-vl-30b-a3b',
-    nnodes: 4,
-    nprocPerNode: 8,
-    seqLength: 32768,
-    microBatchSize: 1,
-    globalBatchSize: 64,
-    parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 },
-    distributedOptimizer: true,
-  },
+  '30b-ep8': { ...Q30, parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 } },
+  '30b-tp4': { ...Q30, parallel: { tp: 4, pp: 2, ep: 4 } },
+  '30b-distopt': { ...Q30, parallel: { tp: 1, pp: 2, ep: 8, vpp: 2 }, distributedOptimizer: true },
 };
 
 function arg(name: string, def: string): string {

@@ -24,3 +24,14 @@ export async function cli(...argv: string[]): Promise<{ code: number; out: strin
   const code = await run(argv, io);
   return { code, out, err };
 }
+
+/** ‖a − b‖ / ‖b‖ (relative L2 error of a against b) */
+export function relL2(a: Float32Array, b: Float32Array): number {
+  let d = 0;
+  let n = 0;
+  for (let i = 0; i < a.length; i++) {
+    d += (a[i] - b[i]) ** 2;
+    n += b[i] ** 2;
+  }
+  return Math.sqrt(d) / Math.max(Math.sqrt(n), 1e-30);
+}

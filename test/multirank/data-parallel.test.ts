@@ -6,7 +6,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { cli } from '../helpers.js';
+import { cli, relL2 } from '../helpers.js';
 import { iterDir } from '../../runtime/checkpoint.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 
@@ -46,16 +46,6 @@ function metrics(path: string): { loss: number; ce_loss: number; grad_norm: numb
     .trim()
     .split('\n')
     .map((l) => JSON.parse(l));
-}
-
-function relL2(a: Float32Array, b: Float32Array): number {
-  let d = 0;
-  let n = 0;
-  for (let i = 0; i < a.length; i++) {
-    d += (a[i] - b[i]) ** 2;
-    n += b[i] ** 2;
-  }
-  return Math.sqrt(d) / Math.max(Math.sqrt(n), 1e-30);
 }
 
 describe('data parallel on 2 ranks = one rank with the global batch', () => {

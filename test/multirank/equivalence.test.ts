@@ -14,7 +14,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { cli } from '../helpers.js';
+import { cli, relL2 } from '../helpers.js';
 import { iterDir } from '../../runtime/checkpoint.js';
 import { loadNative } from '../../runtime/native.js';
 import { readPlan } from '../../runtime/plan-io.js';
@@ -98,16 +98,6 @@ function losses(path: string): number[] {
     .trim()
     .split('\n')
     .map((l) => (JSON.parse(l) as { loss: number }).loss);
-}
-
-function relL2(a: Float32Array, b: Float32Array): number {
-  let d = 0;
-  let n = 0;
-  for (let i = 0; i < a.length; i++) {
-    d += (a[i] - b[i]) ** 2;
-    n += b[i] ** 2;
-  }
-  return Math.sqrt(d) / Math.max(Math.sqrt(n), 1e-30);
 }
 
 /**
