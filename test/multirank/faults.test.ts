@@ -1,10 +1,12 @@
 // A rank that dies ends the run: kill -9 of one rank of a launched 2-rank run makes the launcher
-// exit non-zero within 30 s, naming the rank, with no rank process left behind.
-import { execFileSync } from 'node:child_process';
+// exit non-zero within 30 s, naming the rank, with no rank process left behind. Ctrl-C (SIGINT)
+// to a launcher process ends every rank within 10 s.
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { projectRoot } from '../../compiler/paths.js';
 import { cli } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-faults-'));
@@ -65,5 +67,45 @@ describe('faults', () => {
     expect(r.err.trim().split('\n')).toHaveLength(1);
     expect(rankProcesses().size).toBe(0);
     for (const pid of ranks.values()) expect(() => process.kill(pid, 0)).toThrow();
+  }, 120_000);
+
+  it('Ctrl-C to the launcher: it and every rank are gone within 10 s', async () => {
+    const metrics = join(dir, 'metrics-int.jsonl');
+    const launcher = spawn(
+      process.execPath,
+      [join(projectRoot(), 'bin/lfc.js'), 'run', plan, '--steps', '100000', '--metrics', metrics],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    let err = '';
+    launcher.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => launcher.on('exit', (c) => resolve(c)));
+    const t0 = Date.now();
+    while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').length > 0)) {
+      if (Date.now() - t0 > 60_000) throw new Error(`the ranks did not start training: ${err}`);
+      await sleep(100);
+    }
+    // the ranks: children of the launcher process
+    const pids = execFileSync('pgrep', ['-P', String(launcher.pid)], { encoding: 'utf8' })
+      .trim()
+      .split('\n')
+      .map(Number);
+    expect(pids.length).toBeGreaterThanOrEqual(2);
+    launcher.kill('SIGINT');
+    const sentAt = Date.now();
+    const code = await exited;
+    expect(code).not.toBe(0);
+    expect(err).toMatch(/interrupted/);
+    for (const pid of pids) {
+      while (Date.now() - sentAt < 10_000) {
+        try {
+          process.kill(pid, 0);
+        } catch {
+          break; // gone
+        }
+        await sleep(100);
+      }
+      expect(() => process.kill(pid, 0)).toThrow();
+    }
+    expect(Date.now() - sentAt).toBeLessThan(10_000);
   }, 120_000);
 });
