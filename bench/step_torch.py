@@ -54,7 +54,6 @@ the exit status is 1 on a mismatch.
 import argparse
 import ctypes
 import json
-import math
 import os
 import statistics
 import sys
@@ -74,10 +73,23 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# The configuration and the safetensors reader are the reference's (test/reference/tiny_vlm.py);
-# the model below is written the way a user would write it for speed.
+# The configuration, the safetensors reader and the pieces a user would write no differently
+# (norm, patch embedding and patch order, vision attention, masked attention, rotate_half) are
+# the reference's (test/reference/tiny_vlm.py); the rest is written the way a user would write
+# it for speed.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'test', 'reference'))
-from tiny_vlm import CONFIGS, PLACEHOLDER, Config, load_safetensors  # noqa: E402,F401
+from tiny_vlm import (  # noqa: E402,F401
+    CONFIGS,
+    PLACEHOLDER,
+    Config,
+    PatchEmbed,
+    RMSNorm,
+    VisionAttention,
+    load_safetensors,
+    masked_attention as attention,
+    patchify,
+    rotate_half,
+)
 
 
 # --------------------------------------------------------------------------
@@ -85,44 +97,7 @@ from tiny_vlm import CONFIGS, PLACEHOLDER, Config, load_safetensors  # noqa: E40
 # --------------------------------------------------------------------------
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def attention(q, k, v, allowed):
-    """q, k, v [heads, T, d]; allowed [T, T] bool. Explicit masked softmax."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~allowed, float('-inf'))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
 # ---- vision --------------------------------------------------------------
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.proj = nn.Linear(3 * cfg.patch * cfg.patch, cfg.v_hidden)
-
-
-class VisionAttention(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.heads = cfg.v_heads
-        self.qkv = nn.Linear(cfg.v_hidden, 3 * cfg.v_hidden)
-        self.proj = nn.Linear(cfg.v_hidden, cfg.v_hidden)
-
-    def forward(self, x, allowed):
-        T, H = x.shape
-        q, k, v = self.qkv(x).view(T, 3, self.heads, H // self.heads).permute(1, 2, 0, 3)
-        o = attention(q, k, v, allowed)
-        return self.proj(o.transpose(0, 1).reshape(T, H))
 
 
 class VisionMLP(nn.Module):
@@ -162,21 +137,6 @@ class Merger(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate='tanh'))
 
 
-def patchify(img, patch, merge):
-    """[3, H, W] -> patches [N, 3*p*p] in merge-block order, rows, cols."""
-    C, H, W = img.shape
-    bh, bw = H // (patch * merge), W // (patch * merge)
-    x = img.reshape(C, bh, merge, patch, bw, merge, patch).permute(1, 4, 2, 5, 0, 3, 6)
-    patches = x.reshape(-1, C * patch * patch)
-    br = torch.arange(bh).view(bh, 1, 1, 1)
-    bc = torch.arange(bw).view(1, bw, 1, 1)
-    i = torch.arange(merge).view(1, 1, merge, 1)
-    j = torch.arange(merge).view(1, 1, 1, merge)
-    rows = (br * merge + i).expand(bh, bw, merge, merge).reshape(-1)
-    cols = (bc * merge + j).expand(bh, bw, merge, merge).reshape(-1)
-    return patches, rows, cols
-
-
 class VisionModel(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -208,11 +168,6 @@ class VisionModel(nn.Module):
 
 
 # ---- decoder -------------------------------------------------------------
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
 class SelfAttention(nn.Module):

@@ -78,8 +78,6 @@ export interface EmitOptions {
   readonly copies?: Readonly<Record<string, number>>;
   /** ranks in the world (the gradient norm is summed over them when > 1) */
   readonly worldSize?: number;
-  /** @deprecated use groupSizes: data parallelism only */
-  readonly dataParallel?: { readonly size: number; readonly bucketBytes?: number };
 }
 
 export const DEFAULT_BUCKET_BYTES = 4 * 2 ** 20;
@@ -112,9 +110,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     }
     return i;
   };
-  const groupSizes: Record<string, number> = { ...(opts.groupSizes ?? {}) };
-  if (opts.dataParallel) groupSizes.dp = opts.dataParallel.size;
-  const bucketBytes = opts.bucketBytes ?? opts.dataParallel?.bucketBytes ?? DEFAULT_BUCKET_BYTES;
+  const groupSizes = opts.groupSizes ?? {};
+  const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
   const pipe: EmitPipeline = opts.pipeline ?? {
     stage: 0,
     pp: 1,
@@ -183,16 +180,12 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   });
   const localParams = g.params.filter((p) => p.role === 'param' && used.has(p.name));
   const localNames = new Set(localParams.map((p) => p.name));
-  const stateOf = (p: string) => [`grad.${p}`, `exp_avg.${p}`, `exp_avg_sq.${p}`];
 
   // persistent buffers
   const global = new Map<string, number>();
   const params: ProgramParam[] = [];
-  const regionOfRole = { param: 'param', grad: 'grad', optim: 'optim' } as const;
   const byName = new Map(g.params.map((p) => [p.name, p]));
-  for (const p of localParams) {
-    global.set(p.name, addBuffer(p.name, p.type, regionOfRole.param, -1));
-  }
+  for (const p of localParams) global.set(p.name, addBuffer(p.name, p.type, 'param', -1));
   const trainable = localParams.filter((p) => byName.has(`grad.${p.name}`));
   for (const p of trainable) {
     const grad = `grad.${p.name}`;
@@ -202,12 +195,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   // AdamW state per parameter; with the distributed optimizer, per bucket shard (below), for the
   // parameters whose gradients are summed over a data-parallel group of more than one rank
   const shardable = (p: ParamDecl) => dist && (groupSizes[p.dist?.replicas ?? 'dp'] ?? 1) > 1;
-  {
-    for (const p of trainable.filter((q) => !shardable(q))) {
-      for (const s of stateOf(p.name).slice(1)) {
-        const decl = byName.get(s);
-        if (decl) global.set(s, addBuffer(s, decl.type, 'optim', -1));
-      }
+  for (const p of trainable.filter((q) => !shardable(q))) {
+    for (const s of [`exp_avg.${p.name}`, `exp_avg_sq.${p.name}`]) {
+      const decl = byName.get(s);
+      if (decl) global.set(s, addBuffer(s, decl.type, 'optim', -1));
     }
   }
   for (const p of localParams) {
@@ -425,7 +416,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
   });
   interface Bucket {
-    /** group kinds summed over: all_reduce each, but the data-parallel kind last */
+    /** group kinds summed over: an all_reduce each (a reduce_scatter for shardOver) */
     readonly groups: string[];
     readonly grads: { p: ParamDecl; buf: PlanBuffer }[];
     /** distributed optimizer: the data-parallel kind it is sharded over, else undefined */
@@ -441,8 +432,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     for (const gb of order) {
       const groups = sumGroups(gb.p);
       if (!groups.length) continue;
-      const replicas = gb.p.dist?.replicas ?? 'dp';
-      const shardOver = dist && groups.includes(replicas) ? replicas : undefined;
+      const shardOver = shardable(gb.p) ? (gb.p.dist?.replicas ?? 'dp') : undefined;
       // a shard is updated by one AdamW and weighed once in the norm: its parameters share the
       // weight decay and the copy count
       const key = `${groups.join(',')}|${shardOver ? `${weightDecayKey(gb.p)}|${opts.copies?.[gb.p.name] ?? 1}` : ''}`;

@@ -32,7 +32,17 @@ import {
   type ParamDecl,
   type ParamDist,
 } from '../../ir/graph.js';
-import { dimDiv, formatDim, isSym, parseDim, type Dim, type Shape } from '../../ir/shape.js';
+import { isFloat } from '../../ir/dtype.js';
+import { formatType } from '../../ir/printer.js';
+import {
+  dimDiv,
+  dimEq,
+  dimMul,
+  formatDim,
+  formatShape,
+  parseDim,
+  type Shape,
+} from '../../ir/shape.js';
 import type { Attrs, TensorType } from '../../ir/types.js';
 import type { OpKind } from '../../ir/ops.js';
 
@@ -91,7 +101,6 @@ const ROW_WISE: ReadonlySet<OpKind> = new Set<OpKind>([
   'add',
   'gelu',
   'swiglu',
-  'router_topk',
 ]);
 
 export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
@@ -101,14 +110,12 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
   for (const s of g.symbols) b.declareSymbol(s);
   const name = new Map<string, string>(); // old value → new value
   const state = new Map<string, State>(); // new value → state
-  const types = new Map<string, TensorType>();
   const fail = (msg: string): never => {
     throw new TensorParallelError(`tensor parallelism (tp ${tp}): ${msg}`);
   };
   for (const i of g.inputs) {
     name.set(i.name, b.input(i.name, i.type.dtype, i.type.shape, i.doc));
     state.set(i.name, R);
-    types.set(i.name, i.type);
   }
 
   // ---- parameters: split by role ----------------------------------------------------------
@@ -151,23 +158,14 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
         : { k: 'S', dim: r.kind === 'row' ? 1 : 0, blocks: r.kind === 'column' ? r.blocks : 1 },
     );
   }
-  // parameters are declared before the walk; gradOverSeq patches their dist after it
-  for (const p of declared.values()) types.set(p.name, p.type);
   const paramNames = new Set(g.params.map((p) => p.name));
 
   // ---- conversions ------------------------------------------------------------------------
   const cache = new Map<string, string>();
-  const typeOf = (v: string): TensorType => {
-    const t = types.get(v);
-    if (!t) throw new Error(`tensor parallelism: no type for ${v}`);
-    return t;
-  };
+  const typeOf = (v: string): TensorType => b.typeOf(v);
   const emit = (kind: OpKind, inputs: string[], attrs: Attrs, st: State[]): string[] => {
     const outs = b.op(kind, inputs, attrs);
-    outs.forEach((v, i) => {
-      state.set(v, st[Math.min(i, st.length - 1)]);
-      types.set(v, b.typeOf(v));
-    });
+    outs.forEach((v, i) => state.set(v, st[Math.min(i, st.length - 1)]));
     return outs;
   };
   const coll = { group: GROUP, group_size: tp };
@@ -202,10 +200,10 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
     cache.set(key, out);
     return out;
   };
-  const isFloatValue = (v: string) => typeOf(v).dtype.startsWith('f') || typeOf(v).dtype === 'bf16';
+  const isFloatValue = (v: string) => isFloat(typeOf(v).dtype);
 
   // ---- the walk ---------------------------------------------------------------------------
-  // declared in order; gradSum gains tp once the walk knows which are used sequence-split
+  // parameters declared in order; gradSum gains tp once the walk knows which meet split values
   for (const p of declared.values()) b.declare(p);
   const decoderStream = (n: Node) =>
     n.scope === 'model.merge_visual' || n.scope.endsWith('.deepstack');
@@ -322,7 +320,7 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
           const from = typeOf(ins[0]).shape;
           if (s.k === 'R' || s.k === 'P') return run(ins, n.attrs, [s]);
           if (s.k === 'Q') {
-            if (!sameDimText(from[0], target[0]))
+            if (!dimEq(from[0], target[0]))
               fail(`${n.scope}: reshape of a sequence-split value changes dim 0`);
             return run(ins, { shape: [formatDim(from[0]), ...target.slice(1).map(formatDim)] }, [
               Q,
@@ -334,7 +332,7 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
           );
           if (d < 0 || (target[d] as number) % tp !== 0)
             fail(
-              `${n.scope}: reshape ${formatShapeText(from)} → ${formatShapeText(target)} moves the split dim`,
+              `${n.scope}: reshape ${formatShape(from)} → ${formatShape(target)} moves the split dim`,
             );
           const local = target.map((x, i) => (i === d ? dimDiv(x, tp) : x));
           return run(ins, { shape: local.map(formatDim) }, [{ k: 'S', dim: d, blocks: s.blocks }]);
@@ -437,18 +435,6 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
   };
 }
 
-function formatType(t: TensorType): string {
-  return `${t.dtype}[${t.shape.map(formatDim).join(', ')}]`;
-}
-
-function formatShapeText(s: Shape): string {
-  return `[${s.map(formatDim).join(', ')}]`;
-}
-
-function sameDimText(a: Dim, b: Dim): boolean {
-  return formatDim(a) === formatDim(b);
-}
-
 function prefixText(s: Shape, upTo: number): string {
   return s.slice(0, upTo).map(formatDim).join('·');
 }
@@ -456,5 +442,5 @@ function prefixText(s: Shape, upTo: number): string {
 /** the whole (unsplit) shape of a split value */
 function globalShape(local: Shape, s: State, tp: number): Shape {
   if (s.k !== 'S') return local;
-  return local.map((d, i) => (i === s.dim ? (isSym(d) ? d : d * tp) : d));
+  return local.map((d, i) => (i === s.dim ? dimMul(d, tp) : d));
 }

@@ -15,15 +15,13 @@
 // neighbour are in microbatch order (blocking send/recv in one stream would deadlock 1F1B).
 // Every cross-stream read waits for an event recorded by its writer (or transitively after it).
 
-import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
+import type { DType } from '../../ir/dtype.js';
+import { ProgramBuilder, type InstrOptions } from '../runtime/program-builder.js';
 import {
   PLAN_FORMAT,
   PLAN_VERSION,
-  PROGRAM_FORMAT,
   type BufferRegion,
-  type PlanBuffer,
   type PlanFile,
-  type PlanInstruction,
   type ProgramFile,
   type StreamName,
 } from '../../compiler/plan/format.js';
@@ -80,37 +78,14 @@ export function rng(seed: number): () => number {
   };
 }
 
-function dimAtBounds(d: string): number {
-  if (/^\d+$/.test(d)) return Number(d);
-  const m = /^(?:(\d+)\*)?([A-Za-z_]\w*)(?:\/(\d+))?$/.exec(d)!;
-  return Math.floor((BOUNDS[m[2]] * Number(m[1] ?? 1)) / Number(m[3] ?? 1));
-}
-
-export interface InstrOpts {
-  readonly wait?: readonly number[];
-  readonly record?: readonly number[];
-  readonly microbatch?: number;
-  readonly phase?: PlanInstruction['phase'];
-  readonly scope?: string;
-}
-
-const NO_EVENTS: readonly number[] = [];
-
-/** A program under construction: buffers laid out in order per region, events numbered. */
-export class ProgramDraft {
-  readonly buffers: PlanBuffer[] = [];
-  readonly instructions: PlanInstruction[] = [];
-  private eventCount = 0;
-  private readonly top: Record<BufferRegion, number> = {
-    arena: 0,
-    param: 0,
-    grad: 0,
-    optim: 0,
-    data: 0,
-    scalar: 0,
-  };
-
-  constructor(readonly id: string) {}
+/**
+ * A program under construction for the verifier's tests: the runtime tests' builder at this
+ * file's symbol bounds, with step-level defaults (no microbatch, no scope) and event helpers.
+ */
+export class ProgramDraft extends ProgramBuilder {
+  constructor(id: string) {
+    super(id, BOUNDS);
+  }
 
   buf(
     name: string,
@@ -119,26 +94,18 @@ export class ProgramDraft {
     shape: readonly (string | number)[],
     microbatch = -1,
   ): number {
-    const dims = shape.map(String);
-    const bytes = dims.reduce((n, d) => n * dimAtBounds(d), 1) * DTYPE_BYTES[dtype];
-    const id = this.buffers.length;
-    this.buffers.push({
-      id,
-      name,
-      region,
-      space: 'device',
-      dtype,
-      shape: dims,
-      offset: this.top[region],
-      bytes,
-      microbatch,
-    });
-    this.top[region] += Math.ceil(Math.max(bytes, 1) / 64) * 64;
-    return id;
+    return this.buffer(name, region, dtype, shape, { microbatch });
   }
 
-  event(): number {
-    return this.eventCount++;
+  add(
+    stream: StreamName,
+    op: string,
+    inputs: readonly number[],
+    outputs: readonly number[],
+    attrs: Record<string, unknown> = {},
+    o: InstrOptions = {},
+  ): number {
+    return this.instr(stream, op, inputs, outputs, attrs, { microbatch: -1, scope: '', ...o });
   }
 
   /** instruction i also records event e */
@@ -152,46 +119,6 @@ export class ProgramDraft {
     const e = this.event();
     this.recordAt(this.instructions.length - 1, e);
     return e;
-  }
-
-  add(
-    stream: StreamName,
-    op: string,
-    inputs: readonly number[],
-    outputs: readonly number[],
-    attrs: Record<string, unknown> = {},
-    o: InstrOpts = {},
-  ): number {
-    this.instructions.push({
-      stream,
-      op,
-      inputs,
-      outputs,
-      attrs,
-      wait: o.wait ?? NO_EVENTS,
-      record: o.record ?? NO_EVENTS,
-      microbatch: o.microbatch ?? -1,
-      phase: o.phase ?? 'forward',
-      scope: o.scope ?? '',
-    });
-    return this.instructions.length - 1;
-  }
-
-  build(): ProgramFile {
-    return {
-      format: PROGRAM_FORMAT,
-      version: PLAN_VERSION,
-      id: this.id,
-      regions: { ...this.top },
-      arenaLowerBoundBytes: this.top.arena,
-      buffers: this.buffers,
-      params: [],
-      inputs: [],
-      scalars: {},
-      outputs: [],
-      events: this.eventCount,
-      instructions: this.instructions,
-    };
   }
 }
 
