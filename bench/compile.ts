@@ -1,7 +1,8 @@
 // bench/compile: wall time and peak memory of `lfc compile` (every pass, emission of every
 // stage's program, the memory checker and the plan verifier over all ranks) for large layouts,
 // and the size of the plan on disk. Each layout runs in a fresh process, so peak memory is its
-// own; the median of --runs runs is printed.
+// own; the median of --runs runs is printed. The compiler runs from its build (dist/, built first
+// when stale), as `lfc compile` runs it: not through tsx's on-the-fly transpiler.
 //
 //   npx tsx bench/compile.ts [--runs 3] [--layout 235b|30b-ep8|30b-tp4|30b-distopt|all]
 //
@@ -13,8 +14,10 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import type { CompileOptions } from '../compiler/pipeline.js';
+// @ts-expect-error: a plain ES module without types
+import { ensureBuilt } from '../scripts/setup.mjs';
 
 /** the issue's Qwen3-VL-30B-A3B layouts: 4 nodes × 8, sequence 32768, global batch 64 */
 const Q30: CompileOptions = {
@@ -56,7 +59,11 @@ function duSync(dir: string): number {
 }
 
 /** one run in this process: prints one JSON line */
-function child(name: string): void {
+async function child(name: string): Promise<void> {
+  const built = join(fileURLToPath(new URL('..', import.meta.url)), 'dist/compiler/pipeline.js');
+  const { compile, writePlan } = (await import(
+    pathToFileURL(built).href
+  )) as typeof import('../compiler/pipeline.js');
   const t0 = performance.now();
   const r = compile(LAYOUTS[name]);
   const ms = performance.now() - t0;
@@ -88,8 +95,9 @@ const median = (xs: number[]) => {
 };
 
 if (process.argv.includes('--child')) {
-  child(arg('child', '235b'));
+  await child(arg('child', '235b'));
 } else {
+  await (ensureBuilt as (o: { quiet: boolean }) => Promise<void>)({ quiet: true });
   const runs = Number(arg('runs', '3'));
   const which = arg('layout', '235b');
   const names = which === 'all' ? Object.keys(LAYOUTS) : [which];

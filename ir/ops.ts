@@ -135,24 +135,25 @@ export interface OpInfo {
 
 // ---- helpers for shape rules ------------------------------------------------------------------
 
-function need(cond: boolean, msg: string): asserts cond {
-  if (!cond) throw new ShapeError(msg);
+/** msg: the text, or a function that builds it (for checks on every node: built only on failure) */
+function need(cond: boolean, msg: string | (() => string)): asserts cond {
+  if (!cond) throw new ShapeError(typeof msg === 'string' ? msg : msg());
 }
 
 function floatT(t: TensorType, what: string): void {
-  need(isFloat(t.dtype), `${what} must be a float tensor, got ${t.dtype}`);
+  need(isFloat(t.dtype), () => `${what} must be a float tensor, got ${t.dtype}`);
 }
 
 function intT(t: TensorType, what: string): void {
-  need(isInt(t.dtype), `${what} must be an integer tensor, got ${t.dtype}`);
+  need(isInt(t.dtype), () => `${what} must be an integer tensor, got ${t.dtype}`);
 }
 
 function rank(t: TensorType, r: number, what: string): void {
-  need(t.shape.length === r, `${what} must have rank ${r}, got ${formatShape(t.shape)}`);
+  need(t.shape.length === r, () => `${what} must have rank ${r}, got ${formatShape(t.shape)}`);
 }
 
 function sameDim(a: Dim, b: Dim, what: string): void {
-  need(dimEq(a, b), `${what}: ${formatShape([a])} ≠ ${formatShape([b])}`);
+  need(dimEq(a, b), () => `${what}: ${formatShape([a])} ≠ ${formatShape([b])}`);
 }
 
 function last(s: Shape): Dim {
@@ -200,12 +201,15 @@ function shardAttrsTogether(attrs: Attrs): void {
     'shard_group and group_size go together',
   );
   if (attrs.group_size !== undefined)
-    need(num(attrs, 'group_size') >= 1, `group_size must be ≥ 1, got ${num(attrs, 'group_size')}`);
+    need(
+      num(attrs, 'group_size') >= 1,
+      () => `group_size must be ≥ 1, got ${num(attrs, 'group_size')}`,
+    );
 }
 
 function groupSize(attrs: Attrs): number {
   const p = num(attrs, 'group_size');
-  need(p >= 1, `group_size must be ≥ 1, got ${p}`);
+  need(p >= 1, () => `group_size must be ≥ 1, got ${p}`);
   return p;
 }
 
@@ -213,10 +217,10 @@ function elementwise(inputs: readonly TensorType[]): TensorType[] {
   const [a, ...rest] = inputs;
   floatT(a, 'input');
   for (const b of rest) {
-    need(b.dtype === a.dtype, `dtype mismatch: ${a.dtype} vs ${b.dtype}`);
+    need(b.dtype === a.dtype, () => `dtype mismatch: ${a.dtype} vs ${b.dtype}`);
     need(
       shapeEq(a.shape, b.shape),
-      `shape mismatch: ${formatShape(a.shape)} vs ${formatShape(b.shape)}`,
+      () => `shape mismatch: ${formatShape(a.shape)} vs ${formatShape(b.shape)}`,
     );
   }
   return [{ dtype: a.dtype, shape: a.shape }];
@@ -334,7 +338,7 @@ export const OP_TABLE = {
       }
       need(
         shapeEq(k.shape, v.shape),
-        `k ${formatShape(k.shape)} and v ${formatShape(v.shape)} differ`,
+        () => `k ${formatShape(k.shape)} and v ${formatShape(v.shape)} differ`,
       );
       sameDim(k.shape[0], q.shape[0], 'tokens of k vs q');
       sameDim(k.shape[2], q.shape[2], 'head dim of k vs q');
@@ -342,7 +346,7 @@ export const OP_TABLE = {
       const nkv = k.shape[1];
       need(
         typeof nh === 'number' && typeof nkv === 'number' && nh % nkv === 0,
-        `query heads ${String(nh)} must be a multiple of KV heads ${String(nkv)}`,
+        () => `query heads ${String(nh)} must be a multiple of KV heads ${String(nkv)}`,
       );
       intT(seg, 'segments');
       rank(seg, 1, 'segments');
@@ -409,10 +413,10 @@ export const OP_TABLE = {
       rank(tokens, 1, 'tokens');
       sameDim(tokens.shape[0], text.shape[0], 'tokens vs text rows');
       sameDim(vis.shape[1], text.shape[1], 'visual hidden vs text hidden');
-      need(vis.dtype === text.dtype, `dtype mismatch: ${vis.dtype} vs ${text.dtype}`);
+      need(vis.dtype === text.dtype, () => `dtype mismatch: ${vis.dtype} vs ${text.dtype}`);
       need(
         attrs.mode === 'replace' || attrs.mode === 'add',
-        `mode must be replace or add, got ${String(attrs.mode)}`,
+        () => `mode must be replace or add, got ${String(attrs.mode)}`,
       );
       return [{ dtype: text.dtype, shape: text.shape }];
     },
@@ -432,7 +436,10 @@ export const OP_TABLE = {
       rank(logits, 2, 'logits');
       const k = num(attrs, 'k');
       const e = logits.shape[1];
-      need(typeof e === 'number' && k >= 1 && k <= e, `top-k ${k} must be in [1, ${String(e)}]`);
+      need(
+        typeof e === 'number' && k >= 1 && k <= e,
+        () => `top-k ${k} must be in [1, ${String(e)}]`,
+      );
       const t = logits.shape[0];
       return [
         { dtype: logits.dtype, shape: logits.shape },
@@ -484,16 +491,16 @@ export const OP_TABLE = {
       rank(counts, 1, 'counts');
       need(
         counts.shape[0] === ws.length,
-        `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
+        () => `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
       );
       const w0 = ws[0];
       rank(w0, 2, 'expert weight');
       for (const w of ws) {
         need(
           shapeEq(w.shape, w0.shape),
-          `expert weights differ: ${formatShape(w.shape)} vs ${formatShape(w0.shape)}`,
+          () => `expert weights differ: ${formatShape(w.shape)} vs ${formatShape(w0.shape)}`,
         );
-        need(w.dtype === x.dtype, `dtype mismatch: ${w.dtype} vs ${x.dtype}`);
+        need(w.dtype === x.dtype, () => `dtype mismatch: ${w.dtype} vs ${x.dtype}`);
       }
       sameDim(w0.shape[1], x.shape[1], 'expert weight in vs x');
       return [{ dtype: x.dtype, shape: [x.shape[0], w0.shape[0]] }];
@@ -560,7 +567,7 @@ export const OP_TABLE = {
       sameDim(mask.shape[0], logits.shape[0], 'mask vs tokens');
       need(
         count.shape.length === 0,
-        `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
+        () => `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
       );
       return [scalarF32];
     },
@@ -638,15 +645,15 @@ export const OP_TABLE = {
       floatT(target, 'target');
       need(
         shapeEq(target.shape, lse.shape),
-        `target ${formatShape(target.shape)} vs lse ${formatShape(lse.shape)}`,
+        () => `target ${formatShape(target.shape)} vs lse ${formatShape(lse.shape)}`,
       );
-      need(target.dtype === lse.dtype, `dtype mismatch: ${target.dtype} vs ${lse.dtype}`);
+      need(target.dtype === lse.dtype, () => `dtype mismatch: ${target.dtype} vs ${lse.dtype}`);
       intT(mask, 'mask');
       rank(mask, 1, 'mask');
       sameDim(mask.shape[0], lse.shape[0], 'mask vs tokens');
       need(
         count.shape.length === 0,
-        `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
+        () => `loss_tokens must be a scalar, got ${formatShape(count.shape)}`,
       );
       return [scalarF32];
     },
@@ -669,7 +676,7 @@ export const OP_TABLE = {
       const e = counts.shape[0];
       need(
         typeof e === 'number' && e % p === 0,
-        `experts ${formatShape([e])} must be a multiple of group_size ${p}`,
+        () => `experts ${formatShape([e])} must be a multiple of group_size ${p}`,
       );
       return [{ dtype: 'i32', shape: [p] }];
     },
@@ -769,7 +776,10 @@ export const OP_TABLE = {
     inputs: [3, 3],
     attrs: { eps: attr('number', 'as in the forward') },
     shape: ([dy, x, w]) => {
-      need(shapeEq(dy.shape, x.shape), `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`);
+      need(
+        shapeEq(dy.shape, x.shape),
+        () => `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`,
+      );
       return [
         { dtype: x.dtype, shape: x.shape },
         { dtype: w.dtype, shape: w.shape },
@@ -786,7 +796,10 @@ export const OP_TABLE = {
     inputs: [3, 3],
     attrs: { eps: attr('number', 'as in the forward') },
     shape: ([dy, x, w]) => {
-      need(shapeEq(dy.shape, x.shape), `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`);
+      need(
+        shapeEq(dy.shape, x.shape),
+        () => `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`,
+      );
       return [
         { dtype: x.dtype, shape: x.shape },
         { dtype: w.dtype, shape: w.shape },
@@ -821,7 +834,7 @@ export const OP_TABLE = {
     shape: ([dout, q, k, v]) => {
       need(
         shapeEq(dout.shape, q.shape),
-        `dout ${formatShape(dout.shape)} vs q ${formatShape(q.shape)}`,
+        () => `dout ${formatShape(dout.shape)} vs q ${formatShape(q.shape)}`,
       );
       return [q, k, v].map((t) => ({ dtype: t.dtype, shape: t.shape }));
     },
@@ -925,7 +938,7 @@ export const OP_TABLE = {
       floatT(dy, 'dy');
       need(
         counts.shape[0] === ws.length,
-        `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
+        () => `counts has ${String(counts.shape[0])} experts, ${ws.length} weights given`,
       );
       sameDim(ws[0].shape[0], dy.shape[1], 'expert weight out vs dy');
       return [{ dtype: dy.dtype, shape: [dy.shape[0], ws[0].shape[1]] }];
@@ -1095,7 +1108,7 @@ export const OP_TABLE = {
       const shape = dimsAttr(attrs, 'shape');
       need(
         sameNumel(x.shape, shape),
-        `cannot reshape ${formatShape(x.shape)} to ${formatShape(shape)}`,
+        () => `cannot reshape ${formatShape(x.shape)} to ${formatShape(shape)}`,
       );
       return [{ dtype: x.dtype, shape }];
     },
@@ -1113,7 +1126,7 @@ export const OP_TABLE = {
       const total = sizes.reduce((a, b) => a + b, 0);
       need(
         dimEq(last(x.shape), total),
-        `parts sum to ${total}, last dim is ${formatShape([last(x.shape)])}`,
+        () => `parts sum to ${total}, last dim is ${formatShape([last(x.shape)])}`,
       );
       return sizes.map((s) => ({ dtype: x.dtype, shape: [...x.shape.slice(0, -1), s] }));
     },
@@ -1130,7 +1143,7 @@ export const OP_TABLE = {
       const [a] = inputs;
       let total = 0;
       for (const t of inputs) {
-        need(t.dtype === a.dtype, `dtype mismatch: ${t.dtype} vs ${a.dtype}`);
+        need(t.dtype === a.dtype, () => `dtype mismatch: ${t.dtype} vs ${a.dtype}`);
         need(shapeEq(t.shape.slice(0, -1), a.shape.slice(0, -1)), 'leading dims differ');
         const l = last(t.shape);
         need(typeof l === 'number', 'the concatenated dim must be a number');
@@ -1197,7 +1210,7 @@ export const OP_TABLE = {
     shape: ([g, acc]) => {
       need(
         shapeEq(g.shape, acc.shape),
-        `gradient ${formatShape(g.shape)} vs buffer ${formatShape(acc.shape)}`,
+        () => `gradient ${formatShape(g.shape)} vs buffer ${formatShape(acc.shape)}`,
       );
       return [];
     },
@@ -1217,7 +1230,7 @@ export const OP_TABLE = {
       const scales = attrs.scales as readonly number[] | undefined;
       need(
         scales === undefined || scales.length === inputs.length,
-        `scales has ${scales?.length} entries for ${inputs.length} inputs`,
+        () => `scales has ${scales?.length} entries for ${inputs.length} inputs`,
       );
       return [scalarF32];
     },
@@ -1259,7 +1272,7 @@ export const OP_TABLE = {
       ] as const) {
         need(
           shapeEq(t.shape, p.shape),
-          `${n} ${formatShape(t.shape)} vs param ${formatShape(p.shape)}`,
+          () => `${n} ${formatShape(t.shape)} vs param ${formatShape(p.shape)}`,
         );
         floatT(t, n);
       }
@@ -1297,7 +1310,7 @@ export const OP_TABLE = {
       need(x.shape.length >= 1, 'all_gather needs rank ≥ 1');
       need(
         attrs.grad === undefined || attrs.grad === 'reduce_scatter' || attrs.grad === 'slice',
-        `grad must be reduce_scatter or slice, got ${String(attrs.grad)}`,
+        () => `grad must be reduce_scatter or slice, got ${String(attrs.grad)}`,
       );
       return [
         {
@@ -1346,7 +1359,7 @@ export const OP_TABLE = {
     inputs: [2, 2],
     attrs: { ...collectiveAttrs, out_rows: attr('dims', 'received rows, one dim (bounded)') },
     shape: ([x, counts], attrs) => {
-      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
       intT(counts, 'send_counts');
       need(
         dimEq(counts.shape[0], num(attrs, 'group_size')),
@@ -1374,7 +1387,7 @@ export const OP_TABLE = {
       out_rows: attr('dims', 'rows on the root, one dim (bounded)'),
     },
     shape: ([x], attrs) => {
-      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
       const [rows] = dimsAttr(attrs, 'out_rows');
       return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
     },
@@ -1394,7 +1407,7 @@ export const OP_TABLE = {
       out_rows: attr('dims', 'rows received, one dim (bounded)'),
     },
     shape: ([x], attrs) => {
-      need(x.shape.length === 2, `rows must have rank 2, got ${formatShape(x.shape)}`);
+      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
       const [rows] = dimsAttr(attrs, 'out_rows');
       return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
     },
@@ -1417,7 +1430,7 @@ export const OP_TABLE = {
       ),
     },
     shape: (_inputs, attrs) => {
-      need(num(attrs, 'peer') >= 0, `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
+      need(num(attrs, 'peer') >= 0, () => `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
       return [];
     },
     flops: noFlops,
@@ -1437,7 +1450,7 @@ export const OP_TABLE = {
       shape: attr('dims', 'shape received'),
     },
     shape: (_inputs, attrs) => {
-      need(num(attrs, 'peer') >= 0, `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
+      need(num(attrs, 'peer') >= 0, () => `peer must be ≥ 0, got ${num(attrs, 'peer')}`);
       return [{ dtype: attrs.dtype as DType, shape: dimsAttr(attrs, 'shape') }];
     },
     flops: noFlops,
@@ -1479,15 +1492,21 @@ function ropeShape(x: TensorType, pos: TensorType, attrs: Attrs): TensorType[] {
   sameDim(pos.shape[0], x.shape[0], 'positions vs tokens of x');
   const sections = attrs.sections as readonly number[];
   const want = pos.shape.length === 1 ? 1 : pos.shape[1];
-  need(pos.shape.length <= 2, `positions must have rank 1 or 2, got ${formatShape(pos.shape)}`);
+  need(
+    pos.shape.length <= 2,
+    () => `positions must have rank 1 or 2, got ${formatShape(pos.shape)}`,
+  );
   need(
     sections.length === want,
-    `${sections.length} sections for ${String(want)} position columns`,
+    () => `${sections.length} sections for ${String(want)} position columns`,
   );
   const d = x.shape[2];
-  need(typeof d === 'number' && d % 2 === 0, `head dim must be an even number, got ${String(d)}`);
+  need(
+    typeof d === 'number' && d % 2 === 0,
+    () => `head dim must be an even number, got ${String(d)}`,
+  );
   const half = sections.reduce((a, b) => a + b, 0);
-  need(half === d / 2, `sections sum to ${half}, head dim/2 is ${d / 2}`);
+  need(half === d / 2, () => `sections sum to ${half}, head dim/2 is ${d / 2}`);
   return [{ dtype: x.dtype, shape: x.shape }];
 }
 
@@ -1496,7 +1515,7 @@ function linearShape(x: TensorType, w: TensorType, b: TensorType | undefined): T
   floatT(w, 'weight');
   rank(w, 2, 'weight');
   need(x.shape.length >= 1, 'x must have rank ≥ 1');
-  need(w.dtype === x.dtype, `dtype mismatch: weight ${w.dtype} vs x ${x.dtype}`);
+  need(w.dtype === x.dtype, () => `dtype mismatch: weight ${w.dtype} vs x ${x.dtype}`);
   sameDim(w.shape[1], last(x.shape), 'weight in-features vs last dim of x');
   if (b) {
     rank(b, 1, 'bias');

@@ -13,15 +13,23 @@ export interface MemoryProblem {
 }
 
 export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
-  const root = (id: number) => p.buffers[id].viewOf ?? id;
+  // [buffer] the buffer whose bytes it uses (a view → its base)
+  const rootOf = new Int32Array(p.buffers.length);
+  for (let id = 0; id < rootOf.length; id++) rootOf[id] = p.buffers[id].viewOf ?? id;
+  const root = (id: number) => rootOf[id];
   const isArena = (r: number) => p.buffers[r].region === 'arena';
   // the last instruction that reads or writes each arena buffer
   const span = batchSpans(p.instructions);
   const lastUse = new Int32Array(p.buffers.length).fill(-1);
-  p.instructions.forEach((ins, idx) => {
-    for (const id of [...ins.inputs, ...ins.outputs])
-      lastUse[root(id)] = Math.max(lastUse[root(id)], span.last[idx]);
-  });
+  const use = (id: number, last: number) => {
+    const r = rootOf[id];
+    if (lastUse[r] < last) lastUse[r] = last;
+  };
+  for (let idx = 0; idx < p.instructions.length; idx++) {
+    const ins = p.instructions[idx];
+    for (const id of ins.inputs) use(id, span.last[idx]);
+    for (const id of ins.outputs) use(id, span.last[idx]);
+  }
   // live buffers (written, read again later), sorted by offset: their bytes must never overlap
   const live = new LiveSet();
   const isLive = new Uint8Array(p.buffers.length);
@@ -50,7 +58,7 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
     endNext[r] = endHead[lastUse[r]];
     endHead[lastUse[r]] = r;
   };
-  p.instructions.forEach((_, idx) => {
+  for (let idx = 0; idx < p.instructions.length; idx++) {
     // the writes of a batch happen at its first instruction
     if (span.first[idx] === idx)
       for (let k = idx; k <= span.last[idx]; k++)
@@ -59,7 +67,7 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
       if (isLive[r]) live.remove(p.buffers[r].offset, r);
       isLive[r] = 0;
     }
-  });
+  }
   return problems;
 }
 

@@ -125,7 +125,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const mine = (chunk: number) => chunk >= 0 && chunk % pipe.pp === pipe.stage;
 
   // ---- buffers ------------------------------------------------------------------------------
-  const buffers: PlanBuffer[] = [];
+  // built here, offsets set in place by the layouts below
+  const buffers: { -readonly [K in keyof PlanBuffer]: PlanBuffer[K] }[] = [];
   const regionTop: Record<BufferRegion, number> = {
     arena: 0,
     param: 0,
@@ -545,7 +546,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   }
   // the optimizer step waits for the comm stream's last instruction (sums and sends)
   let stepWait: number[] = computeWait.splice(0);
-  const lastComm = instructions.map((x) => x.stream).lastIndexOf('comm');
+  let lastComm = instructions.length - 1;
+  while (lastComm >= 0 && instructions[lastComm].stream !== 'comm') lastComm--;
   if (lastComm >= 0) stepWait = [record(lastComm)];
 
   // ---- the optimizer step -------------------------------------------------------------------
@@ -657,10 +659,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const lo = top;
       const paramLo = paramTop;
       for (const { p, buf } of b.grads) {
-        buffers[buf.id] = { ...buffers[buf.id], offset: top };
+        buffers[buf.id].offset = top;
         if (b.shardOver) {
           const pid = global.get(p.name)!;
-          buffers[pid] = { ...buffers[pid], offset: paramLo + (top - lo) };
+          buffers[pid].offset = paramLo + (top - lo);
           placedParams.add(pid);
         }
         top += align(Math.max(buf.bytes, 1));
@@ -675,22 +677,21 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     });
     for (const b of buffers)
       if (b.region === 'grad' && b.viewOf === undefined && !placed.has(b.id)) {
-        buffers[b.id] = { ...b, offset: top };
+        b.offset = top;
         top += align(Math.max(b.bytes, 1));
       }
     regionTop.grad = top;
     if (placedParams.size) {
       for (const b of buffers)
         if (b.region === 'param' && b.viewOf === undefined && !placedParams.has(b.id)) {
-          buffers[b.id] = { ...b, offset: paramTop };
+          b.offset = paramTop;
           paramTop += align(Math.max(b.bytes, 1));
         }
       regionTop.param = paramTop;
     }
     // views (a reshaped bias, a bucket) follow the buffer they view
     for (const b of buffers)
-      if (b.viewOf !== undefined && b.region !== 'arena')
-        buffers[b.id] = { ...b, offset: buffers[b.viewOf].offset };
+      if (b.viewOf !== undefined && b.region !== 'arena') b.offset = buffers[b.viewOf].offset;
     return out;
   }
 
@@ -700,28 +701,30 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const span = batchSpans(instructions);
   const firstDef = new Int32Array(buffers.length).fill(-1);
   const lastUse = new Int32Array(buffers.length).fill(-1);
-  instructions.forEach((ins, idx) => {
-    for (const id of ins.inputs) lastUse[root(id)] = Math.max(lastUse[root(id)], span.last[idx]);
+  for (let idx = 0; idx < instructions.length; idx++) {
+    const ins = instructions[idx];
+    const last = span.last[idx];
+    for (const id of ins.inputs) {
+      const r = root(id);
+      if (lastUse[r] < last) lastUse[r] = last;
+    }
     for (const id of ins.outputs) {
       const r = root(id);
       if (firstDef[r] < 0) firstDef[r] = span.first[idx];
-      lastUse[r] = Math.max(lastUse[r], span.last[idx]);
+      if (lastUse[r] < last) lastUse[r] = last;
     }
-  });
-  const lifetimes: Lifetime[] = buffers
-    .filter((b) => b.region === 'arena' && b.viewOf === undefined)
-    .map((b) => ({
-      id: b.id,
-      bytes: b.bytes,
-      start: Math.max(firstDef[b.id], 0),
-      end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
-    }));
+  }
+  const lifetimes: Lifetime[] = [];
+  for (const b of buffers)
+    if (b.region === 'arena' && b.viewOf === undefined)
+      lifetimes.push({
+        id: b.id,
+        bytes: b.bytes,
+        start: Math.max(firstDef[b.id], 0),
+        end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
+      });
   const plan = planArena(lifetimes);
-  const placed = buffers.map((b) => {
-    if (b.region !== 'arena') return b;
-    const base = b.viewOf ?? b.id;
-    return { ...b, offset: plan.offsets.get(base)! };
-  });
+  for (const b of buffers) if (b.region === 'arena') b.offset = plan.offsets[b.viewOf ?? b.id];
   regionTop.arena = plan.sizeBytes;
 
   return {
@@ -730,7 +733,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     id: opts.id ?? 'p0',
     regions: regionTop,
     arenaLowerBoundBytes: plan.lowerBoundBytes,
-    buffers: placed,
+    buffers,
     params,
     inputs,
     scalars,

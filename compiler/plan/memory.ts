@@ -11,7 +11,8 @@ export interface Lifetime {
 }
 
 export interface ArenaPlan {
-  readonly offsets: ReadonlyMap<number, number>;
+  /** [buffer id] its offset (NaN: not an id of the planned lifetimes) */
+  readonly offsets: Float64Array;
   readonly sizeBytes: number;
   readonly lowerBoundBytes: number;
 }
@@ -53,6 +54,13 @@ export function planArena(buffers: readonly Lifetime[]): ArenaPlan {
 
 export const GREEDY_LIMIT = 6000;
 
+/** offsets indexed by the lifetimes' ids, NaN where none */
+function offsetTable(buffers: readonly Lifetime[]): Float64Array {
+  let n = 0;
+  for (const b of buffers) n = Math.max(n, b.id + 1);
+  return new Float64Array(n).fill(NaN);
+}
+
 /**
  * Best fit in issue order: at each instruction, the buffers whose last use was the instruction
  * before are freed (their gaps merged with free neighbours), then the buffers it defines take the
@@ -61,7 +69,7 @@ export const GREEDY_LIMIT = 6000;
 export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
   const order = [...buffers].sort((a, b) => a.start - b.start || b.bytes - a.bytes || a.id - b.id);
   const ends = [...buffers].sort((a, b) => a.end - b.end);
-  const offsets = new Map<number, number>();
+  const offsets = offsetTable(buffers);
   /** free gaps [lo, hi), sorted by lo, never adjacent to each other */
   const gaps: { lo: number; hi: number }[] = [];
   let top = 0;
@@ -92,7 +100,8 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
   for (const buf of order) {
     while (e < ends.length && ends[e].end < buf.start) {
       const x = ends[e++];
-      if (offsets.has(x.id)) release(offsets.get(x.id)!, offsets.get(x.id)! + align(x.bytes));
+      const at = offsets[x.id];
+      if (!Number.isNaN(at)) release(at, at + align(x.bytes));
     }
     const bytes = align(buf.bytes);
     let best = -1;
@@ -112,7 +121,7 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
       offset = top;
       top += bytes;
     }
-    offsets.set(buf.id, offset);
+    offsets[buf.id] = offset;
     size = Math.max(size, offset + bytes);
   }
   return { offsets, sizeBytes: size, lowerBoundBytes: livenessLowerBound(buffers) };
@@ -131,7 +140,7 @@ export function planBySize(buffers: readonly Lifetime[]): ArenaPlan {
   const placed: { start: number; end: number; lo: number; hi: number }[] = [];
   const seen: number[] = [];
   let stamp = 0;
-  const offsets = new Map<number, number>();
+  const offsets = offsetTable(buffers);
   let size = 0;
   for (const buf of order) {
     const bytes = align(buf.bytes);
@@ -151,7 +160,7 @@ export function planBySize(buffers: readonly Lifetime[]): ArenaPlan {
       if (c.lo >= offset + bytes) break;
       offset = Math.max(offset, c.hi);
     }
-    offsets.set(buf.id, offset);
+    offsets[buf.id] = offset;
     const i = placed.length;
     placed.push({ start: buf.start, end: buf.end, lo: offset, hi: offset + bytes });
     seen.push(0);

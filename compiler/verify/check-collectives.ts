@@ -122,6 +122,18 @@ const NONE = new Int32Array(0);
 
 /** Each group's members issue one sequence: compared per distinct sequence, against the majority. */
 function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
+  // a sequence's signatures, once per sequence (one program's sequence serves many groups)
+  const sigCache = new Map<CommSeq, Int32Array>();
+  const sigsOf = (seq: CommSeq): Int32Array => {
+    let sigs = sigCache.get(seq);
+    if (!sigs) {
+      const { collSig, slot } = seq.program;
+      sigs = new Int32Array(seq.instrs.length);
+      for (let k = 0; k < sigs.length; k++) sigs[k] = collSig[slot[seq.instrs[k]]];
+      sigCache.set(seq, sigs);
+    }
+    return sigs;
+  };
   for (const comm of ix.comms) {
     const bySeq = new Map<CommSeq | undefined, number[]>();
     for (const m of comm.ranks) {
@@ -134,9 +146,7 @@ function checkSequences(ix: PlanIndex, out: PlanProblem[]): void {
     const issuers: Issuer[] = [...bySeq].map(([seq, ranks]) => ({
       seq,
       ranks,
-      sigs: seq
-        ? Int32Array.from(seq.instrs, (i) => seq.program.collSig[seq.program.slot[i]])
-        : NONE,
+      sigs: seq ? sigsOf(seq) : NONE,
     }));
     const name = (s: Issuer) => {
       const p = s.seq!.program;

@@ -51,7 +51,7 @@ describe('planArena', () => {
     for (const a of bufs) {
       for (const b of bufs) {
         if (a.id >= b.id || a.end < b.start || b.end < a.start) continue;
-        const [ao, bo] = [plan.offsets.get(a.id)!, plan.offsets.get(b.id)!];
+        const [ao, bo] = [plan.offsets[a.id], plan.offsets[b.id]];
         expect(ao + a.bytes <= bo || bo + b.bytes <= ao).toBe(true);
       }
     }
