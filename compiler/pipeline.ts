@@ -54,6 +54,19 @@ export const PASSES: readonly PassInfo[] = [
   { name: 'pipeline', summary: 'every node to its virtual stage; values that cross stages' },
 ];
 
+export interface EncoderOptions {
+  /** --enable-encoder-hetero-dp (level 2) */
+  readonly heteroDp?: boolean;
+  /** --enable-full-hetero-dp (level 3) */
+  readonly fullHeteroDp?: boolean;
+  /** --full-hetero-dp-cpu-offload: level 3's encoder outputs wait on the host */
+  readonly cpuOffload?: boolean;
+  /** --full-hetero-dp-encoder-recompute: level 3 drops encoder activations, recomputes them */
+  readonly recompute?: boolean;
+  /** --use-vit-dp-balance */
+  readonly vitDpBalance?: boolean;
+}
+
 export interface CompileOptions {
   readonly model: string;
   readonly overrides?: readonly string[];
@@ -72,6 +85,17 @@ export interface CompileOptions {
   /** --use-distributed-optimizer */
   readonly distributedOptimizer?: boolean;
   readonly optimizer?: Partial<OptimizerSettings>;
+  /** the encoder levels (DESIGN.md "Parallel topology"); level 1 follows from the encoder's TP */
+  readonly encoder?: EncoderOptions;
+  /** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute */
+  readonly moeOverlap?: { readonly overlap?: boolean; readonly delayWgrad?: boolean };
+  /** --recompute-granularity / --recompute-modules */
+  readonly recompute?: {
+    readonly granularity: 'full' | 'selective';
+    readonly modules?: readonly string[];
+  };
+  /** --fine-grained-activation-offloading --offload-tensors … */
+  readonly offloadTensors?: readonly string[];
   /** print the IR after this pass */
   readonly dumpAfter?: string;
   readonly onDump?: (text: string) => void;
@@ -119,6 +143,10 @@ export function compile(o: CompileOptions): CompileResult {
     decoderFirstPipelineNumLayers: o.decoderFirstPipelineNumLayers,
     decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
     sequenceParallel: o.sequenceParallel,
+    encoder: o.encoder,
+    moeOverlap: o.moeOverlap,
+    recompute: o.recompute,
+    offloadTensors: o.offloadTensors,
   });
   if ((sizes.etp ?? sizes.tp) !== sizes.tp)
     throw new UserError(

@@ -8,6 +8,7 @@
 
 import { UserError } from '../errors.js';
 import type { ModelConfig } from '../frontend/config.js';
+import type { CompileOptions, EncoderOptions } from '../pipeline.js';
 import { resolveSizes, SIZE_FLAGS, type ParallelSizes } from './sizes.js';
 
 /** What the rules that read only the parallel sizes see. */
@@ -28,6 +29,14 @@ export interface LayoutContext extends SizesContext {
   readonly decoderLastPipelineNumLayers?: number;
   /** --sequence-parallel */
   readonly sequenceParallel?: boolean;
+  /** encoder levels: --enable-encoder-hetero-dp, --enable-full-hetero-dp and their options */
+  readonly encoder?: EncoderOptions;
+  /** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute */
+  readonly moeOverlap?: CompileOptions['moeOverlap'];
+  /** --recompute-granularity / --recompute-modules */
+  readonly recompute?: CompileOptions['recompute'];
+  /** --offload-tensors (with --fine-grained-activation-offloading) */
+  readonly offloadTensors?: readonly string[];
 }
 
 export interface LayoutRule<C extends SizesContext = LayoutContext> {
