@@ -123,6 +123,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
       optim: 0,
       data: 0,
       scalar: 0,
+      host: 0,
     },
     arenaLowerBoundBytes: 0,
     buffers,

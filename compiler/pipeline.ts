@@ -33,9 +33,12 @@ import { countParams } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
+import { encoderPlacement, isEncoderScope, type EncoderPlacement } from './parallel/encoder.js';
+import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
 import { emitProgram } from './plan/emit.js';
+import { activationPolicyOf } from './plan/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 
 export interface PassInfo {
@@ -49,6 +52,10 @@ export const PASSES: readonly PassInfo[] = [
   {
     name: 'tensor-parallel',
     summary: 'column/row-parallel linears, heads, vocabulary-parallel embedding and loss, SP',
+  },
+  {
+    name: 'encoder-data-parallel',
+    summary: 'encoder gradients summed over the ranks that encode distinct data (levels 2, 3)',
   },
   { name: 'autodiff', summary: 'backward graph, gradient accumulation, clipping and AdamW' },
   { name: 'pipeline', summary: 'every node to its virtual stage; values that cross stages' },
@@ -108,6 +115,8 @@ export interface CompileResult {
   readonly programs: readonly ProgramFile[];
   /** the pipeline partition (pp > 1) */
   readonly layout?: PipelineLayout;
+  /** where the encoder runs (compiler/parallel/encoder.ts) */
+  readonly placement: EncoderPlacement;
   readonly stats: Record<string, Record<string, number>>;
 }
 
@@ -129,6 +138,7 @@ export function compile(o: CompileOptions): CompileResult {
     ep: o.parallel?.ep ?? 1,
     etp: o.parallel?.etp,
     cp: o.parallel?.cp ?? 1,
+    encoderTp: cfg.model.image_encoder.tensor_model_parallel_size,
   };
   const { world, dp } = resolveSizes(sizes);
   const gbs = o.globalBatchSize ?? mbs * Math.max(1, Math.floor(dp));
@@ -155,6 +165,15 @@ export function compile(o: CompileOptions): CompileResult {
   const topology = buildTopology(sizes);
   const ranks = Array.from({ length: world }, (_, r) => r);
   const numMicrobatches = gbs / (mbs * dp);
+  // where the encoder runs and whose gradients it sums (compiler/parallel/encoder.ts)
+  const placement = encoderPlacement({
+    tp: sizes.tp,
+    pp: sizes.pp,
+    encoderTp: sizes.encoderTp!,
+    heteroDp: o.encoder?.heteroDp,
+    fullHeteroDp: o.encoder?.fullHeteroDp,
+    microbatches: numMicrobatches,
+  });
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
   const dump = (pass: string, g: Graph) => {
     if (o.dumpAfter === pass) o.onDump?.(printGraph(g));
@@ -186,9 +205,13 @@ export function compile(o: CompileOptions): CompileResult {
     sharded = tensorParallel(sharded, {
       tp: sizes.tp,
       sequenceParallel: o.sequenceParallel ?? false,
+      encoderTp: placement.encoderTp,
     });
     assertValid(sharded, 'after pass tensor-parallel');
     dump('tensor-parallel', sharded);
+    sharded = encoderDataParallel(sharded, placement);
+    assertValid(sharded, 'after pass encoder-data-parallel');
+    dump('encoder-data-parallel', sharded);
   } catch (e) {
     passError(e);
   }
@@ -205,7 +228,8 @@ export function compile(o: CompileOptions): CompileResult {
       ? partitionPipeline(forwardCosts(forward), {
           pp: sizes.pp,
           vpp: sizes.vpp,
-          encoderOnStage0: true,
+          // full separation encodes before the pipeline, on every rank: not in stage 0's chunk
+          encoderOnStage0: placement.level < 3,
           firstStageLayers: o.decoderFirstPipelineNumLayers,
           lastStageLayers: o.decoderLastPipelineNumLayers,
         })
@@ -223,17 +247,27 @@ export function compile(o: CompileOptions): CompileResult {
     passError(e);
   }
   if (split && o.dumpAfter === 'pipeline') o.onDump?.(printChunks(graph, split));
+  // A2A overlap pairs each steady-state forward with a backward as one combined step, one extra
+  // warm-up forward apart (reference/schedules.md); without a pipeline that is F0, F1+B0, …
+  const a2aOverlap = o.moeOverlap?.overlap === true;
   const schedule =
     sizes.pp === 1
-      ? undefined
+      ? a2aOverlap
+        ? scheduleInterleaved(1, 1, numMicrobatches, 1, { a2aOverlap })
+        : undefined
       : sizes.vpp > 1
         ? scheduleInterleaved(
             sizes.pp,
             sizes.vpp,
             numMicrobatches,
             o.microbatchGroupSize ?? sizes.pp,
+            { a2aOverlap },
           )
         : schedule1F1B(sizes.pp, numMicrobatches);
+  const chunks = split ?? {
+    chunkOf: graph.nodes.map((n) => (n.phase === 'optimizer' ? -1 : 0)),
+    transfers: [],
+  };
 
   const groupSizes: Record<string, number> = {
     tp: sizes.tp,
@@ -242,6 +276,9 @@ export function compile(o: CompileOptions): CompileResult {
     ep: sizes.ep,
     pp: sizes.pp,
     world,
+    mp: world / dp,
+    enc_tp: placement.encoderTp,
+    tp_dp_cp: world / sizes.pp,
   };
   // copies of each gradient in the world after the sums (the gradient norm's weights)
   const copies: Record<string, number> = {};
@@ -249,39 +286,63 @@ export function compile(o: CompileOptions): CompileResult {
     if (p.role !== 'param') continue;
     const parts = (p.dist?.split ?? []).reduce((n, x) => n * (x ? x.parts : 1), 1);
     const expertParts = p.dist?.expert ? sizes.ep : 1;
-    copies[p.name] = world / sizes.pp / parts / expertParts;
+    // the encoder at level 3 lives on every stage, its gradient summed over every rank
+    copies[p.name] =
+      placement.level === 3 && isEncoderScope(p.dist?.name ?? p.name)
+        ? world
+        : world / sizes.pp / parts / expertParts;
   }
+  // one program per pipeline stage; at levels 2 and 3 the ranks of a stage's TP group encode
+  // different microbatches, so those stages get one program per TP index
+  const perTpIndex = (stage: number) =>
+    sizes.tp > 1 && (placement.level === 3 || (placement.level === 2 && stage === 0));
+  const programId = (stage: number, tp: number) =>
+    perTpIndex(stage) ? `p${stage}.t${tp}` : `p${stage}`;
   const programs: ProgramFile[] = [];
-  for (let stage = 0; stage < sizes.pp; stage++) {
-    const program = emitProgram(graph, {
-      numMicrobatches,
-      id: `p${stage}`,
-      ...(split && schedule
-        ? {
-            pipeline: {
-              stage,
-              pp: sizes.pp,
-              chunkOf: split.chunkOf,
-              transfers: split.transfers,
-              actions: schedule.stages[stage].actions,
-              warmup: schedule.stages[stage].warmup,
-            },
-          }
-        : {}),
-      groupSizes,
-      copies,
-      worldSize: world,
-      distributedOptimizer: o.distributedOptimizer,
-    });
-    const clobbered = checkMemoryReuse(program);
-    if (clobbered.length) {
-      const c = clobbered[0];
-      throw new Error(
-        `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
-      );
+  for (let stage = 0; stage < sizes.pp; stage++)
+    for (let tpIndex = 0; tpIndex < (perTpIndex(stage) ? sizes.tp : 1); tpIndex++) {
+      const program = emitProgram(graph, {
+        numMicrobatches,
+        id: programId(stage, tpIndex),
+        ...(placement.level >= 2
+          ? {
+              encoder: {
+                placement,
+                tp: tpIndex,
+                tpSize: sizes.tp,
+                offload: o.encoder?.cpuOffload,
+                recompute: o.encoder?.recompute,
+              },
+            }
+          : {}),
+        ...(schedule
+          ? {
+              pipeline: {
+                stage,
+                pp: sizes.pp,
+                chunkOf: chunks.chunkOf,
+                transfers: chunks.transfers,
+                actions: schedule.stages[stage].actions,
+                warmup: schedule.stages[stage].warmup,
+              },
+            }
+          : {}),
+        groupSizes,
+        copies,
+        worldSize: world,
+        delayWgrad: o.moeOverlap?.delayWgrad,
+        distributedOptimizer: o.distributedOptimizer,
+        activations: activationPolicyOf(o),
+      });
+      const clobbered = checkMemoryReuse(program);
+      if (clobbered.length) {
+        const c = clobbered[0];
+        throw new Error(
+          `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
+        );
+      }
+      programs.push(program);
     }
-    programs.push(program);
-  }
   const counts = countParams(forward, cfg);
   const plan: PlanFile = {
     format: PLAN_FORMAT,
@@ -329,7 +390,10 @@ export function compile(o: CompileOptions): CompileResult {
       module: p.module,
       weightDecay: p.trainable ? weightDecayOf(p, optimizer) : 0,
     })),
-    rankPrograms: ranks.map((r) => `p${topology.coords(r).pp}`),
+    rankPrograms: ranks.map((r) => {
+      const c = topology.coords(r);
+      return programId(c.pp, c.tp);
+    }),
   };
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
@@ -343,6 +407,7 @@ export function compile(o: CompileOptions): CompileResult {
     plan,
     programs,
     layout,
+    placement,
     stats: {
       autodiff: { ...adStats },
       emit: {

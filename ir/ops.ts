@@ -1377,19 +1377,25 @@ export const OP_TABLE = {
   },
   gather_v: {
     summary:
-      'variable-row blocks concatenated on the root in group order (sizes exchanged first): ' +
-      'x [n, H] → [out_rows, H] on the root',
+      'variable-row blocks from every group rank to the root (row counts exchanged first): x [n, H] ' +
+      '→ on the root either [out_rows, H] (blocks concatenated in group order, one out_rows dim) ' +
+      "or one output per group rank (out_rows lists each block's rows); other ranks' outputs " +
+      'are not written',
     category: 'collective',
     inputs: [1, 1],
     attrs: {
       ...collectiveAttrs,
       root: attr('int', 'group rank that receives'),
-      out_rows: attr('dims', 'rows on the root, one dim (bounded)'),
+      out_rows: attr('dims', 'rows on the root: one dim (bounded), or one per group rank'),
     },
     shape: ([x], attrs) => {
       need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
-      const [rows] = dimsAttr(attrs, 'out_rows');
-      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+      const rows = dimsAttr(attrs, 'out_rows');
+      need(
+        rows.length === 1 || rows.length === num(attrs, 'group_size'),
+        () => `out_rows has ${rows.length} dims: one, or one per group rank`,
+      );
+      return rows.map((r) => ({ dtype: x.dtype, shape: [r, x.shape[1]] }));
     },
     flops: noFlops,
     pure: false,
@@ -1397,19 +1403,27 @@ export const OP_TABLE = {
   },
   scatter_v: {
     summary:
-      "the root's rows split in variable blocks, block i to group rank i (sizes sent first): " +
-      'x [n, H] on the root → [out_rows, H]',
+      "the root's rows in variable blocks, block i to group rank i (row counts sent first): on the " +
+      'root x [n, H] (blocks concatenated in group order) or one input per group rank → ' +
+      "[out_rows, H]; other ranks' inputs are not read",
     category: 'collective',
-    inputs: [1, 1],
+    inputs: [1, Infinity],
     attrs: {
       ...collectiveAttrs,
       root: attr('int', 'group rank that sends'),
       out_rows: attr('dims', 'rows received, one dim (bounded)'),
     },
-    shape: ([x], attrs) => {
-      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
+    shape: (xs, attrs) => {
+      need(
+        xs.length === 1 || xs.length === num(attrs, 'group_size'),
+        () => `scatter_v has ${xs.length} inputs: one, or one per group rank`,
+      );
+      for (const x of xs) {
+        need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
+        sameDim(x.shape[1], xs[0].shape[1], 'blocks of one row width');
+      }
       const [rows] = dimsAttr(attrs, 'out_rows');
-      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+      return [{ dtype: xs[0].dtype, shape: [rows, xs[0].shape[1]] }];
     },
     flops: noFlops,
     pure: false,

@@ -38,6 +38,11 @@ export function countOnes(mask: Uint8Array): number {
 }
 
 export function writeBatchFile(path: string, mbs: readonly Microbatch[]): void {
+  writeSafetensors(path, batchTensors(mbs));
+}
+
+/** The tensors of a batch file, by name. */
+export function batchTensors(mbs: readonly Microbatch[]): Map<string, Tensor> {
   const t = new Map<string, Tensor>();
   mbs.forEach((mb, j) => {
     const s = [mb.tokens.length];
@@ -50,7 +55,7 @@ export function writeBatchFile(path: string, mbs: readonly Microbatch[]): void {
       t.set(`mb${j}.image${i}`, { dtype: 'F32', shape: [3, im.height, im.width], data: im.pixels }),
     );
   });
-  writeSafetensors(path, t);
+  return t;
 }
 
 export function readBatchFile(path: string): Microbatch[] {

@@ -15,7 +15,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
-import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
+import type { PlanFile, PlanParam, ProgramFile } from '../compiler/plan/format.js';
 import {
   readSafetensors,
   serializeSafetensors,
@@ -155,40 +155,48 @@ export interface WholeTensors {
 }
 
 /**
- * Whole tensors from every rank's share (`shareOf(rank)`; data-parallel replicas give the same
- * values). Every element of every parameter, and of the moments of every trainable one, must
- * come from some rank.
+ * Per-parameter state a rank's share holds: `<kind>.<p>`, the piece of program parameter p, and
+ * `shard<k>.<kind>`, this rank's slice of optimizer bucket k (rankShare, runtime/dump.ts).
  */
-export function assembleCheckpoint(
+export type ShareKind = 'param' | 'grad' | 'exp_avg' | 'exp_avg_sq';
+
+/**
+ * Whole tensors of each kind, by checkpoint name, from every rank's share (`shareOf(rank)`;
+ * replicas give the same values): a piece goes where its parameter's dist or shard puts it, a
+ * bucket slice to the parameters it covers. Every element of every parameter `wanted` for a kind
+ * must come from some rank; pieces of parameters not wanted are ignored.
+ */
+export function assembleWhole(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   shareOf: (rank: number) => ReadonlyMap<string, Tensor>,
-): WholeTensors {
+  kinds: readonly ShareKind[],
+  wanted: (kind: ShareKind, p: PlanParam) => boolean,
+): Map<ShareKind, Map<string, Tensor>> {
   interface Whole {
     readonly data: Float32Array;
     readonly covered: Uint8Array;
   }
-  const make = () =>
-    new Map(
-      plan.params.map((p) => [
-        p.name,
-        { data: new Float32Array(numel(p.shape)), covered: new Uint8Array(numel(p.shape)) },
-      ]),
-    );
-  const model: Map<string, Whole> = make();
-  const expAvg: Map<string, Whole> = make();
-  const expAvgSq: Map<string, Whole> = make();
-  const put = (w: Whole, offsets: Float64Array, values: Float32Array, from = 0) => {
+  const wholes = new Map(
+    kinds.map((kind) => [
+      kind,
+      new Map<string, Whole>(
+        plan.params
+          .filter((p) => wanted(kind, p))
+          .map((p) => [
+            p.name,
+            { data: new Float32Array(numel(p.shape)), covered: new Uint8Array(numel(p.shape)) },
+          ]),
+      ),
+    ]),
+  );
+  const put = (w: Whole | undefined, offsets: Float64Array, values: Float32Array, from = 0) => {
+    if (!w) return;
     for (let j = 0; j < values.length; j++) {
       const g = offsets[from + j];
       w.data[g] = values[j];
       w.covered[g] = 1;
     }
-  };
-  const take = (share: ReadonlyMap<string, Tensor>, key: string, rank: number): Float32Array => {
-    const t = share.get(key);
-    if (!t) throw new UserError(`checkpoint: the share of rank ${rank} has no ${key}`);
-    return t.data as Float32Array;
   };
   plan.rankPrograms.forEach((id, rank) => {
     const program = programs.get(id)!;
@@ -196,49 +204,68 @@ export function assembleCheckpoint(
     const pieces = heldPieces(plan, program, rank);
     const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
     const wholeOf = new Map(pieces.map((p) => [p.param, p.name]));
-    for (const p of pieces) {
-      const at = offsets.get(p.param)!;
-      put(model.get(p.name)!, at, take(share, `param.${p.param}`, rank));
-      if (share.has(`exp_avg.${p.param}`)) {
-        put(expAvg.get(p.name)!, at, take(share, `exp_avg.${p.param}`, rank));
-        put(expAvgSq.get(p.name)!, at, take(share, `exp_avg_sq.${p.param}`, rank));
+    for (const [kind, whole] of wholes) {
+      for (const p of pieces) {
+        const t = share.get(`${kind}.${p.param}`);
+        if (t) put(whole.get(p.name), offsets.get(p.param)!, t.data as Float32Array);
       }
-    }
-    for (const s of bucketSlices(plan, program, rank)) {
-      const m = take(share, `${s.key}.exp_avg`, rank);
-      const v = take(share, `${s.key}.exp_avg_sq`, rank);
-      for (const bp of s.params) {
-        const start = Math.max(s.lo, bp.offset);
-        const end = Math.min(s.hi, bp.offset + bp.elements);
-        if (start >= end) continue;
-        const name = wholeOf.get(bp.name);
-        if (name === undefined)
-          throw new Error(
-            `program ${id}: optimizer bucket ${s.key} holds ${bp.name}, not a parameter of it`,
-          );
-        const at = offsets.get(bp.name)!;
-        put(expAvg.get(name)!, at, m.subarray(start - s.lo, end - s.lo), start - bp.offset);
-        put(expAvgSq.get(name)!, at, v.subarray(start - s.lo, end - s.lo), start - bp.offset);
+      for (const s of bucketSlices(plan, program, rank)) {
+        const t = share.get(`${s.key}.${kind}`);
+        if (!t) continue;
+        const slice = t.data as Float32Array;
+        for (const bp of s.params) {
+          const start = Math.max(s.lo, bp.offset);
+          const end = Math.min(s.hi, bp.offset + bp.elements);
+          if (start >= end) continue;
+          const name = wholeOf.get(bp.name);
+          if (name === undefined)
+            throw new Error(
+              `program ${id}: optimizer bucket ${s.key} holds ${bp.name}, not a parameter of it`,
+            );
+          const at = offsets.get(bp.name)!;
+          put(whole.get(name), at, slice.subarray(start - s.lo, end - s.lo), start - bp.offset);
+        }
       }
     }
   });
-  const out: WholeTensors = { model: new Map(), optim: new Map() };
-  const complete = (w: Whole, what: string) => {
-    const missing = w.covered.length - w.covered.reduce((a, b) => a + b, 0);
-    if (missing)
-      throw new Error(`checkpoint: ${missing} elements of ${what} are held by no rank of the plan`);
-  };
-  for (const p of plan.params) {
-    const tensor = (w: Whole): Tensor => ({ dtype: 'F32', shape: [...p.shape], data: w.data });
-    complete(model.get(p.name)!, `parameter ${p.name}`);
-    out.model.set(p.name, tensor(model.get(p.name)!));
-    if (!p.trainable) continue;
-    complete(expAvg.get(p.name)!, `exp_avg.${p.name}`);
-    complete(expAvgSq.get(p.name)!, `exp_avg_sq.${p.name}`);
-    out.optim.set(`exp_avg.${p.name}`, tensor(expAvg.get(p.name)!));
-    out.optim.set(`exp_avg_sq.${p.name}`, tensor(expAvgSq.get(p.name)!));
+  const out = new Map<ShareKind, Map<string, Tensor>>();
+  for (const [kind, whole] of wholes) {
+    const tensors = new Map<string, Tensor>();
+    for (const p of plan.params) {
+      const w = whole.get(p.name);
+      if (!w) continue;
+      const missing = w.covered.length - w.covered.reduce((a, b) => a + b, 0);
+      if (missing) {
+        const what = kind === 'param' ? `parameter ${p.name}` : `${kind}.${p.name}`;
+        throw new Error(`${missing} elements of ${what} are held by no rank of the plan`);
+      }
+      tensors.set(p.name, { dtype: 'F32', shape: [...p.shape], data: w.data });
+    }
+    out.set(kind, tensors);
   }
   return out;
+}
+
+/** A checkpoint's whole tensors from every rank's share (rankShare). */
+export function assembleCheckpoint(
+  plan: PlanFile,
+  programs: ReadonlyMap<string, ProgramFile>,
+  shareOf: (rank: number) => ReadonlyMap<string, Tensor>,
+): WholeTensors {
+  const whole = assembleWhole(
+    plan,
+    programs,
+    shareOf,
+    ['param', 'exp_avg', 'exp_avg_sq'],
+    (kind, p) => kind === 'param' || p.trainable,
+  );
+  const optim = new Map<string, Tensor>();
+  for (const p of plan.params) {
+    if (!p.trainable) continue;
+    for (const kind of ['exp_avg', 'exp_avg_sq'] as const)
+      optim.set(`${kind}.${p.name}`, whole.get(kind)!.get(p.name)!);
+  }
+  return { model: whole.get('param')!, optim };
 }
 
 /** Writes a checkpoint of whole tensors atomically; returns its directory. */

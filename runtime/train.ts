@@ -6,18 +6,19 @@
 // of its data-parallel index (slot j holds global microbatch dpIndex · m + j), and sums over every
 // rank what describes the global batch: its loss tokens before the step (the loss is normalized by
 // the whole batch's count) and the losses after it, each microbatch counted once
-// (launch-rank.ts: speaksForItsData).
+// (launch-rank.ts: speaksForItsData). Checkpoints and the step dump hold whole tensors: every rank
+// writes its share to a shared directory and rank 0 assembles them (gatherAtRank0).
 
-import { appendFileSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
+  batchTensors,
   captionMask,
   countOnes,
   readBatchFile,
   shuffleImages,
-  writeBatchFile,
   type Microbatch,
 } from './batch.js';
 import {
@@ -30,17 +31,12 @@ import {
   writeCheckpoint,
   type CheckpointMeta,
 } from './checkpoint.js';
+import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
 import { groupRanksOf, pieceOf } from './shard.js';
 import { loadNative, type NativeRuntime } from './native.js';
 import { readPlan } from './plan-io.js';
-import {
-  readSafetensors,
-  serializeSafetensors,
-  writeFileAtomic,
-  writeSafetensors,
-  type Tensor,
-} from './safetensors.js';
+import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
 import { RankState } from './state.js';
 
@@ -108,8 +104,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
             (plan.topology.nnodes > 1 ? ` --nnodes ${plan.topology.nnodes}` : '')),
     );
   }
-  if (world > 1 && o.dumpStep) throw new UserError('--dump-step runs on one rank');
-  if (world > 1 && o.shuffleImages) throw new UserError('--shuffle-images runs on one rank');
+  if (world > 1 && o.shuffleImages) throw new UserError(SHUFFLE_ONE_RANK);
   const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
   const native = loadNative();
@@ -216,6 +211,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         rt.synthesize(j, seed, step - 1, dpIndex * m + j, {
           seqLength: plan.training.seqLength * plan.training.microBatchSize,
           vocab,
+          // the plan's bound, not this program's buffers: a rank that does not encode a
+          // microbatch (encoder levels 2, 3) has no patches buffer for it, and must see the
+          // same data as the rank that does
+          maxVisualTokens: plan.training.maxVisualTokens,
         });
         mbs.push(rt.getMicrobatch(j));
       }
@@ -242,7 +241,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       rt.setScalar('caption_tokens', Math.max(1, captionTokens));
 
     const dumping = o.dumpStep !== undefined && step === startStep + 1;
-    if (dumping) dumpBefore(o.dumpStep!, state, mbs);
+    const dumpShare = dumping ? captureWeights(state) : undefined;
 
     // 2. the step
     const lr = lrAt(schedule, step);
@@ -273,7 +272,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     };
     steps.push(metrics);
     if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
-    if (dumping) dumpAfter(o.dumpStep!, state, metrics, plan, lossTokens);
+    if (dumpShare) {
+      captureGrads(dumpShare, state, program);
+      const share = { rank, dpIndex, dumpShare, mbs };
+      await dumpGathered(o.dumpStep!, metrics, lossTokens, loaded.programs, plan, share, globalSum);
+    }
     o.onStep?.(metrics);
 
     // 3. checkpoints: whole tensors, gathered from every rank's share
@@ -288,11 +291,40 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   return { steps, finalStep: o.trainIters, plan, params };
 }
 
+/** The refusal of --shuffle-images on several ranks, shared with the CLI's early check. */
+export const SHUFFLE_ONE_RANK =
+  '--shuffle-images runs on one rank: it moves images across the whole global batch, which no rank of a multi-rank plan holds';
+
 /**
- * A checkpoint of a multi-rank run: every rank writes its share into `<iter>.shares/` (the save
- * directory must be one every rank reaches: a shared file system across nodes), and rank 0
- * assembles the whole tensors once all have (the world sums are the barriers).
+ * Every rank's files into `dir` (one every rank reaches: a shared file system across nodes);
+ * then, on rank 0 only, the path of a file by name. The world sums are the barriers.
  */
+async function gatherAtRank0(
+  dir: string,
+  rank: number,
+  files: ReadonlyMap<string, Buffer>,
+  barrier: (values: number[]) => Promise<number[]>,
+  flag: string,
+): Promise<((name: string) => string) | undefined> {
+  if (rank === 0) {
+    rmSync(dir, { recursive: true, force: true });
+    mkdirSync(dir, { recursive: true });
+  }
+  await barrier([0]);
+  for (const [name, data] of files) writeFileAtomic(join(dir, name), data);
+  await barrier([0]);
+  if (rank !== 0) return undefined;
+  return (name) => {
+    const path = join(dir, name);
+    if (!existsSync(path))
+      throw new UserError(
+        `${flag}: ${name} is not in ${dir}; every rank must reach that directory (a shared file system)`,
+      );
+    return path;
+  };
+}
+
+/** A checkpoint of a multi-rank run: every rank's share, assembled by rank 0. */
 async function saveGathered(
   save: string,
   meta: CheckpointMeta,
@@ -304,23 +336,54 @@ async function saveGathered(
   barrier: (values: number[]) => Promise<number[]>,
 ): Promise<void> {
   const shares = `${iterDir(save, meta.step)}.shares`;
-  const file = (r: number) => join(shares, `rank-${r}.safetensors`);
-  if (rank === 0) {
-    rmSync(shares, { recursive: true, force: true });
-    mkdirSync(shares, { recursive: true });
-  }
-  await barrier([0]);
-  writeFileAtomic(file(rank), serializeSafetensors(rankShare(state, program)));
-  await barrier([0]);
-  if (rank !== 0) return;
-  const whole = assembleCheckpoint(plan, programs, (r) => {
-    if (!existsSync(file(r)))
-      throw new UserError(
-        `--save ${save}: rank ${r}'s share is not in ${shares}; every rank must reach the save directory (a shared file system)`,
-      );
-    return readSafetensors(file(r)).tensors;
-  });
+  const file = (r: number) => `rank-${r}.safetensors`;
+  const mine = new Map([[file(rank), serializeSafetensors(rankShare(state, program))]]);
+  const path = await gatherAtRank0(shares, rank, mine, barrier, `--save ${save}`);
+  if (!path) return;
+  const whole = assembleCheckpoint(plan, programs, (r) => readSafetensors(path(file(r))).tensors);
   writeCheckpoint(save, whole, meta);
+  rmSync(shares, { recursive: true, force: true });
+}
+
+/**
+ * The step dump (runtime/dump.ts), written once: on one rank from its own share; on several by
+ * rank 0, from every rank's share and each data-parallel index's microbatches (sent by its lowest
+ * rank).
+ */
+async function dumpGathered(
+  dir: string,
+  metrics: StepMetrics,
+  lossTokens: number,
+  programs: ReadonlyMap<string, ProgramFile>,
+  plan: PlanFile,
+  mine: { rank: number; dpIndex: number; dumpShare: DumpShare; mbs: readonly Microbatch[] },
+  barrier: (values: number[]) => Promise<number[]>,
+): Promise<void> {
+  if (plan.topology.worldSize === 1) {
+    const dump = assembleDump(
+      plan,
+      programs,
+      () => mine.dumpShare,
+      () => mine.mbs,
+    );
+    writeDump(dir, dump, metrics, plan, lossTokens);
+    return;
+  }
+  const shares = join(dir, '.shares');
+  const share = (r: number) => `rank-${r}.safetensors`;
+  const batch = (d: number) => `batch-${d}.safetensors`;
+  const files = new Map([[share(mine.rank), serializeSafetensors(mine.dumpShare)]]);
+  if (plan.dataParallel.rankIndex.indexOf(mine.dpIndex) === mine.rank)
+    files.set(batch(mine.dpIndex), serializeSafetensors(batchTensors(mine.mbs)));
+  const path = await gatherAtRank0(shares, mine.rank, files, barrier, `--dump-step ${dir}`);
+  if (!path) return;
+  const dump = assembleDump(
+    plan,
+    programs,
+    (r) => readSafetensors(path(share(r))).tensors,
+    (d) => readBatchFile(path(batch(d))),
+  );
+  writeDump(dir, dump, metrics, plan, lossTokens);
   rmSync(shares, { recursive: true, force: true });
 }
 
@@ -341,46 +404,6 @@ export function snake(m: StepMetrics): Record<string, number | null> {
   };
 }
 
-function dumpBefore(dir: string, state: RankState, mbs: readonly Microbatch[]): void {
-  mkdirSync(dir, { recursive: true });
-  const w = new Map<string, Tensor>();
-  for (const n of state.names())
-    w.set(n, { dtype: 'F32', shape: state.shape(n), data: state.view(n, 'param').slice() });
-  writeSafetensors(join(dir, 'weights.safetensors'), w);
-  writeBatchFile(join(dir, 'batch.safetensors'), mbs);
-}
-
-function dumpAfter(
-  dir: string,
-  state: RankState,
-  m: StepMetrics,
-  plan: PlanFile,
-  lossTokens: number,
-): void {
-  const g = new Map<string, Tensor>();
-  for (const n of state.names()) {
-    if (state.has(n, 'grad'))
-      g.set(n, { dtype: 'F32', shape: state.shape(n), data: state.view(n, 'grad').slice() });
-  }
-  writeSafetensors(join(dir, 'grads.safetensors'), g);
-  const o = plan.training.optimizer;
-  writeJsonFile(join(dir, 'step.json'), {
-    loss: m.loss,
-    ce_loss: m.ceLoss,
-    aux_loss: m.auxLoss,
-    loss_tokens: lossTokens,
-    grad_norm: m.gradNorm,
-    optimizer: {
-      lr: m.lr,
-      beta1: o.beta1,
-      beta2: o.beta2,
-      eps: o.eps,
-      weight_decay: o.weightDecay,
-      clip_norm: o.clipNorm,
-    },
-  });
-}
-
 /** Runs fn, turning the native runtime's refusals (a bad program, bad data) into user errors. */
 function userErrors<T>(what: string, fn: () => T): T {
   try {
@@ -389,8 +412,4 @@ function userErrors<T>(what: string, fn: () => T): T {
     if (e instanceof UserError) throw e;
     throw new UserError(`${what}: ${(e as Error).message}`);
   }
-}
-
-function writeJsonFile(path: string, value: unknown): void {
-  writeFileSync(path, JSON.stringify(value, null, 1) + '\n');
 }

@@ -1,8 +1,12 @@
-// lfc compile <model> [overrides…] -o DIR: plan + report.
+// lfc compile <model> [overrides…] -o DIR: plan + report. The flags are LoongForge's and
+// Megatron-LM's; compileRequest turns them into CompileOptions, and parseCompileArgs runs that
+// conversion on an argument list without compiling (the tests' view of the parser).
 
-import type { Command } from 'commander';
-import { PASSES, compile, writePlan } from '../pipeline.js';
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../frontend/activation-names.js';
+import { PASSES, compile, writePlan, type CompileOptions } from '../pipeline.js';
 import { describeLayout } from '../schedule/partition.js';
+import { describeEncoder } from '../parallel/encoder.js';
 import { UserError } from '../errors.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
@@ -36,7 +40,52 @@ interface CompileFlags {
   microbatchGroupSizePerVpStage?: number;
   decoderFirstPipelineNumLayers?: number;
   decoderLastPipelineNumLayers?: number;
+  enableEncoderHeteroDp?: boolean;
+  enableFullHeteroDp?: boolean;
+  fullHeteroDpCpuOffload?: boolean;
+  fullHeteroDpEncoderRecompute?: boolean;
+  useVitDpBalance?: boolean;
+  overlapMoeExpertParallelComm?: boolean;
+  delayWgradCompute?: boolean;
+  recomputeGranularity?: 'full' | 'selective';
+  recomputeModules?: string[];
+  fineGrainedActivationOffloading?: boolean;
+  offloadTensors?: string[];
+  trainingPhase?: TrainingPhase;
+  attentionBackend?: AttentionBackend;
+  moeTokenDispatcherType?: 'alltoall';
 }
+
+const TRAINING_PHASES = ['pretrain', 'sft'] as const;
+type TrainingPhase = (typeof TRAINING_PHASES)[number];
+const ATTENTION_BACKENDS = ['flash', 'fused', 'unfused', 'local', 'auto'] as const;
+type AttentionBackend = (typeof ATTENTION_BACKENDS)[number];
+
+/** Megatron's --moe-token-dispatcher-type; lfc builds the all-to-all dispatcher only. */
+function dispatcherType(v: string): 'alltoall' {
+  if (v === 'alltoall') return v;
+  throw new InvalidArgumentError(
+    v === 'allgather' || v === 'flex'
+      ? `--moe-token-dispatcher-type ${v} is not built; lfc's expert parallelism uses the alltoall dispatcher`
+      : `--moe-token-dispatcher-type must be alltoall (Megatron's allgather and flex are not built), got '${v}'`,
+  );
+}
+
+/** What a compile command line asks for: the compile options and where the result goes. */
+export interface CompileRequest {
+  readonly options: CompileOptions;
+  readonly output?: string;
+  readonly json?: boolean;
+  /** flags accepted for LoongForge/Megatron compatibility that change nothing in the plan */
+  readonly compatibility: {
+    readonly trainingPhase?: TrainingPhase;
+    readonly attentionBackend?: AttentionBackend;
+    readonly moeTokenDispatcherType?: 'alltoall';
+  };
+}
+
+/** A Hydra-style override (key=value, +key=value, ~key): never an activation or module name. */
+const isOverride = (arg: string): boolean => arg.includes('=') || /^[+~]/.test(arg);
 
 /** One value from a flag and its alias; both given and different is an error. */
 function either(
@@ -58,9 +107,9 @@ function mib(bytes: number): string {
   return `${(bytes / 2 ** (20 + 10 * k)).toFixed(2)} ${units[k]}`;
 }
 
-export function addCompileCommand(program: Command, io: CliIO): void {
-  program
-    .command('compile')
+/** The arguments and options of `lfc compile`, declared on `cmd`. */
+function defineCompileCommand(cmd: Command): Command {
+  return cmd
     .description('compile one training step of a model into an execution plan per rank')
     .argument('[model]', 'preset name, LoongForge alias or YAML file')
     .argument('[overrides...]', 'Hydra-style overrides: key=value, +key=value, ~key')
@@ -159,48 +208,181 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       positiveInt('--decoder-last-pipeline-num-layers'),
     )
     .option(
+      '--enable-encoder-hetero-dp',
+      'level 2, hetero DP: each decoder TP rank encodes its own microbatches (encoder TP 1)',
+    )
+    .option(
+      '--enable-full-hetero-dp',
+      'level 3, full separation: every rank encodes before the decoder pipeline (encoder TP 1, cp 1)',
+    )
+    .option(
+      '--full-hetero-dp-cpu-offload',
+      'level 3: keep encoder outputs on the host until the decoder needs them',
+    )
+    .option(
+      '--full-hetero-dp-encoder-recompute',
+      'level 3: drop encoder activations after phase 1, recompute them before its backward',
+    )
+    .option(
+      '--use-vit-dp-balance',
+      "balance images over the encoder's data-parallel group by cost (patches²)",
+    )
+    .option(
+      '--overlap-moe-expert-parallel-comm',
+      "MoE all-to-all overlap: one microbatch's forward paired with another's backward (ep > 1; vpp > 1 when pp > 1)",
+    )
+    .option(
+      '--delay-wgrad-compute',
+      'with the all-to-all overlap: weight gradients later, to hide communication',
+    )
+    .addOption(
+      new Option(
+        '--recompute-granularity <granularity>',
+        'recompute activations in backward',
+      ).choices(['full', 'selective']),
+    )
+    .option(
+      '--recompute-modules <names...>',
+      `with --recompute-granularity selective, the modules to recompute: ${Object.keys(RECOMPUTE_MODULES).join(', ')}`,
+    )
+    .option(
+      '--fine-grained-activation-offloading',
+      'keep the activations named by --offload-tensors on the host between forward and backward',
+    )
+    .option(
+      '--offload-tensors <names...>',
+      `the activations to offload: ${Object.keys(OFFLOAD_TENSORS).join(', ')}`,
+    )
+    .addOption(
+      new Option(
+        '--training-phase <phase>',
+        "LoongForge's trainer (accepted for compatibility: lfc compiles the same step for both)",
+      ).choices(TRAINING_PHASES),
+    )
+    .addOption(
+      new Option(
+        '--attention-backend <backend>',
+        "Megatron's attention kernels (accepted for compatibility: lfc's kernels are its own)",
+      ).choices(ATTENTION_BACKENDS),
+    )
+    .option(
+      '--moe-token-dispatcher-type <type>',
+      'MoE token dispatcher (accepted for compatibility: alltoall, the only one built)',
+      dispatcherType,
+    )
+    .option(
       '--dump-after <pass>',
       `print the IR after a pass (${PASSES.map((p) => p.name).join(', ')})`,
     )
-    .option('--json', 'print the report as JSON')
+    .option('--json', 'print the report as JSON');
+}
+
+/** The request of a parsed command line: flags → CompileOptions. Throws a UserError for a flag
+ * that needs another; compile()'s layout rules check the combinations. */
+export function compileRequest(
+  model: string | undefined,
+  overrides: readonly string[],
+  f: CompileFlags,
+): CompileRequest {
+  // a list flag takes every argument up to the next flag: overrides after it stay overrides
+  const lists = [...(f.recomputeModules ?? []), ...(f.offloadTensors ?? [])];
+  const names = (list: string[] | undefined) => list?.filter((n) => !isOverride(n));
+  const recomputeModules = names(f.recomputeModules);
+  const offloadTensors = names(f.offloadTensors);
+  let all = [...overrides, ...lists.filter(isOverride)];
+  const ref = f.modelName ?? model;
+  if (!ref)
+    throw new UserError('compile: name a model (a preset, a LoongForge name or a YAML file)');
+  if (f.modelName && model) all = [model, ...all];
+  if (recomputeModules?.length && f.recomputeGranularity === undefined)
+    throw new UserError(
+      `--recompute-modules ${recomputeModules.join(' ')} needs --recompute-granularity selective`,
+    );
+  if (f.fineGrainedActivationOffloading && !offloadTensors?.length)
+    throw new UserError(
+      '--fine-grained-activation-offloading needs --offload-tensors <names...> (the activations to offload)',
+    );
+  if (offloadTensors?.length && !f.fineGrainedActivationOffloading)
+    throw new UserError(
+      `--offload-tensors ${offloadTensors.join(' ')} needs --fine-grained-activation-offloading`,
+    );
+  const encoder = {
+    heteroDp: f.enableEncoderHeteroDp,
+    fullHeteroDp: f.enableFullHeteroDp,
+    cpuOffload: f.fullHeteroDpCpuOffload,
+    recompute: f.fullHeteroDpEncoderRecompute,
+    vitDpBalance: f.useVitDpBalance,
+  };
+  const moeOverlap = { overlap: f.overlapMoeExpertParallelComm, delayWgrad: f.delayWgradCompute };
+  const anyGiven = (o: object): boolean => Object.values(o).some((v) => v !== undefined);
+  return {
+    options: {
+      model: ref,
+      overrides: all,
+      seqLength: f.seqLength,
+      microBatchSize: f.microBatchSize,
+      globalBatchSize: f.globalBatchSize,
+      maxVisualTokens: f.maxVisualTokens,
+      nnodes: f.nnodes ?? f.nodes,
+      nprocPerNode: f.nprocPerNode ?? f.gpusPerNode,
+      parallel: {
+        tp: either('--tensor-model-parallel-size', f.tensorModelParallelSize, '--tp', f.tp),
+        pp: either('--pipeline-model-parallel-size', f.pipelineModelParallelSize, '--pp', f.pp),
+        vpp: either(
+          '--num-virtual-stages-per-pipeline-rank',
+          f.numVirtualStagesPerPipelineRank,
+          '--vpp',
+          f.vpp,
+        ),
+        ep: either('--expert-model-parallel-size', f.expertModelParallelSize, '--ep', f.ep),
+        etp: f.expertTensorParallelSize,
+        cp: f.contextParallelSize,
+      },
+      sequenceParallel: f.sequenceParallel,
+      distributedOptimizer: f.useDistributedOptimizer,
+      microbatchGroupSize: f.microbatchGroupSizePerVpStage,
+      decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
+      decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,
+      optimizer: f.lr !== undefined ? { lr: f.lr } : {},
+      encoder: anyGiven(encoder) ? encoder : undefined,
+      moeOverlap: anyGiven(moeOverlap) ? moeOverlap : undefined,
+      recompute: f.recomputeGranularity
+        ? { granularity: f.recomputeGranularity, modules: recomputeModules }
+        : undefined,
+      offloadTensors,
+      dumpAfter: f.dumpAfter,
+    },
+    output: f.output,
+    json: f.json,
+    compatibility: {
+      trainingPhase: f.trainingPhase,
+      attentionBackend: f.attentionBackend,
+      moeTokenDispatcherType: f.moeTokenDispatcherType,
+    },
+  };
+}
+
+/** Parses the arguments after `lfc compile` into a request without compiling; commander's usage
+ * errors throw as CommanderError, the request's own as UserError. */
+export function parseCompileArgs(argv: readonly string[]): CompileRequest {
+  let request: CompileRequest | undefined;
+  defineCompileCommand(new Command('compile'))
+    .exitOverride()
+    .configureOutput({ writeOut: () => {}, writeErr: () => {} })
     .action((model: string | undefined, overrides: string[], f: CompileFlags) => {
-      const ref = f.modelName ?? model;
-      if (!ref)
-        throw new UserError('compile: name a model (a preset, a LoongForge name or a YAML file)');
-      if (f.modelName && model) overrides = [model, ...overrides];
+      request = compileRequest(model, overrides, f);
+    })
+    .parse([...argv], { from: 'user' });
+  return request!;
+}
+
+export function addCompileCommand(program: Command, io: CliIO): void {
+  defineCompileCommand(program.command('compile')).action(
+    (model: string | undefined, overrides: string[], f: CompileFlags) => {
+      const request = compileRequest(model, overrides, f);
       if (!f.output && !f.dumpAfter)
         throw new UserError('compile: say where to write the plan with -o DIR');
-      const result = compile({
-        model: ref,
-        overrides,
-        seqLength: f.seqLength,
-        microBatchSize: f.microBatchSize,
-        globalBatchSize: f.globalBatchSize,
-        maxVisualTokens: f.maxVisualTokens,
-        nnodes: f.nnodes ?? f.nodes,
-        nprocPerNode: f.nprocPerNode ?? f.gpusPerNode,
-        parallel: {
-          tp: either('--tensor-model-parallel-size', f.tensorModelParallelSize, '--tp', f.tp),
-          pp: either('--pipeline-model-parallel-size', f.pipelineModelParallelSize, '--pp', f.pp),
-          vpp: either(
-            '--num-virtual-stages-per-pipeline-rank',
-            f.numVirtualStagesPerPipelineRank,
-            '--vpp',
-            f.vpp,
-          ),
-          ep: either('--expert-model-parallel-size', f.expertModelParallelSize, '--ep', f.ep),
-          etp: f.expertTensorParallelSize,
-          cp: f.contextParallelSize,
-        },
-        sequenceParallel: f.sequenceParallel,
-        distributedOptimizer: f.useDistributedOptimizer,
-        microbatchGroupSize: f.microbatchGroupSizePerVpStage,
-        decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
-        decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,
-        optimizer: f.lr !== undefined ? { lr: f.lr } : {},
-        dumpAfter: f.dumpAfter,
-        onDump: (text) => io.out(text),
-      });
+      const result = compile({ ...request.options, onDump: (text) => io.out(text) });
       if (f.output) writePlan(f.output, result.plan, result.programs);
       if (f.dumpAfter) return;
       const e = result.stats.emit;
@@ -225,6 +407,7 @@ export function addCompileCommand(program: Command, io: CliIO): void {
         [
           `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${layoutText}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
           ...(result.layout ? describeLayout(result.layout).map((l) => `  ${l}`) : []),
+          `  ${describeEncoder(result.placement)}`,
           `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each`,
           `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
           `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
@@ -232,5 +415,6 @@ export function addCompileCommand(program: Command, io: CliIO): void {
           '',
         ].join('\n'),
       );
-    });
+    },
+  );
 }

@@ -10,7 +10,13 @@ import { UserError } from '../errors.js';
 import type { PlanFile } from '../plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import { snake, train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
+import {
+  SHUFFLE_ONE_RANK,
+  snake,
+  train,
+  type StepMetrics,
+  type TrainOptions,
+} from '../../runtime/train.js';
 import { progressBar } from '../../runtime/progress.js';
 import { launch, type MergedStep, type RankMessage } from '../../runtime/launch.js';
 import {
@@ -213,8 +219,7 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
       return;
     }
     // a multi-rank plan: check what the ranks would refuse, then launch them
-    if (plan.topology.worldSize > 1 && (f.dumpStep || f.shuffleImages))
-      throw new UserError(`${f.dumpStep ? '--dump-step' : '--shuffle-images'} runs on one rank`);
+    if (plan.topology.worldSize > 1 && f.shuffleImages) throw new UserError(SHUFFLE_ONE_RANK);
     readPlan(dir); // every program present and readable before any rank starts
     const metricsPath = opts.metricsPath!;
     const nodeRank = f.nodeRank ?? 0;

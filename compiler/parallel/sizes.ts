@@ -19,6 +19,11 @@ export interface ParallelSizes {
   readonly etp?: number;
   /** --context-parallel-size (only 1 is built) */
   readonly cp: number;
+  /**
+   * the vision encoder's tensor parallelism (its config's tensor_model_parallel_size); divides tp;
+   * defaults to tp (the encoder shares the decoder's TP groups)
+   */
+  readonly encoderTp?: number;
 }
 
 /** Sizes with defaults filled in and the derived degrees. */
@@ -41,11 +46,16 @@ export const SIZE_FLAGS = {
   ep: '--expert-model-parallel-size',
   etp: '--expert-tensor-parallel-size',
   cp: '--context-parallel-size',
+  encoderTp: 'model.image_encoder.tensor_model_parallel_size',
 } as const satisfies Record<keyof ParallelSizes, string>;
 
-/** Fills etp and derives world, dp and edp (dp and edp may be fractions if the sizes are bad). */
+/**
+ * Fills etp and encoderTp and derives world, dp and edp (dp and edp may be fractions if the sizes
+ * are bad).
+ */
 export function resolveSizes(s: ParallelSizes): ResolvedSizes {
   const etp = s.etp ?? s.tp;
+  const encoderTp = s.encoderTp ?? s.tp;
   const world = s.nnodes * s.nprocPerNode;
   return {
     nnodes: s.nnodes,
@@ -56,6 +66,7 @@ export function resolveSizes(s: ParallelSizes): ResolvedSizes {
     ep: s.ep,
     etp,
     cp: s.cp,
+    encoderTp,
     world,
     dp: world / (s.tp * s.cp * s.pp),
     edp: world / (etp * s.ep * s.pp),

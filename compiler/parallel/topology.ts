@@ -22,7 +22,11 @@ export type { ParallelSizes, ResolvedSizes } from './sizes.js';
  * tp, cp, dp, pp: decoder grid; dp_cp: data and context together (gradient reduction);
  * mp: model-parallel ranks sharing a dp index (tp·cp·pp of them; Megatron's own mp group leaves cp
  * out, which only differs once cp > 1 is built); embd: first and last stage of each pipeline
- * (tied embeddings); etp, ep, edp: expert grid; world: every rank (the gradient norm).
+ * (tied embeddings); etp, ep, edp: expert grid; world: every rank (the gradient norm and, under
+ * full separation, the encoder's gradients); enc_tp: the vision encoder's TP groups, blocks of
+ * encoderTp consecutive ranks inside each tp group (hetero TP; the tp groups themselves when the
+ * encoder shares the decoder's TP); tp_dp_cp: every rank of one pipeline stage (the encoder's
+ * gradients under hetero DP, where each TP rank encodes its own microbatches).
  */
 export const GROUP_KINDS = [
   'tp',
@@ -36,6 +40,8 @@ export const GROUP_KINDS = [
   'ep',
   'edp',
   'world',
+  'enc_tp',
+  'tp_dp_cp',
 ] as const;
 export type GroupKind = (typeof GROUP_KINDS)[number];
 
@@ -87,6 +93,8 @@ interface Grids {
   readonly decoder: readonly number[];
   /** sizes of [etp, ep, edp, pp] */
   readonly expert: readonly number[];
+  /** sizes of [encoder tp, tp / encoder tp, cp, dp, pp]: the decoder grid with tp cut in two */
+  readonly encoder: readonly number[];
 }
 
 /**
@@ -108,6 +116,8 @@ const KIND_GROUPS = {
   ep: (g) => orthogonalGroups(g.expert, [1]),
   edp: (g) => orthogonalGroups(g.expert, [2]),
   world: (g) => orthogonalGroups(g.decoder, [0, 1, 2, 3]),
+  enc_tp: (g) => orthogonalGroups(g.encoder, [0]),
+  tp_dp_cp: (g) => orthogonalGroups(g.decoder, [0, 1, 2]),
 } satisfies Record<
   GroupKind,
   (grids: Grids, built: (kind: GroupKind) => readonly ProcessGroup[]) => number[][]
@@ -155,6 +165,7 @@ export function buildTopology(s: ParallelSizes): Topology {
   const grids: Grids = {
     decoder: [sizes.tp, sizes.cp, sizes.dp, sizes.pp],
     expert: [sizes.etp, sizes.ep, sizes.edp, sizes.pp],
+    encoder: [sizes.encoderTp, sizes.tp / sizes.encoderTp, sizes.cp, sizes.dp, sizes.pp],
   };
 
   const groups: { id: number; names: string[]; ranks: number[] }[] = [];

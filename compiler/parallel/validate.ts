@@ -8,6 +8,7 @@
 
 import { UserError } from '../errors.js';
 import type { ModelConfig } from '../frontend/config.js';
+import { nearestName, OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../frontend/activation-names.js';
 import type { CompileOptions, EncoderOptions } from '../pipeline.js';
 import { resolveSizes, SIZE_FLAGS, type ParallelSizes } from './sizes.js';
 
@@ -57,7 +58,7 @@ const SIZE_RULES: readonly LayoutRule<SizesContext>[] = [
     check: ({ sizes }) => {
       for (const key of Object.keys(SIZE_FLAGS) as (keyof ParallelSizes)[]) {
         const n = sizes[key];
-        if (n === undefined && key === 'etp') continue;
+        if (n === undefined && (key === 'etp' || key === 'encoderTp')) continue;
         if (n === undefined || !isPosInt(n)) {
           return `${SIZE_FLAGS[key]} must be a positive integer, got ${n}`;
         }
@@ -309,8 +310,117 @@ const MODEL_RULES: readonly LayoutRule[] = [
   },
 ];
 
-/** Every layout rule, in the order they are checked. */
-export const LAYOUT_RULES: readonly LayoutRule[] = [...SIZE_RULES, ...MODEL_RULES];
+const LEVEL2 = '--enable-encoder-hetero-dp';
+const LEVEL3 = '--enable-full-hetero-dp';
+const OVERLAP = '--overlap-moe-expert-parallel-comm';
+
+/** An unknown name among `given`, with the nearest known one and the whole list. */
+function unknownName(flag: string, what: string, given: readonly string[], known: object) {
+  const names = Object.keys(known);
+  const bad = given.find((n) => !Object.hasOwn(known, n));
+  return bad === undefined
+    ? undefined
+    : `${flag}: unknown ${what} '${bad}' (did you mean '${nearestName(bad, names)}'?); known: ${names.join(', ')}`;
+}
+
+// The flags of the encoder levels (DESIGN.md "Parallel topology"), the MoE all-to-all overlap,
+// recompute and activation offload, and how they combine.
+const FLAG_RULES: readonly LayoutRule[] = [
+  {
+    id: 'encoder-levels-exclusive',
+    check: ({ encoder }) =>
+      encoder?.heteroDp && encoder.fullHeteroDp
+        ? `${LEVEL2} (level 2, hetero DP) and ${LEVEL3} (level 3, full separation) exclude each other; give one`
+        : undefined,
+  },
+  {
+    id: 'encoder-level-tp',
+    // levels 2 and 3 give each encoder replica its own microbatches: the encoder is not split
+    check: ({ encoder, config }) => {
+      const flag = encoder?.fullHeteroDp ? LEVEL3 : encoder?.heteroDp ? LEVEL2 : undefined;
+      const encTp = config.model.image_encoder.tensor_model_parallel_size;
+      return flag && encTp !== 1
+        ? `${flag} needs encoder tensor parallel size 1, got ${encTp} (model.image_encoder.tensor_model_parallel_size)`
+        : undefined;
+    },
+  },
+  {
+    id: 'full-hetero-dp-cp',
+    // before cp-unsupported, so that this combination names its own reason
+    check: ({ encoder, sizes }) =>
+      encoder?.fullHeteroDp && sizes.cp > 1
+        ? `${LEVEL3} (level 3, full separation) needs ${SIZE_FLAGS.cp} 1, got ${sizes.cp}`
+        : undefined,
+  },
+  {
+    id: 'full-hetero-dp-options',
+    check: ({ encoder }) => {
+      if (encoder?.fullHeteroDp) return undefined;
+      const given = [
+        ...(encoder?.cpuOffload ? ['--full-hetero-dp-cpu-offload'] : []),
+        ...(encoder?.recompute ? ['--full-hetero-dp-encoder-recompute'] : []),
+      ];
+      return given.length
+        ? `${given.join(' and ')} need${given.length === 1 ? 's' : ''} ${LEVEL3} (full separation)`
+        : undefined;
+    },
+  },
+  {
+    id: 'a2a-overlap-ep',
+    check: ({ moeOverlap, sizes }) =>
+      moeOverlap?.overlap && sizes.ep === 1
+        ? `${OVERLAP} needs expert parallelism (${SIZE_FLAGS.ep} is 1)`
+        : undefined,
+  },
+  {
+    id: 'a2a-overlap-vpp',
+    // Megatron's combined 1F1B pairs one microbatch's forward with another's backward layer by
+    // layer; with a pipeline it is built only into the interleaved schedule
+    check: ({ moeOverlap, sizes: s }) =>
+      moeOverlap?.overlap && s.pp > 1 && s.vpp === 1
+        ? `${OVERLAP} with ${SIZE_FLAGS.pp} ${s.pp} needs the interleaved schedule (${SIZE_FLAGS.vpp} is 1)`
+        : undefined,
+  },
+  {
+    id: 'a2a-overlap-full-recompute',
+    check: ({ moeOverlap, recompute }) =>
+      moeOverlap?.overlap && recompute?.granularity === 'full'
+        ? `${OVERLAP} does not work with --recompute-granularity full (it interleaves sub-layer nodes of two microbatches); use selective with --recompute-modules ${Object.keys(
+            RECOMPUTE_MODULES,
+          )
+            .filter((m) => m.startsWith('a2a_overlap_'))
+            .join(' ')}`
+        : undefined,
+  },
+  {
+    id: 'delay-wgrad-needs-overlap',
+    check: ({ moeOverlap }) =>
+      moeOverlap?.delayWgrad && !moeOverlap.overlap
+        ? `--delay-wgrad-compute needs ${OVERLAP} (the weight gradients it delays hide the overlap's all-to-alls)`
+        : undefined,
+  },
+  {
+    id: 'recompute-modules-selective',
+    check: ({ recompute }) =>
+      recompute?.modules?.length && recompute.granularity !== 'selective'
+        ? `--recompute-modules ${recompute.modules.join(' ')} needs --recompute-granularity selective, got ${recompute.granularity}`
+        : undefined,
+  },
+  {
+    id: 'recompute-module-known',
+    check: ({ recompute }) =>
+      unknownName('--recompute-modules', 'module', recompute?.modules ?? [], RECOMPUTE_MODULES),
+  },
+  {
+    id: 'offload-tensor-known',
+    check: ({ offloadTensors }) =>
+      unknownName('--offload-tensors', 'tensor', offloadTensors ?? [], OFFLOAD_TENSORS),
+  },
+];
+
+/** Every layout rule, in the order they are checked: flag combinations first (they name the
+ * flags; full separation with cp > 1 is refused for its own reason before cp-unsupported). */
+export const LAYOUT_RULES: readonly LayoutRule[] = [...FLAG_RULES, ...SIZE_RULES, ...MODEL_RULES];
 
 function runRules<C extends SizesContext>(rules: readonly LayoutRule<C>[], ctx: C): void {
   for (const rule of rules) {

@@ -1,6 +1,7 @@
-// A checker for memory plans: replays a program in issue order (one stream), keeping the arena
-// buffers that are live (written, and read again later) sorted by offset, and proves that no write
-// lands on a live buffer's bytes: no buffer is read after its space was reused. A batched
+// A checker for memory plans: replays a program in issue order (one stream), keeping the buffers
+// of the planned regions (the arena, and the host region of offloaded activations) that are live
+// (written, and read again later) sorted by offset, and proves that no write lands on a live
+// buffer's bytes: no buffer is read after its space was reused. A batched
 // send/recv runs over its whole batch: its reads last to the batch's end, its writes happen at the
 // batch's start.
 
@@ -17,8 +18,12 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
   const rootOf = new Int32Array(p.buffers.length);
   for (let id = 0; id < rootOf.length; id++) rootOf[id] = p.buffers[id].viewOf ?? id;
   const root = (id: number) => rootOf[id];
-  const isArena = (r: number) => p.buffers[r].region === 'arena';
-  // the last instruction that reads or writes each arena buffer
+  // the planned regions, each with its live buffers
+  const planned = new Map([
+    ['arena', new LiveSet()],
+    ['host', new LiveSet()],
+  ]);
+  // the last instruction that reads or writes each buffer
   const span = batchSpans(p.instructions);
   const lastUse = new Int32Array(p.buffers.length).fill(-1);
   const use = (id: number, last: number) => {
@@ -31,7 +36,6 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
     for (const id of ins.outputs) use(id, span.last[idx]);
   }
   // live buffers (written, read again later), sorted by offset: their bytes must never overlap
-  const live = new LiveSet();
   const isLive = new Uint8Array(p.buffers.length);
   // buffers by the instruction after which they die: a linked list per instruction
   const endHead = new Int32Array(p.instructions.length).fill(-1);
@@ -39,8 +43,9 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
   const problems: MemoryProblem[] = [];
   const write = (id: number) => {
     const r = root(id);
-    if (!isArena(r) || isLive[r]) return;
     const b = p.buffers[r];
+    const live = planned.get(b.region);
+    if (!live || isLive[r]) return;
     const [lo, hi] = [b.offset, b.offset + Math.max(b.bytes, 1)];
     const over = live.overlapping(lo, hi);
     if (over >= 0) {
@@ -64,7 +69,7 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
       for (let k = idx; k <= span.last[idx]; k++)
         for (const id of p.instructions[k].outputs) write(id);
     for (let r = endHead[idx]; r >= 0; r = endNext[r]) {
-      if (isLive[r]) live.remove(p.buffers[r].offset, r);
+      if (isLive[r]) planned.get(p.buffers[r].region)!.remove(p.buffers[r].offset, r);
       isLive[r] = 0;
     }
   }

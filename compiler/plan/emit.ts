@@ -28,6 +28,8 @@ import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { Action } from '../schedule/pipeline.js';
+import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
+import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
 import { ALIGN, align, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
@@ -78,6 +80,29 @@ export interface EmitOptions {
   readonly copies?: Readonly<Record<string, number>>;
   /** ranks in the world (the gradient norm is summed over them when > 1) */
   readonly worldSize?: number;
+  /**
+   * --delay-wgrad-compute: in combined steps, the experts' weight gradients run after the next
+   * all-to-all is issued (it does not need them), hiding it
+   */
+  readonly delayWgrad?: boolean;
+  /**
+   * encoder levels 2 and 3: the encoder and projector (`visual.*`) run apart from the decoder's
+   * passes, on the ranks and at the times compiler/parallel/encoder.ts gives
+   */
+  readonly encoder?: EmitEncoder;
+  /** --recompute-granularity/--recompute-modules, --offload-tensors (compiler/plan/activations.ts) */
+  readonly activations?: ActivationPolicy;
+}
+
+export interface EmitEncoder {
+  readonly placement: EncoderPlacement;
+  /** this program's decoder TP index (programs differ by it at levels 2 and 3) */
+  readonly tp: number;
+  readonly tpSize: number;
+  /** level 3, --full-hetero-dp-cpu-offload: the gathered encoder outputs wait on the host */
+  readonly offload?: boolean;
+  /** level 3, --full-hetero-dp-encoder-recompute: the encoder forward runs again before backward */
+  readonly recompute?: boolean;
 }
 
 export const DEFAULT_BUCKET_BYTES = 4 * 2 ** 20;
@@ -91,6 +116,13 @@ export function streamOf(node: Node): StreamName {
 }
 
 const VIEW_OPS = new Set(['reshape', 'copy_to_group']);
+
+/** one pass of a schedule step: a chunk (global virtual stage), its phase, a microbatch */
+interface PassRef {
+  readonly chunk: number;
+  readonly phase: 'forward' | 'backward';
+  readonly mb: number;
+}
 
 export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const m = opts.numMicrobatches;
@@ -134,6 +166,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     optim: 0,
     data: 0,
     scalar: 0,
+    host: 0,
   };
   const addBuffer = (
     name: string,
@@ -170,8 +203,20 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const passNodes = new Map<string, Node[]>();
   const passKey = (chunk: number, phase: string) => `${chunk}:${phase}`;
   const used = new Set<string>();
+  // levels 2 and 3: the encoder's forward and backward nodes, emitted apart (below); every rank
+  // of its gradient group holds its parameters, encoding or not
+  const enc = opts.encoder;
+  const encoderForward: Node[] = [];
+  const encoderBackward: Node[] = [];
+  const runsEncoder = enc !== undefined && (enc.placement.level === 3 || pipe.stage === 0);
   g.nodes.forEach((n, i) => {
     const c = pipe.chunkOf[i];
+    if (enc && n.phase !== 'optimizer' && isEncoderScope(n.scope)) {
+      if (!runsEncoder) return;
+      (n.phase === 'forward' ? encoderForward : encoderBackward).push(n);
+      for (const v of n.inputs) used.add(v);
+      return;
+    }
     if (!mine(c)) return;
     const k = passKey(c, n.phase);
     let list = passNodes.get(k);
@@ -241,6 +286,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const outputs: { name: string; buffer: number; microbatch: number }[] = [];
   const instructions: PlanInstruction[] = [];
   let events = 0;
+  /** buffers a comm-stream unit touches, by its completion event: allocated until that wait */
+  const keepUntilWait = new Map<number, number[]>();
   const record = (idx: number): number => {
     const e = events++;
     instructions[idx] = { ...instructions[idx], record: [...instructions[idx].record, e] };
@@ -263,9 +310,15 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   };
 
   const dataInputs = g.inputs.filter((i) => !isStepScalar(i) && used.has(i.name));
+  // inputs only the encoder reads (patches, …) are loaded for the microbatches this rank encodes
+  const decoderReads = new Set<string>();
+  for (const list of passNodes.values())
+    for (const n of list) for (const v of n.inputs) decoderReads.add(v);
+  const encodes = new Set(enc ? enc.placement.slotsOf(enc.tp, pipe.stage) : []);
   const locals = Array.from({ length: m }, (_, mb) => {
     const local = new Map<string, number>();
     for (const i of dataInputs) {
+      if (enc && !decoderReads.has(i.name) && !encodes.has(mb)) continue;
       const id = addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
       local.set(i.name, id);
       inputs.push({ name: i.name, buffer: id, microbatch: mb });
@@ -273,7 +326,13 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     return local;
   });
 
-  const emitNode = (n: Node, mb: number, local: Map<string, number>, wait: number[]) => {
+  const emitNode = (
+    n: Node,
+    mb: number,
+    local: Map<string, number>,
+    wait: number[],
+    stream: StreamName = streamOf(n),
+  ) => {
     const lookup = (v: string) => {
       const id = local.get(v) ?? global.get(v);
       if (id === undefined)
@@ -297,7 +356,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     });
     return push(
       {
-        stream: streamOf(n),
+        stream,
         op: n.op,
         inputs: ins,
         outputs: outs,
@@ -309,6 +368,216 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       wait,
     );
   };
+
+  // ---- the encoder apart (levels 2 and 3; compiler/parallel/encoder.ts) ----------------------
+  // its outputs: values its forward makes that the decoder reads; their gradients: values the
+  // decoder's backward makes that its backward reads
+  const valueType = new Map<string, TensorType>();
+  for (const n of g.nodes) for (const o of n.outputs) valueType.set(o.name, o.type);
+  const encoderMade = new Set(encoderForward.flatMap((n) => n.outputs.map((o) => o.name)));
+  const encoderOutputs = [
+    ...new Set(
+      g.nodes
+        .filter((n) => n.phase === 'forward' && !isEncoderScope(n.scope))
+        .flatMap((n) => n.inputs.filter((v) => encoderMade.has(v))),
+    ),
+  ];
+  const decoderMade = new Set(
+    g.nodes.filter((n) => !isEncoderScope(n.scope)).flatMap((n) => n.outputs.map((o) => o.name)),
+  );
+  const outputGrads = [
+    ...new Set(encoderBackward.flatMap((n) => n.inputs.filter((v) => decoderMade.has(v)))),
+  ];
+  const level = enc?.placement.level ?? 0;
+  const T = enc?.tpSize ?? 1;
+  const M = enc?.placement.encoders ?? 1;
+  /** model-parallel group rank (level 3's gather and scatter root is 0) */
+  const mpRank = pipe.stage * T + (enc?.tp ?? 0);
+  const handoff = { phase: 'forward' as const, scope: 'encoder_handoff' };
+  const runNodes = (nodes: readonly Node[], mb: number, local: Map<string, number>) => {
+    for (const n of nodes) lastCompute = emitNode(n, mb, local, computeWait.splice(0));
+  };
+  /** a zero-row block of a value's width: a mock slot's part in gather_v / scatter_v */
+  const mockRows = (v: string, mb = -1): number => {
+    const t = valueType.get(v)!;
+    return addBuffer(`${v}.mock`, { ...t, shape: [0, t.shape[1]] }, 'arena', mb);
+  };
+  const collective = (
+    op: 'broadcast' | 'gather_v' | 'scatter_v',
+    ins: number[],
+    outs: number[],
+    attrs: Record<string, unknown>,
+    mb: number,
+    phase: 'forward' | 'backward',
+  ) => {
+    lastCompute = push(
+      {
+        stream: 'compute',
+        op,
+        inputs: ins,
+        outputs: outs,
+        attrs,
+        microbatch: mb,
+        phase,
+        scope: handoff.scope,
+      },
+      computeWait.splice(0),
+    );
+  };
+  /** stage 0, before microbatch mb's first decoder forward: encode (level 2), hand over */
+  const beforeDecoderForward = (mb: number) => {
+    if (!enc || level < 2) return;
+    if (level === 2 && mb % T === 0) {
+      // the group's first microbatch: every TP rank encodes its own one of the group
+      const j = mb + enc.tp;
+      if (j < m) runNodes(encoderForward, j, locals[j]);
+    }
+    // level 3 with the outputs on the host: back into a fresh device buffer, on the copy stream
+    if (level === 3 && enc.offload && mpRank === 0) reloadOutputs(mb);
+    if (T === 1) return;
+    const root = level === 2 ? mb % T : 0;
+    for (const v of encoderOutputs) {
+      const own = locals[mb].get(v);
+      const id = own ?? addBuffer(`${v}.broadcast`, valueType.get(v)!, 'arena', mb);
+      locals[mb].set(v, id);
+      collective('broadcast', [id], [id], { group: 'tp', group_size: T, root }, mb, 'forward');
+    }
+  };
+  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward */
+  const afterDecoderBackward = (mb: number) => {
+    if (!enc || level !== 2 || !encoderBackward.length) return;
+    if (mb % T !== T - 1 && mb !== m - 1) return;
+    const j = mb - (mb % T) + enc.tp;
+    if (j < m) runNodes(encoderBackward, j, locals[j]);
+  };
+  /** --full-hetero-dp-cpu-offload: each gathered output's host copy, by microbatch */
+  const onHost = new Map<number, Map<string, number>>();
+  /** the index of the last instruction on a stream, -1 if none */
+  const lastOn = (stream: StreamName) => {
+    let k = instructions.length - 1;
+    while (k >= 0 && instructions[k].stream !== stream) k--;
+    return k;
+  };
+  /** copies microbatch mb's gathered outputs to the host after the gather (instruction `after`) */
+  const offloadOutputs = (mb: number, after: number): number[] => {
+    const copies = new Map<string, number>();
+    onHost.set(mb, copies);
+    const done: number[] = [];
+    const ready = record(after);
+    for (const v of encoderOutputs) {
+      const t = valueType.get(v)!;
+      const host = addBuffer(`${v}.host`, { ...t, space: 'host' }, 'host', mb);
+      copies.set(v, host);
+      const k = push(
+        {
+          stream: 'copy',
+          op: 'offload',
+          inputs: [locals[mb].get(v)!],
+          outputs: [host],
+          attrs: {},
+          microbatch: mb,
+          ...handoff,
+        },
+        [ready],
+      );
+      done.push(record(k));
+    }
+    return done;
+  };
+  /** before the decoder reads microbatch mb: its outputs back from the host */
+  const reloadOutputs = (mb: number) => {
+    const copies = onHost.get(mb);
+    if (!copies) return;
+    // the fresh buffers take bytes the planner freed: whatever compute and comm issued before
+    // may still read them
+    const wait = [lastOn('compute'), lastOn('comm')].filter((k) => k >= 0).map((k) => record(k));
+    for (const [v, host] of copies) {
+      const dev = addBuffer(`${v}.reloaded`, valueType.get(v)!, 'arena', mb);
+      const k = push(
+        {
+          stream: 'copy',
+          op: 'reload',
+          inputs: [host],
+          outputs: [dev],
+          attrs: {},
+          microbatch: mb,
+          ...handoff,
+        },
+        wait.splice(0),
+      );
+      locals[mb].set(v, dev);
+      computeWait.push(record(k));
+    }
+  };
+  /** level 3, phase 1: each round, encode this rank's slot, gather the outputs to rank 0 */
+  const encoderPhase1 = () => {
+    if (!enc || level !== 3) return;
+    for (let r = 0; r < enc.placement.slots / M; r++) {
+      const slot = r * M + mpRank;
+      const real = slot < m;
+      if (real) runNodes(encoderForward, slot, locals[slot]);
+      for (const v of encoderOutputs) {
+        const x = real ? locals[slot].get(v)! : mockRows(v);
+        const outs =
+          mpRank === 0
+            ? Array.from({ length: M }, (_, i) => {
+                const k = r * M + i;
+                if (k >= m) return mockRows(v);
+                const id = addBuffer(`${v}.gathered`, valueType.get(v)!, 'arena', k);
+                locals[k].set(v, id);
+                return id;
+              })
+            : [mockRows(v)];
+        const rows = outs.map((id) => buffers[id].shape[0]);
+        collective(
+          'gather_v',
+          [x],
+          outs,
+          { group: 'mp', group_size: M, root: 0, out_rows: rows },
+          -1, // its blocks are of different microbatches: each buffer's own sizes
+          'forward',
+        );
+      }
+      if (enc.offload && mpRank === 0)
+        for (let i = 0; i < M && r * M + i < m; i++)
+          // the device copies' bytes are reused only once the host holds them
+          computeWait.push(...offloadOutputs(r * M + i, lastCompute));
+    }
+  };
+  /** level 3, phase 3: each round, scatter the output gradients back, run the encoder backward */
+  function encoderPhase3() {
+    if (!enc || level !== 3 || !encoderBackward.length) return;
+    for (let r = 0; r < enc.placement.slots / M; r++) {
+      const slot = r * M + mpRank;
+      const real = slot < m;
+      const local = real ? locals[slot] : undefined;
+      for (const v of outputGrads) {
+        const ins =
+          mpRank === 0
+            ? Array.from({ length: M }, (_, i) => {
+                const k = r * M + i;
+                return k < m ? locals[k].get(v)! : mockRows(v);
+              })
+            : [mockRows(v)];
+        const out = real
+          ? addBuffer(`${v}.scattered`, valueType.get(v)!, 'arena', slot)
+          : mockRows(v);
+        collective(
+          'scatter_v',
+          ins,
+          [out],
+          { group: 'mp', group_size: M, root: 0, out_rows: [buffers[out].shape[0]] },
+          -1, // its blocks are of different microbatches: each buffer's own sizes
+          'backward',
+        );
+        local?.set(v, out);
+      }
+      if (!real) continue;
+      // --full-hetero-dp-encoder-recompute: phase 1's activations are gone; the forward again
+      if (enc.recompute) runNodes(encoderForward, slot, local!);
+      runNodes(encoderBackward, slot, local!);
+    }
+  }
 
   // the schedule's passes, with batched p2p between them
   const peerGroup = { group: 'pp' };
@@ -369,26 +638,134 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (paired) steps[steps.length - 1].push(a);
     else steps.push([a]);
   });
-  const passOf = (a: Action) => {
-    if (a.kind === 'FB') throw new Error('emit: combined forward-backward steps are not built yet');
-    return {
-      chunk: a.chunk * pipe.pp + pipe.stage,
-      phase: a.kind === 'F' ? ('forward' as const) : ('backward' as const),
-      mb: a.microbatch,
-    };
+  const passOf = (kind: 'F' | 'B', a: { chunk: number; microbatch: number }): PassRef => ({
+    chunk: a.chunk * pipe.pp + pipe.stage,
+    phase: kind === 'F' ? 'forward' : 'backward',
+    mb: a.microbatch,
+  });
+  const passesOf = (a: Action): PassRef[] =>
+    a.kind === 'FB' ? [passOf('F', a.f), passOf('B', a.b)] : [passOf(a.kind, a)];
+
+  // ---- combined forward-backward steps (--overlap-moe-expert-parallel-comm) -----------------
+  // A pass's nodes, cut at its expert all-to-alls: compute segments and comm units alternate,
+  // starting with a compute segment. A unit is one all_to_all_v, or the counts exchange, the
+  // per-rank counts and the rows (a dispatch). Megatron's combined 1F1B (reference/anchors.md),
+  // layer by layer of the paired forward F and backward B, the units on the comm stream:
+  //   B's compute up to its combine       | (comm idle or the last unit)
+  //   F's compute up to its dispatch      | B combine
+  //   B's experts (dgrad)                 | F dispatch
+  //   B's experts' weight gradients       | B dispatch (with --delay-wgrad-compute)
+  //   F's experts                         |
+  //   B's router, attention …             | F combine
+  // Each unit waits for the compute issued before it and its consumer waits for it; the bytes it
+  // reads or writes stay allocated until that wait.
+  const pieces = (nodes: readonly Node[]) => {
+    const out: Node[][] = [[]];
+    for (let i = 0; i < nodes.length; i++) {
+      if (nodes[i].op !== 'all_to_all_v') {
+        out[out.length - 1].push(nodes[i]);
+        continue;
+      }
+      const unit = [nodes[i]];
+      if (nodes[i + 1]?.op === 'moe_rank_counts' && nodes[i + 2]?.op === 'all_to_all_v')
+        unit.push(nodes[++i], nodes[++i]);
+      out.push(unit, []);
+    }
+    return out;
   };
+  const emitCombined = (f: PassRef, b: PassRef) => {
+    const fp = pieces(passNodes.get(passKey(f.chunk, f.phase)) ?? []);
+    const bp = pieces(passNodes.get(passKey(b.chunk, b.phase)) ?? []);
+    const pending = new Map<Node[], number>(); // unit → its completion event
+    const compute = (nodes: readonly Node[], x: PassRef) => {
+      for (const n of nodes) lastCompute = emitNode(n, x.mb, locals[x.mb], computeWait.splice(0));
+    };
+    const issue = (unit: Node[], x: PassRef) => {
+      let wait = lastCompute >= 0 ? [record(lastCompute)] : [];
+      let last = -1;
+      for (const n of unit) {
+        last = emitNode(n, x.mb, locals[x.mb], wait, 'comm');
+        wait = [];
+      }
+      const e = record(last);
+      const touched = unit.flatMap((n) =>
+        [...n.inputs, ...n.outputs.map((o) => o.name)].map(
+          (v) => locals[x.mb].get(v) ?? global.get(v)!,
+        ),
+      );
+      keepUntilWait.set(e, touched);
+      pending.set(unit, e);
+    };
+    /** the compute segment after unit k of a pass waits for that unit */
+    const awaitUnit = (list: Node[][], k: number) => {
+      const e = pending.get(list[k]);
+      if (e === undefined) return;
+      computeWait.push(e);
+      pending.delete(list[k]);
+    };
+    const wgrad = (n: Node) => opts.delayWgrad === true && /_wgrad$/.test(n.op);
+    let fi = 0; // next F compute segment (even index)
+    let bi = 0;
+    const segs = (list: Node[][]) => list.length;
+    while (fi < segs(fp) || bi < segs(bp)) {
+      // B up to its next unit (its combine), then that unit on comm
+      if (bi < segs(bp)) {
+        if (bi > 0) awaitUnit(bp, bi - 1);
+        compute(bp[bi], b);
+        if (bi + 1 < segs(bp)) issue(bp[bi + 1], b);
+      }
+      // F up to its next unit (its dispatch) while B's unit runs, then F's unit
+      if (fi < segs(fp)) {
+        if (fi > 0) awaitUnit(fp, fi - 1);
+        compute(fp[fi], f);
+        if (fi + 1 < segs(fp)) issue(fp[fi + 1], f);
+      }
+      // B's experts while F's dispatch runs; their weight gradients after B's next unit is issued
+      if (bi + 2 < segs(bp)) {
+        awaitUnit(bp, bi + 1);
+        compute(
+          bp[bi + 2].filter((n) => !wgrad(n)),
+          b,
+        );
+        if (bi + 3 < segs(bp)) issue(bp[bi + 3], b);
+        compute(bp[bi + 2].filter(wgrad), b);
+        bi += 4;
+      } else bi = segs(bp);
+      // F's experts while B's dispatch runs, then F's combine
+      if (fi + 2 < segs(fp)) {
+        awaitUnit(fp, fi + 1);
+        compute(fp[fi + 2], f);
+        if (fi + 3 < segs(fp)) issue(fp[fi + 3], f);
+        fi += 4;
+      } else fi = segs(fp);
+    }
+    // the last units' consumers are in later steps: whatever computes next waits for them
+    computeWait.push(...pending.values());
+  };
+
+  encoderPhase1();
   for (const step of steps) {
-    const passes = step.map(passOf);
+    const passes = step.flatMap(passesOf);
     // recvs of every pass of the step, before its first pass
     const recvsByPass = passes.map((x) =>
       pipe.transfers.filter((t) => t.to.chunk === x.chunk && t.to.phase === x.phase),
     );
     const batchMbs = passes.map((x) => x.mb);
     computeWait.push(...flushRecvs(recvsByPass, batchMbs));
+    const combined = step.length === 1 && step[0].kind === 'FB';
+    if (combined) {
+      const [f, b] = passes;
+      if (f.chunk === 0) beforeDecoderForward(f.mb);
+      emitCombined(f, b);
+      if (b.chunk === 0) afterDecoderBackward(b.mb);
+    }
     for (const x of passes) {
       const local = locals[x.mb];
-      for (const n of passNodes.get(passKey(x.chunk, x.phase)) ?? []) {
-        lastCompute = emitNode(n, x.mb, local, computeWait.splice(0));
+      if (!combined) {
+        if (x.chunk === 0 && x.phase === 'forward') beforeDecoderForward(x.mb);
+        for (const n of passNodes.get(passKey(x.chunk, x.phase)) ?? [])
+          lastCompute = emitNode(n, x.mb, local, computeWait.splice(0));
+        if (x.chunk === 0 && x.phase === 'backward') afterDecoderBackward(x.mb);
       }
       for (const t of pipe.transfers) {
         if (t.from.chunk !== x.chunk || t.from.phase !== x.phase) continue;
@@ -405,7 +782,9 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       }
     }
   }
-  flushRecvs([], []);
+  // the last batch's sends; whatever runs on compute after them (level 3's phase 3) waits
+  computeWait.push(...flushRecvs([], []));
+  encoderPhase3();
 
   // ---- gradient sums ------------------------------------------------------------------------
   const gradBuffers = trainable.map((p) => ({ p, buf: buffers[global.get(`grad.${p.name}`)!] }));
@@ -695,6 +1074,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     return out;
   }
 
+  events = applyActivationPolicy({ instructions, buffers, events, regionTop }, opts.activations);
+
   // ---- the arena: planned from lifetimes in issue order ---------------------------------------
   // a batched send/recv runs from its batch's first instruction to its last: what it sends
   // stays live to the end, what it receives is written from the start
@@ -708,6 +1089,12 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const r = root(id);
       if (lastUse[r] < last) lastUse[r] = last;
     }
+    // a comm unit's bytes stay allocated until compute waits for it
+    for (const e of ins.wait)
+      for (const id of keepUntilWait.get(e) ?? []) {
+        const r = root(id);
+        if (lastUse[r] < idx) lastUse[r] = idx;
+      }
     for (const id of ins.outputs) {
       const r = root(id);
       if (firstDef[r] < 0) firstDef[r] = span.first[idx];

@@ -18,12 +18,20 @@ import type { ParamDist } from '../../ir/graph.js';
 export const PLAN_FORMAT = 'lfc-plan';
 export const PROGRAM_FORMAT = 'lfc-program';
 /** bump on any change a runtime must know about; runtimes refuse other versions */
-export const PLAN_VERSION = 1;
+export const PLAN_VERSION = 2;
 
 export const STREAMS = ['compute', 'comm', 'copy'] as const;
 export type StreamName = (typeof STREAMS)[number];
 
-export const BUFFER_REGIONS = ['arena', 'param', 'grad', 'optim', 'data', 'scalar'] as const;
+export const BUFFER_REGIONS = [
+  'arena',
+  'param',
+  'grad',
+  'optim',
+  'data',
+  'scalar',
+  'host',
+] as const;
 /**
  * arena   activations and temporaries, placed by the memory planner (offset within the arena)
  * param   parameter storage (persistent; offset within the parameter region)
@@ -32,6 +40,9 @@ export const BUFFER_REGIONS = ['arena', 'param', 'grad', 'optim', 'data', 'scala
  * data    per-microbatch inputs the runtime fills from the data source (offset within the data
  *         region of that microbatch slot)
  * scalar  step scalars the runtime fills: loss_tokens, clip coefficient, …
+ * host    activations offloaded between forward and backward (space 'host': pinned host memory
+ *         on a GPU), placed by the memory planner from their lifetimes like the arena; only
+ *         offload and reload (copy stream) touch it
  */
 export type BufferRegion = (typeof BUFFER_REGIONS)[number];
 

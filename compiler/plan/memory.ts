@@ -23,6 +23,11 @@ export function align(n: number): number {
   return Math.ceil(n / ALIGN) * ALIGN;
 }
 
+/** the arena bytes a buffer takes: aligned, and at least one unit (an empty block has an address) */
+function footprint(b: Lifetime): number {
+  return align(Math.max(b.bytes, 1));
+}
+
 /** The most bytes live at once (aligned sizes): a lower bound on any arena. */
 export function livenessLowerBound(buffers: readonly Lifetime[]): number {
   // bytes starting and ending at each instruction, then a running sum (frees first at a tie)
@@ -31,8 +36,8 @@ export function livenessLowerBound(buffers: readonly Lifetime[]): number {
   const delta = new Float64Array(last + 2);
   const freed = new Float64Array(last + 2);
   for (const b of buffers) {
-    delta[b.start] += align(b.bytes);
-    freed[b.end + 1] += align(b.bytes);
+    delta[b.start] += footprint(b);
+    freed[b.end + 1] += footprint(b);
   }
   let live = 0;
   let peak = 0;
@@ -101,9 +106,9 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
     while (e < ends.length && ends[e].end < buf.start) {
       const x = ends[e++];
       const at = offsets[x.id];
-      if (!Number.isNaN(at)) release(at, at + align(x.bytes));
+      if (!Number.isNaN(at)) release(at, at + footprint(x));
     }
-    const bytes = align(buf.bytes);
+    const bytes = footprint(buf);
     let best = -1;
     for (let i = 0; i < gaps.length; i++) {
       const g = gaps[i].hi - gaps[i].lo;
@@ -143,7 +148,7 @@ export function planBySize(buffers: readonly Lifetime[]): ArenaPlan {
   const offsets = offsetTable(buffers);
   let size = 0;
   for (const buf of order) {
-    const bytes = align(buf.bytes);
+    const bytes = footprint(buf);
     stamp++;
     const conflicts: { lo: number; hi: number }[] = [];
     for (let k = Math.floor(buf.start / BLOCK); k <= Math.floor(buf.end / BLOCK); k++) {

@@ -286,7 +286,8 @@ function collectiveSignature(
   if (!VARIABLE_SIZE.has(op)) return `${op}${at} of ${x.dtype} × ${dims.elems(x.shape)}`;
   // variable rows: only the row width is static; the counts input is the size exchange
   const rows = `${op}${at} of ${x.dtype} rows × ${dims.elems(x.shape, 1)}`;
-  if (ins.inputs.length < 2) return rows;
+  // all_to_all_v's second input is its counts; scatter_v's further inputs are the root's blocks
+  if (op !== 'all_to_all_v' || ins.inputs.length < 2) return rows;
   const c = input(1);
   return `${rows}, counts ${c.dtype} × ${dims.elems(c.shape)}`;
 }

@@ -51,6 +51,12 @@ export interface TensorParallelOptions {
   readonly tp: number;
   /** --sequence-parallel */
   readonly sequenceParallel: boolean;
+  /**
+   * the vision encoder's (and projector's) TP size, dividing tp; default tp. Smaller: hetero TP
+   * (level 1), its collectives on the `enc_tp` groups (blocks of encoderTp ranks inside each tp
+   * group, each block a replica that encodes the same microbatch); 1: not split at all.
+   */
+  readonly encoderTp?: number;
 }
 
 /** A model the pass cannot split as asked: a UserError at the compile level. */
@@ -66,7 +72,14 @@ const R: State = { k: 'R' };
 const P: State = { k: 'P' };
 const Q: State = { k: 'Q' };
 
-const GROUP = 'tp';
+/** a region's TP context: the decoder's, or the encoder's under hetero TP */
+interface Context {
+  readonly tp: number;
+  readonly group: string;
+}
+
+/** the encoder and its projector: `visual.*` parameters and scopes */
+const isEncoderName = (name: string) => name === 'visual' || name.startsWith('visual.');
 
 type ParamRole =
   | { readonly kind: 'column'; readonly blocks: number }
@@ -105,13 +118,20 @@ const ROW_WISE: ReadonlySet<OpKind> = new Set<OpKind>([
 
 export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
   if (o.tp === 1) return g;
-  const tp = o.tp;
+  const decoder: Context = { tp: o.tp, group: 'tp' };
+  const encTp = o.encoderTp ?? o.tp;
+  const encoder: Context = encTp === o.tp ? decoder : { tp: encTp, group: 'enc_tp' };
+  const contextOf = (name: string) => (isEncoderName(name) ? encoder : decoder);
+  /** the context of the node being rewritten (the walk below sets it per node) */
+  let cur = decoder;
   const b = new GraphBuilder(g.name);
   for (const s of g.symbols) b.declareSymbol(s);
   const name = new Map<string, string>(); // old value → new value
   const state = new Map<string, State>(); // new value → state
   const fail = (msg: string): never => {
-    throw new TensorParallelError(`tensor parallelism (tp ${tp}): ${msg}`);
+    throw new TensorParallelError(
+      `tensor parallelism (tp ${o.tp}${encoder !== decoder ? `, encoder tp ${encTp}` : ''}): ${msg}`,
+    );
   };
   for (const i of g.inputs) {
     name.set(i.name, b.input(i.name, i.type.dtype, i.type.shape, i.doc));
@@ -125,7 +145,10 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
   const gradOverSeq = new Set<string>();
   const declared = new Map<string, ParamDecl>();
   for (const p of g.params) {
-    const r = tensorParallelRole(p.dist?.name ?? p.name);
+    const ctx = contextOf(p.dist?.name ?? p.name);
+    const tp = ctx.tp;
+    const r: ParamRole =
+      tp === 1 ? { kind: 'replicated' } : tensorParallelRole(p.dist?.name ?? p.name);
     role.set(p.name, r);
     const shape = p.type.shape as readonly number[];
     let split: ParamDist['split'] = p.dist?.split ?? shape.map(() => null);
@@ -135,7 +158,7 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
         fail(
           `${p.name} ${JSON.stringify(shape)}: dim ${dim} (${shape[dim]}) is not divisible by tp${blocks > 1 ? ` × ${blocks} blocks` : ''}`,
         );
-      split = split.map((s, d) => (d === dim ? { group: GROUP, parts: tp, blocks } : s));
+      split = split.map((s, d) => (d === dim ? { group: ctx.group, parts: tp, blocks } : s));
       local = shape.map((n, d) => (d === dim ? n / tp : n));
     };
     if (r.kind === 'column') splitDim(0, r.blocks);
@@ -168,12 +191,13 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
     outs.forEach((v, i) => state.set(v, st[Math.min(i, st.length - 1)]));
     return outs;
   };
-  const coll = { group: GROUP, group_size: tp };
+  const collOf = () => ({ group: cur.group, group_size: cur.tp });
   const stateText = (s: State) => (s.k === 'S' ? `split(dim ${s.dim})` : s.k);
   /** v converted to `want`; forColumn: the consumer is column-parallel (its input gradient is partial) */
   const convert = (v: string, want: 'R' | 'Q', forColumn = false): string => {
     const s = state.get(v)!;
-    const key = `${v}\u0000${want}${forColumn ? 'c' : ''}`;
+    const key = `${v}\u0000${want}${forColumn ? 'c' : ''}\u0000${cur.group}`;
+    const coll = collOf();
     const hit = cache.get(key);
     if (hit) return hit;
     let out: string;
@@ -216,6 +240,9 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
     });
     const st = ins.map((v) => state.get(v)!);
     const out = (outs: string[]) => n.outputs.forEach((o, i) => name.set(o.name, outs[i]));
+    cur = contextOf(n.scope);
+    const { tp, group: GROUP } = cur;
+    const coll = collOf();
     b.at(n.scope, n.phase, () => {
       const run = (inputs: string[], attrs: Attrs, states: State[]) =>
         out(emit(n.op, inputs, attrs, states));
@@ -420,6 +447,7 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
       );
     });
   }
+  cur = decoder;
   for (const out of g.outputs) {
     const v = name.get(out.value)!;
     b.output(out.label, convert(v, 'R'));
@@ -429,7 +457,10 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
     ...built,
     params: built.params.map((p) =>
       gradOverSeq.has(p.name) && p.dist
-        ? { ...p, dist: { ...p.dist, gradSum: [...p.dist.gradSum, GROUP] } }
+        ? {
+            ...p,
+            dist: { ...p.dist, gradSum: [...p.dist.gradSum, contextOf(p.dist.name).group] },
+          }
         : p,
     ),
   };

@@ -1,5 +1,6 @@
 // lfc compile refuses invalid layouts with one line naming the rule, exit code 2 (the rules
-// themselves are tested in test/parallel/validate.test.ts).
+// themselves are tested in test/parallel/validate.test.ts), and flags that need another flag or
+// take a value lfc does not build with one line naming the flag.
 import { describe, expect, it } from 'vitest';
 import { cli } from '../helpers.js';
 
@@ -77,6 +78,151 @@ const CASES: [string, string[], RegExp][] = [
     ['tiny-vlm', '--nproc-per-node', '2', '--pp', '2', '--decoder-first-pipeline-num-layers', '4'],
     /\(pp-uneven-layers\)/,
   ],
+  [
+    'hetero DP and full separation together',
+    ['tiny-vlm-moe', '--enable-encoder-hetero-dp', '--enable-full-hetero-dp'],
+    /\(encoder-levels-exclusive\)/,
+  ],
+  [
+    'hetero DP with encoder TP 2',
+    [
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--tp',
+      '2',
+      '--enable-encoder-hetero-dp',
+      'model.image_encoder.tensor_model_parallel_size=2',
+    ],
+    /\(encoder-level-tp\): --enable-encoder-hetero-dp needs encoder tensor parallel size 1, got 2/,
+  ],
+  [
+    'full separation with context parallelism',
+    [
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--context-parallel-size',
+      '2',
+      '--enable-full-hetero-dp',
+    ],
+    /\(full-hetero-dp-cp\)/,
+  ],
+  [
+    'encoder recompute without full separation',
+    ['tiny-vlm-moe', '--enable-encoder-hetero-dp', '--full-hetero-dp-encoder-recompute'],
+    /\(full-hetero-dp-options\): --full-hetero-dp-encoder-recompute needs --enable-full-hetero-dp/,
+  ],
+  [
+    'A2A overlap without expert parallelism',
+    ['tiny-vlm-moe', '--overlap-moe-expert-parallel-comm'],
+    /\(a2a-overlap-ep\)/,
+  ],
+  [
+    'A2A overlap on a pipeline without virtual stages',
+    [
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '4',
+      '--pp',
+      '2',
+      '--ep',
+      '2',
+      '--overlap-moe-expert-parallel-comm',
+    ],
+    /\(a2a-overlap-vpp\)/,
+  ],
+  [
+    'A2A overlap with full recompute',
+    [
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--ep',
+      '2',
+      '--overlap-moe-expert-parallel-comm',
+      '--recompute-granularity',
+      'full',
+    ],
+    /\(a2a-overlap-full-recompute\)/,
+  ],
+  [
+    'delayed weight gradients without A2A overlap',
+    ['tiny-vlm-moe', '--delay-wgrad-compute'],
+    /\(delay-wgrad-needs-overlap\)/,
+  ],
+  [
+    'recompute modules under full recompute',
+    ['tiny-vlm-moe', '--recompute-granularity', 'full', '--recompute-modules', 'core_attn', 'mlp'],
+    /\(recompute-modules-selective\)/,
+  ],
+  [
+    'a misspelt recompute module, an override after the list',
+    [
+      'tiny-vlm-moe',
+      '--recompute-granularity',
+      'selective',
+      '--recompute-modules',
+      'a2a_overlap_atn',
+      '+model.image_encoder.freeze=True',
+    ],
+    /\(recompute-module-known\): --recompute-modules: unknown module 'a2a_overlap_atn' \(did you mean 'a2a_overlap_attn'\?\)/,
+  ],
+  [
+    "the article's misspelt offload tensor",
+    [
+      'tiny-vlm-moe',
+      '--fine-grained-activation-offloading',
+      '--offload-tensors',
+      'dispatched_input',
+      'pre_mlm_layernorm_output',
+    ],
+    /\(offload-tensor-known\): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' \(did you mean 'pre_mlp_layernorm_output'\?\)/,
+  ],
+];
+
+/** Flags that need another flag, or a value lfc does not build: refused before any layout rule. */
+const FLAG_CASES: [string, string[], RegExp][] = [
+  [
+    'offloading without the tensors to offload',
+    ['tiny-vlm-moe', '--fine-grained-activation-offloading'],
+    /^lfc: error: --fine-grained-activation-offloading needs --offload-tensors/,
+  ],
+  [
+    'tensors to offload without offloading',
+    ['tiny-vlm-moe', '--offload-tensors', 'dispatched_input'],
+    /^lfc: error: --offload-tensors dispatched_input needs --fine-grained-activation-offloading/,
+  ],
+  [
+    'recompute modules without a granularity',
+    ['tiny-vlm-moe', '--recompute-modules', 'core_attn'],
+    /^lfc: error: --recompute-modules core_attn needs --recompute-granularity selective/,
+  ],
+  [
+    "Megatron's allgather dispatcher",
+    ['tiny-vlm-moe', '--moe-token-dispatcher-type', 'allgather'],
+    /--moe-token-dispatcher-type allgather is not built; lfc's expert parallelism uses the alltoall dispatcher/,
+  ],
+  [
+    'an unknown dispatcher',
+    ['tiny-vlm-moe', '--moe-token-dispatcher-type', 'a2a'],
+    /--moe-token-dispatcher-type must be alltoall/,
+  ],
+  [
+    'an unknown recompute granularity',
+    ['tiny-vlm-moe', '--recompute-granularity', 'partial'],
+    /--recompute-granularity.*'partial' is invalid/,
+  ],
+  [
+    'an unknown training phase',
+    ['tiny-vlm-moe', '--training-phase', 'rl'],
+    /--training-phase.*'rl' is invalid.*pretrain, sft/,
+  ],
+  [
+    'an unknown attention backend',
+    ['tiny-vlm-moe', '--attention-backend', 'flash3'],
+    /--attention-backend.*'flash3' is invalid/,
+  ],
 ];
 
 describe('lfc compile: invalid layouts', () => {
@@ -92,5 +238,15 @@ describe('lfc compile: invalid layouts', () => {
     for (const [, argv] of CASES)
       messages.add((await cli('compile', ...argv, '-o', '/tmp/lfc-never-written')).err);
     expect(messages.size).toBe(CASES.length);
+  });
+});
+
+describe('lfc compile: flags that need another flag or a value not built', () => {
+  it.each(FLAG_CASES)('%s', async (_what, argv, message) => {
+    const r = await cli('compile', ...argv, '-o', '/tmp/lfc-never-written');
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/^lfc: error: /);
+    expect(r.err).toMatch(message);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
   });
 });

@@ -64,9 +64,87 @@ const LAYOUTS: readonly Layout[] = [
     ranks: 4,
     flags: ['--tp', '2', '--use-distributed-optimizer'],
   },
+  // the encoder levels (the tiny encoders' YAML says encoder TP 1, so tp 2 above is level 1)
+  {
+    name: 'tp2-encoder-tp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', 'model.image_encoder.tensor_model_parallel_size=2'],
+  },
+  {
+    name: 'level2-tp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'level2-tp4',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '4', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'level3-tp2-pp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
+  },
+  {
+    name: 'level3-tp2-pp2-offload',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--full-hetero-dp-cpu-offload'],
+  },
+  {
+    name: 'level3-tp2-pp2-recompute',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [
+      '--tp',
+      '2',
+      '--pp',
+      '2',
+      '--enable-full-hetero-dp',
+      '--full-hetero-dp-encoder-recompute',
+    ],
+  },
+  {
+    name: 'a2a-overlap-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', '--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'],
+  },
+  {
+    name: 'level3-a2a-overlap-pp2-vpp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [
+      '--pp',
+      '2',
+      '--vpp',
+      '2',
+      '--ep',
+      '2',
+      '--enable-full-hetero-dp',
+      '--overlap-moe-expert-parallel-comm',
+      '--delay-wgrad-compute',
+    ],
+  },
   { name: 'vlm-dp2', model: 'tiny-vlm', ranks: 2, flags: [] },
   { name: 'vlm-tp2', model: 'tiny-vlm', ranks: 2, flags: ['--tp', '2'] },
   { name: 'vlm-pp2', model: 'tiny-vlm', ranks: 2, flags: ['--pp', '2'] },
+  {
+    name: 'vlm-level2-tp2',
+    model: 'tiny-vlm',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'vlm-level3-pp2',
+    model: 'tiny-vlm',
+    ranks: 2,
+    flags: ['--pp', '2', '--enable-full-hetero-dp'],
+  },
 ];
 
 const one = (model: string) => join(dir, `${model}.one`);

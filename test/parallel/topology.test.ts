@@ -252,7 +252,8 @@ describe('deduplication', () => {
     // [2i, 2i+1]: tp, mp, ep; [r]: cp, pp, embd, etp; the dp halves: dp, dp_cp, edp; world
     expect(t.groups.length).toBe(4 + 8 + 2 + 1);
     expect(t.group('world[0]')!.ranks).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
-    expect(t.group('tp[1]')!.names).toEqual(['tp[1]', 'mp[1]', 'ep[1]']);
+    expect(t.group('tp[1]')!.names).toEqual(['tp[1]', 'mp[1]', 'ep[1]', 'enc_tp[1]']);
+    expect(t.group('world[0]')!.names).toEqual(['world[0]', 'tp_dp_cp[0]']);
     expect(t.group('etp[3]')!.names).toEqual(['cp[3]', 'pp[3]', 'embd[3]', 'etp[3]']);
     expect(t.group('edp[0]')!.names).toEqual(['dp[0]', 'dp_cp[0]', 'edp[0]']);
     expect(t.group('ep[1]')).toBe(t.group('tp[1]'));
@@ -291,6 +292,8 @@ describe('1024 ranks: 128 nodes × 8, tp 4, pp 8, ep 16 → dp 32, edp 2', () =>
     ep: [16, 64],
     edp: [2, 512],
     world: [1024, 1],
+    enc_tp: [4, 256],
+    tp_dp_cp: [128, 8],
   };
 
   it('derives dp 32 and edp 2', () => {

@@ -1,9 +1,15 @@
 // Layout rules: each invalid layout below breaks exactly one rule and is refused with that rule's
 // own message, numbers included; the valid layouts (the tiny models, the Qwen3-VL line of
-// LoongForge's scripts, uneven pipeline stages, hetero TP, a 1024-rank layout) pass.
+// LoongForge's scripts, uneven pipeline stages, hetero TP, a 1024-rank layout, the article's
+// hetero DP and full separation + A2A overlap launch lines) pass.
 import { describe, expect, it } from 'vitest';
 import { UserError } from '../../compiler/errors.js';
 import { loadModelConfig } from '../../compiler/frontend/config.js';
+import {
+  nearestName,
+  OFFLOAD_TENSORS,
+  RECOMPUTE_MODULES,
+} from '../../compiler/frontend/activation-names.js';
 import type { ParallelSizes } from '../../compiler/parallel/sizes.js';
 import {
   LAYOUT_RULES,
@@ -46,6 +52,91 @@ function thrown(f: () => void): Error | undefined {
 const QWEN3 = 'qwen3-vl-30b-a3b'; // 48 MoE layers, 32 / 4 heads, 128 experts of FFN 768
 
 const INVALID: readonly Case[] = [
+  {
+    why: 'hetero DP and full separation together',
+    ctx: { encoder: { heteroDp: true, fullHeteroDp: true } },
+    error:
+      'invalid layout (encoder-levels-exclusive): --enable-encoder-hetero-dp (level 2, hetero DP) and --enable-full-hetero-dp (level 3, full separation) exclude each other; give one',
+  },
+  {
+    why: 'hetero DP with encoder TP 2',
+    overrides: ['model.image_encoder.tensor_model_parallel_size=2'],
+    ctx: { encoder: { heteroDp: true } },
+    error:
+      'invalid layout (encoder-level-tp): --enable-encoder-hetero-dp needs encoder tensor parallel size 1, got 2 (model.image_encoder.tensor_model_parallel_size)',
+  },
+  {
+    why: 'full separation with encoder TP 2',
+    overrides: ['model.image_encoder.tensor_model_parallel_size=2'],
+    ctx: { encoder: { fullHeteroDp: true } },
+    error:
+      'invalid layout (encoder-level-tp): --enable-full-hetero-dp needs encoder tensor parallel size 1, got 2 (model.image_encoder.tensor_model_parallel_size)',
+  },
+  {
+    why: 'full separation with context parallelism',
+    sizes: { cp: 2 },
+    ctx: { encoder: { fullHeteroDp: true } },
+    error:
+      'invalid layout (full-hetero-dp-cp): --enable-full-hetero-dp (level 3, full separation) needs --context-parallel-size 1, got 2',
+  },
+  {
+    why: 'encoder output offload without full separation',
+    ctx: { encoder: { cpuOffload: true } },
+    error:
+      'invalid layout (full-hetero-dp-options): --full-hetero-dp-cpu-offload needs --enable-full-hetero-dp (full separation)',
+  },
+  {
+    why: 'encoder recompute and offload under hetero DP',
+    ctx: { encoder: { heteroDp: true, cpuOffload: true, recompute: true } },
+    error:
+      'invalid layout (full-hetero-dp-options): --full-hetero-dp-cpu-offload and --full-hetero-dp-encoder-recompute need --enable-full-hetero-dp (full separation)',
+  },
+  {
+    why: 'A2A overlap without expert parallelism',
+    sizes: { ep: 1, vpp: 2 },
+    ctx: { moeOverlap: { overlap: true } },
+    error:
+      'invalid layout (a2a-overlap-ep): --overlap-moe-expert-parallel-comm needs expert parallelism (--expert-model-parallel-size is 1)',
+  },
+  {
+    why: 'A2A overlap on pp 2 without virtual stages',
+    ctx: { moeOverlap: { overlap: true } },
+    error:
+      'invalid layout (a2a-overlap-vpp): --overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size 2 needs the interleaved schedule (--num-virtual-stages-per-pipeline-rank is 1)',
+  },
+  {
+    why: 'A2A overlap with full recompute',
+    sizes: { pp: 1 },
+    ctx: { moeOverlap: { overlap: true }, recompute: { granularity: 'full' } },
+    error:
+      'invalid layout (a2a-overlap-full-recompute): --overlap-moe-expert-parallel-comm does not work with --recompute-granularity full (it interleaves sub-layer nodes of two microbatches); use selective with --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp',
+  },
+  {
+    why: 'delayed weight gradients without A2A overlap',
+    ctx: { moeOverlap: { delayWgrad: true } },
+    error:
+      "invalid layout (delay-wgrad-needs-overlap): --delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (the weight gradients it delays hide the overlap's all-to-alls)",
+  },
+  {
+    why: 'recompute modules under full recompute',
+    ctx: { recompute: { granularity: 'full', modules: ['core_attn', 'mlp'] } },
+    error:
+      'invalid layout (recompute-modules-selective): --recompute-modules core_attn mlp needs --recompute-granularity selective, got full',
+  },
+  {
+    why: 'a misspelt recompute module',
+    ctx: {
+      recompute: { granularity: 'selective', modules: ['a2a_overlap_attn', 'a2a_overlap_mpl'] },
+    },
+    error:
+      "invalid layout (recompute-module-known): --recompute-modules: unknown module 'a2a_overlap_mpl' (did you mean 'a2a_overlap_mlp'?); known: core_attn, mlp, moe, moe_act, layernorm, a2a_overlap_attn, a2a_overlap_post_attn, a2a_overlap_mlp",
+  },
+  {
+    why: "the article's misspelt offload tensor pre_mlm_layernorm_output",
+    ctx: { offloadTensors: ['dispatched_input', 'pre_mlm_layernorm_output'] },
+    error:
+      "invalid layout (offload-tensor-known): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' (did you mean 'pre_mlp_layernorm_output'?); known: dispatched_input, pre_mlp_layernorm_output, attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act",
+  },
   {
     why: 'a size of 0',
     sizes: { tp: 0 },
@@ -284,6 +375,52 @@ const VALID: readonly Case[] = [
     sizes: { tp: 4, ep: 1 },
   },
   {
+    why: "the article's hetero DP line: Qwen2.5-VL-7B, 8 ranks, tp 4, encoder frozen",
+    model: 'qwen2.5-vl-7b',
+    overrides: ['+model.image_encoder.freeze=True'],
+    sizes: { tp: 4, pp: 1, ep: 1 },
+    ctx: { encoder: { heteroDp: true }, globalBatchSize: 32 },
+  },
+  {
+    why: "the article's full separation + A2A overlap line: Qwen3-VL-30B-A3B, 4 × 8, tp 1, pp 2 × vpp 2, ep 4",
+    model: QWEN3,
+    sizes: { nnodes: 4, tp: 1, pp: 2, vpp: 2, ep: 4 },
+    ctx: {
+      globalBatchSize: 64,
+      encoder: { fullHeteroDp: true },
+      moeOverlap: { overlap: true, delayWgrad: true },
+      recompute: {
+        granularity: 'selective',
+        modules: ['a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
+      },
+      offloadTensors: ['dispatched_input', 'pre_mlp_layernorm_output'],
+    },
+  },
+  {
+    why: 'full separation with encoder output offload and encoder recompute',
+    ctx: { encoder: { fullHeteroDp: true, cpuOffload: true, recompute: true } },
+  },
+  {
+    why: 'A2A overlap without a pipeline needs no virtual stages',
+    sizes: { pp: 1 },
+    ctx: { moeOverlap: { overlap: true } },
+  },
+  {
+    why: 'ViT DP balance under hetero TP (encoder TP 2)',
+    overrides: ['model.image_encoder.tensor_model_parallel_size=2'],
+    ctx: { encoder: { vitDpBalance: true } },
+  },
+  {
+    why: 'every known recompute module and offload tensor',
+    ctx: {
+      recompute: {
+        granularity: 'selective',
+        modules: Object.keys(RECOMPUTE_MODULES),
+      },
+      offloadTensors: Object.keys(OFFLOAD_TENSORS),
+    },
+  },
+  {
     why: 'expert TP 1 under decoder TP 2',
     sizes: { pp: 1, ep: 4, etp: 1 },
   },
@@ -303,7 +440,7 @@ describe('invalid layouts are refused by their own rule', () => {
   });
 
   it('every rule is exercised by some invalid layout', () => {
-    const hit = new Set(INVALID.map((c) => /\(([a-z-]+)\)/.exec(c.error!)![1]));
+    const hit = new Set(INVALID.map((c) => /\(([a-z0-9-]+)\)/.exec(c.error!)![1]));
     expect(LAYOUT_RULES.map((r) => r.id).filter((id) => !hit.has(id))).toEqual([]);
   });
 
@@ -316,5 +453,16 @@ describe('invalid layouts are refused by their own rule', () => {
 describe('valid layouts pass', () => {
   it.each(VALID.map((c) => [c.why, c] as const))('%s', (_, c) => {
     expect(thrown(() => validateParallel(context(c)))?.message).toBeUndefined();
+  });
+});
+
+describe('nearestName', () => {
+  it('names the closest known name, the first of a tie', () => {
+    expect(nearestName('pre_mlm_layernorm_output', Object.keys(OFFLOAD_TENSORS))).toBe(
+      'pre_mlp_layernorm_output',
+    );
+    expect(nearestName('CORE_ATTN', Object.keys(RECOMPUTE_MODULES))).toBe('core_attn');
+    expect(nearestName('ab', ['ax', 'xb'])).toBe('ax');
+    expect(nearestName('x', [])).toBeUndefined();
   });
 });

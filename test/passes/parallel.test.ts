@@ -15,6 +15,8 @@ function dump(pass: string, opts: Parameters<typeof compile>[0]): string {
 }
 
 const moe4 = { model: 'tiny-vlm-moe', nprocPerNode: 4, globalBatchSize: 8 };
+/** the encoder shares the decoder's TP (level 0): the tiny encoders' YAML says TP 1 */
+const encoderTp = (n: number) => [`model.image_encoder.tensor_model_parallel_size=${n}`];
 
 describe('expert-parallel pass (tiny-vlm-moe, ep 2)', () => {
   const text = dump('expert-parallel', { ...moe4, parallel: { ep: 2 } });
@@ -37,8 +39,8 @@ describe('expert-parallel pass (tiny-vlm-moe, ep 2)', () => {
   });
 });
 
-describe('tensor-parallel pass (tiny-vlm-moe, tp 2)', () => {
-  const text = dump('tensor-parallel', { ...moe4, parallel: { tp: 2 } });
+describe('tensor-parallel pass (tiny-vlm-moe, tp 2, encoder tp 2)', () => {
+  const text = dump('tensor-parallel', { ...moe4, parallel: { tp: 2 }, overrides: encoderTp(2) });
   const g = parseGraph(text);
   it('golden', () => expectGolden('tiny-vlm-moe.tp2.ir', text));
   it('splits column, row and vocabulary parameters in half, and nothing else', () => {
@@ -85,12 +87,13 @@ describe('tensor-parallel pass (tiny-vlm-moe, tp 2)', () => {
   });
 });
 
-describe('tensor-parallel pass with sequence parallelism (tiny-vlm, tp 2)', () => {
+describe('tensor-parallel pass with sequence parallelism (tiny-vlm, tp 2, encoder tp 2)', () => {
   const text = dump('tensor-parallel', {
     model: 'tiny-vlm',
     nprocPerNode: 2,
     globalBatchSize: 2,
     parallel: { tp: 2 },
+    overrides: encoderTp(2),
     sequenceParallel: true,
   });
   const g = parseGraph(text);
@@ -102,6 +105,41 @@ describe('tensor-parallel pass with sequence parallelism (tiny-vlm, tp 2)', () =
     expect(count('reduce_scatter')).toBe(4 * 2);
     const norm = g.params.find((p) => p.name === 'model.layers.0.input_layernorm.weight')!;
     expect(norm.dist!.gradSum).toEqual(['tp']);
+  });
+});
+
+describe('hetero TP (level 1): the encoder with its own TP inside the decoder TP group', () => {
+  const encoderParams = (text: string) =>
+    parseGraph(text).params.filter((p) => p.name.startsWith('visual.'));
+  const encoderNodes = (text: string) =>
+    parseGraph(text).nodes.filter((n) => n.scope.startsWith('visual'));
+  const collectives = ['all_reduce', 'all_gather', 'reduce_scatter', 'copy_to_group'];
+
+  it('encoder tp 1 under decoder tp 2: encoder and projector whole, without collectives', () => {
+    const text = dump('tensor-parallel', { ...moe4, parallel: { tp: 2 } });
+    for (const p of encoderParams(text))
+      expect(p.dist?.split.every((s) => s === null) ?? true).toBe(true);
+    expect(encoderNodes(text).filter((n) => collectives.includes(n.op))).toEqual([]);
+    // the decoder still splits
+    const q = parseGraph(text).params.find(
+      (p) => p.name === 'model.layers.0.self_attn.q_proj.weight',
+    )!;
+    expect(q.dist!.split[0]).toEqual({ group: 'tp', parts: 2, blocks: 1 });
+  });
+
+  it('encoder tp 2 under decoder tp 4: encoder pieces and collectives on enc_tp of 2', () => {
+    const text = dump('tensor-parallel', {
+      ...moe4,
+      parallel: { tp: 4 },
+      overrides: encoderTp(2),
+    });
+    const qkv = encoderParams(text).find((p) => p.name === 'visual.blocks.0.attn.qkv.weight')!;
+    expect(qkv.dist!.split[0]).toEqual({ group: 'enc_tp', parts: 2, blocks: 3 });
+    const colls = encoderNodes(text).filter((n) => collectives.includes(n.op));
+    expect(colls.length).toBeGreaterThan(0);
+    for (const n of colls) expect(n.attrs).toMatchObject({ group: 'enc_tp', group_size: 2 });
+    const fc1 = parseGraph(text).params.find((p) => p.name === 'model.layers.0.mlp.gate.weight');
+    expect(fc1).toBeDefined();
   });
 });
 

@@ -58,6 +58,7 @@ export class ProgramBuilder {
     optim: 0,
     data: 0,
     scalar: 0,
+    host: 0,
   };
   private eventCount = 0;
 

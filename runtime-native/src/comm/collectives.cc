@@ -59,12 +59,12 @@ void requireRows(const Tensor& x, const Tensor& y) {
                       formatShape(x.shape), " of ", x.last()));
 }
 
-int64_t run_all_reduce(const Instr&, StepCtx& c, Group& g) {
+int64_t run_all_reduce(const Instr& in, StepCtx& c, Group& g) {
   const Tensor &x = c.in(0), &y = c.out(0);
   requireFloatOrInt(x, "input 0");
   requireSameType(y, x, x.numel, "output 0");
   copyIfApart(y, x);
-  g.comm.allReduce(y.data, y.dtype, y.numel);
+  g.comm.allReduce(y.data, y.dtype, y.numel, in.commOrdinal);
   return -1;
 }
 
@@ -144,37 +144,77 @@ int64_t run_all_to_all_v(const Instr&, StepCtx& c, Group& g) {
   return rows;
 }
 
+// gather_v: one output (the blocks concatenated in group order) or one output per group rank
+// (block i in output i); scatter_v the same way round for its inputs. Row counts first.
 int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
-  const Tensor &x = c.in(0), &y = c.out(0);
-  requireRows(x, y);
+  const Tensor& x = c.in(0);
+  requireRank(x, 2, "input 0 (rows)");
   const int root = rootOf(c, g);
+  const bool perRank = c.numOut() > 1;
+  if (perRank && c.numOut() != g.P)
+    throw OpError(cat(c.numOut(), " outputs: one, or one per group rank (", g.P, ")"));
   const std::vector<int64_t> rows = gatherRows(g, x.dim(0), c);
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   send[size_t(root)] = x.dim(0) * rowBytes(x);
+  std::byte* into = c.out(0).data;
   if (g.r == root) {
-    if (sum(rows) > y.dim(0))
-      throw OpError(cat("the group's blocks sum to ", sum(rows), " rows; output 0 ", formatShape(y.shape),
-                        " holds at most ", y.dim(0), " (its out_rows bound at this microbatch's sizes)"));
-    recv = times(rows, rowBytes(y));
+    for (int i = 0; i < c.numOut(); i++) requireRows(x, c.out(i));
+    if (!perRank && sum(rows) > c.out(0).dim(0))
+      throw OpError(cat("the group's blocks sum to ", sum(rows), " rows; output 0 ", formatShape(c.out(0).shape),
+                        " holds at most ", c.out(0).dim(0), " (its out_rows bound at this microbatch's sizes)"));
+    if (perRank)
+      for (int i = 0; i < g.P; i++)
+        if (rows[size_t(i)] != c.out(i).dim(0))
+          throw OpError(cat("group rank ", i, " sends ", rows[size_t(i)], " rows; output ", i, " ",
+                            formatShape(c.out(i).shape), " has ", c.out(i).dim(0)));
+    recv = times(rows, rowBytes(x));
+    into = perRank ? c.scratch().get<std::byte>(0, sum(recv)) : c.out(0).data;
   }
-  g.comm.allToAllV(x.data, send, y.data, recv);
-  return g.r == root ? sum(rows) : 0;
+  g.comm.allToAllV(x.data, send, into, recv);
+  if (g.r != root) return perRank ? -1 : 0;
+  if (!perRank) return sum(rows);
+  int64_t at = 0;
+  for (int i = 0; i < g.P; i++) {
+    if (recv[size_t(i)] > 0) std::memcpy(c.out(i).data, into + at, size_t(recv[size_t(i)]));
+    at += recv[size_t(i)];
+  }
+  return -1;
 }
 
 int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
-  const Tensor &x = c.in(0), &y = c.out(0);
-  requireRows(x, y);
+  const Tensor& y = c.out(0);
+  requireRank(y, 2, "output 0 (rows)");
   const int root = rootOf(c, g);
+  const bool perRank = c.numIn() > 1;
+  if (perRank && c.numIn() != g.P)
+    throw OpError(cat(c.numIn(), " inputs: one, or one per group rank (", g.P, ")"));
   const std::vector<int64_t> rows = gatherRows(g, y.dim(0), c);
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   recv[size_t(root)] = y.dim(0) * rowBytes(y);
+  const std::byte* from = c.in(0).data;
   if (g.r == root) {
-    if (sum(rows) > x.dim(0))
-      throw OpError(cat("the group's outputs take ", sum(rows), " rows; input 0 ", formatShape(x.shape), " has ",
-                        x.dim(0)));
-    send = times(rows, rowBytes(x));
+    for (int i = 0; i < c.numIn(); i++) requireRows(c.in(i), y);
+    send = times(rows, rowBytes(y));
+    if (!perRank) {
+      if (sum(rows) > c.in(0).dim(0))
+        throw OpError(cat("the group's outputs take ", sum(rows), " rows; input 0 ", formatShape(c.in(0).shape),
+                          " has ", c.in(0).dim(0)));
+      from = c.in(0).data;
+    } else {
+      // the blocks side by side in scratch, in group order
+      std::byte* packed = c.scratch().get<std::byte>(0, sum(send));
+      int64_t at = 0;
+      for (int i = 0; i < g.P; i++) {
+        if (rows[size_t(i)] != c.in(i).dim(0))
+          throw OpError(cat("group rank ", i, " takes ", rows[size_t(i)], " rows; input ", i, " ",
+                            formatShape(c.in(i).shape), " has ", c.in(i).dim(0)));
+        if (send[size_t(i)] > 0) std::memcpy(packed + at, c.in(i).data, size_t(send[size_t(i)]));
+        at += send[size_t(i)];
+      }
+      from = packed;
+    }
   }
-  g.comm.allToAllV(x.data, send, y.data, recv);
+  g.comm.allToAllV(const_cast<std::byte*>(from), send, y.data, recv);
   return y.dim(0);
 }
 
@@ -223,9 +263,9 @@ const CollectiveEntry* entryOf(Op op) {
   static const CollectiveEntry broadcast{1, 1, 1, 1, "group:string,group_size:int,root:int", true, run_broadcast};
   static const CollectiveEntry allToAllV{2, 2, 2, 2, "group:string,group_size:int,out_rows:dims", false,
                                          run_all_to_all_v};
-  static const CollectiveEntry gatherV{1, 1, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
+  static const CollectiveEntry gatherV{1, 1, 1, 1 << 16, "group:string,group_size:int,root:int,out_rows:dims", false,
                                        run_gather_v};
-  static const CollectiveEntry scatterV{1, 1, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
+  static const CollectiveEntry scatterV{1, 1 << 16, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
                                         run_scatter_v};
   static const CollectiveEntry send{1, 1, 0, 0, "group:string,group_size?:int,peer:int,tag:int,batch?:int", false, run_send};
   static const CollectiveEntry recv{0, 0, 1, 1, "group:string,group_size?:int,peer:int,tag:int,dtype:dtype,shape:dims,batch?:int",

@@ -70,8 +70,11 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
 
-  // data[0:count] ← sum over the group (f32, f64, i32, i64)
-  virtual void allReduce(void* data, DType dtype, int64_t count) = 0;
+  // data[0:count] ← sum over the group (f32, f64, i32, i64). key ≥ 0 names the call the same way on
+  // every member (the instruction's ordinal on its group and stream), so a backend may keep state
+  // per call (buffers bound to algorithms) and every member decides alike whether it has some;
+  // -1: no such name (the data's address may change from call to call)
+  virtual void allReduce(void* data, DType dtype, int64_t count, int64_t key = -1) = 0;
   // out ← every rank's `in` (blockBytes each) concatenated in group order
   virtual void allGather(const void* in, void* out, int64_t blockBytes) = 0;
   // data ← root's data

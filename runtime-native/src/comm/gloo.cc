@@ -56,16 +56,18 @@ class GlooComm : public Communicator {
   int size() const override { return ctx_->size; }
   const std::string& name() const override { return name_; }
 
-  void allReduce(void* data, DType dtype, int64_t count) override {
+  void allReduce(void* data, DType dtype, int64_t count, int64_t key) override {
     if (count == 0) return;
-    if (dtype == DType::f32) return halvingDoubling(static_cast<float*>(data), count);
-    if (dtype == DType::f64) return halvingDoubling(static_cast<double*>(data), count);
+    if (key >= 0 && dtype == DType::f32) return halvingDoubling(static_cast<float*>(data), count, key);
+    if (key >= 0 && dtype == DType::f64) return halvingDoubling(static_cast<double*>(data), count, key);
     gloo::AllreduceOptions o(ctx_);
     o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     o.setTimeout(timeout_);
     const size_t bytes = size_t(count) * size_t(dtypeBytes(dtype));
     o.setMaxSegmentSize(std::max(kMinSegmentBytes, bytes / size_t(2 * size()) + 1));
     switch (dtype) {
+      case DType::f32: setup<float>(o, data, count); break;
+      case DType::f64: setup<double>(o, data, count); break;
       case DType::i32: setup<int32_t>(o, data, count); break;
       case DType::i64: setup<int64_t>(o, data, count); break;
       default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, i32, i64)"));
@@ -143,19 +145,23 @@ class GlooComm : public Communicator {
 
  private:
   // Gloo's halving-doubling all-reduce binds its buffers when built (a collective step of its
-  // own), so one is kept per (pointer, count): plan buffers keep their addresses for the run.
+  // own), so one is kept per call `key`: every member of the group names the call alike, so all
+  // build or all reuse (keying by address would not do: ranks running different programs hold
+  // the same tensor at different addresses). A key's buffer is fixed on a rank (plan buffers keep
+  // their addresses); its count may follow the microbatch's sizes, alike on every member.
   template <typename T>
-  void halvingDoubling(T* data, int64_t count) {
+  void halvingDoubling(T* data, int64_t count, int64_t key) {
     if (count > INT32_MAX) throw CommError(cat("all-reduce of ", count, " elements is over Gloo's limit"));
-    auto it = bound_.find({data, count});
-    if (it == bound_.end()) {
-      std::unique_ptr<gloo::Algorithm> a;
+    Bound& b = bound_[key];
+    if (!b.algorithm || b.data != data || b.count != count) {
+      b.algorithm.reset();
       guard([&] {
-        a = std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx_, std::vector<T*>{data}, int(count));
+        b.algorithm = std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx_, std::vector<T*>{data}, int(count));
       });
-      it = bound_.emplace(std::make_pair(static_cast<void*>(data), count), std::move(a)).first;
+      b.data = data;
+      b.count = count;
     }
-    guard([&] { it->second->run(); });
+    guard([&] { b.algorithm->run(); });
   }
 
   template <typename T>
@@ -187,7 +193,12 @@ class GlooComm : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
   std::chrono::milliseconds timeout_;
-  std::map<std::pair<void*, int64_t>, std::unique_ptr<gloo::Algorithm>> bound_;
+  struct Bound {
+    void* data = nullptr;
+    int64_t count = 0;
+    std::unique_ptr<gloo::Algorithm> algorithm;
+  };
+  std::map<int64_t, Bound> bound_;
 };
 
 // A group of one rank: every primitive is a local copy.
@@ -197,7 +208,7 @@ class SelfComm : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
-  void allReduce(void*, DType, int64_t) override {}
+  void allReduce(void*, DType, int64_t, int64_t) override {}
   void allGather(const void* in, void* out, int64_t blockBytes) override {
     if (in != out && blockBytes > 0) std::memmove(out, in, size_t(blockBytes));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <queue>
 #include <tuple>
 
@@ -375,6 +376,15 @@ void checkEvents(const Ctx& c, Program& p) {
   for (int e = 0; e < p.events; e++)
     if (p.recordedBy[size_t(e)] < 0) c.fail(cat("event ", e, " is never recorded"));
 
+  {
+    std::map<std::string, int> ordinals;
+    for (Instr& in : p.instrs) {
+      if (!schema::kOpIsCollective[int(in.op)]) continue;
+      const auto g = in.attrs.find("group");
+      const std::string group = g != in.attrs.end() && g->is_string() ? g->get<std::string>() : "";
+      in.commOrdinal = ordinals[cat(group, "#", in.stream)]++;
+    }
+  }
   p.streamInstrs.assign(kStreamCount, {});
   for (const Instr& in : p.instrs) p.streamInstrs[size_t(in.stream)].push_back(in.index);
   const size_t n = p.instrs.size();

@@ -31,8 +31,9 @@ static_assert(sizeof(schema::kOpNames) / sizeof(schema::kOpNames[0]) == size_t(k
 
 // Memory regions, by the names of schema::kRegions (the parser maps names, so the generated
 // header's order does not matter; a region it lists that this enum lacks is refused at load).
-enum class Region : int { arena, param, grad, optim, data, scalar, kCount };
-inline constexpr const char* kRegionNames[] = {"arena", "param", "grad", "optim", "data", "scalar"};
+// host: offloaded activations (only offload/reload touch it; pinned host memory on a GPU).
+enum class Region : int { arena, param, grad, optim, data, scalar, host, kCount };
+inline constexpr const char* kRegionNames[] = {"arena", "param", "grad", "optim", "data", "scalar", "host"};
 inline const char* regionName(Region r) { return kRegionNames[int(r)]; }
 
 // Data fields a microbatch fills (ProgramInput.name) and their element types. caption_mask (1 where
@@ -86,6 +87,10 @@ struct Instr {
   std::vector<int> wait, record;
   int microbatch = -1;
   std::string phase, scope;
+  // collectives: this one's ordinal among the program's collectives with the same `group`
+  // attribute on the same stream; the members of a group issue the same sequence, so it names
+  // the call alike on every member (comm::Communicator::allReduce's key)
+  int commOrdinal = -1;
 };
 
 struct ProgramParam {

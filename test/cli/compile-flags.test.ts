@@ -1,0 +1,111 @@
+// lfc compile's flags → CompileOptions, parsed by the command's own declaration
+// (parseCompileArgs): the article's two launch lines, list flags followed by overrides and by -o.
+import { describe, expect, it } from 'vitest';
+import { parseCompileArgs } from '../../compiler/cli/compile.js';
+
+const argv = (line: string): string[] => line.trim().split(/\s+/);
+
+describe('lfc compile: the article launch lines parse into their options', () => {
+  it('hetero DP: Qwen2.5-VL-7B SFT, tp 4, an override before --micro-batch-size', () => {
+    const r = parseCompileArgs(
+      argv(`--model-name qwen2_5_vl_7b --nnodes 1 --nproc-per-node 8 --training-phase sft
+        --attention-backend flash --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1
+        --use-distributed-optimizer --enable-encoder-hetero-dp +model.image_encoder.freeze=True
+        --micro-batch-size 1 --global-batch-size 32 --lr 1e-5 -o DIR`),
+    );
+    expect(r).toEqual({
+      options: {
+        model: 'qwen2_5_vl_7b',
+        overrides: ['+model.image_encoder.freeze=True'],
+        nnodes: 1,
+        nprocPerNode: 8,
+        parallel: { tp: 4, pp: 1 },
+        distributedOptimizer: true,
+        encoder: { heteroDp: true },
+        microBatchSize: 1,
+        globalBatchSize: 32,
+        optimizer: { lr: 1e-5 },
+      },
+      output: 'DIR',
+      compatibility: { trainingPhase: 'sft', attentionBackend: 'flash' },
+    });
+    expect(r.options.moeOverlap).toBeUndefined();
+    expect(r.options.recompute).toBeUndefined();
+    expect(r.options.offloadTensors).toBeUndefined();
+  });
+
+  it('full separation + A2A overlap: Qwen3-VL-30B-A3B, list flags ended by a flag and by -o', () => {
+    const r = parseCompileArgs(
+      argv(`--model-name qwen3_vl_30b_a3b --nnodes 4 --nproc-per-node 8 --training-phase sft
+        --attention-backend flash --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
+        --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
+        --num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer --enable-full-hetero-dp
+        --overlap-moe-expert-parallel-comm --delay-wgrad-compute +model.image_encoder.freeze=True
+        --micro-batch-size 1 --global-batch-size 64 --lr 1e-5 --recompute-granularity selective
+        --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp
+        --fine-grained-activation-offloading
+        --offload-tensors dispatched_input pre_mlp_layernorm_output -o DIR`),
+    );
+    expect(r).toEqual({
+      options: {
+        model: 'qwen3_vl_30b_a3b',
+        overrides: ['+model.image_encoder.freeze=True'],
+        nnodes: 4,
+        nprocPerNode: 8,
+        parallel: { tp: 1, pp: 2, ep: 4, vpp: 2 },
+        distributedOptimizer: true,
+        encoder: { fullHeteroDp: true },
+        moeOverlap: { overlap: true, delayWgrad: true },
+        microBatchSize: 1,
+        globalBatchSize: 64,
+        optimizer: { lr: 1e-5 },
+        recompute: {
+          granularity: 'selective',
+          modules: ['a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
+        },
+        offloadTensors: ['dispatched_input', 'pre_mlp_layernorm_output'],
+      },
+      output: 'DIR',
+      compatibility: {
+        trainingPhase: 'sft',
+        attentionBackend: 'flash',
+        moeTokenDispatcherType: 'alltoall',
+      },
+    });
+  });
+});
+
+describe('lfc compile: list flags', () => {
+  it('an override after a list is an override, the model argument before it the model', () => {
+    const r = parseCompileArgs(
+      argv(`tiny-vlm-moe --recompute-granularity selective --recompute-modules core_attn moe_act
+        model.image_encoder.tensor_model_parallel_size=1 --fine-grained-activation-offloading
+        --offload-tensors attn_norm +model.image_encoder.freeze=True ~training.caption_metric`),
+    );
+    expect(r.options.model).toBe('tiny-vlm-moe');
+    expect(r.options.recompute).toEqual({
+      granularity: 'selective',
+      modules: ['core_attn', 'moe_act'],
+    });
+    expect(r.options.offloadTensors).toEqual(['attn_norm']);
+    expect(r.options.overrides).toEqual([
+      'model.image_encoder.tensor_model_parallel_size=1',
+      '+model.image_encoder.freeze=True',
+      '~training.caption_metric',
+    ]);
+    expect(r.output).toBeUndefined();
+  });
+
+  it('the encoder options of full separation, ViT DP balance', () => {
+    const r = parseCompileArgs(
+      argv(`tiny-vlm-moe --enable-full-hetero-dp --full-hetero-dp-cpu-offload
+        --full-hetero-dp-encoder-recompute --use-vit-dp-balance -o DIR`),
+    );
+    expect(r.options.encoder).toEqual({
+      fullHeteroDp: true,
+      cpuOffload: true,
+      recompute: true,
+      vitDpBalance: true,
+    });
+  });
+});
