@@ -2,6 +2,7 @@
 // (parseCompileArgs): the article's two launch lines, list flags followed by overrides and by -o.
 import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../compiler/cli/compile.js';
+import { compile } from '../../compiler/pipeline.js';
 
 const argv = (line: string): string[] => line.trim().split(/\s+/);
 
@@ -108,4 +109,43 @@ describe('lfc compile: list flags', () => {
       vitDpBalance: true,
     });
   });
+});
+
+describe('the article launch lines compile, and the plan verifier accepts them', () => {
+  it('hetero DP: Qwen2.5-VL-7B, tp 4, encoder frozen: one program per TP rank', () => {
+    const { options } = parseCompileArgs(
+      argv(`--model-name qwen2_5_vl_7b --nnodes 1 --nproc-per-node 8 --training-phase sft
+        --attention-backend flash --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1
+        --use-distributed-optimizer --enable-encoder-hetero-dp +model.image_encoder.freeze=True
+        --micro-batch-size 1 --global-batch-size 32 --lr 1e-5 -o DIR`),
+    );
+    const r = compile(options); // throws on any verifier problem
+    expect(r.placement.level).toBe(2);
+    expect(r.programs.map((p) => p.id)).toEqual(['p0.t0', 'p0.t1', 'p0.t2', 'p0.t3']);
+    expect(r.programs[1].instructions.filter((i) => i.op === 'broadcast')).toHaveLength(16);
+  }, 120_000);
+
+  it('full separation + A2A overlap + recompute + offload: Qwen3-VL-30B-A3B on 32 ranks', () => {
+    const { options } = parseCompileArgs(
+      argv(`--model-name qwen3_vl_30b_a3b --nnodes 4 --nproc-per-node 8 --training-phase sft
+        --attention-backend flash --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
+        --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
+        --num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer --enable-full-hetero-dp
+        --overlap-moe-expert-parallel-comm --delay-wgrad-compute +model.image_encoder.freeze=True
+        --micro-batch-size 1 --global-batch-size 64 --lr 1e-5 --recompute-granularity selective
+        --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp
+        --fine-grained-activation-offloading --offload-tensors dispatched_input
+        pre_mlp_layernorm_output -o DIR`),
+    );
+    const r = compile(options);
+    expect(r.placement.level).toBe(3);
+    for (const p of r.programs) {
+      const ops = new Set(p.instructions.map((i) => `${i.stream}:${i.op}`));
+      for (const want of ['compute:gather_v', 'comm:all_to_all_v', 'copy:offload', 'copy:reload'])
+        expect(ops, `${p.id}: ${want}`).toContain(want);
+      expect(p.instructions.some((i) => p.buffers[i.outputs[0]]?.name.endsWith('.recompute'))).toBe(
+        true,
+      );
+    }
+  }, 120_000);
 });
