@@ -327,6 +327,13 @@ function unknownName(flag: string, what: string, given: readonly string[], known
 // recompute and activation offload, and how they combine.
 const FLAG_RULES: readonly LayoutRule[] = [
   {
+    id: 'vit-dp-balance-unbuilt',
+    check: ({ encoder }) =>
+      encoder?.vitDpBalance
+        ? '--use-vit-dp-balance is not built yet: images are encoded where their microbatch is; drop the flag'
+        : undefined,
+  },
+  {
     id: 'encoder-levels-exclusive',
     check: ({ encoder }) =>
       encoder?.heteroDp && encoder.fullHeteroDp

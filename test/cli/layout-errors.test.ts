@@ -147,6 +147,11 @@ const CASES: [string, string[], RegExp][] = [
     /\(a2a-overlap-full-recompute\)/,
   ],
   [
+    'ViT DP balance (not built yet)',
+    ['tiny-vlm-moe', '--use-vit-dp-balance'],
+    /\(vit-dp-balance-unbuilt\).*not built yet/,
+  ],
+  [
     'delayed weight gradients without A2A overlap',
     ['tiny-vlm-moe', '--delay-wgrad-compute'],
     /\(delay-wgrad-needs-overlap\)/,
