@@ -34,7 +34,7 @@ import {
 import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
 import { groupRanksOf, pieceOf } from './shard.js';
-import { loadNative, type NativeRuntime } from './native.js';
+import { loadNative, type NativeRuntime, type NativeStepResult } from './native.js';
 import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
@@ -64,6 +64,9 @@ export interface TrainOptions {
   /** this process is one rank of a multi-rank run */
   readonly rank?: RankContext;
   readonly onStep?: (m: StepMetrics) => void;
+  /** each step's per-instruction start/end (ms since the step began, by instruction index), from
+   * the runtime's timing option: set only when given (benchmarks) */
+  readonly onTiming?: (step: number, perInstruction: NativeStepResult['perInstruction']) => void;
 }
 
 export interface StepMetrics {
@@ -104,7 +107,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
             (plan.topology.nnodes > 1 ? ` --nnodes ${plan.topology.nnodes}` : '')),
     );
   }
-  if (world > 1 && o.shuffleImages) throw new UserError(SHUFFLE_ONE_RANK);
   const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
   const native = loadNative();
@@ -120,6 +122,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         patchSize: enc.patch_size,
         mergeSize: enc.spatial_merge_size,
         collectives: o.rank !== undefined,
+        timing: o.onTiming !== undefined,
         symbols: plan.symbols,
       }),
   );
@@ -206,9 +209,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     let mbs: Microbatch[];
     if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
     else {
+      // the control moves images across the whole global batch: each rank synthesizes all of it
+      // (a pure function of seed, step and index), shuffles it alike, and keeps its own share
+      const first = o.shuffleImages ? 0 : dpIndex * m;
+      const count = o.shuffleImages ? m * dpSize : m;
       mbs = [];
-      for (let j = 0; j < m; j++) {
-        rt.synthesize(j, seed, step - 1, dpIndex * m + j, {
+      for (let g = first; g < first + count; g++) {
+        rt.synthesize(g % m, seed, step - 1, g, {
           seqLength: plan.training.seqLength * plan.training.microBatchSize,
           vocab,
           // the plan's bound, not this program's buffers: a rank that does not encode a
@@ -216,9 +223,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
           // same data as the rank that does
           maxVisualTokens: plan.training.maxVisualTokens,
         });
-        mbs.push(rt.getMicrobatch(j));
+        mbs.push(rt.getMicrobatch(g % m));
       }
-      if (o.shuffleImages) mbs = shuffleImages(mbs, seed * 1_000_003 + step);
+      if (o.shuffleImages)
+        mbs = shuffleImages(mbs, seed * 1_000_003 + step).slice(dpIndex * m, (dpIndex + 1) * m);
     }
     const captions = mbs.map(captionMask);
     mbs.forEach((mb, j) =>
@@ -246,6 +254,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // 2. the step
     const lr = lrAt(schedule, step);
     const r = await rt.step({ lr, step });
+    o.onTiming?.(step, r.perInstruction);
     const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss'];
     const sums = await globalSum(
       OUTPUTS.flatMap((name) => {
@@ -290,10 +299,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const params = new Map(state.names().map((n) => [n, state.view(n, 'param').slice()]));
   return { steps, finalStep: o.trainIters, plan, params };
 }
-
-/** The refusal of --shuffle-images on several ranks, shared with the CLI's early check. */
-export const SHUFFLE_ONE_RANK =
-  '--shuffle-images runs on one rank: it moves images across the whole global batch, which no rank of a multi-rank plan holds';
 
 /**
  * Every rank's files into `dir` (one every rank reaches: a shared file system across nodes);

@@ -4,7 +4,13 @@
 
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../frontend/activation-names.js';
-import { PASSES, compile, writePlan, type CompileOptions } from '../pipeline.js';
+import {
+  PASSES,
+  compile,
+  writePlan,
+  type CompileOptions,
+  type CompileResult,
+} from '../pipeline.js';
 import { describeLayout } from '../schedule/partition.js';
 import { describeEncoder } from '../parallel/encoder.js';
 import { UserError } from '../errors.js';
@@ -105,6 +111,29 @@ function mib(bytes: number): string {
   let k = 0;
   while (k + 1 < units.length && bytes >= 2 ** (20 + 10 * (k + 1))) k++;
   return `${(bytes / 2 ** (20 + 10 * k)).toFixed(2)} ${units[k]}`;
+}
+
+/** The report's parallel sizes: `tp 1, pp 2 × vpp 2, dp 2, ep 2 (expert dp 1)`. */
+export function describeSizes(
+  result: CompileResult,
+  o: Pick<CompileOptions, 'sequenceParallel' | 'distributedOptimizer'>,
+): string {
+  const sz = result.plan.topology.sizes;
+  return [
+    `tp ${sz.tp}${o.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
+    `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
+    `dp ${sz.dp}`,
+    ...(sz.ep > 1 ? [`ep ${sz.ep} (expert dp ${sz.edp})`] : []),
+    ...(o.distributedOptimizer && sz.dp > 1 ? ['distributed optimizer'] : []),
+  ].join(', ');
+}
+
+/** The report's lines on where things run: each pipeline stage's layers, then the encoder. */
+export function describePlacement(result: CompileResult): string[] {
+  return [
+    ...(result.layout ? describeLayout(result.layout) : []),
+    describeEncoder(result.placement),
+  ];
 }
 
 /** The arguments and options of `lfc compile`, declared on `cmd`. */
@@ -393,21 +422,12 @@ export function addCompileCommand(program: Command, io: CliIO): void {
         );
         return;
       }
-      const sz = result.plan.topology.sizes;
       const world = result.plan.topology.worldSize;
-      const layoutText = [
-        `tp ${sz.tp}${f.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
-        `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
-        `dp ${sz.dp}`,
-        ...(sz.ep > 1 ? [`ep ${sz.ep} (expert dp ${sz.edp})`] : []),
-        ...(f.useDistributedOptimizer && sz.dp > 1 ? ['distributed optimizer'] : []),
-      ].join(', ');
       const programs = result.programs.length;
       io.out(
         [
-          `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${layoutText}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
-          ...(result.layout ? describeLayout(result.layout).map((l) => `  ${l}`) : []),
-          `  ${describeEncoder(result.placement)}`,
+          `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${describeSizes(result, request.options)}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
+          ...describePlacement(result).map((l) => `  ${l}`),
           `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each`,
           `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
           `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,

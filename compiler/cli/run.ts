@@ -10,13 +10,7 @@ import { UserError } from '../errors.js';
 import type { PlanFile } from '../plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import {
-  SHUFFLE_ONE_RANK,
-  snake,
-  train,
-  type StepMetrics,
-  type TrainOptions,
-} from '../../runtime/train.js';
+import { snake, train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
 import { progressBar } from '../../runtime/progress.js';
 import { launch, type MergedStep, type RankMessage } from '../../runtime/launch.js';
 import {
@@ -218,47 +212,63 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
         );
       return;
     }
-    // a multi-rank plan: check what the ranks would refuse, then launch them
-    if (plan.topology.worldSize > 1 && f.shuffleImages) throw new UserError(SHUFFLE_ONE_RANK);
-    readPlan(dir); // every program present and readable before any rank starts
-    const metricsPath = opts.metricsPath!;
-    const nodeRank = f.nodeRank ?? 0;
-    const bar = progressBar(opts.trainIters, io.err, isTTY());
-    const quiet = !!f.quiet || nodeRank !== 0;
-    mkdirSync(join(metricsPath, '..'), { recursive: true });
-    const steps = await launch({
-      planDir: dir,
-      plan,
-      nnodes,
-      nprocPerNode,
-      nodeRank,
-      masterAddr: f.masterAddr ?? '127.0.0.1',
-      masterPort: f.masterPort,
-      collectiveTimeoutS: f.collectiveTimeout ?? DEFAULT_COLLECTIVE_TIMEOUT_S,
-      rendezvous: (f.rdzvBackend ?? 'tcp') as 'tcp' | 'file',
-      rankArgv: trainingArgv(f),
-      logDir: join(dir, 'logs'),
-      onStep: (m) => {
-        if (nodeRank === 0) {
-          const { ranks, ...global } = m;
-          appendFileSync(
-            metricsPath,
-            JSON.stringify({
-              ...snake(global),
-              peak_rss_mb_per_rank: ranks.map((r) => r.peakRssBytes / 2 ** 20),
-            }) + '\n',
-          );
-        }
-        if (!quiet) bar.update(m.step, describeStep(m));
-      },
-    });
-    if (!quiet) bar.done();
+    const steps = await launchTraining(dir, plan, opts, f, io, isTTY(), nnodes, nprocPerNode);
     const last = steps[steps.length - 1];
-    if (last && nodeRank === 0)
+    if (last && (f.nodeRank ?? 0) === 0)
       io.out(
-        `trained ${plan.model.name} on ${plan.topology.worldSize} ranks to step ${last.step}: ${describeStep(last)}\n${describeRanks(last)}\nmetrics: ${metricsPath}\nlogs: ${join(dir, 'logs')}\n`,
+        `trained ${plan.model.name} on ${plan.topology.worldSize} ranks to step ${last.step}: ${describeStep(last)}\n${describeRanks(last)}\nmetrics: ${opts.metricsPath}\nlogs: ${join(dir, 'logs')}\n`,
       );
   });
+}
+
+/**
+ * A multi-rank plan's run from this node: launches its ranks with the training flags, shows one
+ * progress line and writes the merged metrics (node 0). The steps as the launcher merged them.
+ */
+export async function launchTraining(
+  dir: string,
+  plan: PlanFile,
+  opts: TrainOptions,
+  f: RunFlags,
+  io: CliIO,
+  isTTY: boolean,
+  nnodes = f.nnodes ?? 1,
+  nprocPerNode = f.nprocPerNode ?? Math.max(1, Math.floor(plan.topology.worldSize / nnodes)),
+): Promise<MergedStep[]> {
+  readPlan(dir); // every program present and readable before any rank starts
+  const metricsPath = opts.metricsPath!;
+  const nodeRank = f.nodeRank ?? 0;
+  const bar = progressBar(opts.trainIters, io.err, isTTY);
+  const quiet = !!f.quiet || nodeRank !== 0;
+  mkdirSync(join(metricsPath, '..'), { recursive: true });
+  const steps = await launch({
+    planDir: dir,
+    plan,
+    nnodes,
+    nprocPerNode,
+    nodeRank,
+    masterAddr: f.masterAddr ?? '127.0.0.1',
+    masterPort: f.masterPort,
+    collectiveTimeoutS: f.collectiveTimeout ?? DEFAULT_COLLECTIVE_TIMEOUT_S,
+    rendezvous: (f.rdzvBackend ?? 'tcp') as 'tcp' | 'file',
+    rankArgv: trainingArgv(f),
+    logDir: join(dir, 'logs'),
+    onStep: (m) => {
+      if (nodeRank === 0) {
+        const { ranks, ...global } = m;
+        appendFileSync(
+          metricsPath,
+          JSON.stringify({
+            ...snake(global),
+            peak_rss_mb_per_rank: ranks.map((r) => r.peakRssBytes / 2 ** 20),
+          }) + '\n',
+        );
+      }
+      if (!quiet) bar.update(m.step, describeStep(m));
+    },
+  });
+  if (!quiet) bar.done();
+  return steps;
 }
 
 function readPlanJson(dir: string): PlanFile {

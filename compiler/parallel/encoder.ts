@@ -98,7 +98,7 @@ export function describeEncoder(p: EncoderPlacement): string {
     case 2:
       return `encoder: hetero DP (level 2), microbatch g·tp + i encoded by TP rank i of stage 0 and broadcast${pad}; gradients summed over stage 0 (tp·dp)`;
     case 3:
-      return `encoder: full separation (level 3), ${p.encoders} ranks of each model-parallel group encode in turn, gather_v to its rank 0, scatter_v back${pad}; gradients summed over every rank`;
+      return `encoder: full separation (level 3), ${p.encoders === 1 ? 'the one rank of each model-parallel group encodes' : `${p.encoders} ranks of each model-parallel group encode in turn`}, gather_v to its rank 0, scatter_v back${pad}; gradients summed over every rank`;
   }
 }
 

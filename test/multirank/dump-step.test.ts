@@ -114,11 +114,32 @@ describe('--dump-step on local ranks writes the one-rank dump', () => {
     }, 60_000);
   }
 
-  it('--shuffle-images is still refused on several ranks, saying why', async () => {
-    const r = await cli('run', join(dir, 'dp2'), '--nproc-per-node', '2', '--shuffle-images');
-    expect(r.code).toBe(2);
-    expect(r.err).toMatch(
-      /--shuffle-images runs on one rank: it moves images across the whole global batch/,
-    );
+  it('--shuffle-images on several ranks moves the same images as on one rank (the demo control)', async () => {
+    const dumps = { one: join(dir, 'one.shuffled'), dp2: join(dir, 'dp2.shuffled') };
+    for (const [name, ranks] of [
+      ['one', 1],
+      ['dp2', 2],
+    ] as const) {
+      const launch = ranks > 1 ? ['--nproc-per-node', '2'] : [];
+      const plan = join(dir, name);
+      const r = await cli(
+        'run',
+        plan,
+        ...launch,
+        '--steps',
+        '1',
+        '--quiet',
+        '--shuffle-images',
+        '--dump-step',
+        dumps[name],
+      );
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+    }
+    const shuffled = bytes(dumps.dp2, 'batch.safetensors');
+    expect(shuffled.equals(bytes(dumps.one, 'batch.safetensors'))).toBe(true);
+    expect(shuffled.equals(bytes(dumpOf(ONE), 'batch.safetensors'))).toBe(false);
+    const [s1, s2] = [stepJson(dumps.one), stepJson(dumps.dp2)];
+    expect(Math.abs(s2.loss - s1.loss) / s1.loss).toBeLessThan(1e-5);
   });
 });

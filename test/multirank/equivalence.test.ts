@@ -2,7 +2,8 @@
 // (`lfc run --nproc-per-node N`, Gloo) train the same 3 steps as a one-rank plan of the same
 // global batch (4 microbatches of one sample): every step's loss within 1e-5 relative, and every
 // parameter after step 3 — gathered into whole tensors by `--save` from the ranks' pieces — within
-// 1e-4 relative L2. Checkpoints saved under tp 2 and pp 2 resume on one rank to the same step-3
+// 1e-4 relative L2. A layout with a `baseline` (encoder freeze) is held to a one-rank plan compiled
+// with the same overrides. Checkpoints saved under tp 2 and pp 2 resume on one rank to the same step-3
 // loss, and a one-rank checkpoint resumes under tp 2 with the distributed optimizer.
 //
 // Expert routing must be the same on every layout: the one-rank run's router probabilities (read
@@ -31,7 +32,14 @@ interface Layout {
   readonly model: 'tiny-vlm-moe' | 'tiny-vlm';
   readonly ranks: number;
   readonly flags: readonly string[];
+  /** overrides the one-rank baseline is compiled with too (default: none) */
+  readonly baseline?: readonly string[];
 }
+
+const FROZEN = ['model.image_encoder.freeze=true'];
+const SELECTIVE = ['--recompute-granularity', 'selective', '--recompute-modules'];
+const OFFLOAD = ['--fine-grained-activation-offloading', '--offload-tensors'];
+const A2A_OVERLAP = ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'];
 
 const LAYOUTS: readonly Layout[] = [
   { name: 'dp2', model: 'tiny-vlm-moe', ranks: 2, flags: [] },
@@ -130,6 +138,46 @@ const LAYOUTS: readonly Layout[] = [
       '--delay-wgrad-compute',
     ],
   },
+  // encoder freeze (LoongForge's +model.image_encoder.freeze=True) under levels 2 and 3
+  {
+    name: 'level2-tp2-frozen',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp', '+model.image_encoder.freeze=True'],
+    baseline: FROZEN,
+  },
+  {
+    name: 'level3-tp2-pp2-frozen',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', ...FROZEN],
+    baseline: FROZEN,
+  },
+  // selective recompute and fine-grained activation offload
+  {
+    name: 'selective-recompute-tp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--ep', '2', ...SELECTIVE, 'core_attn', 'moe_act', 'layernorm'],
+  },
+  {
+    name: 'activation-offload-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', ...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
+  },
+  // the article's combination at small scale: full separation, A2A overlap with delayed wgrad,
+  // selective recompute of the overlap's segments and activation offload
+  {
+    name: 'article-pp2-vpp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [
+      ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp', ...A2A_OVERLAP],
+      ...[...SELECTIVE, 'a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
+      ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
+    ],
+  },
   { name: 'vlm-dp2', model: 'tiny-vlm', ranks: 2, flags: [] },
   { name: 'vlm-tp2', model: 'tiny-vlm', ranks: 2, flags: ['--tp', '2'] },
   { name: 'vlm-pp2', model: 'tiny-vlm', ranks: 2, flags: ['--pp', '2'] },
@@ -147,7 +195,10 @@ const LAYOUTS: readonly Layout[] = [
   },
 ];
 
-const one = (model: string) => join(dir, `${model}.one`);
+/** the one-rank plan a layout is held to */
+const one = (model: string, baseline: readonly string[] = []) =>
+  join(dir, [model, ...baseline.map((o) => o.replace(/\W+/g, '_')), 'one'].join('.'));
+const baselineOf = (l: Layout) => one(l.model, l.baseline);
 const planOf = (l: Layout) => join(dir, l.name);
 
 async function compile(out: string, model: string, ...flags: string[]): Promise<void> {
@@ -204,12 +255,15 @@ function params(ckpt: string): Map<string, Float32Array> {
 }
 
 beforeAll(async () => {
-  for (const model of ['tiny-vlm-moe', 'tiny-vlm']) {
-    await compile(one(model), model);
-    const r = await run(one(model), 1, '--save', join(one(model), 'ckpt'), '--save-interval', '2');
+  const baselines = new Map<string, Layout>();
+  for (const l of [{ model: 'tiny-vlm-moe' }, { model: 'tiny-vlm' }, ...LAYOUTS] as Layout[])
+    baselines.set(baselineOf(l), l);
+  for (const [plan, l] of baselines) {
+    await compile(plan, l.model, ...(l.baseline ?? []));
+    const r = await run(plan, 1, '--save', join(plan, 'ckpt'), '--save-interval', '2');
     expect(r.err).toBe('');
   }
-}, 60_000);
+}, 90_000);
 
 describe('every layout on local ranks = one rank with the global batch', () => {
   it('the one-rank run routes every token with a margin (no near-tie in top-k)', async () => {
@@ -269,11 +323,11 @@ describe('every layout on local ranks = one rank with the global batch', () => {
       const r = await run(planOf(l), l.ranks, '--save', join(planOf(l), 'ckpt'), ...interval);
       expect(r.err).toBe('');
       expect(r.code).toBe(0);
-      const want = losses(join(one(l.model), 'metrics.jsonl'));
+      const want = losses(join(baselineOf(l), 'metrics.jsonl'));
       const got = losses(join(planOf(l), 'metrics.jsonl'));
       expect(got).toHaveLength(STEPS);
       const lossRel = Math.max(...got.map((x, i) => Math.abs(x - want[i]) / want[i]));
-      const p1 = params(join(one(l.model), 'ckpt'));
+      const p1 = params(join(baselineOf(l), 'ckpt'));
       const p2 = params(join(planOf(l), 'ckpt'));
       expect([...p2.keys()].sort()).toEqual([...p1.keys()].sort());
       const lr = readPlan(planOf(l)).plan.training.optimizer.lr;

@@ -14,6 +14,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/buffer.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -34,6 +35,36 @@ namespace {
 constexpr size_t kMinSegmentBytes = size_t(4) << 20;
 // send/recv slots: above every collective's slot prefix (Gloo's prefixes are small)
 constexpr uint64_t kP2PSlotBase = uint64_t(0x7f) << 56;
+// the first message of each pair of a new context (primeSendBuffers), and how many peers at once
+constexpr size_t kPrimeBytes = size_t(256) << 10;
+constexpr int kPrimePeersAtOnce = 64;
+
+// Gloo's TCP pair sizes its socket's SO_SNDBUF to the message when it writes one synchronously
+// (tcp::Pair::send) and the cached size is smaller, but never when the loop thread finishes a
+// deferred write (an unbound-buffer send whose peer had not yet posted its recv). A first message
+// of a few bytes (the counts of an all_to_all_v) thus pins SO_SNDBUF at the kernel's minimum,
+// 4608 bytes: one 64 KiB loopback segment in flight, each waiting for the peer's delayed ACK
+// (40 ms), so a 2 MiB all_to_all_v took 1.5–2 s (bench/overlap.ts). One bound-buffer message of
+// kPrimeBytes each way on every pair, before anything else, sizes the buffers for good (Gloo only
+// grows them after that).
+void primeSendBuffers(gloo::Context& ctx) {
+  std::vector<char> out(kPrimeBytes);
+  for (int first = 0; first < ctx.size; first += kPrimePeersAtOnce) {
+    const int last = std::min(ctx.size, first + kPrimePeersAtOnce);
+    std::vector<char> in(kPrimeBytes * size_t(last - first));
+    const int slot = ctx.nextSlot();
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> sends, recvs;
+    for (int j = first; j < last; j++) {
+      if (j == ctx.rank) continue;
+      auto& pair = ctx.getPair(j);
+      recvs.push_back(pair->createRecvBuffer(slot, in.data() + kPrimeBytes * size_t(j - first), kPrimeBytes));
+      sends.push_back(pair->createSendBuffer(slot, out.data(), kPrimeBytes));
+    }
+    for (auto& b : sends) b->send();
+    for (auto& b : sends) b->waitSend();
+    for (auto& b : recvs) b->waitRecv();
+  }
+}
 
 template <typename T>
 void sumInto(void* c, const void* a, const void* b, size_t n) {
@@ -304,6 +335,7 @@ class GlooBackend : public Backend {
     PrefixedStore store(cat(config_.prefix, "/", name), *store_, config_.timeout);
     try {
       ctx->connectFullMesh(store, device_);
+      primeSendBuffers(*ctx);
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& e) {
