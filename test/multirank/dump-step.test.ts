@@ -33,6 +33,28 @@ const LAYOUTS: readonly Layout[] = [
   { name: 'ep4', ranks: 4, flags: ['--ep', '4'] },
   { name: 'tp2-pp2', ranks: 4, flags: ['--tp', '2', '--pp', '2'] },
   { name: 'dist-opt-dp2', ranks: 2, flags: ['--use-distributed-optimizer'] },
+  // the encoder levels: ranks of one TP group run different programs
+  { name: 'level2-tp2', ranks: 2, flags: ['--tp', '2', '--enable-encoder-hetero-dp'] },
+  {
+    name: 'level3-tp2-pp2',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
+  },
+  {
+    name: 'level3-a2a-overlap',
+    ranks: 4,
+    flags: [
+      '--pp',
+      '2',
+      '--vpp',
+      '2',
+      '--ep',
+      '2',
+      '--enable-full-hetero-dp',
+      '--overlap-moe-expert-parallel-comm',
+      '--delay-wgrad-compute',
+    ],
+  },
 ];
 
 const ONE = join(dir, 'one');
