@@ -19,15 +19,28 @@ function distance(a: string, b: string): number {
   return dp[b.length];
 }
 
-/** The closest candidate, if it is close enough to be a plausible typo. */
-export function nearest(word: string, candidates: Iterable<string>): string | undefined {
+/** The closest candidate by edit distance, ignoring case (ties: the first); undefined if none. */
+export function closest(word: string, candidates: Iterable<string>): string | undefined {
+  return closestWithDistance(word, candidates)[0];
+}
+
+function closestWithDistance(
+  word: string,
+  candidates: Iterable<string>,
+): [string | undefined, number] {
   let best: string | undefined;
   let bestD = Infinity;
   for (const c of candidates) {
     const d = distance(word.toLowerCase(), c.toLowerCase());
     if (d < bestD) [best, bestD] = [c, d];
   }
-  return best !== undefined && bestD <= Math.max(2, Math.floor(word.length / 3)) ? best : undefined;
+  return [best, bestD];
+}
+
+/** The closest candidate, if it is close enough to be a plausible typo. */
+export function nearest(word: string, candidates: Iterable<string>): string | undefined {
+  const [best, d] = closestWithDistance(word, candidates);
+  return best !== undefined && d <= Math.max(2, Math.floor(word.length / 3)) ? best : undefined;
 }
 
 export function didYouMean(word: string, candidates: Iterable<string>): string {

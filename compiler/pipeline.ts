@@ -264,10 +264,6 @@ export function compile(o: CompileOptions): CompileResult {
             { a2aOverlap },
           )
         : schedule1F1B(sizes.pp, numMicrobatches);
-  const chunks = split ?? {
-    chunkOf: graph.nodes.map((n) => (n.phase === 'optimizer' ? -1 : 0)),
-    transfers: [],
-  };
 
   const groupSizes: Record<string, number> = {
     tp: sizes.tp,
@@ -299,6 +295,7 @@ export function compile(o: CompileOptions): CompileResult {
   const programId = (stage: number, tp: number) =>
     perTpIndex(stage) ? `p${stage}.t${tp}` : `p${stage}`;
   const programs: ProgramFile[] = [];
+  const activations = activationPolicyOf(o);
   for (let stage = 0; stage < sizes.pp; stage++)
     for (let tpIndex = 0; tpIndex < (perTpIndex(stage) ? sizes.tp : 1); tpIndex++) {
       const program = emitProgram(graph, {
@@ -320,8 +317,7 @@ export function compile(o: CompileOptions): CompileResult {
               pipeline: {
                 stage,
                 pp: sizes.pp,
-                chunkOf: chunks.chunkOf,
-                transfers: chunks.transfers,
+                ...(split ? { chunkOf: split.chunkOf, transfers: split.transfers } : {}),
                 actions: schedule.stages[stage].actions,
                 warmup: schedule.stages[stage].warmup,
               },
@@ -332,7 +328,7 @@ export function compile(o: CompileOptions): CompileResult {
         worldSize: world,
         delayWgrad: o.moeOverlap?.delayWgrad,
         distributedOptimizer: o.distributedOptimizer,
-        activations: activationPolicyOf(o),
+        activations,
       });
       const clobbered = checkMemoryReuse(program);
       if (clobbered.length) {

@@ -58,27 +58,5 @@ export const OFFLOAD_TENSORS = {
 export type RecomputeModule = keyof typeof RECOMPUTE_MODULES;
 export type OffloadTensor = keyof typeof OFFLOAD_TENSORS;
 
-/** Levenshtein distance between two names. */
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const row = [i];
-    for (let j = 1; j <= b.length; j++) {
-      row[j] = Math.min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
-    }
-    prev = row;
-  }
-  return prev[b.length];
-}
-
-/** The known name nearest to `name` by edit distance (ties: the first in `known`), for "did you
- * mean" messages; undefined only when `known` is empty. */
-export function nearestName(name: string, known: Iterable<string>): string | undefined {
-  let best: string | undefined;
-  let bestDistance = Infinity;
-  for (const k of known) {
-    const d = editDistance(name.toLowerCase(), k.toLowerCase());
-    if (d < bestDistance) [best, bestDistance] = [k, d];
-  }
-  return best;
-}
+/** The known name nearest to `name` (for "did you mean", whatever the distance). */
+export { closest as nearestName } from '../errors.js';

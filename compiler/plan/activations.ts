@@ -23,8 +23,8 @@
 //             reload   waits for the last compute and comm instructions issued before it, so the
 //                      bytes the planner gives the fresh buffer are no longer in use; the first
 //                      backward reader waits for it
-//   pass 3  the host region: offsets of the host buffers from their lifetimes (offload → reload),
-//           by the arena's planner; only the copy stream touches them
+// The host buffers are placed by the emitter from their lifetimes (offload → reload), like the
+// arena; only the copy stream touches them.
 
 import {
   OFFLOAD_TENSORS,
@@ -32,8 +32,7 @@ import {
   type OffloadTensor,
   type RecomputeModule,
 } from '../frontend/activation-names.js';
-import type { BufferRegion, PlanBuffer, PlanInstruction } from './format.js';
-import { planArena, type Lifetime } from './memory.js';
+import type { PlanBuffer, PlanInstruction } from './format.js';
 
 export interface ActivationPolicy {
   /** `full`: whole decoder layers; `selective`: the named modules of every decoder layer */
@@ -91,8 +90,6 @@ export interface ActivationProgram {
   readonly buffers: PlanBuffer[];
   /** events numbered so far */
   readonly events: number;
-  /** region sizes: `host` is set here */
-  readonly regionTop: Record<BufferRegion, number>;
 }
 
 /** Applies the policy to the program; returns the number of events after it. */
@@ -106,7 +103,6 @@ export function applyActivationPolicy(
     recompute(ctx, granularity === 'full' ? 'full' : modules);
   }
   if (policy?.offload?.length) offload(ctx, policy.offload);
-  p.regionTop.host = planHost(ctx);
   if (ctx.ins !== p.instructions) {
     p.instructions.length = 0;
     for (const x of ctx.ins) p.instructions.push(x);
@@ -586,28 +582,4 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
     }
   }
   if (before.size) ctx.ins = assemble(ctx.ins, before);
-}
-
-// ---- pass 3: the host region ----------------------------------------------------------------
-
-/** Places host buffers by their lifetimes; returns the region's size. */
-function planHost(ctx: Ctx): number {
-  if (!ctx.buffers.some((b) => b.region === 'host')) return 0;
-  const first = new Map<number, number>();
-  const last = new Map<number, number>();
-  ctx.ins.forEach((x, i) => {
-    for (const b of [...x.inputs, ...x.outputs]) {
-      if (ctx.buffers[b].region !== 'host') continue;
-      if (!first.has(b)) first.set(b, i);
-      last.set(b, i);
-    }
-  });
-  const lifetimes: Lifetime[] = [];
-  for (const b of ctx.buffers)
-    if (b.region === 'host' && b.viewOf === undefined && first.has(b.id))
-      lifetimes.push({ id: b.id, bytes: b.bytes, start: first.get(b.id)!, end: last.get(b.id)! });
-  if (!lifetimes.length) return 0;
-  const plan = planArena(lifetimes);
-  for (const l of lifetimes) (ctx.buffers[l.id] as MutableBuffer).offset = plan.offsets[l.id];
-  return plan.sizeBytes;
 }

@@ -17,7 +17,6 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
   // [buffer] the buffer whose bytes it uses (a view → its base)
   const rootOf = new Int32Array(p.buffers.length);
   for (let id = 0; id < rootOf.length; id++) rootOf[id] = p.buffers[id].viewOf ?? id;
-  const root = (id: number) => rootOf[id];
   // the planned regions, each with its live buffers
   const planned = new Map([
     ['arena', new LiveSet()],
@@ -42,7 +41,7 @@ export function checkMemoryReuse(p: ProgramFile): MemoryProblem[] {
   const endNext = new Int32Array(p.buffers.length).fill(-1);
   const problems: MemoryProblem[] = [];
   const write = (id: number) => {
-    const r = root(id);
+    const r = rootOf[id];
     const b = p.buffers[r];
     const live = planned.get(b.region);
     if (!live || isLive[r]) return;

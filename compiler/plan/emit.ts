@@ -22,7 +22,7 @@
 // from lifetimes in issue order. A reshape (or copy_to_group, an identity) is a view of its input.
 
 import { DTYPE_BYTES } from '../../ir/dtype.js';
-import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
+import { valueTypes, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
 import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
@@ -61,7 +61,9 @@ export interface EmitPipeline {
 export interface EmitOptions {
   readonly numMicrobatches: number;
   readonly id?: string;
-  readonly pipeline?: EmitPipeline;
+  /** absent fields: one stage holding every node (an A2A-overlap schedule without a pipeline
+   * gives only its actions) */
+  readonly pipeline?: Partial<EmitPipeline>;
   /**
    * Sizes of the groups gradients are summed over, by kind (dp, edp, tp, …). Dense gradients
    * sum over `dp`, expert gradients over `edp`, plus the kinds in a parameter's dist.gradSum;
@@ -144,7 +146,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   };
   const groupSizes = opts.groupSizes ?? {};
   const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
-  const pipe: EmitPipeline = opts.pipeline ?? {
+  // without a pipeline: one stage holding every node, forward then backward of each microbatch
+  const pipe: EmitPipeline = {
     stage: 0,
     pp: 1,
     chunkOf: g.nodes.map((n) => (n.phase === 'optimizer' ? -1 : 0)),
@@ -153,6 +156,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       { kind: 'F' as const, microbatch: mb, chunk: 0 },
       { kind: 'B' as const, microbatch: mb, chunk: 0 },
     ]).flat(),
+    ...opts.pipeline,
   };
   const mine = (chunk: number) => chunk >= 0 && chunk % pipe.pp === pipe.stage;
 
@@ -179,7 +183,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const { bytes, shape } = infoOf(t);
     let offset = 0;
     if (viewOf !== undefined) offset = buffers[viewOf].offset;
-    else if (region !== 'arena') {
+    else if (region !== 'arena' && region !== 'host') {
       offset = regionTop[region];
       regionTop[region] += align(Math.max(bytes, 1));
     }
@@ -372,8 +376,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   // ---- the encoder apart (levels 2 and 3; compiler/parallel/encoder.ts) ----------------------
   // its outputs: values its forward makes that the decoder reads; their gradients: values the
   // decoder's backward makes that its backward reads
-  const valueType = new Map<string, TensorType>();
-  for (const n of g.nodes) for (const o of n.outputs) valueType.set(o.name, o.type);
+  const valueType = valueTypes(g);
   const encoderMade = new Set(encoderForward.flatMap((n) => n.outputs.map((o) => o.name)));
   const encoderOutputs = [
     ...new Set(
@@ -398,9 +401,9 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     for (const n of nodes) lastCompute = emitNode(n, mb, local, computeWait.splice(0));
   };
   /** a zero-row block of a value's width: a mock slot's part in gather_v / scatter_v */
-  const mockRows = (v: string, mb = -1): number => {
+  const mockRows = (v: string): number => {
     const t = valueType.get(v)!;
-    return addBuffer(`${v}.mock`, { ...t, shape: [0, t.shape[1]] }, 'arena', mb);
+    return addBuffer(`${v}.mock`, { ...t, shape: [0, t.shape[1]] }, 'arena', -1);
   };
   const collective = (
     op: 'broadcast' | 'gather_v' | 'scatter_v',
@@ -677,9 +680,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const fp = pieces(passNodes.get(passKey(f.chunk, f.phase)) ?? []);
     const bp = pieces(passNodes.get(passKey(b.chunk, b.phase)) ?? []);
     const pending = new Map<Node[], number>(); // unit → its completion event
-    const compute = (nodes: readonly Node[], x: PassRef) => {
-      for (const n of nodes) lastCompute = emitNode(n, x.mb, locals[x.mb], computeWait.splice(0));
-    };
+    const compute = (nodes: readonly Node[], x: PassRef) => runNodes(nodes, x.mb, locals[x.mb]);
     const issue = (unit: Node[], x: PassRef) => {
       let wait = lastCompute >= 0 ? [record(lastCompute)] : [];
       let last = -1;
@@ -706,38 +707,37 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const wgrad = (n: Node) => opts.delayWgrad === true && /_wgrad$/.test(n.op);
     let fi = 0; // next F compute segment (even index)
     let bi = 0;
-    const segs = (list: Node[][]) => list.length;
-    while (fi < segs(fp) || bi < segs(bp)) {
+    while (fi < fp.length || bi < bp.length) {
       // B up to its next unit (its combine), then that unit on comm
-      if (bi < segs(bp)) {
+      if (bi < bp.length) {
         if (bi > 0) awaitUnit(bp, bi - 1);
         compute(bp[bi], b);
-        if (bi + 1 < segs(bp)) issue(bp[bi + 1], b);
+        if (bi + 1 < bp.length) issue(bp[bi + 1], b);
       }
       // F up to its next unit (its dispatch) while B's unit runs, then F's unit
-      if (fi < segs(fp)) {
+      if (fi < fp.length) {
         if (fi > 0) awaitUnit(fp, fi - 1);
         compute(fp[fi], f);
-        if (fi + 1 < segs(fp)) issue(fp[fi + 1], f);
+        if (fi + 1 < fp.length) issue(fp[fi + 1], f);
       }
       // B's experts while F's dispatch runs; their weight gradients after B's next unit is issued
-      if (bi + 2 < segs(bp)) {
+      if (bi + 2 < bp.length) {
         awaitUnit(bp, bi + 1);
         compute(
           bp[bi + 2].filter((n) => !wgrad(n)),
           b,
         );
-        if (bi + 3 < segs(bp)) issue(bp[bi + 3], b);
+        if (bi + 3 < bp.length) issue(bp[bi + 3], b);
         compute(bp[bi + 2].filter(wgrad), b);
         bi += 4;
-      } else bi = segs(bp);
+      } else bi = bp.length;
       // F's experts while B's dispatch runs, then F's combine
-      if (fi + 2 < segs(fp)) {
+      if (fi + 2 < fp.length) {
         awaitUnit(fp, fi + 1);
         compute(fp[fi + 2], f);
-        if (fi + 3 < segs(fp)) issue(fp[fi + 3], f);
+        if (fi + 3 < fp.length) issue(fp[fi + 3], f);
         fi += 4;
-      } else fi = segs(fp);
+      } else fi = fp.length;
     }
     // the last units' consumers are in later steps: whatever computes next waits for them
     computeWait.push(...pending.values());
@@ -925,8 +925,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   }
   // the optimizer step waits for the comm stream's last instruction (sums and sends)
   let stepWait: number[] = computeWait.splice(0);
-  let lastComm = instructions.length - 1;
-  while (lastComm >= 0 && instructions[lastComm].stream !== 'comm') lastComm--;
+  const lastComm = lastOn('comm');
   if (lastComm >= 0) stepWait = [record(lastComm)];
 
   // ---- the optimizer step -------------------------------------------------------------------
@@ -1074,7 +1073,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     return out;
   }
 
-  events = applyActivationPolicy({ instructions, buffers, events, regionTop }, opts.activations);
+  events = applyActivationPolicy({ instructions, buffers, events }, opts.activations);
 
   // ---- the arena: planned from lifetimes in issue order ---------------------------------------
   // a batched send/recv runs from its batch's first instruction to its last: what it sends
@@ -1101,18 +1100,24 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       if (lastUse[r] < last) lastUse[r] = last;
     }
   }
-  const lifetimes: Lifetime[] = [];
-  for (const b of buffers)
-    if (b.region === 'arena' && b.viewOf === undefined)
-      lifetimes.push({
-        id: b.id,
-        bytes: b.bytes,
-        start: Math.max(firstDef[b.id], 0),
-        end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
-      });
-  const plan = planArena(lifetimes);
-  for (const b of buffers) if (b.region === 'arena') b.offset = plan.offsets[b.viewOf ?? b.id];
-  regionTop.arena = plan.sizeBytes;
+  // the arena, and the host region of offloaded activations, alike
+  const placeByLifetime = (region: 'arena' | 'host') => {
+    const lifetimes: Lifetime[] = [];
+    for (const b of buffers)
+      if (b.region === region && b.viewOf === undefined)
+        lifetimes.push({
+          id: b.id,
+          bytes: b.bytes,
+          start: Math.max(firstDef[b.id], 0),
+          end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
+        });
+    const plan = planArena(lifetimes);
+    for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
+    regionTop[region] = plan.sizeBytes;
+    return plan;
+  };
+  const plan = placeByLifetime('arena');
+  placeByLifetime('host');
 
   return {
     format: PROGRAM_FORMAT,

@@ -60,6 +60,24 @@ const LAYOUTS: readonly Layout[] = [
 const ONE = join(dir, 'one');
 const dumpOf = (plan: string) => join(plan, 'dump');
 
+/** `lfc run PLAN --dump-step OUT` for one step, on `ranks` local ranks */
+async function dumpStep(plan: string, ranks: number, out: string, ...flags: string[]) {
+  const launch = ranks > 1 ? ['--nproc-per-node', String(ranks)] : [];
+  const r = await cli(
+    'run',
+    plan,
+    ...launch,
+    '--steps',
+    '1',
+    '--quiet',
+    ...flags,
+    '--dump-step',
+    out,
+  );
+  expect(r.err).toBe('');
+  expect(r.code).toBe(0);
+}
+
 async function compileAndDump(plan: string, ranks: number, flags: readonly string[]) {
   const c = await cli(
     'compile',
@@ -73,19 +91,7 @@ async function compileAndDump(plan: string, ranks: number, flags: readonly strin
   );
   expect(c.err).toBe('');
   expect(c.code).toBe(0);
-  const launch = ranks > 1 ? ['--nproc-per-node', String(ranks)] : [];
-  const r = await cli(
-    'run',
-    plan,
-    ...launch,
-    '--steps',
-    '1',
-    '--quiet',
-    '--dump-step',
-    dumpOf(plan),
-  );
-  expect(r.err).toBe('');
-  expect(r.code).toBe(0);
+  await dumpStep(plan, ranks, dumpOf(plan));
 }
 
 const bytes = (dump: string, file: string) => readFileSync(join(dump, file));
@@ -142,21 +148,7 @@ describe('--dump-step on local ranks writes the one-rank dump', () => {
       ['one', 1],
       ['dp2', 2],
     ] as const) {
-      const launch = ranks > 1 ? ['--nproc-per-node', '2'] : [];
-      const plan = join(dir, name);
-      const r = await cli(
-        'run',
-        plan,
-        ...launch,
-        '--steps',
-        '1',
-        '--quiet',
-        '--shuffle-images',
-        '--dump-step',
-        dumps[name],
-      );
-      expect(r.err).toBe('');
-      expect(r.code).toBe(0);
+      await dumpStep(join(dir, name), ranks, dumps[name], '--shuffle-images');
     }
     const shuffled = bytes(dumps.dp2, 'batch.safetensors');
     expect(shuffled.equals(bytes(dumps.one, 'batch.safetensors'))).toBe(true);
