@@ -35,6 +35,7 @@ import { validateParallel } from './parallel/validate.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
 import { encoderPlacement, isEncoderScope, type EncoderPlacement } from './parallel/encoder.js';
 import { encoderDataParallel } from '../passes/parallel/encoder.js';
+import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
 import { emitProgram } from './plan/emit.js';
@@ -56,6 +57,10 @@ export const PASSES: readonly PassInfo[] = [
   {
     name: 'encoder-data-parallel',
     summary: 'encoder gradients summed over the ranks that encode distinct data (levels 2, 3)',
+  },
+  {
+    name: 'vit-dp-balance',
+    summary: 'images pooled over the encoder gradient group, encoded by cost, tokens sent home',
   },
   { name: 'autodiff', summary: 'backward graph, gradient accumulation, clipping and AdamW' },
   { name: 'pipeline', summary: 'every node to its virtual stage; values that cross stages' },
@@ -212,6 +217,14 @@ export function compile(o: CompileOptions): CompileResult {
     sharded = encoderDataParallel(sharded, placement);
     assertValid(sharded, 'after pass encoder-data-parallel');
     dump('encoder-data-parallel', sharded);
+    if (o.encoder?.vitDpBalance) {
+      const group = placement.gradGroup;
+      const merge = cfg.model.image_encoder.spatial_merge_size ** 2;
+      const groupSize = { dp, tp_dp_cp: world / sizes.pp, world }[group];
+      sharded = vitDpBalance(sharded, { group, groupSize, merge });
+    }
+    assertValid(sharded, 'after pass vit-dp-balance');
+    dump('vit-dp-balance', sharded);
   } catch (e) {
     passError(e);
   }

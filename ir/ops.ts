@@ -50,6 +50,11 @@ export const OP_KINDS = [
   'moe_rank_counts',
   'moe_sort_chunks',
   'moe_local_counts',
+  // ViT data-parallel balance (passes/parallel/vit-balance.ts)
+  'image_sizes',
+  'vit_balance_route',
+  'segment_offset',
+  'gather_rows',
   // backward
   'embedding_grad',
   'linear_dgrad',
@@ -72,6 +77,7 @@ export const OP_KINDS = [
   'lse_combine_grad',
   'vocab_target_logit_grad',
   'ce_from_stats_grad',
+  'scatter_rows',
   // layout and constants
   'reshape',
   'split',
@@ -718,6 +724,94 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'moe_local_counts',
   },
+  // ---- ViT data-parallel balance (DESIGN.md "Parallel topology"; passes/parallel/vit-balance.ts) -
+  image_sizes: {
+    summary:
+      'patches of each image of a microbatch: segments i32 [N] (image index of each patch, images ' +
+      'contiguous in index order) → i32 [images], zero past the last image',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: { images: attr('int', 'images a microbatch may hold (the length of the output)') },
+    shape: ([seg], attrs) => {
+      intT(seg, 'segments');
+      rank(seg, 1, 'segments');
+      need(num(attrs, 'images') >= 1, () => `images must be ≥ 1, got ${num(attrs, 'images')}`);
+      return [{ dtype: 'i32', shape: [num(attrs, 'images')] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'image_sizes',
+  },
+  vit_balance_route: {
+    summary:
+      'the balancing rule over the images of every rank of the group (all_sizes i32 [P·images], ' +
+      "rank p's block p; segments i32 [N] this rank's patches): cost of an image = patches², " +
+      'images by cost descending then global index, each to the rank with the least cost so far ' +
+      '(ties to the lower rank) among ranks with room for its patches (≤ capacity rows each; ' +
+      'none: every image stays home). → send i32 [P] patch rows to each rank, order i32 [N] this ' +
+      "rank's patch rows in send order (by destination, then image), back i32 [P] visual tokens " +
+      'to return to each rank, inverse i32 [N/merge] the row of each own visual token in the ' +
+      'returned rows, moved f32 [] images of the group encoded away from home',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {
+      ...collectiveAttrs,
+      images: attr('int', 'images per rank in all_sizes'),
+      merge: attr('int', 'patches per visual token (spatial merge²)'),
+      capacity: attr('int', 'patch rows a rank may receive (the bound it was planned for)'),
+    },
+    shape: ([all, seg], attrs) => {
+      intT(all, 'all_sizes');
+      intT(seg, 'segments');
+      rank(seg, 1, 'segments');
+      const p = groupSize(attrs);
+      sameDim(all.shape[0], p * num(attrs, 'images'), 'all_sizes vs group_size × images');
+      const merge = num(attrs, 'merge');
+      need(merge >= 1, () => `merge must be ≥ 1, got ${merge}`);
+      return [
+        { dtype: 'i32', shape: [p] },
+        { dtype: 'i32', shape: seg.shape },
+        { dtype: 'i32', shape: [p] },
+        { dtype: 'i32', shape: [dimDiv(seg.shape[0], merge)] },
+        scalarF32,
+      ];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'vit_balance_route',
+  },
+  segment_offset: {
+    summary:
+      'segment ids unique over a group: x i32 [N] → x + r·stride where x ≥ 0 (r = the group rank), ' +
+      '−1 (padding) unchanged',
+    category: 'compute',
+    inputs: [1, 1],
+    attrs: { ...collectiveAttrs, stride: attr('int', 'ids a rank may use (> its largest id)') },
+    shape: ([x], attrs) => {
+      intT(x, 'segments');
+      groupSize(attrs);
+      return [{ dtype: x.dtype, shape: x.shape }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'segment_offset',
+  },
+  gather_rows: {
+    summary:
+      'rows picked by index: x [N, ...] (any dtype), index i32 [M] → [M, ...], y[i] = x[index[i]]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: {},
+    shape: ([x, index]) => {
+      need(x.shape.length >= 1, 'gather_rows needs rank ≥ 1');
+      intT(index, 'index');
+      rank(index, 1, 'index');
+      return [{ dtype: x.dtype, shape: [index.shape[0], ...x.shape.slice(1)] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'gather_rows',
+  },
   // ---- backward ops: the grad rules in passes/grad-rules.ts emit these ---------------------------
   embedding_grad: {
     summary:
@@ -736,6 +830,26 @@ export const OP_TABLE = {
     flops: noFlops,
     pure: true,
     kernel: 'embedding_backward',
+  },
+  scatter_rows: {
+    summary:
+      "gather_rows' gradient: dx [rows, ...] = Σ over i of dy[i] at row index[i] (zero elsewhere): " +
+      'dy [M, ...], index i32 [M]',
+    category: 'compute',
+    inputs: [2, 2],
+    attrs: { rows: attr('dims', 'rows of dx, one dim') },
+    shape: ([dy, index], attrs) => {
+      floatT(dy, 'dy');
+      intT(index, 'index');
+      rank(index, 1, 'index');
+      sameDim(index.shape[0], dy.shape[0], 'index vs rows of dy');
+      const rows = dimsAttr(attrs, 'rows');
+      need(rows.length === 1, () => `rows has ${rows.length} dims, want one`);
+      return [{ dtype: dy.dtype, shape: [rows[0], ...dy.shape.slice(1)] }];
+    },
+    flops: noFlops,
+    pure: true,
+    kernel: 'scatter_rows',
   },
   linear_dgrad: {
     summary: 'dx = dy·W: dy [..., out], W [out, in] → [..., in]',

@@ -134,6 +134,14 @@ export const GRAD_RULES = {
     }),
   ]),
   moe_local_counts: none(INTEGER),
+  image_sizes: none(INTEGER),
+  vit_balance_route: none('integer routing decisions (its image count is a metric)'),
+  segment_offset: none(INTEGER),
+  // the rows go back where they were picked from
+  gather_rows: rule((c) => [
+    c.b.op1('scatter_rows', [c.dOut(0)!, c.node.inputs[1]], { rows: [rowsDim(c, 0)] }),
+    undefined,
+  ]),
   embedding_grad: none(BACKWARD),
   linear_dgrad: none(BACKWARD),
   linear_wgrad: none(BACKWARD),
@@ -155,6 +163,7 @@ export const GRAD_RULES = {
   lse_combine_grad: none(BACKWARD),
   vocab_target_logit_grad: none(BACKWARD),
   ce_from_stats_grad: none(BACKWARD),
+  scatter_rows: none(BACKWARD),
   reshape: rule((c) => {
     const shape = c.b.typeOf(c.node.inputs[0]).shape.map(formatDim);
     return [c.b.op1('reshape', [c.dOut(0)!], { shape })];
@@ -209,6 +218,11 @@ export const GRAD_RULES = {
   offload: none('memory moves are placed after autodiff'),
   reload: none('memory moves are placed after autodiff'),
 } as const satisfies Record<OpKind, GradEntry>;
+
+/** dim 0 of input i, as text */
+function rowsDim(c: GradCtx, i: number): string {
+  return formatDim(c.b.typeOf(c.node.inputs[i]).shape[0]);
+}
 
 /** the group attributes of a collective or region boundary, for its conjugate */
 function groupOf(c: GradCtx): { group: string; group_size: number } {

@@ -60,7 +60,13 @@ export const SHARDING_RULES = {
   moe_rank_counts: { kind: 'replicate', why: 'sums blocks of every expert count' },
   moe_sort_chunks: { kind: 'follows' },
   moe_local_counts: { kind: 'follows' },
+  // the ViT balance is placed after tensor parallelism, on whole rows of each rank's images
+  image_sizes: { kind: 'replicate', why: 'counts every patch of the microbatch' },
+  vit_balance_route: { kind: 'replicate', why: 'decides over every image of the group' },
+  segment_offset: { kind: 'follows' },
+  gather_rows: { kind: 'follows' },
   embedding_grad: { kind: 'not_yet', plan: 'as embedding' },
+  scatter_rows: { kind: 'follows' },
   linear_dgrad: { kind: 'not_yet', plan: 'as linear, with the dual collective' },
   linear_wgrad: { kind: 'follows' },
   layernorm_grad: { kind: 'follows' },

@@ -83,6 +83,8 @@ export interface StepMetrics {
   readonly tokensPerSecond: number;
   /** this process's peak resident memory so far */
   readonly peakRssBytes: number;
+  /** --use-vit-dp-balance: images of the step encoded on another rank than their own */
+  readonly vitImagesMoved?: number;
 }
 
 export interface TrainResult {
@@ -255,11 +257,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const lr = lrAt(schedule, step);
     const r = await rt.step({ lr, step });
     o.onTiming?.(step, r.perInstruction);
-    const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss'];
+    // the ViT balance's count is the same on every rank of a balancing group, and rank 0's
+    // groups see every image: rank 0 speaks for it
+    const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss', 'vit_images_moved'];
     const sums = await globalSum(
       OUTPUTS.flatMap((name) => {
+        const weight = name === 'vit_images_moved' ? +(rank === 0) : lossWeight;
         const mine = r.outputs.filter((x) => x.name === name);
-        return [lossWeight * mine.reduce((a, x) => a + x.value, 0), lossWeight * +!!mine.length];
+        return [weight * mine.reduce((a, x) => a + x.value, 0), weight * +!!mine.length];
       }),
     );
     const sum = (name: string) => sums[2 * OUTPUTS.indexOf(name)];
@@ -278,6 +283,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       stepMs: r.stepMs,
       tokensPerSecond: (tokens * 1000) / Math.max(r.stepMs, 1e-3),
       peakRssBytes: process.resourceUsage().maxRSS * 1024,
+      ...(has('vit_images_moved') ? { vitImagesMoved: sum('vit_images_moved') } : {}),
     };
     steps.push(metrics);
     if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
@@ -406,6 +412,7 @@ export function snake(m: StepMetrics): Record<string, number | null> {
     step_ms: m.stepMs,
     tokens_per_s: m.tokensPerSecond,
     peak_rss_mb: m.peakRssBytes / 2 ** 20,
+    ...(m.vitImagesMoved === undefined ? {} : { vit_images_moved: m.vitImagesMoved }),
   };
 }
 

@@ -130,9 +130,16 @@ export function describeSizes(
 
 /** The report's lines on where things run: each pipeline stage's layers, then the encoder. */
 export function describePlacement(result: CompileResult): string[] {
+  const route = result.graph.nodes.find((n) => n.op === 'vit_balance_route');
+  const balance = route
+    ? [
+        `ViT DP balance: each round's images pooled over ${String(route.attrs.group)} (${String(route.attrs.group_size)} ranks), spread by patches², tokens sent home`,
+      ]
+    : [];
   return [
     ...(result.layout ? describeLayout(result.layout) : []),
     describeEncoder(result.placement),
+    ...balance,
   ];
 }
 

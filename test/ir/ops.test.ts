@@ -178,6 +178,47 @@ const CASES: Record<OpKind, Case> = {
       error: /experts \[6\] must be a multiple of group_size 4/,
     },
   },
+  image_sizes: {
+    inputs: ['i32[4*Nv]'],
+    attrs: { images: 16 },
+    out: ['i32[16]'],
+    bad: { inputs: ['f32[4*Nv]'], attrs: { images: 16 }, error: /segments must be an integer/ },
+  },
+  vit_balance_route: {
+    inputs: ['i32[32]', 'i32[4*Nv]'],
+    attrs: { group: 'dp', group_size: 2, images: 16, merge: 4, capacity: 64 },
+    out: ['i32[2]', 'i32[4*Nv]', 'i32[2]', 'i32[Nv]', 'f32[]'],
+    bad: {
+      inputs: ['i32[30]', 'i32[4*Nv]'],
+      attrs: { group: 'dp', group_size: 2, images: 16, merge: 4, capacity: 64 },
+      error: /all_sizes vs group_size × images: \[30\] ≠ \[32\]/,
+    },
+  },
+  segment_offset: {
+    inputs: ['i32[4*Nv]'],
+    attrs: { group: 'world', group_size: 8, stride: 64 },
+    out: ['i32[4*Nv]'],
+    bad: {
+      inputs: ['f32[4*Nv]'],
+      attrs: { group: 'world', group_size: 8, stride: 64 },
+      error: /segments must be an integer/,
+    },
+  },
+  gather_rows: {
+    inputs: ['i32[4*Nv, 2]', 'i32[4*Nv]'],
+    out: ['i32[4*Nv, 2]'],
+    bad: { inputs: ['f32[Nv, 64]', 'f32[Nv]'], error: /index must be an integer/ },
+  },
+  scatter_rows: {
+    inputs: ['f32[Nv, 64]', 'i32[Nv]'],
+    attrs: { rows: ['Nv'] },
+    out: ['f32[Nv, 64]'],
+    bad: {
+      inputs: ['f32[Nv, 64]', 'i32[S]'],
+      attrs: { rows: ['Nv'] },
+      error: /index vs rows of dy/,
+    },
+  },
   moe_sort_chunks: {
     inputs: ['f32[8*S, 128]', 'i32[4, 2]'],
     attrs: { inverse: false },

@@ -338,15 +338,20 @@ const INVALID: readonly Case[] = [
       'invalid layout (sp-seq-length): --seq-length 130 is not divisible by tensor parallel size 4 under --sequence-parallel',
   },
   {
-    why: 'ViT DP balance, not built yet',
-    ctx: { encoder: { vitDpBalance: true } },
+    why: 'ViT DP balance under full separation with mock microbatches (m 2, 4 encoding ranks)',
+    ctx: { encoder: { fullHeteroDp: true, vitDpBalance: true }, globalBatchSize: 4 },
     error:
-      'invalid layout (vit-dp-balance-unbuilt): --use-vit-dp-balance is not built yet: images are encoded where their microbatch is; drop the flag',
+      'invalid layout (vit-dp-balance-mock-slots): --use-vit-dp-balance with --enable-full-hetero-dp needs the microbatches per data-parallel rank (2) to be a multiple of the 4 ranks that encode in turn (mock microbatches cannot take part in the image exchange yet); change --global-batch-size',
   },
 ];
 
 const VALID: readonly Case[] = [
   { why: 'tiny-vlm-moe, tp 2, pp 2, ep 2' },
+  { why: 'ViT DP balance at level 0', ctx: { encoder: { vitDpBalance: true } } },
+  {
+    why: 'ViT DP balance under full separation, m 4 over 4 encoding ranks',
+    ctx: { encoder: { fullHeteroDp: true, vitDpBalance: true } },
+  },
   {
     why: 'tiny-vlm, tp 2, pp 2, sequence parallel',
     model: 'tiny-vlm',

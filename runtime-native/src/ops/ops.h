@@ -32,6 +32,13 @@ void run_moe_rank_counts(const Instr& in, StepCtx& c);
 void run_moe_sort_chunks(const Instr& in, StepCtx& c);
 void run_moe_local_counts(const Instr& in, StepCtx& c);
 
+// the ViT data-parallel balance (balance.cc)
+void run_image_sizes(const Instr& in, StepCtx& c);
+void run_vit_balance_route(const Instr& in, StepCtx& c);
+void run_segment_offset(const Instr& in, StepCtx& c);
+void run_gather_rows(const Instr& in, StepCtx& c);
+void run_scatter_rows(const Instr& in, StepCtx& c);
+
 // backward (backward.cc)
 void run_embedding_grad(const Instr& in, StepCtx& c);
 void run_linear_dgrad(const Instr& in, StepCtx& c);

@@ -67,6 +67,11 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::moe_rank_counts, compute(1, 1, 1, 1, "group_size:int", run_moe_rank_counts));
   set(Op::moe_sort_chunks, compute(2, 2, 1, 1, "inverse:bool", run_moe_sort_chunks));
   set(Op::moe_local_counts, compute(1, 1, 1, 1, "", run_moe_local_counts));
+  set(Op::image_sizes, compute(1, 1, 1, 1, "images:int", run_image_sizes));
+  set(Op::vit_balance_route, compute(2, 2, 5, 5, "group:string,group_size:int,images:int,merge:int,capacity:int",
+                                     run_vit_balance_route));
+  set(Op::segment_offset, compute(1, 1, 1, 1, "group:string,group_size:int,stride:int", run_segment_offset));
+  set(Op::gather_rows, compute(2, 2, 1, 1, "", run_gather_rows));
   // backward
   set(Op::embedding_grad,
       compute(2, 2, 1, 1, "rows:int,shard_group?:string,group_size?:int", run_embedding_grad));
@@ -93,6 +98,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::vocab_target_logit_grad, compute(2, 3, 1, 1, "shard_group:string,group_size:int,columns:int",
                                            run_vocab_target_logit_grad));
   set(Op::ce_from_stats_grad, compute(4, 4, 2, 2, "", run_ce_from_stats_grad));
+  set(Op::scatter_rows, compute(2, 2, 1, 1, "rows:dims", run_scatter_rows));
   // layout and constants
   set(Op::reshape, entry(OpClass::layout, 1, 1, 1, 1, "shape:dims", run_reshape, true));
   set(Op::split, entry(OpClass::layout, 1, 1, 1, V, "sizes:ints", run_split));
@@ -147,7 +153,7 @@ bool isIntegral(const nlohmann::json& v) {
 }
 
 // "" when v fits the type, else what was wrong
-std::string attrTypeProblem(const std::string& type, const nlohmann::json& v) {
+std::string attrTypeProblem(const std::string& type, const nlohmann::json& v, const SymbolTable& symbols) {
   if (type == "number") {
     if (v.is_number() && std::isfinite(v.get<double>())) return "";
   } else if (type == "int") {
@@ -173,7 +179,7 @@ std::string attrTypeProblem(const std::string& type, const nlohmann::json& v) {
       for (const auto& x : v) {
         if (!x.is_string()) return "must be a list of dims as strings, got " + v.dump();
         try {
-          parseDim(x.get<std::string>());
+          parseDim(x.get<std::string>(), symbols);
         } catch (const std::exception& e) {
           return e.what();
         }
@@ -198,7 +204,7 @@ const OpEntry& opEntry(Op op) { return kRegistry[size_t(op)]; }
 
 const char* opName(Op op) { return schema::kOpNames[int(op)]; }
 
-std::string checkInstrAgainstRegistry(const Instr& in) {
+std::string checkInstrAgainstRegistry(const Instr& in, const SymbolTable& symbols) {
   const OpEntry& e = opEntry(in.op);
   const int ni = int(in.inputs.size()), no = int(in.outputs.size());
   if (ni < e.minIn || (e.maxIn != kVariadic && ni > e.maxIn))
@@ -224,7 +230,7 @@ std::string checkInstrAgainstRegistry(const Instr& in) {
       if (optional) continue;
       return cat("missing attribute '", name, "' (", type, ")");
     }
-    const std::string problem = attrTypeProblem(type, in.attrs.at(name));
+    const std::string problem = attrTypeProblem(type, in.attrs.at(name), symbols);
     if (!problem.empty()) return cat("attribute '", name, "' ", problem);
   }
   for (const auto& [name, _] : in.attrs.items()) {

@@ -1,0 +1,133 @@
+#include "balance.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace lfc::cpu {
+
+void image_sizes(int32_t* sizes, const int32_t* segments, int64_t N, int64_t I) {
+  std::vector<int32_t> count(size_t(I), 0);
+  int64_t last = -1;
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t s = segments[n];
+    LFC_KERNEL_CHECK(s >= 0 && s < I, "image_sizes: patch ", n, " has image index ", s, ", outside [0, ", I, ")");
+    LFC_KERNEL_CHECK(s == last || s == last + 1, "image_sizes: patch ", n, " has image index ", s,
+                     " after ", last, " (images must be contiguous, in index order)");
+    last = s;
+    count[size_t(s)]++;
+  }
+  std::copy(count.begin(), count.end(), sizes);
+}
+
+int64_t balance_assign(int32_t* dest, const int32_t* all_sizes, int64_t P, int64_t I, int64_t capacity) {
+  std::vector<int64_t> images;  // global indices of the non-empty slots
+  for (int64_t g = 0; g < P * I; g++) {
+    LFC_KERNEL_CHECK(all_sizes[g] >= 0, "balance_assign: image ", g % I, " of rank ", g / I, " has ",
+                     all_sizes[g], " patches");
+    dest[g] = all_sizes[g] > 0 ? int32_t(g / I) : -1;
+    if (all_sizes[g] > 0) images.push_back(g);
+  }
+  const auto cost = [&](int64_t g) { return int64_t(all_sizes[g]) * all_sizes[g]; };
+  std::stable_sort(images.begin(), images.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+  std::vector<int64_t> load(size_t(P), 0), rows(size_t(P), 0);
+  std::vector<int32_t> chosen(images.size());
+  for (size_t j = 0; j < images.size(); j++) {
+    const int64_t n = all_sizes[images[j]];
+    int64_t best = -1;
+    for (int64_t q = 0; q < P; q++)
+      if (rows[size_t(q)] + n <= capacity && (best < 0 || load[size_t(q)] < load[size_t(best)])) best = q;
+    if (best < 0) return 0;  // no room anywhere: every image stays home (dest as set above)
+    chosen[j] = int32_t(best);
+    load[size_t(best)] += cost(images[j]);
+    rows[size_t(best)] += n;
+  }
+  int64_t moved = 0;
+  for (size_t j = 0; j < images.size(); j++) {
+    dest[images[j]] = chosen[j];
+    moved += chosen[j] != images[j] / I;
+  }
+  return moved;
+}
+
+int64_t vit_balance_route(int32_t* send, int32_t* order, int32_t* back, int32_t* inverse,
+                          const int32_t* all_sizes, const int32_t* segments, int64_t N, int64_t P,
+                          int64_t I, int64_t rank, int64_t merge, int64_t capacity) {
+  LFC_KERNEL_CHECK(rank >= 0 && rank < P, "vit_balance_route: rank ", rank, " outside the group of ", P);
+  LFC_KERNEL_CHECK(merge >= 1 && N % merge == 0, "vit_balance_route: ", N, " patches are not a multiple of ",
+                   merge, " (patches per visual token)");
+  // this rank's images: start row and patches, checked against its segments
+  const int32_t* mine = all_sizes + rank * I;
+  std::vector<int64_t> start(size_t(I), 0);
+  int64_t total = 0;
+  for (int64_t i = 0; i < I; i++) {
+    start[size_t(i)] = total;
+    LFC_KERNEL_CHECK(mine[i] % merge == 0, "vit_balance_route: image ", i, " has ", mine[i],
+                     " patches, not whole merge blocks of ", merge);
+    total += mine[i];
+  }
+  LFC_KERNEL_CHECK(total == N, "vit_balance_route: the sizes of rank ", rank, " add up to ", total,
+                   " patches, its segments have ", N);
+  for (int64_t i = 0; i < I; i++)
+    for (int64_t n = start[size_t(i)]; n < start[size_t(i)] + mine[i]; n++)
+      LFC_KERNEL_CHECK(segments[n] == i, "vit_balance_route: patch ", n, " has image index ", segments[n],
+                       ", the sizes say ", i);
+
+  std::vector<int32_t> dest(size_t(P * I));
+  const int64_t moved = balance_assign(dest.data(), all_sizes, P, I, capacity);
+  std::fill(send, send + P, 0);
+  std::fill(back, back + P, 0);
+  for (int64_t g = 0; g < P * I; g++) {
+    if (dest[size_t(g)] < 0) continue;
+    if (g / I == rank) send[dest[size_t(g)]] += all_sizes[g];
+    if (dest[size_t(g)] == rank) back[g / I] += int32_t(all_sizes[g] / merge);
+  }
+  // send order: by destination, then image; a token comes back at its position in that order
+  int64_t at = 0;
+  for (int64_t q = 0; q < P; q++)
+    for (int64_t i = 0; i < I; i++) {
+      if (dest[size_t(rank * I + i)] != q) continue;
+      for (int64_t n = start[size_t(i)]; n < start[size_t(i)] + mine[i]; n++) {
+        order[at] = int32_t(n);
+        if (n % merge == 0) inverse[n / merge] = int32_t(at / merge);
+        at++;
+      }
+    }
+  return moved;
+}
+
+void segment_offset(int32_t* y, const int32_t* segments, int64_t N, int64_t rank, int64_t stride) {
+  for (int64_t n = 0; n < N; n++) {
+    const int32_t s = segments[n];
+    LFC_KERNEL_CHECK(s < stride, "segment_offset: segment ", s, " at row ", n, " is not below the stride ", stride);
+    y[n] = s < 0 ? s : int32_t(s + rank * stride);
+  }
+}
+
+void gather_rows(std::byte* y, const std::byte* x, const int32_t* index, int64_t M, int64_t N,
+                 int64_t rowBytes) {
+  for (int64_t i = 0; i < M; i++) {
+    const int64_t j = index[i];
+    LFC_KERNEL_CHECK(j >= 0 && j < N, "gather_rows: index ", j, " at ", i, " outside [0, ", N, ")");
+    std::memcpy(y + i * rowBytes, x + j * rowBytes, size_t(rowBytes));
+  }
+}
+
+template <typename Real>
+void scatter_rows(Real* dx, const Real* dy, const int32_t* index, int64_t M, int64_t N, int64_t H) {
+  for (int64_t i = 0; i < M; i++)
+    LFC_KERNEL_CHECK(index[i] >= 0 && index[i] < N, "scatter_rows: index ", index[i], " at ", i,
+                     " outside [0, ", N, ")");
+  std::fill(dx, dx + N * H, Real(0));
+  for (int64_t i = 0; i < M; i++) {
+    Real* row = dx + int64_t(index[i]) * H;
+    const Real* src = dy + i * H;
+    for (int64_t h = 0; h < H; h++) row[h] += src[h];
+  }
+}
+
+template void scatter_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
+template void scatter_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t);
+
+}  // namespace lfc::cpu
