@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/balance.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/linear.h"
@@ -1237,6 +1238,178 @@ int bench() {
   return 0;
 }
 
+// ---- ViT data-parallel balance ----------------------------------------------------------------
+
+void fwd_image_sizes() {
+  const Ints seg = {0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  Ints sizes(3);
+  cpu::image_sizes(sizes.data(), seg.data(), 12, 3);
+  report_bool("fwd/image_sizes patches per image, zero past the last", sizes == Ints({4, 8, 0}));
+  Ints y(4);
+  const Ints s2 = {-1, 0, 3, 9};
+  cpu::segment_offset(y.data(), s2.data(), 4, 2, 10);
+  report_bool("fwd/segment_offset + rank·stride, padding kept", y == Ints({-1, 20, 23, 29}));
+}
+
+// Hand-worked cases of DESIGN.md's rule: cost = patches², cost descending then global index,
+// least total cost so far, ties to the lower rank.
+void fwd_balance_rule() {
+  // rank 0: images of 8, 4, 4 patches; rank 1: one of 4. Costs 64 | 16 16 | 16: the 64 to rank 0,
+  // then every 16 to rank 1 (16 < 64, 32 < 64, 48 < 64): rank 0's images 1 and 2 move
+  {
+    const Ints all = {8, 4, 4, 4, 0, 0};
+    Ints dest(6);
+    const int64_t moved = cpu::balance_assign(dest.data(), all.data(), 2, 3, 64);
+    report_bool("fwd/balance_assign largest first, least loaded, ties low",
+                dest == Ints({0, 1, 1, 1, -1, -1}) && moved == 2);
+  }
+  // rank 0: 4 and 8 patches; rank 1: 4. Sorted 64 (0,1), 16 (0,0), 16 (1,0): (0,1) → 0,
+  // (0,0) → 1, (1,0) → 1. Rank 0 sends image 1 to itself first, then image 0 to rank 1; its
+  // tokens come back in that order: image 1's two, then image 0's one.
+  {
+    const Ints all = {4, 8, 4, 0};
+    const Ints seg0 = {0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, seg1 = {0, 0, 0, 0};
+    Ints send0(2), order0(12), back0(2), inv0(3), send1(2), order1(4), back1(2), inv1(1);
+    const int64_t m0 = cpu::vit_balance_route(send0.data(), order0.data(), back0.data(), inv0.data(), all.data(),
+                                              seg0.data(), 12, 2, 2, 0, 4, 64);
+    const int64_t m1 = cpu::vit_balance_route(send1.data(), order1.data(), back1.data(), inv1.data(), all.data(),
+                                              seg1.data(), 4, 2, 2, 1, 4, 64);
+    report_bool("fwd/vit_balance_route rank 0: send, order, back, inverse",
+                send0 == Ints({8, 4}) && order0 == Ints({4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3}) &&
+                    back0 == Ints({2, 0}) && inv0 == Ints({2, 0, 1}) && m0 == 1);
+    report_bool("fwd/vit_balance_route rank 1: receives rank 0's image 0 and its own",
+                send1 == Ints({0, 4}) && order1 == Ints({0, 1, 2, 3}) && back1 == Ints({1, 1}) &&
+                    inv1 == Ints({0}) && m1 == 1);
+  }
+  // an image larger than every rank's room: nothing moves
+  {
+    const Ints all = {8, 4};
+    Ints dest(2);
+    const int64_t moved = cpu::balance_assign(dest.data(), all.data(), 2, 1, 6);
+    report_bool("fwd/balance_assign no room anywhere: every image stays home", dest == Ints({0, 1}) && moved == 0);
+  }
+}
+
+// Random groups: every rank routes its own patches, the exchange is simulated both ways. Each
+// rank must receive whole images within capacity, give back what it received, and get every own
+// visual token back in place; with room to spare the greedy keeps loads within one image's cost.
+void fwd_balance_exchange() {
+  const int64_t I = 5, merge = 4;
+  bool whole = true, roundTrip = true, agree = true, within = true, counts = true;
+  int groups = 0;
+  for (uint64_t seed = 1; seed <= 40; seed++) {
+    Rng rng(seed);
+    const int64_t P = 2 + seed % 4, capacity = I * 16;
+    Ints all(size_t(P * I), 0);
+    std::vector<Ints> segs(static_cast<size_t>(P));
+    for (int64_t p = 0; p < P; p++) {
+      const int n = rng.integer(0, int32_t(I));
+      for (int i = 0; i < n; i++) {
+        all[size_t(p * I + i)] = merge * rng.integer(1, 4);
+        for (int k = 0; k < all[size_t(p * I + i)]; k++) segs[size_t(p)].push_back(i);
+      }
+    }
+    struct Route { Ints send, order, back, inverse; int64_t moved; };
+    std::vector<Route> r(static_cast<size_t>(P));
+    for (int64_t p = 0; p < P; p++) {
+      const int64_t N = int64_t(segs[size_t(p)].size());
+      Route& x = r[size_t(p)];
+      x.send.resize(size_t(P)), x.order.resize(size_t(N)), x.back.resize(size_t(P)), x.inverse.resize(size_t(N / merge));
+      x.moved = cpu::vit_balance_route(x.send.data(), x.order.data(), x.back.data(), x.inverse.data(), all.data(),
+                                       segs[size_t(p)].data(), N, P, I, p, merge, capacity);
+      agree = agree && x.moved == r[0].moved;
+    }
+    // forward: rank q receives, from each p in turn, p's block for q (rows labelled (p, row))
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> got(static_cast<size_t>(P));
+    for (int64_t p = 0; p < P; p++) {
+      int64_t at = 0;
+      for (int64_t q = 0; q < P; q++)
+        for (int32_t k = 0; k < r[size_t(p)].send[size_t(q)]; k++, at++)
+          got[size_t(q)].push_back({p, r[size_t(p)].order[size_t(at)]});
+    }
+    std::vector<int64_t> load(static_cast<size_t>(P), 0);
+    int64_t biggest = 0;
+    for (int64_t q = 0; q < P; q++) {
+      const auto& g = got[size_t(q)];
+      whole = whole && int64_t(g.size()) <= capacity;
+      for (size_t k = 0; k < g.size();) {  // whole images, each contiguous, from its first patch
+        const auto [p, row] = g[k];
+        const int32_t img = segs[size_t(p)][size_t(row)];
+        const int32_t n = all[size_t(p * I + img)];
+        for (int32_t j = 0; j < n; j++)
+          whole = whole && k + j < g.size() && g[k + j].first == p && g[k + j].second == row + j &&
+                  segs[size_t(p)][size_t(row + j)] == img && (j > 0 || row == 0 || segs[size_t(p)][size_t(row - 1)] != img);
+        load[size_t(q)] += int64_t(n) * n;
+        biggest = std::max<int64_t>(biggest, int64_t(n) * n);
+        k += size_t(std::max(n, 1));
+      }
+      for (int64_t p = 0; p < P; p++) counts = counts && r[size_t(q)].back[size_t(p)] * merge == r[size_t(p)].send[size_t(q)];
+    }
+    // back: each q returns one token per merge rows received to its source; rank p gets the
+    // blocks of q = 0, 1, … in turn
+    for (int64_t p = 0; p < P; p++) {
+      std::vector<int64_t> arrived;
+      for (int64_t q = 0; q < P; q++)
+        for (size_t k = 0; k < got[size_t(q)].size(); k += size_t(merge))
+          if (got[size_t(q)][k].first == p) arrived.push_back(got[size_t(q)][k].second / merge);
+      const Ints& inv = r[size_t(p)].inverse;
+      for (size_t u = 0; u < inv.size(); u++)
+        roundTrip = roundTrip && inv[u] >= 0 && size_t(inv[u]) < arrived.size() && arrived[size_t(inv[u])] == int64_t(u);
+      roundTrip = roundTrip && arrived.size() == inv.size();
+    }
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    within = within && *hi - *lo <= biggest;
+    groups++;
+  }
+  report_bool("fwd/vit_balance_route 40 random groups: whole images within capacity", whole);
+  report_bool("fwd/vit_balance_route: back = received rows / merge, moved alike on every rank", counts && agree);
+  report_bool("fwd/vit_balance_route: every own token comes back to its place", roundTrip);
+  report_bool("fwd/balance_assign: loads within one image's cost of each other", within && groups == 40);
+}
+
+// gather_rows is linear; scatter_rows is its adjoint: <gather(x), dy> = <x, scatter(dy)> (an exact
+// finite-difference check of a linear map: the derivative is the map)
+void fd_gather_rows() {
+  double worst = 0;
+  for (uint64_t seed : kSeeds) {
+    Rng rng(seed);
+    const int64_t N = 7, M = 9, H = 3;
+    const Vec x = rng.vec(size_t(N * H)), dy = rng.vec(size_t(M * H));
+    const Ints index = rng.ints(size_t(M), 0, int32_t(N - 1));  // repeats: their gradients sum
+    Vec y(size_t(M * H)), dx(size_t(N * H), 99.0);
+    cpu::gather_rows(reinterpret_cast<std::byte*>(y.data()), reinterpret_cast<const std::byte*>(x.data()),
+                     index.data(), M, N, H * int64_t(sizeof(double)));
+    cpu::scatter_rows(dx.data(), dy.data(), index.data(), M, N, H);
+    double lhs = 0, rhs = 0, scale = 0;
+    for (int64_t i = 0; i < M * H; i++) lhs += y[size_t(i)] * dy[size_t(i)], scale += std::abs(y[size_t(i)] * dy[size_t(i)]);
+    for (int64_t i = 0; i < N * H; i++) rhs += x[size_t(i)] * dx[size_t(i)];
+    bool picked = true;
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t h = 0; h < H; h++) picked = picked && y[size_t(i * H + h)] == x[size_t(index[size_t(i)] * H + h)];
+    track_max(worst, picked ? std::abs(lhs - rhs) / scale : 1.0);
+  }
+  report("fd/gather_rows and scatter_rows (adjoint, exact)", worst, kExactTol);
+}
+
+void err_balance() {
+  Ints out(8);
+  const Ints gap = {0, 0, 2, 2};
+  report_bool("err/image_sizes images out of order", throws_kernel_error([&] {
+    cpu::image_sizes(out.data(), gap.data(), 4, 3);
+  }, "image_sizes: patch 2 has image index 2 after 0"));
+  const Ints all = {8, 0}, seg = {0, 0, 0, 0};
+  Ints a(1), b(4), c(1), d(1);
+  report_bool("err/vit_balance_route sizes disagree with the segments", throws_kernel_error([&] {
+    cpu::vit_balance_route(a.data(), b.data(), c.data(), d.data(), all.data(), seg.data(), 4, 1, 2, 0, 4, 64);
+  }, "the sizes of rank 0 add up to 8 patches, its segments have 4"));
+  const Ints idx = {0, 5};
+  Vec x(4), y(4);
+  report_bool("err/gather_rows index out of range", throws_kernel_error([&] {
+    cpu::gather_rows(reinterpret_cast<std::byte*>(y.data()), reinterpret_cast<const std::byte*>(x.data()), idx.data(),
+                     2, 2, 2 * int64_t(sizeof(double)));
+  }, "gather_rows: index 5 at 1 outside [0, 2)"));
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return bench();
   if (argc > 1) {
@@ -1259,6 +1432,7 @@ int main(int argc, char** argv) {
   fd_vocab_parallel();
   fd_moe_sort_chunks();
   fd_merge_visual();
+  fd_gather_rows();
   ref_linear();
   ref_grouped_linear();
   ref_attention();
@@ -1276,7 +1450,11 @@ int main(int argc, char** argv) {
   fwd_group_slice();
   fwd_merge_visual();
   fwd_optimizer();
+  fwd_image_sizes();
+  fwd_balance_rule();
+  fwd_balance_exchange();
   err_checks();
+  err_balance();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%d checks, %d failed, %.1f s\n", g_checks, g_failures, secs);
   return g_failures ? 1 : 0;

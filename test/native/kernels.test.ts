@@ -44,6 +44,7 @@ describe('C++ kernel checks', () => {
       'moe_aux_loss',
       'cross_entropy',
       'merge_visual',
+      'gather_rows',
     ]) {
       expect(
         lines.some((l) => l.includes(family) && /fd|finite/i.test(l)),

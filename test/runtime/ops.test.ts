@@ -527,6 +527,137 @@ describe('native runtime: vocab-parallel and expert-parallel ops (f64, group ran
   });
 });
 
+/**
+ * DESIGN.md's balancing rule, written out plainly: which rank encodes image i of rank p. Cost =
+ * patches²; cost descending, then global index; the rank with the least cost so far among those
+ * with room for the image's patches, ties to the lower rank; if some image has no room anywhere,
+ * nothing moves.
+ */
+function balanceRule(sizes: readonly (readonly number[])[], capacity: number): number[][] {
+  const P = sizes.length;
+  const images = sizes
+    .flatMap((row, p) => row.map((n, i) => ({ p, i, n, global: p * row.length + i })))
+    .filter((x) => x.n > 0)
+    .sort((a, b) => b.n * b.n - a.n * a.n || a.global - b.global);
+  const cost = new Array<number>(P).fill(0);
+  const rows = new Array<number>(P).fill(0);
+  const dest = sizes.map((row) => row.map(() => -1));
+  for (const im of images) {
+    const open = [...Array(P).keys()].filter((q) => rows[q] + im.n <= capacity);
+    if (!open.length) return sizes.map((row, p) => row.map((n) => (n > 0 ? p : -1)));
+    const q = open.reduce((best, r) => (cost[r] < cost[best] ? r : best));
+    dest[im.p][im.i] = q;
+    cost[q] += im.n * im.n;
+    rows[q] += im.n;
+  }
+  return dest;
+}
+
+describe('native runtime: the ViT balance ops (group rank 0 of 2)', () => {
+  it('image_sizes, vit_balance_route, segment_offset and gather_rows on a microbatch with images, against the rule', async () => {
+    // rank 0 holds images of 8×16, 16×16, 8×8, 16×8 pixels (8, 16, 4 and 8 patches of 4×4);
+    // rank 1's sizes are a constant block of 4 images of 4 patches
+    const sides = [
+      [8, 16],
+      [16, 16],
+      [8, 8],
+      [16, 8],
+    ];
+    const own = sides.map(([h, w]) => (h / 4) * (w / 4));
+    const Np = own.reduce((a, b) => a + b, 0); // 36 patches, 9 visual tokens
+    const I = 8;
+    const capacity = 64;
+    const b = new ProgramBuilder('vit-balance', { S: 16, Nv: 16 });
+    const seg = b.input('image_segments', 'i32', ['4*Nv']);
+    const patches = b.input('patches', 'f32', ['4*Nv', 48]);
+    const mine = b.arena('sizes', 'i32', [I]);
+    const theirs = b.arena('theirs', 'i32', [I]);
+    const theirs2 = b.arena('theirs2', 'i32', [1, I]);
+    const mine2 = b.view('sizes2', mine, [1, I]);
+    const all2 = b.arena('all2', 'i32', [2, I]);
+    const all = b.view('all', all2, [2 * I]);
+    const outs = [
+      b.arena('send', 'i32', [2]),
+      b.arena('order', 'i32', ['4*Nv']),
+      b.arena('back', 'i32', [2]),
+      b.arena('inverse', 'i32', ['Nv']),
+      b.scalar('moved'),
+    ];
+    const offset = b.arena('offset', 'i32', ['4*Nv']);
+    const picked = b.arena('picked', 'f32', ['4*Nv', 48]);
+    const group = { group: 'dp', group_size: 2 };
+    b.instr('compute', 'image_sizes', [seg], [mine], { images: I });
+    b.instr('compute', 'constant', [], [theirs], { value: 4, dtype: 'i32', shape: [String(I)] });
+    b.instr('compute', 'reshape', [theirs], [theirs2], { shape: ['1', String(I)] });
+    b.instr('compute', 'concat', [mine2, theirs2], [all2]);
+    b.instr('compute', 'vit_balance_route', [all, seg], outs, {
+      ...group,
+      images: I,
+      merge: 4,
+      capacity,
+    });
+    b.instr('compute', 'segment_offset', [seg], [offset], { ...group, stride: 100 });
+    b.instr('compute', 'gather_rows', [patches, outs[1]], [picked]);
+    const rt = new native.Runtime(JSON.stringify(b.build()), { patchSize: 4, mergeSize: 2 });
+    const images = sides.map(([h, w], k) => ({
+      height: h,
+      width: w,
+      pixels: Float32Array.from({ length: 3 * h * w }, (_, i) => Math.sin(i + 100 * k)),
+    }));
+    const mb = textMicrobatch([[...Array<number>(Np / 4).fill(1), 5, 6]], 16);
+    rt.setMicrobatch(0, { ...mb, images });
+    await rt.step({ lr: 0, step: 1 });
+    const ints = (id: number) => Array.from(new Int32Array(rt.readBuffer(id)));
+    expect(ints(mine)).toEqual([...own, 0, 0, 0, 0]);
+
+    const sizes = [[...own, 0, 0, 0, 0], new Array<number>(I).fill(4)];
+    const dest = balanceRule(sizes, capacity);
+    const start = own.map((_, i) => own.slice(0, i).reduce((a, n) => a + n, 0));
+    const order = [0, 1].flatMap((q) =>
+      own.flatMap((n, i) =>
+        dest[0][i] === q ? Array.from({ length: n }, (_, k) => start[i] + k) : [],
+      ),
+    );
+    const moved = dest.flat().filter((q, g) => q >= 0 && q !== Math.floor(g / I)).length;
+    expect(moved).toBeGreaterThan(0); // the case moves images both ways
+    expect(ints(outs[0])).toEqual(
+      [0, 1].map((q) => own.reduce((a, n, i) => a + (dest[0][i] === q ? n : 0), 0)),
+    );
+    expect(ints(outs[1])).toEqual(order);
+    expect(ints(outs[2])).toEqual(
+      [0, 1].map((p) => sizes[p].reduce((a, n, i) => a + (dest[p][i] === 0 ? n / 4 : 0), 0)),
+    );
+    const inverse = ints(outs[3]);
+    inverse.forEach((row, u) => expect(order[row * 4]).toBe(u * 4));
+    expect(rt.getScalar('moved')).toBe(moved);
+    const segments = ints(seg);
+    expect(ints(offset)).toEqual(segments); // group rank 0: + 0·stride
+    const x = new Float32Array(rt.readBuffer(patches));
+    const y = new Float32Array(rt.readBuffer(picked));
+    order.forEach((row, i) =>
+      expect(Array.from(y.subarray(i * 48, (i + 1) * 48))).toEqual(
+        Array.from(x.subarray(row * 48, (row + 1) * 48)),
+      ),
+    );
+  });
+
+  it('gather_rows and scatter_rows (its backward) against finite differences', async () => {
+    const b = new ProgramBuilder('gather-rows');
+    // index = the positions of a sample of 4 tokens padded to 6: 0 1 2 3 0 0 (row 0 picked three
+    // times, rows 4 and 5 never: their gradient is 0)
+    const index = b.input('positions', 'i32', ['S']);
+    const rows = f64Param(b, 'rows', [6, 2]);
+    const y = f64(b, 'y', ['S', 2]);
+    const t = terms(b, [[y, [6, 2]]]);
+    const drows = f64(b, 'drows', [6, 2]);
+    b.instr('compute', 'gather_rows', [rows, index], [y]);
+    b.instr('compute', 'scatter_rows', [t[0].dy, index], [drows], { rows: ['6'] });
+    const mb = textMicrobatch([[2, 3, 4, 5]], 6);
+    expect(Array.from(mb.positions)).toEqual([0, 1, 2, 3, 0, 0]);
+    await checkGradients({ b, terms: t, grads: { rows: drows }, mb });
+  });
+});
+
 describe('native runtime: layout, memory and constant ops', () => {
   it('split and concat invert each other; add; offload and reload copy; constant fills', async () => {
     const b = new ProgramBuilder('layout');
