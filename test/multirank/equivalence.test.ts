@@ -20,6 +20,7 @@ import { iterDir } from '../../runtime/checkpoint.js';
 import { loadNative } from '../../runtime/native.js';
 import { readPlan } from '../../runtime/plan-io.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
+import { writeBatchFile, type Microbatch } from '../../runtime/batch.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-eq-'));
 const STEPS = 3;
@@ -34,6 +35,74 @@ interface Layout {
   readonly flags: readonly string[];
   /** overrides the one-rank baseline is compiled with too (default: none) */
   readonly baseline?: readonly string[];
+  /** both runs replay the imbalanced batch (IMBALANCED) every step instead of synthetic data */
+  readonly imbalanced?: boolean;
+}
+
+/**
+ * A global batch of 4 microbatches built so that the ViT balance must move images: the heavy ones
+ * (three 32×32 images, 64 patches each; three 32×16) meet light ones (one 8×8 image, 4 patches) in
+ * every round, whether the ranks of a round hold microbatches 0 and 2, 1 and 3 (dp 2) or all four
+ * (level 3 over 4 ranks). Samples follow reference/tiny-vlm.md: placeholders, three caption
+ * tokens, filler text.
+ */
+const IMBALANCED = join(dir, 'imbalanced.safetensors');
+function imbalancedBatch(): Microbatch[] {
+  const seq = 128;
+  const microbatch = (images: readonly (readonly [number, number])[], seed: number): Microbatch => {
+    const tokens: number[] = [];
+    const labels: number[] = [];
+    const lossMask: number[] = [];
+    const positions: number[] = [];
+    const segments: number[] = [];
+    images.forEach(([h, w], sample) => {
+      const caption = [
+        2 + ((seed + sample) % 8),
+        10 + ((seed + 3 * sample) % 8),
+        18 + (sample % 4),
+      ];
+      const toks = [...new Array<number>((h / 8) * (w / 8)).fill(1), ...caption, 40, 41, 42];
+      toks.forEach((t, i) => {
+        const next = i + 1 < toks.length ? toks[i + 1] : 0;
+        const text = next !== 0 && next !== 1;
+        tokens.push(t);
+        labels.push(text ? next : 0);
+        lossMask.push(text ? 1 : 0);
+        positions.push(i);
+        segments.push(sample);
+      });
+    });
+    while (tokens.length < seq) {
+      tokens.push(0);
+      labels.push(0);
+      lossMask.push(0);
+      positions.push(0);
+      segments.push(-1);
+    }
+    return {
+      tokens: Int32Array.from(tokens),
+      labels: Int32Array.from(labels),
+      lossMask: Uint8Array.from(lossMask),
+      positions: Int32Array.from(positions),
+      segments: Int32Array.from(segments),
+      images: images.map(([height, width], k) => ({
+        height,
+        width,
+        pixels: Float32Array.from({ length: 3 * height * width }, (_, i) =>
+          Math.sin(0.37 * i + 11 * k + 101 * seed),
+        ),
+      })),
+    };
+  };
+  const big = [32, 32] as const;
+  const wide = [32, 16] as const;
+  const tiny = [8, 8] as const;
+  return [
+    microbatch([big, big, big], 0),
+    microbatch([tiny], 1),
+    microbatch([tiny], 2),
+    microbatch([wide, wide, wide], 3),
+  ];
 }
 
 const FROZEN = ['model.image_encoder.freeze=true'];
@@ -178,6 +247,21 @@ const LAYOUTS: readonly Layout[] = [
       ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
     ],
   },
+  // ViT DP balance on a batch built to be imbalanced: over dp and over every rank (level 3)
+  {
+    name: 'vit-balance-dp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--use-vit-dp-balance'],
+    imbalanced: true,
+  },
+  {
+    name: 'vit-balance-level3-tp2-pp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+    imbalanced: true,
+  },
   { name: 'vlm-dp2', model: 'tiny-vlm', ranks: 2, flags: [] },
   { name: 'vlm-tp2', model: 'tiny-vlm', ranks: 2, flags: ['--tp', '2'] },
   { name: 'vlm-pp2', model: 'tiny-vlm', ranks: 2, flags: ['--pp', '2'] },
@@ -196,9 +280,18 @@ const LAYOUTS: readonly Layout[] = [
 ];
 
 /** the one-rank plan a layout is held to */
-const one = (model: string, baseline: readonly string[] = []) =>
-  join(dir, [model, ...baseline.map((o) => o.replace(/\W+/g, '_')), 'one'].join('.'));
-const baselineOf = (l: Layout) => one(l.model, l.baseline);
+const one = (model: string, baseline: readonly string[] = [], imbalanced = false) =>
+  join(
+    dir,
+    [
+      model,
+      ...baseline.map((o) => o.replace(/\W+/g, '_')),
+      ...(imbalanced ? ['imbalanced'] : []),
+      'one',
+    ].join('.'),
+  );
+const baselineOf = (l: Layout) => one(l.model, l.baseline, l.imbalanced);
+const batchFlags = (l: Layout) => (l.imbalanced ? ['--batch', IMBALANCED] : []);
 const planOf = (l: Layout) => join(dir, l.name);
 
 async function compile(out: string, model: string, ...flags: string[]): Promise<void> {
@@ -255,12 +348,21 @@ function params(ckpt: string): Map<string, Float32Array> {
 }
 
 beforeAll(async () => {
+  writeBatchFile(IMBALANCED, imbalancedBatch());
   const baselines = new Map<string, Layout>();
   for (const l of [{ model: 'tiny-vlm-moe' }, { model: 'tiny-vlm' }, ...LAYOUTS] as Layout[])
     baselines.set(baselineOf(l), l);
   for (const [plan, l] of baselines) {
     await compile(plan, l.model, ...(l.baseline ?? []));
-    const r = await run(plan, 1, '--save', join(plan, 'ckpt'), '--save-interval', '2');
+    const r = await run(
+      plan,
+      1,
+      '--save',
+      join(plan, 'ckpt'),
+      '--save-interval',
+      '2',
+      ...batchFlags(l),
+    );
     expect(r.err).toBe('');
   }
 }, 90_000);
@@ -320,12 +422,28 @@ describe('every layout on local ranks = one rank with the global batch', () => {
     it(`${l.name} (${l.model}, ${l.ranks} ranks${l.flags.length ? ' ' + l.flags.join(' ') : ''})`, async () => {
       await compile(planOf(l), l.model, '--nproc-per-node', String(l.ranks), ...l.flags);
       const interval = ['tp2', 'pp2'].includes(l.name) ? ['--save-interval', '2'] : [];
-      const r = await run(planOf(l), l.ranks, '--save', join(planOf(l), 'ckpt'), ...interval);
+      const r = await run(
+        planOf(l),
+        l.ranks,
+        '--save',
+        join(planOf(l), 'ckpt'),
+        ...interval,
+        ...batchFlags(l),
+      );
       expect(r.err).toBe('');
       expect(r.code).toBe(0);
       const want = losses(join(baselineOf(l), 'metrics.jsonl'));
       const got = losses(join(planOf(l), 'metrics.jsonl'));
       expect(got).toHaveLength(STEPS);
+      if (l.flags.includes('--use-vit-dp-balance')) {
+        // the runtime's own count: images encoded on another rank than their microbatch's
+        const moved = readFileSync(join(planOf(l), 'metrics.jsonl'), 'utf8')
+          .trim()
+          .split('\n')
+          .map((line) => (JSON.parse(line) as { vit_images_moved: number }).vit_images_moved);
+        console.log(`${l.name}: images moved per step ${moved.join(', ')}`);
+        for (const n of moved) expect(n).toBeGreaterThan(0);
+      }
       const lossRel = Math.max(...got.map((x, i) => Math.abs(x - want[i]) / want[i]));
       const p1 = params(join(baselineOf(l), 'ckpt'));
       const p2 = params(join(planOf(l), 'ckpt'));
