@@ -55,6 +55,8 @@ const LAYOUTS: readonly Layout[] = [
       '--delay-wgrad-compute',
     ],
   },
+  // images encoded away from their microbatch's rank, their gradients brought back
+  { name: 'vit-balance-dp2', ranks: 2, flags: ['--use-vit-dp-balance'] },
 ];
 
 const ONE = join(dir, 'one');
