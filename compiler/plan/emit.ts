@@ -347,7 +347,12 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const outs = n.outputs.map((o) => {
       let id: number;
       if (VIEW_OPS.has(n.op)) id = addBuffer(o.name, o.type, 'arena', mb, root(ins[0]));
-      else if (mbOutputs.has(o.name)) {
+      // a reported output once per microbatch: a recomputed forward (the encoder under
+      // --full-hetero-dp-encoder-recompute) writes a fresh buffer instead
+      else if (
+        mbOutputs.has(o.name) &&
+        !outputs.some((x) => x.name === mbOutputs.get(o.name) && x.microbatch === mb)
+      ) {
         const name = mbOutputs.get(o.name)!;
         id = addBuffer(`${name}.mb${mb}`, o.type, 'scalar', mb);
         outputs.push({ name, buffer: id, microbatch: mb });

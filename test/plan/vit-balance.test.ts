@@ -105,6 +105,19 @@ describe('ViT DP balance in the plan (tiny-vlm-moe, 8 ranks, tp 2 pp 2 dp 2)', (
     }
   });
 
+  it('encoder recompute runs the exchange again but reports the images moved once', () => {
+    const r = build({
+      parallel: { tp: 2, pp: 2 },
+      encoder: { fullHeteroDp: true, recompute: true },
+    });
+    for (const p of r.programs) {
+      const routes = p.instructions.filter((i) => i.op === 'vit_balance_route');
+      expect(routes.length).toBe(2 * encodes(p).size); // phase 1, and again before phase 3
+      const moved = p.outputs.filter((o) => o.name === 'vit_images_moved');
+      expect(moved.map((o) => o.microbatch)).toEqual([...encodes(p)]);
+    }
+  });
+
   it('one rank: nothing to balance, the pass leaves the graph alone', () => {
     const r = build({ nprocPerNode: 1, globalBatchSize: 2 });
     expect(r.graph.nodes.some((n) => n.scope.startsWith('visual.balance'))).toBe(false);
