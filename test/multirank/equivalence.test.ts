@@ -21,6 +21,7 @@ import { loadNative } from '../../runtime/native.js';
 import { readPlan } from '../../runtime/plan-io.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 import { writeBatchFile, type Microbatch } from '../../runtime/batch.js';
+import { textMicrobatch } from '../runtime/program-builder.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-eq-'));
 const STEPS = 3;
@@ -48,43 +49,14 @@ interface Layout {
  */
 const IMBALANCED = join(dir, 'imbalanced.safetensors');
 function imbalancedBatch(): Microbatch[] {
-  const seq = 128;
   const microbatch = (images: readonly (readonly [number, number])[], seed: number): Microbatch => {
-    const tokens: number[] = [];
-    const labels: number[] = [];
-    const lossMask: number[] = [];
-    const positions: number[] = [];
-    const segments: number[] = [];
-    images.forEach(([h, w], sample) => {
-      const caption = [
-        2 + ((seed + sample) % 8),
-        10 + ((seed + 3 * sample) % 8),
-        18 + (sample % 4),
-      ];
-      const toks = [...new Array<number>((h / 8) * (w / 8)).fill(1), ...caption, 40, 41, 42];
-      toks.forEach((t, i) => {
-        const next = i + 1 < toks.length ? toks[i + 1] : 0;
-        const text = next !== 0 && next !== 1;
-        tokens.push(t);
-        labels.push(text ? next : 0);
-        lossMask.push(text ? 1 : 0);
-        positions.push(i);
-        segments.push(sample);
-      });
-    });
-    while (tokens.length < seq) {
-      tokens.push(0);
-      labels.push(0);
-      lossMask.push(0);
-      positions.push(0);
-      segments.push(-1);
-    }
+    const samples = images.map(([h, w], sample) => [
+      ...new Array<number>((h / 8) * (w / 8)).fill(1),
+      ...[2 + ((seed + sample) % 8), 10 + ((seed + 3 * sample) % 8), 18 + (sample % 4)],
+      ...[40, 41, 42],
+    ]);
     return {
-      tokens: Int32Array.from(tokens),
-      labels: Int32Array.from(labels),
-      lossMask: Uint8Array.from(lossMask),
-      positions: Int32Array.from(positions),
-      segments: Int32Array.from(segments),
+      ...textMicrobatch(samples, 128),
       images: images.map(([height, width], k) => ({
         height,
         width,
