@@ -3,7 +3,7 @@
 // (global-norm clipping and AdamW on `exp_avg.` / `exp_avg_sq.` state). Frozen parameters get
 // no gradient, no optimizer state and no backward work that only they would need.
 
-import { GraphBuilder, type Graph, type ParamDecl } from '../ir/graph.js';
+import { GraphBuilder, type Graph, type Node, type ParamDecl } from '../ir/graph.js';
 import { isFloat } from '../ir/dtype.js';
 import { GRAD_RULES, zerosLike, type GradCtx, type GradEntry } from './grad-rules.js';
 
@@ -127,7 +127,8 @@ export function autodiff(
     b.output('grad_norm_sq', sumsq);
     b.output('clip_coef', coef);
   });
-  const graph = b.build();
+  const built = b.build();
+  const graph = { ...built, nodes: accumulateEarly(built.nodes) };
   return {
     graph,
     stats: {
@@ -136,6 +137,32 @@ export function autodiff(
       trainableParams: trainable.length,
     },
   };
+}
+
+/**
+ * Each gradient accumulation right after the node that finishes its gradient (its wgrad, or the
+ * last add of a parameter used twice), instead of after the whole backward: a temporary weight
+ * gradient is then freed as soon as it is added, where the end of the backward would keep every
+ * layer's alive at once.
+ */
+function accumulateEarly(nodes: readonly Node[]): Node[] {
+  const producer = new Map<string, number>();
+  nodes.forEach((n, i) => n.outputs.forEach((o) => producer.set(o.name, i)));
+  const after = new Map<number, Node[]>();
+  const moved = new Set<Node>();
+  for (const n of nodes) {
+    if (n.op !== 'grad_accumulate') continue;
+    const i = producer.get(n.inputs[0]);
+    if (i === undefined) continue;
+    after.set(i, [...(after.get(i) ?? []), n]);
+    moved.add(n);
+  }
+  const out: Node[] = [];
+  nodes.forEach((n, i) => {
+    if (moved.has(n)) return;
+    out.push(n, ...(after.get(i) ?? []));
+  });
+  return out;
 }
 
 function scopeOf(param: string): string {

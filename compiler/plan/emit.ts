@@ -709,7 +709,16 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       computeWait.push(e);
       pending.delete(list[k]);
     };
-    const wgrad = (n: Node) => opts.delayWgrad === true && /_wgrad$/.test(n.op);
+    // a delayed weight gradient takes its accumulation along (it reads the gradient)
+    const delayed = new Set(
+      passNodes
+        .get(passKey(b.chunk, b.phase))
+        ?.filter((n) => opts.delayWgrad === true && /_wgrad$/.test(n.op))
+        .flatMap((n) => n.outputs.map((o) => o.name)) ?? [],
+    );
+    const wgrad = (n: Node) =>
+      opts.delayWgrad === true &&
+      (/_wgrad$/.test(n.op) || (n.op === 'grad_accumulate' && delayed.has(n.inputs[0])));
     let fi = 0; // next F compute segment (even index)
     let bi = 0;
     while (fi < fp.length || bi < bp.length) {
