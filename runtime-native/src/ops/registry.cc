@@ -54,7 +54,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::add, compute(2, 2, 1, 1, "", run_add, true));
   set(Op::merge_visual, compute(3, 3, 1, 1, "placeholder:int,mode:string", run_merge_visual, true));
   set(Op::router_topk, compute(1, 1, 3, 3, "k:int", run_router_topk));
-  set(Op::moe_permute, compute(2, 2, 3, 3, "num_experts:int", run_moe_permute));
+  set(Op::moe_permute, compute(2, 2, 3, 3, "num_experts:int,capacity?:int,out_rows?:dims", run_moe_permute));
   set(Op::grouped_linear, compute(3, V, 1, 1, "", run_grouped_linear));
   set(Op::moe_unpermute, compute(3, 3, 1, 1, "", run_moe_unpermute));
   set(Op::moe_aux_loss, compute(3, 3, 1, 1, "coeff:number", run_moe_aux_loss));
@@ -146,8 +146,8 @@ bool isIntegral(const nlohmann::json& v) {
   return std::isfinite(d) && d == std::floor(d);
 }
 
-// "" when v fits the type, else what was wrong
-std::string attrTypeProblem(const std::string& type, const nlohmann::json& v) {
+// "" when v fits the type (dims over `symbols`), else what was wrong
+std::string attrTypeProblem(const std::string& type, const nlohmann::json& v, const SymbolTable& symbols) {
   if (type == "number") {
     if (v.is_number() && std::isfinite(v.get<double>())) return "";
   } else if (type == "int") {
@@ -173,7 +173,7 @@ std::string attrTypeProblem(const std::string& type, const nlohmann::json& v) {
       for (const auto& x : v) {
         if (!x.is_string()) return "must be a list of dims as strings, got " + v.dump();
         try {
-          parseDim(x.get<std::string>());
+          parseDim(x.get<std::string>(), symbols);
         } catch (const std::exception& e) {
           return e.what();
         }
@@ -198,7 +198,7 @@ const OpEntry& opEntry(Op op) { return kRegistry[size_t(op)]; }
 
 const char* opName(Op op) { return schema::kOpNames[int(op)]; }
 
-std::string checkInstrAgainstRegistry(const Instr& in) {
+std::string checkInstrAgainstRegistry(const Instr& in, const SymbolTable& symbols) {
   const OpEntry& e = opEntry(in.op);
   const int ni = int(in.inputs.size()), no = int(in.outputs.size());
   if (ni < e.minIn || (e.maxIn != kVariadic && ni > e.maxIn))
@@ -224,7 +224,7 @@ std::string checkInstrAgainstRegistry(const Instr& in) {
       if (optional) continue;
       return cat("missing attribute '", name, "' (", type, ")");
     }
-    const std::string problem = attrTypeProblem(type, in.attrs.at(name));
+    const std::string problem = attrTypeProblem(type, in.attrs.at(name), symbols);
     if (!problem.empty()) return cat("attribute '", name, "' ", problem);
   }
   for (const auto& [name, _] : in.attrs.items()) {
