@@ -5,7 +5,14 @@
 // FLOP convention (README): matmul FLOPs only (2·m·n·k); a training step is forward + backward =
 // 3 × forward; causal attention counts half of the full S² work.
 
-import { MODULES, paramModule, valueTypes, type Graph, type ModuleName } from '../ir/graph.js';
+import {
+  MODULES,
+  paramModule,
+  symbolBounds,
+  valueTypes,
+  type Graph,
+  type ModuleName,
+} from '../ir/graph.js';
 import { nodeFlops } from '../ir/ops.js';
 import { numel } from '../ir/shape.js';
 import type { ModelConfig } from './frontend/config.js';
@@ -60,18 +67,16 @@ export function countParams(g: Graph, cfg: ModelConfig): InspectReport['params']
   return out;
 }
 
-/** Forward matmul FLOPs of the nodes of some modules, at given symbol sizes. */
+/** Forward matmul FLOPs of the nodes of some modules, at given symbol sizes (a symbol not given,
+ * such as the rows an expert capacity keeps, at its bound). */
 export function forwardFlops(
   g: Graph,
   modules: readonly ModuleName[],
   sizes: Record<string, number>,
 ): number {
   const types = valueTypes(g);
-  const size = (s: string) => {
-    const v = sizes[s];
-    if (v === undefined) throw new Error(`no size for symbol ${s}`);
-    return v;
-  };
+  const bounds = symbolBounds(g);
+  const size = (s: string) => sizes[s] ?? bounds(s);
   let total = 0;
   for (const n of g.nodes) {
     if (!modules.includes(paramModule(n.scope))) continue;

@@ -28,7 +28,7 @@ import { forwardCosts } from './schedule/costs.js';
 import { partitionPipeline, type PipelineLayout } from './schedule/partition.js';
 import { schedule1F1B, scheduleInterleaved } from './schedule/pipeline.js';
 import { buildForwardGraph } from './frontend/build.js';
-import { loadModelConfig, type ModelConfig } from './frontend/config.js';
+import { loadModelConfig, type DecoderConfig, type ModelConfig } from './frontend/config.js';
 import { countParams } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
@@ -108,6 +108,10 @@ export interface CompileOptions {
   };
   /** --fine-grained-activation-offloading --offload-tensors … */
   readonly offloadTensors?: readonly string[];
+  /** --moe-expert-capacity-factor (default: model.text_decoder.moe_expert_capacity_factor) */
+  readonly moeExpertCapacityFactor?: number;
+  /** --moe-token-drop-policy (default: model.text_decoder.moe_token_drop_policy) */
+  readonly moeTokenDropPolicy?: DecoderConfig['moe_token_drop_policy'];
   /** print the IR after this pass */
   readonly dumpAfter?: string;
   readonly onDump?: (text: string) => void;
@@ -131,7 +135,7 @@ export function compile(o: CompileOptions): CompileResult {
       `--dump-after ${o.dumpAfter}: no such pass; passes: ${PASSES.map((p) => p.name).join(', ')}`,
     );
   }
-  const cfg = loadModelConfig(o.model, o.overrides ?? []);
+  const cfg = withTokenDropping(loadModelConfig(o.model, o.overrides ?? []), o);
   const seqLength = o.seqLength ?? cfg.training.seq_length;
   const mbs = o.microBatchSize ?? 1;
   const sizes: ParallelSizes = {
@@ -429,6 +433,21 @@ export function compile(o: CompileOptions): CompileResult {
       verify: { ms: verifyMs },
     },
   };
+}
+
+/**
+ * The config with --moe-expert-capacity-factor / --moe-token-drop-policy in its decoder: the flags
+ * win over the keys of the same name, and the plan records what was compiled.
+ */
+function withTokenDropping(cfg: ModelConfig, o: CompileOptions): ModelConfig {
+  if (o.moeExpertCapacityFactor === undefined && o.moeTokenDropPolicy === undefined) return cfg;
+  const d = cfg.model.text_decoder;
+  const text_decoder: DecoderConfig = {
+    ...d,
+    moe_expert_capacity_factor: o.moeExpertCapacityFactor ?? d.moe_expert_capacity_factor,
+    moe_token_drop_policy: o.moeTokenDropPolicy ?? d.moe_token_drop_policy,
+  };
+  return { ...cfg, model: { ...cfg.model, text_decoder } };
 }
 
 /** The pipeline pass's dump: every node after its virtual stage, then the transfers. */

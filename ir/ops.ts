@@ -232,6 +232,28 @@ function elementwise(inputs: readonly TensorType[]): TensorType[] {
   return [{ dtype: a.dtype, shape: a.shape }];
 }
 
+/**
+ * moe_permute's rows dim: T·k assignments (n), or with a capacity the out_rows dim, which must
+ * hold min(T·k, E·capacity) rows where both are numbers (a symbol's bound is the builder's).
+ */
+function keptRows(attrs: Attrs, n: Dim, experts: number): Dim {
+  need(
+    (attrs.capacity === undefined) === (attrs.out_rows === undefined),
+    'capacity and out_rows go together',
+  );
+  if (attrs.capacity === undefined) return n;
+  const capacity = num(attrs, 'capacity');
+  need(capacity >= 1, () => `capacity must be ≥ 1, got ${capacity}`);
+  const rows = dimsAttr(attrs, 'out_rows');
+  need(rows.length === 1, () => `out_rows must be one dim, got ${rows.length}`);
+  const [r] = rows;
+  if (typeof r === 'number' && typeof n === 'number') {
+    const kept = Math.min(n, experts * capacity);
+    need(r >= kept, () => `out_rows ${r} cannot hold min(T·k, E·capacity) = ${kept} rows`);
+  }
+  return r;
+}
+
 // ---- the table -------------------------------------------------------------------------------
 
 export const OP_TABLE = {
@@ -460,10 +482,24 @@ export const OP_TABLE = {
   moe_permute: {
     summary:
       'rows grouped by expert (stable in token order): x [T, H], experts [T, k] → ' +
-      'rows [T·k, H], counts i32 [E], row_of i32 [T·k] (row of assignment t·k+j)',
+      'rows [T·k, H], counts i32 [E], row_of i32 [T·k] (row of assignment t·k+j). With capacity ' +
+      "(Megatron's expert capacity, drop policy position): each expert keeps its first capacity " +
+      'assignments in assignment order (token, then choice j) and drops the rest: counts ≤ ' +
+      'capacity, row_of −1 for a dropped assignment (it adds nothing to its token and gets no ' +
+      'gradient; the other weights are not renormalized), rows [out_rows, H] with the kept rows ' +
+      'first and zeros after them',
     category: 'compute',
     inputs: [2, 2],
-    attrs: { num_experts: attr('int', 'experts E (local to the rank after expert parallelism)') },
+    attrs: {
+      num_experts: attr('int', 'experts E (local to the rank after expert parallelism)'),
+      capacity: attr('int', 'rows kept per expert; absent: no assignment is dropped', false),
+      out_rows: attr(
+        'dims',
+        'with capacity: the rows dim, one dim bounded by min(T·k, E·capacity) (a symbol the ' +
+          'builder declares; the kernel checks the kept rows fit)',
+        false,
+      ),
+    },
     shape: ([x, experts], attrs) => {
       floatT(x, 'x');
       rank(x, 2, 'x');
@@ -472,10 +508,11 @@ export const OP_TABLE = {
       sameDim(experts.shape[0], x.shape[0], 'experts vs tokens');
       const k = experts.shape[1];
       need(typeof k === 'number', 'top-k must be a number');
+      const e = num(attrs, 'num_experts');
       const n = dimMul(x.shape[0], k);
       return [
-        { dtype: x.dtype, shape: [n, x.shape[1]] },
-        { dtype: 'i32', shape: [num(attrs, 'num_experts')] },
+        { dtype: x.dtype, shape: [keptRows(attrs, n, e), x.shape[1]] },
+        { dtype: 'i32', shape: [e] },
         { dtype: 'i32', shape: [n] },
       ];
     },
@@ -517,7 +554,8 @@ export const OP_TABLE = {
   },
   moe_unpermute: {
     summary:
-      "weighted sum of each token's expert rows: rows [N, H], row_of i32 [T·k], weights [T, k] → [T, H]",
+      "weighted sum of each token's expert rows: rows [N, H], row_of i32 [T·k], weights [T, k] → " +
+      '[T, H]; an assignment with row_of −1 (dropped by capacity) adds nothing',
     category: 'compute',
     inputs: [3, 3],
     attrs: {},
@@ -1026,7 +1064,8 @@ export const OP_TABLE = {
   },
   moe_permute_grad: {
     summary:
-      'moe_permute backward: drows [T·k, H], row_of [T·k] → dx [T, H] (dx[t] = Σⱼ drows[row_of[t·k+j]])',
+      'moe_permute backward: drows [N, H], row_of [T·k] → dx [T, H] (dx[t] = Σⱼ drows[row_of[t·k+j]] ' +
+      'over the assignments not dropped, row_of ≥ 0)',
     category: 'compute',
     inputs: [2, 2],
     attrs: { k: attr('int', 'experts per token') },
@@ -1034,9 +1073,10 @@ export const OP_TABLE = {
       floatT(drows, 'drows');
       rank(drows, 2, 'drows');
       intT(rowOf, 'row_of');
-      sameDim(rowOf.shape[0], drows.shape[0], 'row_of vs rows');
+      rank(rowOf, 1, 'row_of');
+      // N is T·k, or the kept rows under a capacity: the tokens come from row_of
       return [
-        { dtype: drows.dtype, shape: [dimDiv(drows.shape[0], num(attrs, 'k')), drows.shape[1]] },
+        { dtype: drows.dtype, shape: [dimDiv(rowOf.shape[0], num(attrs, 'k')), drows.shape[1]] },
       ];
     },
     flops: noFlops,
@@ -1083,7 +1123,8 @@ export const OP_TABLE = {
   },
   moe_unpermute_grad: {
     summary:
-      'moe_unpermute backward: dy [T, H], rows [N, H], row_of, weights [T, k] → drows [N, H], dweights [T, k]',
+      'moe_unpermute backward: dy [T, H], rows [N, H], row_of, weights [T, k] → drows [N, H] (zero ' +
+      'at rows no assignment reads), dweights [T, k] (0 where row_of is −1)',
     category: 'compute',
     inputs: [4, 4],
     attrs: {},

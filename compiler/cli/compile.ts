@@ -60,12 +60,17 @@ interface CompileFlags {
   trainingPhase?: TrainingPhase;
   attentionBackend?: AttentionBackend;
   moeTokenDispatcherType?: 'alltoall';
+  moeExpertCapacityFactor?: number;
+  moeTokenDropPolicy?: TokenDropPolicy;
 }
 
 const TRAINING_PHASES = ['pretrain', 'sft'] as const;
 type TrainingPhase = (typeof TRAINING_PHASES)[number];
 const ATTENTION_BACKENDS = ['flash', 'fused', 'unfused', 'local', 'auto'] as const;
 type AttentionBackend = (typeof ATTENTION_BACKENDS)[number];
+// Megatron's choices; the layout rules refuse probs (not built)
+const TOKEN_DROP_POLICIES = ['position', 'probs'] as const;
+type TokenDropPolicy = (typeof TOKEN_DROP_POLICIES)[number];
 
 /** Megatron's --moe-token-dispatcher-type; lfc builds the all-to-all dispatcher only. */
 function dispatcherType(v: string): 'alltoall' {
@@ -307,6 +312,17 @@ function defineCompileCommand(cmd: Command): Command {
       dispatcherType,
     )
     .option(
+      '--moe-expert-capacity-factor <c>',
+      "token dropping: each expert keeps at most ceil(C·T·k/E) of a microbatch's T·k assignments (default: model.text_decoder.moe_expert_capacity_factor, else none dropped)",
+      positiveNumber('--moe-expert-capacity-factor'),
+    )
+    .addOption(
+      new Option(
+        '--moe-token-drop-policy <policy>',
+        "which assignments an expert over capacity drops: position, the latest in token order (lfc's default); probs, Megatron's default, is not built",
+      ).choices(TOKEN_DROP_POLICIES),
+    )
+    .option(
       '--dump-after <pass>',
       `print the IR after a pass (${PASSES.map((p) => p.name).join(', ')})`,
     )
@@ -386,6 +402,8 @@ export function compileRequest(
         ? { granularity: f.recomputeGranularity, modules: recomputeModules }
         : undefined,
       offloadTensors,
+      moeExpertCapacityFactor: f.moeExpertCapacityFactor,
+      moeTokenDropPolicy: f.moeTokenDropPolicy,
       dumpAfter: f.dumpAfter,
     },
     output: f.output,

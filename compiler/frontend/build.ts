@@ -4,6 +4,8 @@
 // the loss (cross-entropy, plus the MoE auxiliary loss). Symbolic dims:
 //   S   tokens of a microbatch (micro-batch size × sequence length, packed)
 //   Nv  visual tokens of a microbatch; the encoder sees 4·Nv patches (spatial merge 2×2)
+//   Nk<i>  rows layer i's moe_permute keeps under an expert capacity (MoE with
+//          moe_expert_capacity_factor only): at most min(S·k, E·capacity)
 
 import { GraphBuilder, type Graph } from '../../ir/graph.js';
 import { dimDiv, dimMul, formatDim, type Dim } from '../../ir/shape.js';
@@ -55,6 +57,7 @@ export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Gr
     b,
     cfg.model.text_decoder,
     S,
+    seq * mbs,
     embeds,
     deepstack,
     opts.numMicrobatches ?? 1,
@@ -243,10 +246,38 @@ function buildProjector(
   return { embeds, deepstack };
 }
 
+/**
+ * Megatron's expert capacity (moe_utils.get_capacity): ceil(T·k / E · factor) assignments per
+ * expert from a microbatch of T tokens, top-k of E experts.
+ */
+export function expertCapacity(tokens: number, topk: number, experts: number, factor: number) {
+  return Math.ceil(((tokens * topk) / experts) * factor);
+}
+
+/**
+ * moe_permute's attributes for decoder layer i; with a capacity factor also the capacity and the
+ * rows dim it bounds, a symbol Nk<i>. T is taken at its bound, the packed microbatch size
+ * (microbatches are padded to it), so the capacity is a constant of the plan.
+ */
+function permuteAttrs(b: GraphBuilder, d: DecoderConfig, maxTokens: number, layer: number): Attrs {
+  const attrs: Attrs = { num_experts: d.num_experts };
+  const factor = d.moe_expert_capacity_factor;
+  if (factor === undefined) return attrs;
+  const k = d.moe_router_topk;
+  const capacity = expertCapacity(maxTokens, k, d.num_experts, factor);
+  const rows = b.symbol(
+    `Nk${layer}`,
+    Math.min(maxTokens * k, d.num_experts * capacity),
+    `rows model.layers.${layer}'s moe_permute keeps: min(S·k, E·capacity ${capacity})`,
+  );
+  return { ...attrs, capacity, out_rows: [formatDim(rows)] };
+}
+
 function buildDecoder(
   b: GraphBuilder,
   d: DecoderConfig,
   S: Dim,
+  maxTokens: number,
   embeds: string,
   deepstack: string[],
   numMicrobatches: number,
@@ -339,9 +370,11 @@ function buildDecoder(
         auxLosses.push(
           auxLosses.length ? b.op1('add', [auxLosses[auxLosses.length - 1], aux]) : aux,
         );
-        const [rows, counts, rowOf] = b.op('moe_permute', [h2, experts], {
-          num_experts: d.num_experts,
-        });
+        const [rows, counts, rowOf] = b.op(
+          'moe_permute',
+          [h2, experts],
+          permuteAttrs(b, d, maxTokens, i),
+        );
         const f = d.moe_ffn_hidden_size;
         const expertW = (name: string, out: number, inp: number) =>
           Array.from({ length: d.num_experts }, (_, e) =>

@@ -64,6 +64,10 @@ export interface DecoderConfig {
   moe_router_topk: number;
   moe_ffn_hidden_size: number;
   moe_aux_loss_coeff: number;
+  /** Megatron's --moe-expert-capacity-factor: absent, no token is dropped */
+  moe_expert_capacity_factor?: number;
+  /** Megatron's --moe-token-drop-policy; lfc builds position only (the layout rules refuse probs) */
+  moe_token_drop_policy: 'position' | 'probs';
   freeze: boolean;
 }
 
@@ -88,12 +92,14 @@ export interface ModelConfig {
 
 // ---- schema ----------------------------------------------------------------------------------
 
+/** def: the value when the key is absent; optional: absent stays absent (no default, not required) */
 type FieldSpec =
   | {
       t: 'posint' | 'nonnegint' | 'posnumber' | 'nonnegnumber' | 'bool' | 'nonnegints' | 'posints';
       def?: unknown;
+      optional?: boolean;
     }
-  | { t: 'enum'; values: readonly string[]; def?: string };
+  | { t: 'enum'; values: readonly string[]; def?: string; optional?: boolean };
 
 type Schema = Record<string, FieldSpec>;
 
@@ -151,6 +157,9 @@ const DECODER_SCHEMA: Schema = {
   moe_router_topk: { t: 'nonnegint', def: 0 },
   moe_ffn_hidden_size: { t: 'nonnegint', def: 0 },
   moe_aux_loss_coeff: { t: 'nonnegnumber', def: 0 },
+  moe_expert_capacity_factor: { t: 'posnumber', optional: true },
+  // Megatron's default is probs; lfc's is the one it builds
+  moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'position' },
   freeze: { t: 'bool', def: false },
 };
 
@@ -384,6 +393,7 @@ function validateSection(tree: Tree, section: keyof typeof SECTIONS, source: str
   for (const [k, spec] of Object.entries(schema)) {
     let v = raw[k];
     if (v === undefined || v === null) {
+      if (spec.optional) continue;
       if (spec.def === undefined) throw new UserError(`${source}: ${section}.${k} is required`);
       v = spec.def;
     }

@@ -415,6 +415,26 @@ const FLAG_RULES: readonly LayoutRule[] = [
         : undefined,
   },
   {
+    id: 'moe-token-drop-policy',
+    check: ({ config }) =>
+      config.model.text_decoder.moe_token_drop_policy === 'probs'
+        ? "--moe-token-drop-policy probs (Megatron's default: an expert over capacity drops its lowest-probability assignments) is not built; lfc drops by position: --moe-token-drop-policy position (the latest assignments in token order)"
+        : undefined,
+  },
+  {
+    id: 'moe-capacity-factor',
+    check: ({ config }) => {
+      const d = config.model.text_decoder;
+      const f = d.moe_expert_capacity_factor;
+      if (f === undefined) return undefined;
+      if (!(Number.isFinite(f) && f > 0))
+        return `--moe-expert-capacity-factor must be a positive number, got ${f}`;
+      return d.num_experts === 0
+        ? `--moe-expert-capacity-factor ${f} needs an MoE decoder; ${config.name} is dense`
+        : undefined;
+    },
+  },
+  {
     id: 'recompute-modules-selective',
     check: ({ recompute }) =>
       recompute?.modules?.length && recompute.granularity !== 'selective'

@@ -9,6 +9,7 @@
 // Symbols (compiler/frontend/build.ts):
 //   S   tokens of a microbatch
 //   Nv  visual tokens of a microbatch; here the expected count, default the graph's bound
+//   any other (Nk<i>, rows kept under an expert capacity): at its bound
 
 import type { Graph } from '../../ir/graph.js';
 import { valueTypes } from '../../ir/graph.js';
@@ -65,7 +66,7 @@ export function forwardCosts(
   const size = (s: string) => {
     if (s === 'S') return S;
     if (s === 'Nv') return Nv;
-    throw new Error(`schedule costs: no size for symbol ${s}`);
+    return bound(s);
   };
 
   const types = valueTypes(g);

@@ -7,7 +7,8 @@
 //   all_to_all_v           the counts, as [ep, E/ep] (one row to each rank): who sends me what
 //   moe_rank_counts        rows to each rank: sums of consecutive E/ep counts
 //   all_to_all_v           the rows (sizes exchanged first; the received row count is a symbol,
-//                          bounded by ep × the rows a rank sends)
+//                          bounded by ep × the rows a rank sends, and under an expert capacity
+//                          by ep × E/ep × capacity: every source sends ≤ capacity rows per expert)
 //   moe_sort_chunks        received (source, expert) blocks reordered to (expert, source)
 //   moe_local_counts       rows per local expert
 //   grouped_linear …       the local experts
@@ -37,6 +38,15 @@ interface LayerExchange {
   readonly countsBack: string;
   /** rows dim of the rows this rank sends */
   readonly rowsOut: string;
+}
+
+/**
+ * Rows a rank's dispatch can receive: every one of the ep sources sends it at most all of its
+ * `sent` rows, and under an expert capacity at most `capacity` rows for each of its L local
+ * experts.
+ */
+export function receivedRowsBound(ep: number, sent: number, L: number, capacity?: number): number {
+  return capacity === undefined ? ep * sent : Math.min(ep * sent, ep * L * capacity);
 }
 
 export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
@@ -115,8 +125,8 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
           : rowsDim;
         const sym = b.symbol(
           `Rx${layerIndex++}`,
-          ep * bound,
-          `rows ${n.scope}'s expert dispatch receives (at most ep × the rows it sends)`,
+          receivedRowsBound(ep, bound, perRank, n.attrs.capacity as number | undefined),
+          `rows ${n.scope}'s expert dispatch receives (at most ep × the rows it sends${n.attrs.capacity === undefined ? '' : ', and ep × E/ep × capacity'})`,
         );
         const [rowsIn, countsBack] = b.op('all_to_all_v', [rows, send], {
           ...coll,
@@ -140,6 +150,8 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
       if (n.op === 'moe_unpermute') {
         const x = exchanges.get(n.scope);
         if (!x) throw new Error(`expert parallelism: ${n.scope} unpermutes without a dispatch`);
+        // under an expert capacity rowsOut is the kept-rows symbol Nk<i> itself, which this
+        // combine sets at run time to the rows it gets back (one rank: it stays at its bound)
         const unsorted = b.op1('moe_sort_chunks', [ins[0], x.countsIn], { inverse: true });
         const [back] = b.op('all_to_all_v', [unsorted, x.countsBack], {
           ...coll,

@@ -381,9 +381,13 @@ void fd_router_topk() {
   weights_only.print();
 }
 
-void fd_moe_permute() {
-  FdReport perm{"moe_permute", {}}, unperm{"moe_unpermute", {}};
+// capacity < 0: no assignment dropped; capacity 2 drops about a third of them here (T·k = 10
+// assignments over 3 experts), so the gradients of dropped assignments are checked to be zero.
+void fd_moe_permute(int64_t capacity) {
+  const std::string tag = capacity < 0 ? "" : " capacity " + std::to_string(capacity);
+  FdReport perm{"moe_permute" + tag, {}}, unperm{"moe_unpermute" + tag, {}};
   const int64_t T = 5, H = 3, k = 2, E = 4, N = T * k;
+  int64_t dropped = 0;
   for (uint64_t seed : kSeeds) {
     Rng rng(seed);
     Ints experts(T * k);
@@ -392,14 +396,16 @@ void fd_moe_permute() {
       experts[t * k + 1] = (experts[t * k] + rng.integer(1, 2)) % 3;
     }
     Vec x = rng.vec(T * H), c = rng.vec(N * H), rows(N * H);
-    Ints counts(E), row_of(N);
+    Ints counts(E), row_of(T * k);
     auto f_perm = [&] {
-      cpu::moe_permute_forward(rows.data(), counts.data(), row_of.data(), x.data(), experts.data(), T, H, k, E);
+      cpu::moe_permute_forward(rows.data(), counts.data(), row_of.data(), x.data(), experts.data(), T, H, k, E, N,
+                               capacity);
       return dot(c, rows);
     };
     f_perm();
+    dropped += std::count(row_of.begin(), row_of.end(), -1);
     Vec dx(T * H);
-    cpu::moe_permute_backward(dx.data(), c.data(), row_of.data(), T, H, k);
+    cpu::moe_permute_backward(dx.data(), c.data(), row_of.data(), T, H, k, N);
     perm.add("dx", fd_error(x, dx, f_perm));
 
     Vec r = rng.vec(N * H), w = rng.vec(T * k, 0, 1), cy = rng.vec(T * H), y(T * H);
@@ -415,6 +421,7 @@ void fd_moe_permute() {
   }
   perm.print();
   unperm.print();
+  if (capacity >= 0) report_bool("fd/moe_permute" + tag + " drops assignments", dropped > 0);
 }
 
 void fd_moe_aux_loss() {
@@ -868,7 +875,8 @@ void fwd_moe_permute() {
   const Vec x = {10, 11, 20, 21, 30, 31};
   Vec rows(T * k * H);
   Ints counts(E), row_of(T * k);
-  cpu::moe_permute_forward(rows.data(), counts.data(), row_of.data(), x.data(), experts.data(), T, H, k, E);
+  cpu::moe_permute_forward(rows.data(), counts.data(), row_of.data(), x.data(), experts.data(), T, H, k, E,
+                           T * k, -1);
   // expert 0: a = 1 (t 0), a = 4 (t 2); expert 1: a = 0 (t 0), a = 3 (t 1); expert 3: a = 2, a = 5
   const Ints want_counts = {2, 2, 0, 2}, want_row_of = {2, 0, 4, 3, 1, 5};
   const Vec want_rows = {10, 11, 30, 31, 10, 11, 20, 21, 20, 21, 30, 31};
@@ -888,6 +896,68 @@ void fwd_moe_permute() {
       track_max(err, std::abs(want - y[t * H + i]));
     }
   report("fwd/moe_unpermute weighted sum", err, kExactTol);
+
+  // Capacity 1, the same assignments: each expert keeps its first (a = 1, 0, 2), the rest are
+  // dropped; 4 rows, the last past the 3 kept, zero.
+  Vec rows1(4 * H, 7.0);
+  Ints counts1(E), row_of1(T * k);
+  cpu::moe_permute_forward(rows1.data(), counts1.data(), row_of1.data(), x.data(), experts.data(), T, H, k, E, 4,
+                           1);
+  report_bool("fwd/moe_permute capacity 1 hand case (counts, row_of, rows, zero tail)",
+              counts1 == Ints({1, 1, 0, 1}) && row_of1 == Ints({1, 0, 2, -1, -1, -1}) &&
+                  rows1 == Vec({10, 11, 10, 11, 20, 21, 0, 0}));
+  // ... and moe_unpermute skips the dropped: token 1 and 2 get only their kept choice (t 1: a = 2;
+  // t 2: none), unrenormalized
+  Vec y1(T * H);
+  const Vec w1 = {0.25, 0.75, 0.5, 0.5, 0.4, 0.6};
+  cpu::moe_unpermute_forward(y1.data(), rows1.data(), row_of1.data(), w1.data(), T, k, 4, H);
+  report_bool("fwd/moe_unpermute dropped assignments add nothing",
+              y1 == Vec({0.25 * 10 + 0.75 * 10, 0.25 * 11 + 0.75 * 11, 0.5 * 20, 0.5 * 21, 0, 0}));
+}
+
+// Megatron's position drop policy written out plainly: expert by expert, scan the assignments in
+// order and keep the first `capacity` that chose it; rows laid out expert by expert.
+void moe_permute_reference(Vec& rows, Ints& counts, Ints& row_of, const Vec& x, const Ints& experts, int64_t T,
+                           int64_t H, int64_t k, int64_t E, int64_t N, int64_t capacity) {
+  rows.assign(N * H, 0.0);
+  counts.assign(E, 0);
+  row_of.assign(T * k, -1);
+  int64_t r = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t a = 0; a < T * k; a++) {
+      if (experts[a] != e || counts[e] == capacity) continue;
+      counts[e]++;
+      row_of[a] = int32_t(r);
+      for (int64_t i = 0; i < H; i++) rows[r * H + i] = x[(a / k) * H + i];
+      r++;
+    }
+}
+
+void fwd_moe_permute_capacity() {
+  // random routings of T = 16 tokens, top-2 of 6 experts (any distinct pair), capacity 1 … 6
+  const int64_t T = 16, H = 3, k = 2, E = 6;
+  bool same = true;
+  int64_t dropped = 0;
+  for (uint64_t seed : kSeeds)
+    for (int64_t capacity = 1; capacity <= 6; capacity++) {
+      Rng rng(seed * 100 + capacity);
+      Ints experts(T * k);
+      for (int64_t t = 0; t < T; t++) {
+        experts[t * k] = rng.integer(0, E - 1);
+        experts[t * k + 1] = (experts[t * k] + rng.integer(1, E - 1)) % E;
+      }
+      const Vec x = rng.vec(T * H);
+      const int64_t N = std::min(T * k, E * capacity);
+      Vec rows(N * H), want_rows;
+      Ints counts(E), row_of(T * k), want_counts, want_row_of;
+      cpu::moe_permute_forward(rows.data(), counts.data(), row_of.data(), x.data(), experts.data(), T, H, k, E, N,
+                               capacity);
+      moe_permute_reference(want_rows, want_counts, want_row_of, x, experts, T, H, k, E, N, capacity);
+      same = same && rows == want_rows && counts == want_counts && row_of == want_row_of;
+      dropped += std::count(row_of.begin(), row_of.end(), -1);
+    }
+  report_bool("fwd/moe_permute capacity = plain reference (random)", same);
+  report_bool("fwd/moe_permute capacity drops assignments", dropped > 0);
 }
 
 void fwd_moe_aux_loss() {
@@ -1136,8 +1206,18 @@ void err_checks() {
   const Ints experts = {0, 5};
   Ints counts(4), row_of(2);
   report_bool("err/moe_permute expert out of range", throws_kernel_error([&] {
-    cpu::moe_permute_forward(buf.data(), counts.data(), row_of.data(), buf.data(), experts.data(), 1, 2, 2, 4);
+    cpu::moe_permute_forward(buf.data(), counts.data(), row_of.data(), buf.data(), experts.data(), 1, 2, 2, 4, 2,
+                             -1);
   }, "expert 5"));
+  const Ints two_experts = {0, 1};
+  report_bool("err/moe_permute kept rows past the buffer", throws_kernel_error([&] {
+    cpu::moe_permute_forward(buf.data(), counts.data(), row_of.data(), buf.data(), two_experts.data(), 1, 2, 2, 4,
+                             1, 1);
+  }, "2 kept rows do not fit the 1 rows"));
+  const Ints bad_row = {0, -2};
+  report_bool("err/moe_unpermute row_of below −1", throws_kernel_error([&] {
+    cpu::moe_unpermute_forward(buf.data(), buf.data(), bad_row.data(), buf.data(), 1, 2, 2, 2);
+  }, "row_of[1] = -2"));
   const Ints secs = {3, 2};
   const Ints pos = {0, 0};
   report_bool("err/rope sections do not sum to d/2", throws_kernel_error([&] {
@@ -1425,7 +1505,8 @@ int main(int argc, char** argv) {
   fd_rope();
   fd_attention();
   fd_router_topk();
-  fd_moe_permute();
+  fd_moe_permute(-1);
+  fd_moe_permute(2);
   fd_moe_aux_loss();
   fd_cross_entropy();
   fd_embedding_shard();
@@ -1442,6 +1523,7 @@ int main(int argc, char** argv) {
   fwd_rope();
   fwd_router_topk();
   fwd_moe_permute();
+  fwd_moe_permute_capacity();
   fwd_moe_aux_loss();
   fwd_cross_entropy();
   fwd_embedding_shard();

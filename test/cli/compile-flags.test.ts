@@ -97,6 +97,20 @@ describe('lfc compile: list flags', () => {
     expect(r.output).toBeUndefined();
   });
 
+  it("token dropping: Megatron's capacity factor and drop policy, and the config keys they win over", () => {
+    const r = parseCompileArgs(
+      argv(`tiny-vlm-moe --moe-expert-capacity-factor 0.5 --moe-token-drop-policy position
+        +model.text_decoder.moe_expert_capacity_factor=2 -o DIR`),
+    );
+    expect(r.options).toMatchObject({
+      moeExpertCapacityFactor: 0.5,
+      moeTokenDropPolicy: 'position',
+    });
+    const d = compile({ ...r.options, nprocPerNode: 2, parallel: { ep: 2 } }).config.model
+      .text_decoder;
+    expect([d.moe_expert_capacity_factor, d.moe_token_drop_policy]).toEqual([0.5, 'position']);
+  });
+
   it('the encoder options of full separation, ViT DP balance', () => {
     const r = parseCompileArgs(
       argv(`tiny-vlm-moe --enable-full-hetero-dp --full-hetero-dp-cpu-offload

@@ -188,6 +188,16 @@ const CASES: [string, string[], RegExp][] = [
     ],
     /\(offload-tensor-known\): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' \(did you mean 'pre_mlp_layernorm_output'\?\)/,
   ],
+  [
+    "Megatron's probs token drop policy",
+    ['tiny-vlm-moe', '--moe-expert-capacity-factor', '1', '--moe-token-drop-policy', 'probs'],
+    /\(moe-token-drop-policy\): --moe-token-drop-policy probs .* is not built; lfc drops by position/,
+  ],
+  [
+    'an expert capacity for a dense model',
+    ['tiny-vlm', '--moe-expert-capacity-factor', '1'],
+    /\(moe-capacity-factor\): --moe-expert-capacity-factor 1 needs an MoE decoder; tiny-vlm is dense/,
+  ],
 ];
 
 /** Flags that need another flag, or a value lfc does not build: refused before any layout rule. */
@@ -216,6 +226,21 @@ const FLAG_CASES: [string, string[], RegExp][] = [
     'an unknown dispatcher',
     ['tiny-vlm-moe', '--moe-token-dispatcher-type', 'a2a'],
     /--moe-token-dispatcher-type must be alltoall/,
+  ],
+  [
+    'a capacity factor of 0',
+    ['tiny-vlm-moe', '--moe-expert-capacity-factor', '0'],
+    /--moe-expert-capacity-factor must be a positive number, got '0'/,
+  ],
+  [
+    'a capacity factor that is not a number',
+    ['tiny-vlm-moe', '--moe-expert-capacity-factor', 'auto'],
+    /--moe-expert-capacity-factor must be a positive number, got 'auto'/,
+  ],
+  [
+    'an unknown token drop policy',
+    ['tiny-vlm-moe', '--moe-token-drop-policy', 'random'],
+    /--moe-token-drop-policy.*'random' is invalid.*position, probs/,
   ],
   [
     'an unknown recompute granularity',

@@ -340,10 +340,15 @@ const CASES: Record<OpKind, Case> = {
     },
   },
   moe_permute_grad: {
-    inputs: ['f32[2*S, 128]', 'i32[2*S]'],
+    // the rows kept under an expert capacity (Nk0), fewer than the assignments of row_of
+    inputs: ['f32[Nk0, 128]', 'i32[2*S]'],
     attrs: { k: 2 },
     out: ['f32[S, 128]'],
-    bad: { inputs: ['f32[2*S, 128]', 'i32[S]'], attrs: { k: 2 }, error: /row_of vs rows/ },
+    bad: {
+      inputs: ['f32[2*S, 128]', 'i32[S, 2]'],
+      attrs: { k: 2 },
+      error: /row_of must have rank 1/,
+    },
   },
   grouped_linear_dgrad: {
     inputs: ['f32[2*S, 64]', 'i32[2]', 'f32[64, 128]', 'f32[64, 128]'],
@@ -631,6 +636,26 @@ describe('parallel attributes', () => {
         out_rows: ['4'],
       }),
     ).toEqual(['i32[4, 2]', 'i32[4]']);
+  });
+  it('moe_permute with a capacity: rows over out_rows, given together, room for every kept row', () => {
+    const inputs = ['f32[S, 128]', 'i32[S, 2]'];
+    expect(
+      infer('moe_permute', inputs, { num_experts: 8, capacity: 16, out_rows: ['Nk0'] }),
+    ).toEqual(['f32[Nk0, 128]', 'i32[8]', 'i32[2*S]']);
+    expect(() => infer('moe_permute', inputs, { num_experts: 8, capacity: 16 })).toThrow(
+      /capacity and out_rows go together/,
+    );
+    expect(() =>
+      infer('moe_permute', inputs, { num_experts: 8, capacity: 0, out_rows: ['Nk0'] }),
+    ).toThrow(/capacity must be ≥ 1, got 0/);
+    // T = 100 numeric: min(T·k, E·capacity) = min(200, 128) rows must fit
+    const numeric = ['f32[100, 128]', 'i32[100, 2]'];
+    expect(
+      infer('moe_permute', numeric, { num_experts: 8, capacity: 16, out_rows: ['128'] }),
+    ).toEqual(['f32[128, 128]', 'i32[8]', 'i32[200]']);
+    expect(() =>
+      infer('moe_permute', numeric, { num_experts: 8, capacity: 16, out_rows: ['127'] }),
+    ).toThrow(/out_rows 127 cannot hold min\(T·k, E·capacity\) = 128 rows/);
   });
   it('vocab_target_logit takes an optional mask; group_slice keeps symbolic fractions', () => {
     const shard = { shard_group: 'tp', group_size: 2 };

@@ -138,6 +138,23 @@ const INVALID: readonly Case[] = [
       "invalid layout (offload-tensor-known): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' (did you mean 'pre_mlp_layernorm_output'?); known: dispatched_input, pre_mlp_layernorm_output, attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act",
   },
   {
+    why: "Megatron's default token drop policy, probs",
+    overrides: [
+      '+model.text_decoder.moe_expert_capacity_factor=1',
+      '+model.text_decoder.moe_token_drop_policy=probs',
+    ],
+    error:
+      "invalid layout (moe-token-drop-policy): --moe-token-drop-policy probs (Megatron's default: an expert over capacity drops its lowest-probability assignments) is not built; lfc drops by position: --moe-token-drop-policy position (the latest assignments in token order)",
+  },
+  {
+    why: 'an expert capacity for a dense decoder',
+    model: 'tiny-vlm',
+    overrides: ['+model.text_decoder.moe_expert_capacity_factor=1.5'],
+    sizes: { ep: 1 },
+    error:
+      'invalid layout (moe-capacity-factor): --moe-expert-capacity-factor 1.5 needs an MoE decoder; tiny-vlm is dense',
+  },
+  {
     why: 'a size of 0',
     sizes: { tp: 0 },
     error:
@@ -408,6 +425,13 @@ const VALID: readonly Case[] = [
     },
   },
   {
+    why: "the article's 30B line with an expert capacity (drop policy position, lfc's default)",
+    model: QWEN3,
+    overrides: ['+model.text_decoder.moe_expert_capacity_factor=1'],
+    sizes: { nnodes: 4, tp: 1, pp: 2, vpp: 2, ep: 4 },
+    ctx: { globalBatchSize: 64 },
+  },
+  {
     why: 'full separation with encoder output offload and encoder recompute',
     ctx: { encoder: { fullHeteroDp: true, cpuOffload: true, recompute: true } },
   },
@@ -448,6 +472,18 @@ describe('invalid layouts are refused by their own rule', () => {
   it('every rule is exercised by some invalid layout', () => {
     const hit = new Set(INVALID.map((c) => /\(([a-z0-9-]+)\)/.exec(c.error!)![1]));
     expect(LAYOUT_RULES.map((r) => r.id).filter((id) => !hit.has(id))).toEqual([]);
+  });
+
+  it('a capacity factor that is not positive (a library caller: the CLI and config refuse it first)', () => {
+    const ctx = context({ why: '' });
+    const d = ctx.config.model.text_decoder;
+    const config = {
+      ...ctx.config,
+      model: { ...ctx.config.model, text_decoder: { ...d, moe_expert_capacity_factor: 0 } },
+    };
+    expect(thrown(() => validateParallel({ ...ctx, config }))?.message).toBe(
+      'invalid layout (moe-capacity-factor): --moe-expert-capacity-factor must be a positive number, got 0',
+    );
   });
 
   it('rule ids are unique', () => {

@@ -4,6 +4,7 @@
 // vocabulary, inserts the conjugate collectives and the vocabulary-parallel loss; the pipeline
 // split moves values only between consecutive virtual stages.
 import { describe, expect, it } from 'vitest';
+import type { ModelConfig } from '../../compiler/frontend/config.js';
 import { compile } from '../../compiler/pipeline.js';
 import { parseGraph } from '../../ir/parser.js';
 import { expectGolden } from '../golden.js';
@@ -36,6 +37,43 @@ describe('expert-parallel pass (tiny-vlm-moe, ep 2)', () => {
     expect(a2a).toHaveLength(4 * 3); // per layer: counts, rows, rows back
     for (const n of a2a) expect(n.attrs).toMatchObject({ group: 'ep', group_size: 2 });
     expect(g.symbols.map((s) => s.name)).toEqual(['S', 'Nv', 'Rx0', 'Rx1', 'Rx2', 'Rx3']);
+  });
+});
+
+// Megatron's --moe-expert-capacity-factor: tiny-vlm-moe has T = 128 tokens, top-2 of E = 8 experts,
+// so T·k = 256 assignments and capacity ceil(256/8 · C) = 32 C; on ep 2 a rank holds L = 4 experts.
+describe('expert capacity bounds the dispatch (tiny-vlm-moe, ep 2)', () => {
+  const at = (moeExpertCapacityFactor?: number) =>
+    compile({ ...moe4, parallel: { ep: 2 }, moeExpertCapacityFactor });
+  const [none, one, half] = [at(), at(1), at(0.5)];
+  const bound = (r: ReturnType<typeof at>, name: string) =>
+    r.plan.symbols.find((s) => s.name === name)?.bound;
+  /** bytes of the largest buffer whose rows are the symbol, in stage 0's program */
+  const rowsBytes = (r: ReturnType<typeof at>, name: string) =>
+    Math.max(...r.programs[0].buffers.filter((b) => b.shape[0] === name).map((b) => b.bytes));
+
+  it('without a capacity a rank may receive every row of every ep rank: ep × T·k', () => {
+    expect(bound(none, 'Rx0')).toBe(2 * 256);
+    expect(bound(none, 'Nk0')).toBeUndefined();
+  });
+  it('with one, at most ep × L × capacity rows, and a permute keeps at most min(T·k, E·capacity)', () => {
+    expect([bound(one, 'Nk0'), bound(one, 'Rx0')]).toEqual([256, 2 * 4 * 32]);
+    expect([bound(half, 'Nk0'), bound(half, 'Rx0')]).toEqual([128, 2 * 4 * 16]);
+    const permute = one.graph.nodes.find((n) => n.op === 'moe_permute')!;
+    expect(permute.attrs).toMatchObject({ num_experts: 8, capacity: 32, out_rows: ['Nk0'] });
+  });
+  it('the config key model.text_decoder.moe_expert_capacity_factor does the same as the flag', () => {
+    const overrides = ['+model.text_decoder.moe_expert_capacity_factor=0.5'];
+    const viaConfig = compile({ ...moe4, parallel: { ep: 2 }, overrides });
+    expect([bound(viaConfig, 'Nk0'), bound(viaConfig, 'Rx0')]).toEqual([128, 2 * 4 * 16]);
+  });
+  it('the received-rows buffers of the plan shrink with the bound', () => {
+    const base = rowsBytes(none, 'Rx0');
+    expect(rowsBytes(one, 'Rx0')).toBe(base / 2);
+    expect(rowsBytes(half, 'Rx0')).toBe(base / 4);
+    // the plan records what was compiled
+    const config = one.plan.model.config as ModelConfig['model'];
+    expect(config.text_decoder.moe_expert_capacity_factor).toBe(1);
   });
 });
 

@@ -32,7 +32,7 @@ import struct
 import sys
 import zlib
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -63,6 +63,9 @@ class Config:
     top_k: int = 2
     expert_ffn: int = 128
     aux_coef: float = 0.001
+    # Megatron's --moe-expert-capacity-factor with --moe-token-drop-policy position; None: no
+    # token is dropped
+    capacity_factor: Optional[float] = None
     vocab: int = 512
     seq: int = 128
     rope_theta: float = 1e6
@@ -72,6 +75,9 @@ class Config:
 CONFIGS = {
     'tiny-vlm': Config(name='tiny-vlm'),
     'tiny-vlm-moe': Config(name='tiny-vlm-moe', experts=8, top_k=2, expert_ffn=128),
+    'tiny-vlm-moe-capacity': Config(
+        name='tiny-vlm-moe-capacity', experts=8, top_k=2, expert_ffn=128, capacity_factor=0.5
+    ),
 }
 
 PLACEHOLDER = 1
@@ -365,6 +371,22 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def capacity_mask(chosen: torch.Tensor, E: int, factor: Optional[float]) -> torch.Tensor:
+    """[T, k] True where an assignment is kept. With a capacity factor (Megatron's
+    get_capacity: ceil(T·k / E · factor) per expert, drop policy position) each expert keeps
+    its earliest assignments in token order; a dropped one adds nothing to its token's output,
+    and the kept weights are not renormalized. Padding tokens are routed and count too."""
+    keep = torch.ones_like(chosen, dtype=torch.bool)
+    if factor is None:
+        return keep
+    T, k = chosen.shape
+    capacity = math.ceil(T * k / E * factor)
+    for e in range(E):
+        tok, slot = torch.nonzero(chosen == e, as_tuple=True)  # row-major: token order
+        keep[tok[capacity:], slot[capacity:]] = False
+    return keep
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -373,6 +395,7 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(
             [SwiGLU(cfg.hidden, cfg.expert_ffn) for _ in range(cfg.experts)]
         )
+        self.dropped = 0  # assignments of non-padding tokens dropped by capacity, summed
 
     def forward(self, x, nonpad):
         cfg = self.cfg
@@ -383,9 +406,11 @@ class MoE(nn.Module):
         chosen = order[:, :k]  # [T, k]
         top_p = probs.gather(1, chosen)  # with gradient
         weights = top_p / top_p.sum(-1, keepdim=True)
+        keep = capacity_mask(chosen, E, cfg.capacity_factor)
+        self.dropped += int((~keep[nonpad]).sum())
         out = torch.zeros_like(x)
         for e in range(E):
-            tok, slot = torch.nonzero(chosen == e, as_tuple=True)
+            tok, slot = torch.nonzero((chosen == e) & keep, as_tuple=True)
             if tok.numel() == 0:
                 continue
             y = self.experts[e](x[tok]) * weights[tok, slot][:, None]
@@ -680,10 +705,15 @@ def run_model(name: str, seed: int, batch: List[dict], watch: List[str]):
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = make_optimizer(model)
     res = {'weights': weights, 'losses': [], 'grad_norms': [], 'margins': [], 'clipped': []}
+    res['dropped'] = []
     params = dict(model.named_parameters())
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
     for step in range(NUM_STEPS):
         opt.zero_grad(set_to_none=True)
+        for m in moes:
+            m.dropped = 0
         loss, ce, aux, n_tok, margin = global_loss(model, batch)
+        res['dropped'].append(sum(m.dropped for m in moes))
         loss.backward()
         # An expert that no token reached in this step gets a zero gradient, as with Megatron's
         # grouped GEMM (and lfc): AdamW still decays it and updates its moments. Plain PyTorch
@@ -823,11 +853,17 @@ def main():
     while True:
         batch = make_batch(seed)
         moe = run_model('tiny-vlm-moe', seed, batch, WATCH)
-        if min(moe['margins']) > MARGIN_MIN:
+        capacity = run_model('tiny-vlm-moe-capacity', seed, batch, WATCH)
+        margin = min(moe['margins'] + capacity['margins'])
+        if margin > MARGIN_MIN:
             break
-        print(f'seed {seed}: min top-k margin {min(moe["margins"]):.3e} too small, next seed')
+        print(f'seed {seed}: min top-k margin {margin:.3e} too small, next seed')
         seed += 1
-    results = {'tiny-vlm': run_model('tiny-vlm', seed, batch, WATCH), 'tiny-vlm-moe': moe}
+    results = {
+        'tiny-vlm': run_model('tiny-vlm', seed, batch, WATCH),
+        'tiny-vlm-moe': moe,
+        'tiny-vlm-moe-capacity': capacity,
+    }
 
     written = []
     for name, res in results.items():
@@ -859,6 +895,9 @@ def main():
         if CONFIGS[name].experts:
             step['min_topk_margin'] = min(res['margins'])
             step['min_topk_margin_per_step'] = res['margins']
+        if CONFIGS[name].capacity_factor is not None:
+            step['moe_expert_capacity_factor'] = CONFIGS[name].capacity_factor
+            step['dropped_per_step'] = res['dropped']
         with open(os.path.join(d, 'step.json'), 'w') as f:
             json.dump(step, f, indent=2)
             f.write('\n')

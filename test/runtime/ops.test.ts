@@ -226,46 +226,107 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
     await checkGradients({ b, terms: t, grads: { logits: dlogits } });
   });
 
-  it('an MoE layer: router, moe_permute, grouped_linear, moe_unpermute and their backward', async () => {
-    const [T, Hd, E, k, F] = [5, 3, 4, 2, 2];
-    const b = new ProgramBuilder('moe');
+  // capacity 2: T·k = 10 assignments, at most E·2 = 8 kept, so at least 2 are dropped (row_of −1):
+  // their tokens lose that expert's output, and no gradient flows through them
+  it.each([undefined, 2])(
+    'an MoE layer: router, moe_permute (capacity %s), grouped_linear, moe_unpermute and their backward',
+    async (capacity) => {
+      const [T, Hd, E, k, F] = [5, 3, 4, 2, 2];
+      const N = capacity === undefined ? T * k : Math.min(T * k, E * capacity);
+      const b = new ProgramBuilder('moe');
+      const x = f64Param(b, 'x', [T, Hd]);
+      const logits = f64Param(b, 'logits', [T, E]);
+      const ws = Array.from({ length: E }, (_, e) => f64Param(b, `w${e}`, [F, Hd]));
+      const [probs, weights] = [f64(b, 'probs', [T, E]), f64(b, 'weights', [T, k])];
+      const experts = b.arena('experts', 'i32', [T, k]);
+      const rows = f64(b, 'rows', [N, Hd]);
+      const counts = b.arena('counts', 'i32', [E]);
+      const rowOf = b.arena('row_of', 'i32', [T * k]);
+      const h = f64(b, 'h', [N, F]);
+      const y = f64(b, 'y', [T, F]);
+      const t = terms(b, [[y, [T, F]]]);
+      const zeros = f64(b, 'dprobs.zero', [T, E]);
+      const [dh, dweights, drows, dx, dlogits] = [
+        f64(b, 'dh', [N, F]),
+        f64(b, 'dweights', [T, k]),
+        f64(b, 'drows', [N, Hd]),
+        f64(b, 'dx', [T, Hd]),
+        f64(b, 'dlogits', [T, E]),
+      ];
+      const dws = ws.map((_, e) => f64(b, `dw${e}`, [F, Hd]));
+      const permute =
+        capacity === undefined
+          ? { num_experts: E }
+          : { num_experts: E, capacity, out_rows: [String(N)] };
+      b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k });
+      b.instr('compute', 'moe_permute', [x, experts], [rows, counts, rowOf], permute);
+      b.instr('compute', 'grouped_linear', [rows, counts, ...ws], [h]);
+      b.instr('compute', 'moe_unpermute', [h, rowOf, weights], [y]);
+      b.instr('compute', 'moe_unpermute_grad', [t[0].dy, h, rowOf, weights], [dh, dweights]);
+      b.instr('compute', 'grouped_linear_dgrad', [dh, counts, ...ws], [drows]);
+      b.instr('compute', 'grouped_linear_wgrad', [dh, rows, counts], dws);
+      b.instr('compute', 'moe_permute_grad', [drows, rowOf], [dx], { k });
+      b.instr('compute', 'constant', [], [zeros], {
+        value: 0,
+        dtype: 'f64',
+        shape: [String(T), String(E)],
+      });
+      b.instr('compute', 'router_topk_grad', [zeros, dweights, probs, experts], [dlogits]);
+      const grads: Record<string, number> = { x: dx, logits: dlogits };
+      dws.forEach((d, e) => (grads[`w${e}`] = d));
+      await checkGradients({ b, terms: t, grads });
+    },
+  );
+
+  it('moe_permute with a capacity: counts, row_of and rows against a plain reference', async () => {
+    // 12 tokens, top-2 of 4 experts, capacity 3 (Megatron's ceil(T·k/E · 0.5)): 24 assignments,
+    // at most 12 kept; the rows buffer has 13 rows, so one past the kept ones is checked zero
+    const [T, Hd, E, k, capacity, N] = [12, 2, 4, 2, 3, 13];
+    const b = new ProgramBuilder('moe-capacity');
     const x = f64Param(b, 'x', [T, Hd]);
     const logits = f64Param(b, 'logits', [T, E]);
-    const ws = Array.from({ length: E }, (_, e) => f64Param(b, `w${e}`, [F, Hd]));
     const [probs, weights] = [f64(b, 'probs', [T, E]), f64(b, 'weights', [T, k])];
     const experts = b.arena('experts', 'i32', [T, k]);
-    const rows = f64(b, 'rows', [T * k, Hd]);
+    const rows = f64(b, 'rows', [N, Hd]);
     const counts = b.arena('counts', 'i32', [E]);
     const rowOf = b.arena('row_of', 'i32', [T * k]);
-    const h = f64(b, 'h', [T * k, F]);
-    const y = f64(b, 'y', [T, F]);
-    const t = terms(b, [[y, [T, F]]]);
-    const zeros = f64(b, 'dprobs.zero', [T, E]);
-    const [dh, dweights, drows, dx, dlogits] = [
-      f64(b, 'dh', [T * k, F]),
-      f64(b, 'dweights', [T, k]),
-      f64(b, 'drows', [T * k, Hd]),
-      f64(b, 'dx', [T, Hd]),
-      f64(b, 'dlogits', [T, E]),
-    ];
-    const dws = ws.map((_, e) => f64(b, `dw${e}`, [F, Hd]));
     b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k });
-    b.instr('compute', 'moe_permute', [x, experts], [rows, counts, rowOf], { num_experts: E });
-    b.instr('compute', 'grouped_linear', [rows, counts, ...ws], [h]);
-    b.instr('compute', 'moe_unpermute', [h, rowOf, weights], [y]);
-    b.instr('compute', 'moe_unpermute_grad', [t[0].dy, h, rowOf, weights], [dh, dweights]);
-    b.instr('compute', 'grouped_linear_dgrad', [dh, counts, ...ws], [drows]);
-    b.instr('compute', 'grouped_linear_wgrad', [dh, rows, counts], dws);
-    b.instr('compute', 'moe_permute_grad', [drows, rowOf], [dx], { k });
-    b.instr('compute', 'constant', [], [zeros], {
-      value: 0,
-      dtype: 'f64',
-      shape: [String(T), String(E)],
+    b.instr('compute', 'moe_permute', [x, experts], [rows, counts, rowOf], {
+      num_experts: E,
+      capacity,
+      out_rows: [String(N)],
     });
-    b.instr('compute', 'router_topk_grad', [zeros, dweights, probs, experts], [dlogits]);
-    const grads: Record<string, number> = { x: dx, logits: dlogits };
-    dws.forEach((d, e) => (grads[`w${e}`] = d));
-    await checkGradients({ b, terms: t, grads });
+    const program = b.build();
+    const rt: NativeRuntime = new native.Runtime(JSON.stringify(program));
+    rt.initParams(
+      5,
+      program.params.map((p) => ({
+        name: p.name,
+        init: 'normal(0.7)',
+        shape: p.shard.map(([, n]) => n),
+      })),
+    );
+    await rt.step({ lr: 0, step: 1 });
+    const chosen = new Int32Array(rt.readBuffer(experts));
+    const xs = new Float64Array(rt.readBuffer(x));
+    // the position policy written out: expert by expert, the first `capacity` assignments in
+    // assignment order are kept, laid out expert after expert
+    const want = {
+      counts: Array<number>(E).fill(0),
+      rowOf: Array<number>(T * k).fill(-1),
+      rows: [] as number[],
+    };
+    for (let e = 0; e < E; e++)
+      for (let a = 0; a < T * k; a++) {
+        if (chosen[a] !== e || want.counts[e] === capacity) continue;
+        want.counts[e]++;
+        want.rowOf[a] = want.rows.length / Hd;
+        want.rows.push(...xs.subarray(Math.floor(a / k) * Hd, Math.floor(a / k) * Hd + Hd));
+      }
+    while (want.rows.length < N * Hd) want.rows.push(0);
+    expect([...new Int32Array(rt.readBuffer(counts))]).toEqual(want.counts);
+    expect([...new Int32Array(rt.readBuffer(rowOf))]).toEqual(want.rowOf);
+    expect([...new Float64Array(rt.readBuffer(rows))]).toEqual(want.rows);
   });
 
   it('moe_aux_loss, moe_aux_loss_grad (padding excluded)', async () => {

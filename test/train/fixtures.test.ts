@@ -1,6 +1,8 @@
 // One rank against the independent PyTorch reference (test/reference/tiny_vlm.py, committed
 // fixtures): the first step's loss, gradients and gradient norm, then the losses of 3 AdamW
-// steps on the same batch and the parameters after them.
+// steps on the same batch and the parameters after them. tiny-vlm-moe-capacity is tiny-vlm-moe
+// compiled with the fixture's --moe-expert-capacity-factor (Megatron's token dropping, drop policy
+// position), which the reference drops hundreds of real tokens' assignments with in every step.
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,21 +19,31 @@ interface StepJson {
   loss_tokens: number;
   grad_norm: number;
   losses: number[];
+  /** the token-dropping fixture: the capacity factor and the real tokens' assignments dropped */
+  moe_expert_capacity_factor?: number;
+  dropped_per_step?: number[];
 }
 
 function rel(a: number, b: number): number {
   return Math.abs(a - b) / Math.max(Math.abs(b), 1e-30);
 }
 
-describe.each(['tiny-vlm', 'tiny-vlm-moe'])('%s against the PyTorch fixture', (model) => {
-  const fixtures = join(projectRoot(), 'test/fixtures', model);
+describe.each([
+  ['tiny-vlm', 'tiny-vlm'],
+  ['tiny-vlm-moe', 'tiny-vlm-moe'],
+  ['tiny-vlm-moe-capacity', 'tiny-vlm-moe'],
+])('%s against the PyTorch fixture', (fixture, model) => {
+  const fixtures = join(projectRoot(), 'test/fixtures', fixture);
   const want = JSON.parse(readFileSync(join(fixtures, 'step.json'), 'utf8')) as StepJson;
-  const dir = mkdtempSync(join(tmpdir(), `lfc-fixture-${model}-`));
+  const dir = mkdtempSync(join(tmpdir(), `lfc-fixture-${fixture}-`));
   const dump = join(dir, 'dump');
   let result: TrainResult;
 
   it('trains 3 steps on the fixture batch', async () => {
-    const { plan, programs } = compile({ model, globalBatchSize: 3 });
+    const moeExpertCapacityFactor = want.moe_expert_capacity_factor;
+    if (moeExpertCapacityFactor !== undefined)
+      for (const dropped of want.dropped_per_step!) expect(dropped).toBeGreaterThan(0);
+    const { plan, programs } = compile({ model, globalBatchSize: 3, moeExpertCapacityFactor });
     writePlan(join(dir, 'plan'), plan, programs);
     result = await train({
       planDir: join(dir, 'plan'),

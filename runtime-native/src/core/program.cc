@@ -326,7 +326,8 @@ void parseInstrs(const Ctx& c, const json& j, Program& p) {
     if (!e["microbatch"].is_number_integer() || e["microbatch"].get<int64_t>() < -1)
       bad(cat("microbatch must be an integer ≥ −1, got ", e["microbatch"].dump()));
     in.microbatch = int(e["microbatch"].get<int64_t>());
-    const std::string problem = collective ? comm::checkCollective(in, p.symbols) : checkInstrAgainstRegistry(in, p.symbols);
+    const std::string problem =
+        collective ? comm::checkCollective(in, p.symbols) : checkInstrAgainstRegistry(in, p.symbols);
     const bool inPlace = collective ? comm::collectiveInPlace(in.op) : opEntry(in.op).inPlace;
     if (!problem.empty()) bad(problem);
     // operands: symbolic dims need a microbatch; outputs must not overlap inputs (except in place)

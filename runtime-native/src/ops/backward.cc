@@ -226,20 +226,20 @@ void run_router_topk_grad(const Instr&, StepCtx& c) {
 }
 
 void run_moe_permute_grad(const Instr&, StepCtx& c) {
-  // drows [T·k, H], row_of i32 [T·k] → dx [T, H]
+  // drows [N, H], row_of i32 [T·k] (−1: dropped by capacity) → dx [T, H]
   const Tensor &drows = c.in(0), &rowOf = c.in(1), &dx = c.out(0);
   requireRank(drows, 2, "input 0 (drows)");
   requireDType(rowOf, DType::i32, "input 1 (row_of)");
-  const int64_t k = c.integer("k"), H = drows.dim(1), T = dx.rows();
+  const int64_t k = c.integer("k"), N = drows.dim(0), H = drows.dim(1), T = dx.rows();
   requireNumel(rowOf, T * k, "input 1 (row_of)");
   requireOut(dx, drows.dtype, T * H, "output 0 (dx)");
   const int32_t* r = rowOf.as<int32_t>();
   for (int64_t a = 0; a < T * k; a++)
-    if (r[a] < 0 || r[a] >= drows.dim(0))
-      throw OpError(cat("row_of[", a, "] = ", r[a], " is outside the ", drows.dim(0), " rows"));
+    if (r[a] < -1 || r[a] >= N)
+      throw OpError(cat("row_of[", a, "] = ", r[a], " is outside the ", N, " rows (and not −1, dropped)"));
   withReal(drows, "input 0 (drows)", [&](auto z) {
     using Real = decltype(z);
-    cpu::moe_permute_backward<Real>(dx.as<Real>(), drows.as<Real>(), r, T, H, k);
+    cpu::moe_permute_backward<Real>(dx.as<Real>(), drows.as<Real>(), r, T, H, k, N);
   });
 }
 

@@ -174,21 +174,24 @@ void run_router_topk(const Instr&, StepCtx& c) {
 }
 
 void run_moe_permute(const Instr&, StepCtx& c) {
-  // x [T, H], experts [T, k] → rows [T·k, H], counts i32 [E], row_of i32 [T·k]
+  // x [T, H], experts [T, k] → rows [N, H], counts i32 [E], row_of i32 [T·k]; N = T·k, or with
+  // capacity the bounded out_rows dim (the kernel checks the kept rows fit)
   const Tensor &x = c.in(0), &experts = c.in(1);
   const Tensor &rows = c.out(0), &counts = c.out(1), &rowOf = c.out(2);
   requireRank(x, 2, "input 0 (x)");
   requireRank(experts, 2, "input 1 (experts)");
   requireDType(experts, DType::i32, "input 1 (experts)");
   const int64_t T = x.dim(0), H = x.dim(1), k = experts.dim(1), E = c.integer("num_experts");
+  const int64_t capacity = c.has("capacity") ? c.integer("capacity") : -1;
   requireDim(experts.dim(0), T, "experts vs tokens");
-  requireOut(rows, x.dtype, T * k * H, "output 0 (rows)");
+  const int64_t N = capacity < 0 ? T * k : rows.rows();
+  requireOut(rows, x.dtype, N * H, "output 0 (rows)");
   requireOut(counts, DType::i32, E, "output 1 (counts)");
   requireOut(rowOf, DType::i32, T * k, "output 2 (row_of)");
   withReal(x, "input 0 (x)", [&](auto z) {
     using Real = decltype(z);
     cpu::moe_permute_forward<Real>(rows.as<Real>(), counts.as<int32_t>(), rowOf.as<int32_t>(), x.as<Real>(),
-                                   experts.as<int32_t>(), T, H, k, E);
+                                   experts.as<int32_t>(), T, H, k, E, N, capacity);
   });
 }
 

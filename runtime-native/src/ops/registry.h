@@ -37,8 +37,7 @@ const OpEntry& opEntry(Op op);
 const char* opName(Op op);
 
 // Load-time checks of one instruction against its entry: operand counts and attributes (dims
-// over the program's symbols).
-// Returns a problem description, or "" when fine.
+// over the program's symbols). Returns a problem description, or "" when fine.
 std::string checkInstrAgainstRegistry(const Instr& in, const SymbolTable& symbols);
 
 }  // namespace lfc

@@ -12,8 +12,10 @@ void check_expert(const char* kernel, int32_t e, int64_t a, int64_t E) {
   LFC_KERNEL_CHECK(e >= 0 && e < E, kernel, ": assignment ", a, " has expert ", e, ", outside [0, ", E, ")");
 }
 
+// a row in [0, N), or −1: the assignment was dropped (expert capacity)
 void check_row(const char* kernel, int32_t r, int64_t a, int64_t N) {
-  LFC_KERNEL_CHECK(r >= 0 && r < N, kernel, ": row_of[", a, "] = ", r, " is outside the ", N, " rows");
+  LFC_KERNEL_CHECK(r >= -1 && r < N, kernel, ": row_of[", a, "] = ", r, " is outside the ", N,
+                   " rows (and not −1, dropped)");
 }
 
 // f_e · n · k: assignments per expert over non-padding tokens; returns n.
@@ -95,30 +97,46 @@ void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweight
 
 template <typename Real>
 void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
-                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E) {
+                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E, int64_t N,
+                         int64_t capacity) {
   const int64_t A = T * k;  // assignments
   for (int64_t a = 0; a < A; a++) check_expert("moe_permute_forward", experts[a], a, E);
+  // kept assignments per expert: all of them, or the first `capacity` in assignment order
   std::fill(counts, counts + E, 0);
-  for (int64_t a = 0; a < A; a++) counts[experts[a]]++;
-  std::vector<int64_t> next(E);  // (E): next free row of each expert, from the exclusive prefix sum
-  for (int64_t e = 0, start = 0; e < E; start += counts[e], e++) next[e] = start;
+  for (int64_t a = 0; a < A; a++)
+    if (capacity < 0 || counts[experts[a]] < capacity) counts[experts[a]]++;
+  std::vector<int64_t> next(E), end(E);  // (E): next free row of each expert, and past its last
+  int64_t kept = 0;
+  for (int64_t e = 0; e < E; e++) {
+    next[e] = kept;
+    kept += counts[e];
+    end[e] = kept;
+  }
+  LFC_KERNEL_CHECK(kept <= N, "moe_permute_forward: ", kept, " kept rows do not fit the ", N, " rows");
   for (int64_t a = 0; a < A; a++) {
-    const int64_t r = next[experts[a]]++;
+    const int32_t e = experts[a];
+    if (next[e] == end[e]) {  // the expert is full: dropped
+      row_of[a] = -1;
+      continue;
+    }
+    const int64_t r = next[e]++;
     row_of[a] = int32_t(r);
     const Real* xt = x + (a / k) * H;  // (H)
     std::copy(xt, xt + H, rows + r * H);
   }
+  std::fill(rows + kept * H, rows + N * H, Real(0));  // (N − kept, H): a bounded buffer's tail
 }
 
 template <typename Real>
 void moe_permute_backward(Real* dx, const Real* drows, const int32_t* row_of, int64_t T, int64_t H,
-                          int64_t k) {
+                          int64_t k, int64_t N) {
   for (int64_t t = 0; t < T; t++) {
     Real* dxt = dx + t * H;  // (H)
     std::fill(dxt, dxt + H, Real(0));
     for (int64_t j = 0; j < k; j++) {
       const int64_t a = t * k + j;
-      check_row("moe_permute_backward", row_of[a], a, T * k);
+      check_row("moe_permute_backward", row_of[a], a, N);
+      if (row_of[a] < 0) continue;  // dropped: no gradient
       const Real* dr = drows + int64_t(row_of[a]) * H;  // (H)
       for (int64_t i = 0; i < H; i++) dxt[i] += dr[i];
     }
@@ -133,6 +151,7 @@ void moe_unpermute_forward(Real* y, const Real* rows, const int32_t* row_of, con
     Real* yt = y + t * H;  // (H)
     std::fill(yt, yt + H, Real(0));
     for (int64_t j = 0; j < k; j++) {
+      if (row_of[t * k + j] < 0) continue;  // dropped: adds nothing
       const Real w = weights[t * k + j];
       const Real* r = rows + int64_t(row_of[t * k + j]) * H;  // (H)
       for (int64_t i = 0; i < H; i++) yt[i] += w * r[i];
@@ -150,6 +169,10 @@ void moe_unpermute_backward(Real* drows, Real* dweights, const Real* dy, const R
     const Real* dyt = dy + t * H;  // (H)
     for (int64_t j = 0; j < k; j++) {
       const int64_t a = t * k + j;
+      if (row_of[a] < 0) {  // dropped: its weight did not reach the output
+        dweights[a] = Real(0);
+        continue;
+      }
       const Real* r = rows + int64_t(row_of[a]) * H;  // (H)
       Real* dr = drows + int64_t(row_of[a]) * H;      // (H)
       const Real w = weights[a];
@@ -200,9 +223,9 @@ void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, con
   template void router_topk_backward<Real>(Real*, const Real*, const Real*, const Real*,            \
                                            const Real*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_permute_forward<Real>(Real*, int32_t*, int32_t*, const Real*, const int32_t*,   \
-                                          int64_t, int64_t, int64_t, int64_t);                      \
+                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);    \
   template void moe_permute_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t,    \
-                                           int64_t);                                                \
+                                           int64_t, int64_t);                                       \
   template void moe_unpermute_forward<Real>(Real*, const Real*, const int32_t*, const Real*,        \
                                             int64_t, int64_t, int64_t, int64_t);                    \
   template void moe_unpermute_backward<Real>(Real*, Real*, const Real*, const Real*,                \

@@ -2,8 +2,10 @@
 // back, and the load-balancing auxiliary loss. The expert FFNs are grouped_linear (linear.h) and
 // swiglu (activation.h) on the permuted rows.
 //
-// An assignment a = t·k + j is token t's j-th choice. Expert ids outside [0, E) and row indices
-// outside [0, N) throw KernelError.
+// An assignment a = t·k + j is token t's j-th choice. Under an expert capacity (Megatron's
+// --moe-expert-capacity-factor with drop policy position) an assignment can be dropped: its
+// row_of is −1 and it reads and writes no row. Expert ids outside [0, E) and row indices outside
+// [0, N) other than −1 throw KernelError.
 #pragma once
 
 #include <cstdint>
@@ -25,22 +27,28 @@ template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
                           const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k);
 
-// rows (T·k, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
+// rows (N, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
 // order (stable in token order); counts (E) rows per expert; row_of (T·k) the row of assignment a.
+// capacity ≥ 1: expert e keeps its first `capacity` assignments in assignment order and drops the
+// rest (row_of −1), so counts[e] = min(assignments to e, capacity); capacity < 0: none dropped.
+// The kept rows come first; rows past Σ counts are zero. Σ counts > N throws KernelError.
 template <typename Real>
 void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
-                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E);
-// dx (T, H)[t] = Σ_j drows (T·k, H)[row_of[t·k + j]]. Overwrites dx.
+                         const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E, int64_t N,
+                         int64_t capacity);
+// dx (T, H)[t] = Σ_j drows (N, H)[row_of[t·k + j]] over the kept assignments (row_of ≥ 0).
+// Overwrites dx.
 template <typename Real>
 void moe_permute_backward(Real* dx, const Real* drows, const int32_t* row_of, int64_t T, int64_t H,
-                          int64_t k);
+                          int64_t k, int64_t N);
 
-// y (T, H)[t] = Σ_j weights (T, k)[t, j] · rows (N, H)[row_of (T·k)[t·k + j]]
+// y (T, H)[t] = Σ_j weights (T, k)[t, j] · rows (N, H)[row_of (T·k)[t·k + j]] over the kept
+// assignments: a dropped one adds nothing, and the kept weights are not renormalized.
 template <typename Real>
 void moe_unpermute_forward(Real* y, const Real* rows, const int32_t* row_of, const Real* weights,
                            int64_t T, int64_t k, int64_t N, int64_t H);
 // drows (N, H) OVERWRITTEN: weights[a]·dy[t] at row_of[a], 0 at rows no assignment reads;
-// dweights (T, k) OVERWRITTEN: dy[t] · rows[row_of[a]].
+// dweights (T, k) OVERWRITTEN: dy[t] · rows[row_of[a]], 0 for a dropped assignment.
 template <typename Real>
 void moe_unpermute_backward(Real* drows, Real* dweights, const Real* dy, const Real* rows,
                             const int32_t* row_of, const Real* weights, int64_t T, int64_t k, int64_t N,
