@@ -81,6 +81,12 @@ const FROZEN = ['model.image_encoder.freeze=true'];
 const SELECTIVE = ['--recompute-granularity', 'selective', '--recompute-modules'];
 const OFFLOAD = ['--fine-grained-activation-offloading', '--offload-tensors'];
 const A2A_OVERLAP = ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'];
+/** the article's combination at small scale */
+const ARTICLE = [
+  ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp', ...A2A_OVERLAP],
+  ...[...SELECTIVE, 'a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
+  ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
+];
 /**
  * token dropping: each expert keeps 8 of a microbatch's 256 assignments (capacity ceil(256/8 ·
  * 0.25)), which drops real tokens in every step (checked below). At 0.5 one element of
@@ -221,11 +227,7 @@ const LAYOUTS: readonly Layout[] = [
     name: 'article-pp2-vpp2-ep2',
     model: 'tiny-vlm-moe',
     ranks: 4,
-    flags: [
-      ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp', ...A2A_OVERLAP],
-      ...[...SELECTIVE, 'a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
-      ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
-    ],
+    flags: ARTICLE,
   },
   // ViT DP balance on a batch built to be imbalanced: over dp and over every rank (level 3)
   {
@@ -255,12 +257,7 @@ const LAYOUTS: readonly Layout[] = [
     name: 'capacity-article-pp2-vpp2-ep2',
     model: 'tiny-vlm-moe',
     ranks: 4,
-    flags: [
-      ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp', ...A2A_OVERLAP],
-      ...[...SELECTIVE, 'a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
-      ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
-      ...CAPACITY,
-    ],
+    flags: [...ARTICLE, ...CAPACITY],
     baseline: CAPACITY,
   },
   { name: 'vlm-dp2', model: 'tiny-vlm', ranks: 2, flags: [] },

@@ -28,9 +28,8 @@ function f64(b: ProgramBuilder, name: string, shape: readonly (string | number)[
   return b.arena(name, 'f64', shape);
 }
 
-/** Runs the case once for its gradients, then twice per checked element for L(p ± h). */
-async function checkGradients(c: FdCase): Promise<void> {
-  const program = c.b.build();
+/** A runtime of the program with its parameters drawn from normal(0.7). */
+function runtimeOf(program: ReturnType<ProgramBuilder['build']>): NativeRuntime {
   const rt: NativeRuntime = new native.Runtime(JSON.stringify(program));
   rt.initParams(
     5,
@@ -40,6 +39,13 @@ async function checkGradients(c: FdCase): Promise<void> {
       shape: p.shard.map(([, n]) => n),
     })),
   );
+  return rt;
+}
+
+/** Runs the case once for its gradients, then twice per checked element for L(p ± h). */
+async function checkGradients(c: FdCase): Promise<void> {
+  const program = c.b.build();
+  const rt = runtimeOf(program);
   if (c.mb) rt.setMicrobatch(0, c.mb);
   if (program.scalars.loss_tokens !== undefined) rt.setScalar('loss_tokens', 3);
   const params = rt.region('param');
@@ -296,16 +302,7 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
       capacity,
       out_rows: [String(N)],
     });
-    const program = b.build();
-    const rt: NativeRuntime = new native.Runtime(JSON.stringify(program));
-    rt.initParams(
-      5,
-      program.params.map((p) => ({
-        name: p.name,
-        init: 'normal(0.7)',
-        shape: p.shard.map(([, n]) => n),
-      })),
-    );
+    const rt = runtimeOf(b.build());
     await rt.step({ lr: 0, step: 1 });
     const chosen = new Int32Array(rt.readBuffer(experts));
     const xs = new Float64Array(rt.readBuffer(x));
