@@ -327,21 +327,6 @@ function unknownName(flag: string, what: string, given: readonly string[], known
 // recompute and activation offload, and how they combine.
 const FLAG_RULES: readonly LayoutRule[] = [
   {
-    id: 'vit-dp-balance-mock-slots',
-    // every rank of the balancing group takes part in each round's exchange; a mock slot has no
-    // microbatch to exchange (levels 2 and 3 pad m to a multiple of the encoding ranks)
-    check: (ctx) => {
-      const { encoder, sizes } = ctx;
-      if (!encoder?.vitDpBalance) return undefined;
-      const encoders = encoder.fullHeteroDp ? sizes.tp * sizes.pp : encoder.heteroDp ? sizes.tp : 1;
-      const m = microbatchesPerDpRank(ctx);
-      const level = encoder.fullHeteroDp ? LEVEL3 : LEVEL2;
-      return Number.isInteger(m) && m % encoders !== 0
-        ? `--use-vit-dp-balance with ${level} needs the microbatches per data-parallel rank (${m}) to be a multiple of the ${encoders} ranks that encode in turn (mock microbatches cannot take part in the image exchange yet); change --global-batch-size`
-        : undefined;
-    },
-  },
-  {
     id: 'encoder-levels-exclusive',
     check: ({ encoder }) =>
       encoder?.heteroDp && encoder.fullHeteroDp

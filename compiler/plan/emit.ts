@@ -319,10 +319,15 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   for (const list of passNodes.values())
     for (const n of list) for (const v of n.inputs) decoderReads.add(v);
   const encodes = new Set(enc ? enc.placement.slotsOf(enc.tp, pipe.stage) : []);
-  const locals = Array.from({ length: m }, (_, mb) => {
+  // under the ViT balance a mock slot (levels 2, 3) takes part in the image exchange: it encodes
+  // an empty microbatch of its own data slot, and whatever images the rule gives it
+  const mocksEncode = encoderForward.some((n) => n.op === 'vit_balance_route');
+  const slots = enc && mocksEncode ? Math.max(m, enc.placement.slots) : m;
+  const locals = Array.from({ length: slots }, (_, mb) => {
     const local = new Map<string, number>();
     for (const i of dataInputs) {
       if (enc && !decoderReads.has(i.name) && !encodes.has(mb)) continue;
+      if (mb >= m && decoderReads.has(i.name)) continue; // a mock slot never reaches the decoder
       const id = addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
       local.set(i.name, id);
       inputs.push({ name: i.name, buffer: id, microbatch: mb });
@@ -438,7 +443,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (level === 2 && mb % T === 0) {
       // the group's first microbatch: every TP rank encodes its own one of the group
       const j = mb + enc.tp;
-      if (j < m) runNodes(encoderForward, j, locals[j]);
+      if (j < slots) runNodes(encoderForward, j, locals[j]);
     }
     // level 3 with the outputs on the host: back into a fresh device buffer, on the copy stream
     if (level === 3 && enc.offload && mpRank === 0) reloadOutputs(mb);
@@ -456,7 +461,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (!enc || level !== 2 || !encoderBackward.length) return;
     if (mb % T !== T - 1 && mb !== m - 1) return;
     const j = mb - (mb % T) + enc.tp;
-    if (j < m) runNodes(encoderBackward, j, locals[j]);
+    if (j >= slots) return;
+    // a mock slot's outputs reach no decoder: their gradients are empty
+    if (j >= m) for (const v of outputGrads) locals[j].set(v, mockRows(v));
+    runNodes(encoderBackward, j, locals[j]);
   };
   /** --full-hetero-dp-cpu-offload: each gathered output's host copy, by microbatch */
   const onHost = new Map<number, Map<string, number>>();
@@ -522,10 +530,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (!enc || level !== 3) return;
     for (let r = 0; r < enc.placement.slots / M; r++) {
       const slot = r * M + mpRank;
-      const real = slot < m;
-      if (real) runNodes(encoderForward, slot, locals[slot]);
+      const encodes = slot < slots; // a real slot, or a mock one under the ViT balance
+      if (encodes) runNodes(encoderForward, slot, locals[slot]);
       for (const v of encoderOutputs) {
-        const x = real ? locals[slot].get(v)! : mockRows(v);
+        const x = encodes ? locals[slot].get(v)! : mockRows(v);
         const outs =
           mpRank === 0
             ? Array.from({ length: M }, (_, i) => {
@@ -557,8 +565,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (!enc || level !== 3 || !encoderBackward.length) return;
     for (let r = 0; r < enc.placement.slots / M; r++) {
       const slot = r * M + mpRank;
-      const real = slot < m;
-      const local = real ? locals[slot] : undefined;
+      const encodes = slot < slots;
+      const local = encodes ? locals[slot] : undefined;
       for (const v of outputGrads) {
         const ins =
           mpRank === 0
@@ -567,7 +575,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
                 return k < m ? locals[k].get(v)! : mockRows(v);
               })
             : [mockRows(v)];
-        const out = real
+        const out = encodes
           ? addBuffer(`${v}.scattered`, valueType.get(v)!, 'arena', slot)
           : mockRows(v);
         collective(
@@ -580,7 +588,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
         );
         local?.set(v, out);
       }
-      if (!real) continue;
+      if (!encodes) continue;
       // --full-hetero-dp-encoder-recompute: phase 1's activations are gone; the forward again
       if (enc.recompute) runNodes(encoderForward, slot, local!);
       runNodes(encoderBackward, slot, local!);

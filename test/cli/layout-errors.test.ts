@@ -147,15 +147,6 @@ const CASES: [string, string[], RegExp][] = [
     /\(a2a-overlap-full-recompute\)/,
   ],
   [
-    'ViT DP balance with mock microbatches',
-    [
-      'tiny-vlm-moe',
-      ...['--nproc-per-node', '4', '--tp', '2', '--pp', '2', '--global-batch-size', '2'],
-      ...['--enable-full-hetero-dp', '--use-vit-dp-balance'],
-    ],
-    /\(vit-dp-balance-mock-slots\).*multiple of the 4 ranks/,
-  ],
-  [
     'delayed weight gradients without A2A overlap',
     ['tiny-vlm-moe', '--delay-wgrad-compute'],
     /\(delay-wgrad-needs-overlap\)/,

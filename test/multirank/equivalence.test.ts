@@ -244,6 +244,14 @@ const LAYOUTS: readonly Layout[] = [
     flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
     imbalanced: true,
   },
+  {
+    // 2 microbatches per data-parallel rank over 4 encoding ranks: the mock slots encode too
+    name: 'vit-balance-level3-mock-slots',
+    model: 'tiny-vlm-moe',
+    ranks: 8,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+    imbalanced: true,
+  },
   // token dropping: the same assignments dropped on every layout, so the same losses as one rank
   // with the same capacity factor
   {

@@ -91,6 +91,30 @@ describe('ViT DP balance in the plan (tiny-vlm-moe, 8 ranks, tp 2 pp 2 dp 2)', (
     });
   }
 
+  it('mock slots take part: level 3 with 2 microbatches over 4 encoding ranks, level 2 with 3 over tp 2', () => {
+    const level3 = build({
+      parallel: { tp: 2, pp: 2 },
+      globalBatchSize: 4,
+      encoder: { fullHeteroDp: true },
+    });
+    expect(level3.placement.slots - level3.placement.microbatches).toBe(2);
+    for (const p of level3.programs) {
+      // every rank encodes its slot of the round, mock or real, and runs its encoder backward
+      expect(encodes(p).size, p.id).toBe(1);
+      expect(at(p, 'visual.balance_back', 'all_to_all_v', 'backward')).toHaveLength(1);
+    }
+    const level2 = build({
+      parallel: { tp: 2 },
+      nprocPerNode: 2,
+      globalBatchSize: 3,
+      encoder: { heteroDp: true },
+    });
+    expect(level2.programs.map((p) => [...encodes(p)])).toEqual([
+      [0, 2],
+      [1, 3], // slot 3 is a mock microbatch
+    ]);
+  });
+
   it('frozen encoder and projector: no gradient flows back through the exchange', () => {
     const r = build({
       parallel: { tp: 2, pp: 2 },
