@@ -483,16 +483,23 @@ export const OP_TABLE = {
     summary:
       'rows grouped by expert (stable in token order): x [T, H], experts [T, k] → ' +
       'rows [T·k, H], counts i32 [E], row_of i32 [T·k] (row of assignment t·k+j). With capacity ' +
-      "(Megatron's expert capacity, drop policy position): each expert keeps its first capacity " +
-      'assignments in assignment order (token, then choice j) and drops the rest: counts ≤ ' +
+      "(Megatron's expert capacity): each expert keeps capacity of its assignments — drop policy " +
+      'position: its first in assignment order (token, then choice j); probs: those of the ' +
+      'highest routing weight (input 2), ties to the earlier — and drops the rest: counts ≤ ' +
       'capacity, row_of −1 for a dropped assignment (it adds nothing to its token and gets no ' +
       'gradient; the other weights are not renormalized), rows [out_rows, H] with the kept rows ' +
       'first and zeros after them',
     category: 'compute',
-    inputs: [2, 2],
+    inputs: [2, 3],
     attrs: {
       num_experts: attr('int', 'experts E (local to the rank after expert parallelism)'),
       capacity: attr('int', 'rows kept per expert; absent: no assignment is dropped', false),
+      drop_policy: attr(
+        'string',
+        "with capacity: 'position' (default; the first assignments) or 'probs' (the highest " +
+          'routing weights, given as input 2 [T, k]; ties to the earlier assignment)',
+        false,
+      ),
       out_rows: attr(
         'dims',
         'with capacity: the rows dim, one dim bounded by min(T·k, E·capacity) (a symbol the ' +
@@ -500,12 +507,24 @@ export const OP_TABLE = {
         false,
       ),
     },
-    shape: ([x, experts], attrs) => {
+    shape: ([x, experts, weights], attrs) => {
       floatT(x, 'x');
       rank(x, 2, 'x');
       intT(experts, 'experts');
       rank(experts, 2, 'experts');
       sameDim(experts.shape[0], x.shape[0], 'experts vs tokens');
+      const probs = attrs.drop_policy === 'probs';
+      need(
+        attrs.drop_policy === undefined || attrs.drop_policy === 'position' || probs,
+        () => `drop_policy must be position or probs, got ${String(attrs.drop_policy)}`,
+      );
+      need(probs === (weights !== undefined), () =>
+        probs
+          ? 'drop_policy probs needs the routing weights [T, k] as input 2'
+          : 'input 2 (routing weights) is only for drop_policy probs',
+      );
+      if (weights)
+        need(shapeEq(weights.shape, experts.shape), 'weights must have the shape of experts');
       const k = experts.shape[1];
       need(typeof k === 'number', 'top-k must be a number');
       const e = num(attrs, 'num_experts');

@@ -68,7 +68,7 @@ const TRAINING_PHASES = ['pretrain', 'sft'] as const;
 type TrainingPhase = (typeof TRAINING_PHASES)[number];
 const ATTENTION_BACKENDS = ['flash', 'fused', 'unfused', 'local', 'auto'] as const;
 type AttentionBackend = (typeof ATTENTION_BACKENDS)[number];
-// Megatron's choices; the layout rules refuse probs (not built)
+// Megatron's choices (its default: probs)
 const TOKEN_DROP_POLICIES = ['position', 'probs'] as const;
 type TokenDropPolicy = (typeof TOKEN_DROP_POLICIES)[number];
 
@@ -319,7 +319,7 @@ function defineCompileCommand(cmd: Command): Command {
     .addOption(
       new Option(
         '--moe-token-drop-policy <policy>',
-        "which assignments an expert over capacity drops: position, the latest in token order (lfc's default); probs, Megatron's default, is not built",
+        "which assignments an expert over capacity keeps: probs, those of the highest routing weight (Megatron's default); position, the earliest in token order",
       ).choices(TOKEN_DROP_POLICIES),
     )
     .option(

@@ -270,7 +270,12 @@ function permuteAttrs(b: GraphBuilder, d: DecoderConfig, maxTokens: number, laye
     Math.min(maxTokens * k, d.num_experts * capacity),
     `rows model.layers.${layer}'s moe_permute keeps: min(S·k, E·capacity ${capacity})`,
   );
-  return { ...attrs, capacity, out_rows: [formatDim(rows)] };
+  return {
+    ...attrs,
+    capacity,
+    out_rows: [formatDim(rows)],
+    ...(d.moe_token_drop_policy === 'probs' ? { drop_policy: 'probs' } : {}),
+  };
 }
 
 function buildDecoder(
@@ -370,10 +375,12 @@ function buildDecoder(
         auxLosses.push(
           auxLosses.length ? b.op1('add', [auxLosses[auxLosses.length - 1], aux]) : aux,
         );
+        const permute = permuteAttrs(b, d, maxTokens, i);
+        // drop policy probs ranks an expert's assignments by their routing weights
         const [rows, counts, rowOf] = b.op(
           'moe_permute',
-          [h2, experts],
-          permuteAttrs(b, d, maxTokens, i),
+          permute.drop_policy === 'probs' ? [h2, experts, weights] : [h2, experts],
+          permute,
         );
         const f = d.moe_ffn_hidden_size;
         const expertW = (name: string, out: number, inp: number) =>

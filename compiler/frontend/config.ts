@@ -66,7 +66,7 @@ export interface DecoderConfig {
   moe_aux_loss_coeff: number;
   /** Megatron's --moe-expert-capacity-factor: absent, no token is dropped */
   moe_expert_capacity_factor?: number;
-  /** Megatron's --moe-token-drop-policy; lfc builds position only (the layout rules refuse probs) */
+  /** Megatron's --moe-token-drop-policy: which assignments an expert over capacity keeps (default probs, as Megatron) */
   moe_token_drop_policy: 'position' | 'probs';
   freeze: boolean;
 }
@@ -159,7 +159,7 @@ const DECODER_SCHEMA: Schema = {
   moe_aux_loss_coeff: { t: 'nonnegnumber', def: 0 },
   moe_expert_capacity_factor: { t: 'posnumber', optional: true },
   // Megatron's default is probs; lfc's is the one it builds
-  moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'position' },
+  moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'probs' },
   freeze: { t: 'bool', def: false },
 };
 

@@ -400,13 +400,6 @@ const FLAG_RULES: readonly LayoutRule[] = [
         : undefined,
   },
   {
-    id: 'moe-token-drop-policy',
-    check: ({ config }) =>
-      config.model.text_decoder.moe_token_drop_policy === 'probs'
-        ? "--moe-token-drop-policy probs (Megatron's default: an expert over capacity drops its lowest-probability assignments) is not built; lfc drops by position: --moe-token-drop-policy position (the latest assignments in token order)"
-        : undefined,
-  },
-  {
     id: 'moe-capacity-factor',
     check: ({ config }) => {
       const d = config.model.text_decoder;

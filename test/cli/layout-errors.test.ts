@@ -180,11 +180,6 @@ const CASES: [string, string[], RegExp][] = [
     /\(offload-tensor-known\): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' \(did you mean 'pre_mlp_layernorm_output'\?\)/,
   ],
   [
-    "Megatron's probs token drop policy",
-    ['tiny-vlm-moe', '--moe-expert-capacity-factor', '1', '--moe-token-drop-policy', 'probs'],
-    /\(moe-token-drop-policy\): --moe-token-drop-policy probs .* is not built; lfc drops by position/,
-  ],
-  [
     'an expert capacity for a dense model',
     ['tiny-vlm', '--moe-expert-capacity-factor', '1'],
     /\(moe-capacity-factor\): --moe-expert-capacity-factor 1 needs an MoE decoder; tiny-vlm is dense/,

@@ -95,6 +95,8 @@ const ARTICLE = [
  * misses the 1e-4 parameter criterion while every gradient agrees within 1.4e-6 of its max-abs.
  */
 const CAPACITY = ['--moe-expert-capacity-factor', '0.25'];
+/** the same with the drop policy position (CAPACITY has Megatron's default, probs) */
+const CAPACITY_POSITION = [...CAPACITY, '--moe-token-drop-policy', 'position'];
 
 const LAYOUTS: readonly Layout[] = [
   { name: 'dp2', model: 'tiny-vlm-moe', ranks: 2, flags: [] },
@@ -255,11 +257,11 @@ const LAYOUTS: readonly Layout[] = [
   // token dropping: the same assignments dropped on every layout, so the same losses as one rank
   // with the same capacity factor
   {
-    name: 'capacity-ep2',
+    name: 'capacity-position-ep2',
     model: 'tiny-vlm-moe',
     ranks: 2,
-    flags: ['--ep', '2', ...CAPACITY],
-    baseline: CAPACITY,
+    flags: ['--ep', '2', ...CAPACITY_POSITION],
+    baseline: CAPACITY_POSITION,
   },
   {
     name: 'capacity-article-pp2-vpp2-ep2',
@@ -448,26 +450,32 @@ describe('every layout on local ranks = one rank with the global batch', () => {
     expect(worst).toBeGreaterThan(ROUTER_MARGIN);
   });
 
-  it('the capacity runs drop assignments of real (non-padding) tokens in every step', async () => {
-    const dropped = Array<number>(STEPS).fill(0);
-    let kept = 0;
-    await stepOneRank(
-      one('tiny-vlm-moe', CAPACITY),
-      (ins) => (ins.op === 'moe_permute' ? [ins.outputs[2]] : []),
-      (rt, ins, step) => {
-        const rowOf = new Int32Array(rt.readBuffer(ins.outputs[2])); // [S·k], −1: dropped
-        const segments = rt.getMicrobatch(ins.microbatch).segments;
-        const k = rowOf.length / segments.length;
-        rowOf.forEach((row, a) => {
-          if (segments[Math.floor(a / k)] < 0) return;
-          if (row < 0) dropped[step - 1]++;
-          else kept++;
-        });
-      },
-    );
-    for (const d of dropped) expect(d).toBeGreaterThan(0);
-    expect(kept).toBeGreaterThan(0);
-  });
+  it.each([
+    { policy: 'probs', flags: CAPACITY },
+    { policy: 'position', flags: CAPACITY_POSITION },
+  ])(
+    'the capacity runs (drop policy $policy) drop assignments of real (non-padding) tokens in every step',
+    async ({ flags }) => {
+      const dropped = Array<number>(STEPS).fill(0);
+      let kept = 0;
+      await stepOneRank(
+        one('tiny-vlm-moe', flags),
+        (ins) => (ins.op === 'moe_permute' ? [ins.outputs[2]] : []),
+        (rt, ins, step) => {
+          const rowOf = new Int32Array(rt.readBuffer(ins.outputs[2])); // [S·k], −1: dropped
+          const segments = rt.getMicrobatch(ins.microbatch).segments;
+          const k = rowOf.length / segments.length;
+          rowOf.forEach((row, a) => {
+            if (segments[Math.floor(a / k)] < 0) return;
+            if (row < 0) dropped[step - 1]++;
+            else kept++;
+          });
+        },
+      );
+      for (const d of dropped) expect(d).toBeGreaterThan(0);
+      expect(kept).toBeGreaterThan(0);
+    },
+  );
 
   for (const l of LAYOUTS) {
     it(`${l.name} (${l.model}, ${l.ranks} ranks${l.flags.length ? ' ' + l.flags.join(' ') : ''})`, async () => {

@@ -138,15 +138,6 @@ const INVALID: readonly Case[] = [
       "invalid layout (offload-tensor-known): --offload-tensors: unknown tensor 'pre_mlm_layernorm_output' (did you mean 'pre_mlp_layernorm_output'?); known: dispatched_input, pre_mlp_layernorm_output, attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act",
   },
   {
-    why: "Megatron's default token drop policy, probs",
-    overrides: [
-      '+model.text_decoder.moe_expert_capacity_factor=1',
-      '+model.text_decoder.moe_token_drop_policy=probs',
-    ],
-    error:
-      "invalid layout (moe-token-drop-policy): --moe-token-drop-policy probs (Megatron's default: an expert over capacity drops its lowest-probability assignments) is not built; lfc drops by position: --moe-token-drop-policy position (the latest assignments in token order)",
-  },
-  {
     why: 'an expert capacity for a dense decoder',
     model: 'tiny-vlm',
     overrides: ['+model.text_decoder.moe_expert_capacity_factor=1.5'],
@@ -423,7 +414,7 @@ const VALID: readonly Case[] = [
     },
   },
   {
-    why: "the article's 30B line with an expert capacity (drop policy position, lfc's default)",
+    why: "the article's 30B line with an expert capacity (drop policy probs, Megatron's default)",
     model: QWEN3,
     overrides: ['+model.text_decoder.moe_expert_capacity_factor=1'],
     sizes: { nnodes: 4, tp: 1, pp: 2, vpp: 2, ep: 4 },

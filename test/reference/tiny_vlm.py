@@ -63,9 +63,11 @@ class Config:
     top_k: int = 2
     expert_ffn: int = 128
     aux_coef: float = 0.001
-    # Megatron's --moe-expert-capacity-factor with --moe-token-drop-policy position; None: no
+    # Megatron's --moe-expert-capacity-factor; None: no
     # token is dropped
     capacity_factor: Optional[float] = None
+    # Megatron's --moe-token-drop-policy (with a capacity factor)
+    drop_policy: str = 'probs'
     vocab: int = 512
     seq: int = 128
     rope_theta: float = 1e6
@@ -75,8 +77,11 @@ class Config:
 CONFIGS = {
     'tiny-vlm': Config(name='tiny-vlm'),
     'tiny-vlm-moe': Config(name='tiny-vlm-moe', experts=8, top_k=2, expert_ffn=128),
+    # drop policy position: the policy probs (Megatron's and lfc's default) is checked against a
+    # plain reference in lfc's own tests; this fixture keeps seed 3's routing margins
     'tiny-vlm-moe-capacity': Config(
-        name='tiny-vlm-moe-capacity', experts=8, top_k=2, expert_ffn=128, capacity_factor=0.5
+        name='tiny-vlm-moe-capacity', experts=8, top_k=2, expert_ffn=128, capacity_factor=0.5,
+        drop_policy='position',
     ),
 }
 
@@ -371,18 +376,26 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def capacity_mask(chosen: torch.Tensor, E: int, factor: Optional[float]) -> torch.Tensor:
+def capacity_mask(chosen: torch.Tensor, weights: torch.Tensor, E: int, factor: Optional[float],
+                  policy: str) -> torch.Tensor:
     """[T, k] True where an assignment is kept. With a capacity factor (Megatron's
-    get_capacity: ceil(T·k / E · factor) per expert, drop policy position) each expert keeps
-    its earliest assignments in token order; a dropped one adds nothing to its token's output,
-    and the kept weights are not renormalized. Padding tokens are routed and count too."""
+    get_capacity: ceil(T·k / E · factor) per expert) each expert keeps that many of its
+    assignments: drop policy probs (Megatron's default) those of the highest routing weight,
+    ties to the earlier assignment; position its earliest in token order. A dropped one adds
+    nothing to its token's output, and the kept weights are not renormalized. Padding tokens are
+    routed and count too."""
     keep = torch.ones_like(chosen, dtype=torch.bool)
     if factor is None:
         return keep
     T, k = chosen.shape
     capacity = math.ceil(T * k / E * factor)
+    w = weights.detach()
     for e in range(E):
         tok, slot = torch.nonzero(chosen == e, as_tuple=True)  # row-major: token order
+        if policy == 'probs':
+            # stable descending sort by weight: equal weights stay in assignment order
+            order = torch.sort(w[tok, slot], descending=True, stable=True).indices
+            tok, slot = tok[order], slot[order]
         keep[tok[capacity:], slot[capacity:]] = False
     return keep
 
@@ -406,7 +419,7 @@ class MoE(nn.Module):
         chosen = order[:, :k]  # [T, k]
         top_p = probs.gather(1, chosen)  # with gradient
         weights = top_p / top_p.sum(-1, keepdim=True)
-        keep = capacity_mask(chosen, E, cfg.capacity_factor)
+        keep = capacity_mask(chosen, weights, E, cfg.capacity_factor, cfg.drop_policy)
         self.dropped += int((~keep[nonpad]).sum())
         out = torch.zeros_like(x)
         for e in range(E):
@@ -897,6 +910,7 @@ def main():
             step['min_topk_margin_per_step'] = res['margins']
         if CONFIGS[name].capacity_factor is not None:
             step['moe_expert_capacity_factor'] = CONFIGS[name].capacity_factor
+            step['moe_token_drop_policy'] = CONFIGS[name].drop_policy
             step['dropped_per_step'] = res['dropped']
         with open(os.path.join(d, 'step.json'), 'w') as f:
             json.dump(step, f, indent=2)

@@ -284,47 +284,67 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
     },
   );
 
-  it('moe_permute with a capacity: counts, row_of and rows against a plain reference', async () => {
-    // 12 tokens, top-2 of 4 experts, capacity 3 (Megatron's ceil(T·k/E · 0.5)): 24 assignments,
-    // at most 12 kept; the rows buffer has 13 rows, so one past the kept ones is checked zero
-    const [T, Hd, E, k, capacity, N] = [12, 2, 4, 2, 3, 13];
-    const b = new ProgramBuilder('moe-capacity');
-    const x = f64Param(b, 'x', [T, Hd]);
-    const logits = f64Param(b, 'logits', [T, E]);
-    const [probs, weights] = [f64(b, 'probs', [T, E]), f64(b, 'weights', [T, k])];
-    const experts = b.arena('experts', 'i32', [T, k]);
-    const rows = f64(b, 'rows', [N, Hd]);
-    const counts = b.arena('counts', 'i32', [E]);
-    const rowOf = b.arena('row_of', 'i32', [T * k]);
-    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k });
-    b.instr('compute', 'moe_permute', [x, experts], [rows, counts, rowOf], {
-      num_experts: E,
-      capacity,
-      out_rows: [String(N)],
-    });
-    const rt = runtimeOf(b.build());
-    await rt.step({ lr: 0, step: 1 });
-    const chosen = new Int32Array(rt.readBuffer(experts));
-    const xs = new Float64Array(rt.readBuffer(x));
-    // the position policy written out: expert by expert, the first `capacity` assignments in
-    // assignment order are kept, laid out expert after expert
-    const want = {
-      counts: Array<number>(E).fill(0),
-      rowOf: Array<number>(T * k).fill(-1),
-      rows: [] as number[],
-    };
-    for (let e = 0; e < E; e++)
-      for (let a = 0; a < T * k; a++) {
-        if (chosen[a] !== e || want.counts[e] === capacity) continue;
-        want.counts[e]++;
-        want.rowOf[a] = want.rows.length / Hd;
-        want.rows.push(...xs.subarray(Math.floor(a / k) * Hd, Math.floor(a / k) * Hd + Hd));
+  it.each(['position', 'probs'] as const)(
+    'moe_permute with a capacity, drop policy %s: counts, row_of and rows against a plain reference',
+    async (policy) => {
+      // 12 tokens, top-2 of 4 experts, capacity 3 (Megatron's ceil(T·k/E · 0.5)): 24 assignments,
+      // at most 12 kept; the rows buffer has 13 rows, so one past the kept ones is checked zero
+      const [T, Hd, E, k, capacity, N] = [12, 2, 4, 2, 3, 13];
+      const b = new ProgramBuilder('moe-capacity');
+      const x = f64Param(b, 'x', [T, Hd]);
+      const logits = f64Param(b, 'logits', [T, E]);
+      const [probs, weights] = [f64(b, 'probs', [T, E]), f64(b, 'weights', [T, k])];
+      const experts = b.arena('experts', 'i32', [T, k]);
+      const rows = f64(b, 'rows', [N, Hd]);
+      const counts = b.arena('counts', 'i32', [E]);
+      const rowOf = b.arena('row_of', 'i32', [T * k]);
+      b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k });
+      const probsPolicy = policy === 'probs';
+      b.instr(
+        'compute',
+        'moe_permute',
+        probsPolicy ? [x, experts, weights] : [x, experts],
+        [rows, counts, rowOf],
+        {
+          num_experts: E,
+          capacity,
+          out_rows: [String(N)],
+          ...(probsPolicy ? { drop_policy: 'probs' } : {}),
+        },
+      );
+      const rt = runtimeOf(b.build());
+      await rt.step({ lr: 0, step: 1 });
+      const chosen = new Int32Array(rt.readBuffer(experts));
+      const w = new Float64Array(rt.readBuffer(weights));
+      const xs = new Float64Array(rt.readBuffer(x));
+      // the policies written out, expert by expert: position keeps the first `capacity`
+      // assignments in assignment order, probs the `capacity` of highest routing weight (ties to
+      // the earlier); the kept ones are laid out expert after expert, in assignment order
+      const want = {
+        counts: Array<number>(E).fill(0),
+        rowOf: Array<number>(T * k).fill(-1),
+        rows: [] as number[],
+      };
+      let dropped = 0;
+      for (let e = 0; e < E; e++) {
+        const mine = [...Array(T * k).keys()].filter((a) => chosen[a] === e);
+        const ranked = probsPolicy ? [...mine].sort((p, q) => w[q] - w[p] || p - q) : mine;
+        const kept = new Set(ranked.slice(0, capacity));
+        dropped += mine.length - kept.size;
+        for (const a of mine) {
+          if (!kept.has(a)) continue;
+          want.counts[e]++;
+          want.rowOf[a] = want.rows.length / Hd;
+          want.rows.push(...xs.subarray(Math.floor(a / k) * Hd, Math.floor(a / k) * Hd + Hd));
+        }
       }
-    while (want.rows.length < N * Hd) want.rows.push(0);
-    expect([...new Int32Array(rt.readBuffer(counts))]).toEqual(want.counts);
-    expect([...new Int32Array(rt.readBuffer(rowOf))]).toEqual(want.rowOf);
-    expect([...new Float64Array(rt.readBuffer(rows))]).toEqual(want.rows);
-  });
+      expect(dropped).toBeGreaterThan(0);
+      while (want.rows.length < N * Hd) want.rows.push(0);
+      expect([...new Int32Array(rt.readBuffer(counts))]).toEqual(want.counts);
+      expect([...new Int32Array(rt.readBuffer(rowOf))]).toEqual(want.rowOf);
+      expect([...new Float64Array(rt.readBuffer(rows))]).toEqual(want.rows);
+    },
+  );
 
   it('moe_aux_loss, moe_aux_loss_grad (padding excluded)', async () => {
     const b = new ProgramBuilder('aux', { S: 5, Nv: 0 });

@@ -1,8 +1,8 @@
 // One rank against the independent PyTorch reference (test/reference/tiny_vlm.py, committed
 // fixtures): the first step's loss, gradients and gradient norm, then the losses of 3 AdamW
 // steps on the same batch and the parameters after them. tiny-vlm-moe-capacity is tiny-vlm-moe
-// compiled with the fixture's --moe-expert-capacity-factor (Megatron's token dropping, drop policy
-// position), which the reference drops hundreds of real tokens' assignments with in every step.
+// compiled with the fixture's --moe-expert-capacity-factor and --moe-token-drop-policy
+// (position), with which the reference drops hundreds of real tokens' assignments every step.
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,8 +19,10 @@ interface StepJson {
   loss_tokens: number;
   grad_norm: number;
   losses: number[];
-  /** the token-dropping fixture: the capacity factor and the real tokens' assignments dropped */
+  /** the token-dropping fixture: the capacity factor, its drop policy and the real tokens'
+   * assignments dropped */
   moe_expert_capacity_factor?: number;
+  moe_token_drop_policy?: 'position' | 'probs';
   dropped_per_step?: number[];
 }
 
@@ -43,7 +45,12 @@ describe.each([
     const moeExpertCapacityFactor = want.moe_expert_capacity_factor;
     if (moeExpertCapacityFactor !== undefined)
       for (const dropped of want.dropped_per_step!) expect(dropped).toBeGreaterThan(0);
-    const { plan, programs } = compile({ model, globalBatchSize: 3, moeExpertCapacityFactor });
+    const { plan, programs } = compile({
+      model,
+      globalBatchSize: 3,
+      moeExpertCapacityFactor,
+      moeTokenDropPolicy: want.moe_token_drop_policy,
+    });
     writePlan(join(dir, 'plan'), plan, programs);
     result = await train({
       planDir: join(dir, 'plan'),

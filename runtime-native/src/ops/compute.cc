@@ -188,10 +188,21 @@ void run_moe_permute(const Instr&, StepCtx& c) {
   requireOut(rows, x.dtype, N * H, "output 0 (rows)");
   requireOut(counts, DType::i32, E, "output 1 (counts)");
   requireOut(rowOf, DType::i32, T * k, "output 2 (row_of)");
+  // drop policy probs: the routing weights [T, k] rank an expert's assignments
+  const Tensor* weights = c.numIn() > 2 ? &c.in(2) : nullptr;
+  const bool probs = c.has("drop_policy") && c.str("drop_policy") == "probs";
+  if (probs != (weights != nullptr))
+    throw OpError(probs ? "drop_policy probs needs the routing weights (input 2)"
+                        : "input 2 (weights) is only for drop_policy probs");
+  if (weights) {
+    requireDType(*weights, x.dtype, "input 2 (weights)");
+    requireNumel(*weights, T * k, "input 2 (weights)");
+  }
   withReal(x, "input 0 (x)", [&](auto z) {
     using Real = decltype(z);
     cpu::moe_permute_forward<Real>(rows.as<Real>(), counts.as<int32_t>(), rowOf.as<int32_t>(), x.as<Real>(),
-                                   experts.as<int32_t>(), T, H, k, E, N, capacity);
+                                   experts.as<int32_t>(), T, H, k, E, N, capacity,
+                                   weights ? weights->as<Real>() : nullptr);
   });
 }
 

@@ -54,7 +54,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::add, compute(2, 2, 1, 1, "", run_add, true));
   set(Op::merge_visual, compute(3, 3, 1, 1, "placeholder:int,mode:string", run_merge_visual, true));
   set(Op::router_topk, compute(1, 1, 3, 3, "k:int", run_router_topk));
-  set(Op::moe_permute, compute(2, 2, 3, 3, "num_experts:int,capacity?:int,out_rows?:dims", run_moe_permute));
+  set(Op::moe_permute, compute(2, 3, 3, 3, "num_experts:int,capacity?:int,out_rows?:dims,drop_policy?:string", run_moe_permute));
   set(Op::grouped_linear, compute(3, V, 1, 1, "", run_grouped_linear));
   set(Op::moe_unpermute, compute(3, 3, 1, 1, "", run_moe_unpermute));
   set(Op::moe_aux_loss, compute(3, 3, 1, 1, "coeff:number", run_moe_aux_loss));

@@ -98,28 +98,37 @@ void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweight
 template <typename Real>
 void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
                          const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E, int64_t N,
-                         int64_t capacity) {
+                         int64_t capacity, const Real* priority) {
   const int64_t A = T * k;  // assignments
   for (int64_t a = 0; a < A; a++) check_expert("moe_permute_forward", experts[a], a, E);
-  // kept assignments per expert: all of them, or the first `capacity` in assignment order
+  // which assignments each expert keeps: all, its first `capacity` in assignment order, or (with
+  // priority) its `capacity` of highest priority, ties to the earlier assignment
+  std::vector<uint8_t> keep(size_t(A), 1);
+  if (capacity >= 0) {
+    std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));  // (E): each expert's assignments, in order
+    for (int64_t a = 0; a < A; a++) of[size_t(experts[a])].push_back(a);
+    for (auto& list : of) {
+      if (int64_t(list.size()) <= capacity) continue;
+      if (priority)
+        std::stable_sort(list.begin(), list.end(), [&](int64_t p, int64_t q) { return priority[p] > priority[q]; });
+      for (size_t i = size_t(capacity); i < list.size(); i++) keep[size_t(list[i])] = 0;
+    }
+  }
   std::fill(counts, counts + E, 0);
-  for (int64_t a = 0; a < A; a++)
-    if (capacity < 0 || counts[experts[a]] < capacity) counts[experts[a]]++;
-  std::vector<int64_t> next(E), end(E);  // (E): next free row of each expert, and past its last
+  for (int64_t a = 0; a < A; a++) counts[experts[a]] += keep[size_t(a)];
+  std::vector<int64_t> next(E);  // (E): next free row of each expert
   int64_t kept = 0;
   for (int64_t e = 0; e < E; e++) {
     next[e] = kept;
     kept += counts[e];
-    end[e] = kept;
   }
   LFC_KERNEL_CHECK(kept <= N, "moe_permute_forward: ", kept, " kept rows do not fit the ", N, " rows");
   for (int64_t a = 0; a < A; a++) {
-    const int32_t e = experts[a];
-    if (next[e] == end[e]) {  // the expert is full: dropped
+    if (!keep[size_t(a)]) {  // dropped
       row_of[a] = -1;
       continue;
     }
-    const int64_t r = next[e]++;
+    const int64_t r = next[experts[a]]++;
     row_of[a] = int32_t(r);
     const Real* xt = x + (a / k) * H;  // (H)
     std::copy(xt, xt + H, rows + r * H);
@@ -223,7 +232,8 @@ void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, con
   template void router_topk_backward<Real>(Real*, const Real*, const Real*, const Real*,            \
                                            const Real*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_permute_forward<Real>(Real*, int32_t*, int32_t*, const Real*, const int32_t*,   \
-                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);    \
+                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,     \
+                                          const Real*);                                             \
   template void moe_permute_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t,    \
                                            int64_t, int64_t);                                       \
   template void moe_unpermute_forward<Real>(Real*, const Real*, const int32_t*, const Real*,        \

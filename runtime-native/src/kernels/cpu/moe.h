@@ -29,13 +29,15 @@ void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweight
 
 // rows (N, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
 // order (stable in token order); counts (E) rows per expert; row_of (T·k) the row of assignment a.
-// capacity ≥ 1: expert e keeps its first `capacity` assignments in assignment order and drops the
-// rest (row_of −1), so counts[e] = min(assignments to e, capacity); capacity < 0: none dropped.
-// The kept rows come first; rows past Σ counts are zero. Σ counts > N throws KernelError.
+// capacity ≥ 1: expert e keeps `capacity` of its assignments and drops the rest (row_of −1), so
+// counts[e] = min(assignments to e, capacity): its first ones in assignment order (Megatron's drop
+// policy position), or with priority (T·k; the routing weights: policy probs) those of highest
+// priority, ties to the earlier assignment; capacity < 0: none dropped. The kept rows come first,
+// each expert's in assignment order; rows past Σ counts are zero. Σ counts > N throws KernelError.
 template <typename Real>
 void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Real* x,
                          const int32_t* experts, int64_t T, int64_t H, int64_t k, int64_t E, int64_t N,
-                         int64_t capacity);
+                         int64_t capacity, const Real* priority = nullptr);
 // dx (T, H)[t] = Σ_j drows (N, H)[row_of[t·k + j]] over the kept assignments (row_of ≥ 0).
 // Overwrites dx.
 template <typename Real>
