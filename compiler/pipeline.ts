@@ -226,8 +226,8 @@ export function compile(o: CompileOptions): CompileResult {
       const merge = cfg.model.image_encoder.spatial_merge_size ** 2;
       const groupSize = { dp, tp_dp_cp: world / sizes.pp, world }[group];
       sharded = vitDpBalance(sharded, { group, groupSize, merge });
+      assertValid(sharded, 'after pass vit-dp-balance');
     }
-    assertValid(sharded, 'after pass vit-dp-balance');
     dump('vit-dp-balance', sharded);
   } catch (e) {
     passError(e);

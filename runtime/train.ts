@@ -205,17 +205,20 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const metricsPath = rank === 0 ? o.metricsPath : undefined;
   if (metricsPath) mkdirSync(join(metricsPath, '..'), { recursive: true });
 
-  const dataSlots = Math.max(m, ...program.inputs.map((i) => i.microbatch + 1));
+  // mock slots that encode under the ViT balance (their data slots follow the real ones): an
+  // empty microbatch, no text and no image, the same every step
   const padded = plan.training.seqLength * plan.training.microBatchSize;
-  const emptyMicrobatch = {
-    tokens: new Int32Array(padded),
-    labels: new Int32Array(padded),
-    lossMask: new Uint8Array(padded),
-    positions: new Int32Array(padded),
-    segments: new Int32Array(padded).fill(-1),
-    images: [],
-    captionMask: new Uint8Array(padded),
-  };
+  const dataSlots = Math.max(m, ...program.inputs.map((i) => i.microbatch + 1));
+  for (let j = m; j < dataSlots; j++)
+    rt.setMicrobatch(j, {
+      tokens: new Int32Array(padded),
+      labels: new Int32Array(padded),
+      lossMask: new Uint8Array(padded),
+      positions: new Int32Array(padded),
+      segments: new Int32Array(padded).fill(-1),
+      images: [],
+      captionMask: new Uint8Array(padded),
+    });
   const steps: StepMetrics[] = [];
   for (let step = startStep + 1; step <= o.trainIters; step++) {
     // 1. this rank's microbatches of the global batch
@@ -247,8 +250,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
       ),
     );
-    // mock slots that encode under the ViT balance: an empty microbatch (no text, no image)
-    for (let j = m; j < dataSlots; j++) rt.setMicrobatch(j, emptyMicrobatch);
     const [lossTokens, captionTokens, tokens] = await globalSum([
       dataWeight * mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0),
       dataWeight * captions.reduce((a, c) => a + countOnes(c), 0),

@@ -158,7 +158,7 @@ const DECODER_SCHEMA: Schema = {
   moe_ffn_hidden_size: { t: 'nonnegint', def: 0 },
   moe_aux_loss_coeff: { t: 'nonnegnumber', def: 0 },
   moe_expert_capacity_factor: { t: 'posnumber', optional: true },
-  // Megatron's default is probs; lfc's is the one it builds
+  // Megatron's default, probs
   moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'probs' },
   freeze: { t: 'bool', def: false },
 };

@@ -717,16 +717,20 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       computeWait.push(e);
       pending.delete(list[k]);
     };
-    // a delayed weight gradient takes its accumulation along (it reads the gradient)
-    const delayed = new Set(
-      passNodes
-        .get(passKey(b.chunk, b.phase))
-        ?.filter((n) => opts.delayWgrad === true && /_wgrad$/.test(n.op))
-        .flatMap((n) => n.outputs.map((o) => o.name)) ?? [],
-    );
-    const wgrad = (n: Node) =>
-      opts.delayWgrad === true &&
-      (/_wgrad$/.test(n.op) || (n.op === 'grad_accumulate' && delayed.has(n.inputs[0])));
+    /** a segment's nodes in two lists: now, and the weight gradients delayed past the next
+     * unit, with what reads them (their accumulations) */
+    const splitDelayed = (nodes: readonly Node[]): [Node[], Node[]] => {
+      if (opts.delayWgrad !== true) return [[...nodes], []];
+      const late = new Set<string>();
+      const now: Node[] = [];
+      const later: Node[] = [];
+      for (const n of nodes) {
+        const delayed = /_wgrad$/.test(n.op) || n.inputs.some((v) => late.has(v));
+        if (delayed) n.outputs.forEach((o) => late.add(o.name));
+        (delayed ? later : now).push(n);
+      }
+      return [now, later];
+    };
     let fi = 0; // next F compute segment (even index)
     let bi = 0;
     while (fi < fp.length || bi < bp.length) {
@@ -745,12 +749,10 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       // B's experts while F's dispatch runs; their weight gradients after B's next unit is issued
       if (bi + 2 < bp.length) {
         awaitUnit(bp, bi + 1);
-        compute(
-          bp[bi + 2].filter((n) => !wgrad(n)),
-          b,
-        );
+        const [now, later] = splitDelayed(bp[bi + 2]);
+        compute(now, b);
         if (bi + 3 < bp.length) issue(bp[bi + 3], b);
-        compute(bp[bi + 2].filter(wgrad), b);
+        compute(later, b);
         bi += 4;
       } else bi = bp.length;
       // F's experts while B's dispatch runs, then F's combine

@@ -20,7 +20,7 @@
 // over the same group as before (the pooled images are the same images), so one step is the same
 // step as without balancing, up to summation order.
 
-import { GraphBuilder, type Graph, type Node } from '../../ir/graph.js';
+import { GraphBuilder, valueTypes, type Graph, type Node } from '../../ir/graph.js';
 import { formatDim, isSym, parseDim, sym, type Dim } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import { isEncoderScope } from '../../compiler/parallel/encoder.js';
@@ -56,13 +56,12 @@ export function vitDpBalance(g: Graph, o: VitBalanceOptions): Graph {
   const encoderMade = new Set(
     g.nodes.filter((n) => isEncoderScope(n.scope)).flatMap((n) => n.outputs.map((v) => v.name)),
   );
-  const crossing = [
-    ...new Set(
-      g.nodes
-        .filter((n) => !isEncoderScope(n.scope))
-        .flatMap((n) => n.inputs.filter((v) => encoderMade.has(v))),
-    ),
-  ];
+  const crossing = new Set(
+    g.nodes
+      .filter((n) => !isEncoderScope(n.scope))
+      .flatMap((n) => n.inputs.filter((v) => encoderMade.has(v))),
+  );
+  const types = valueTypes(g);
   let lastEncoderNode = -1;
   g.nodes.forEach((n, i) => {
     if (isEncoderScope(n.scope)) lastEncoderNode = i;
@@ -117,7 +116,7 @@ export function vitDpBalance(g: Graph, o: VitBalanceOptions): Graph {
     const encoder = isEncoderScope(n.scope);
     if (!encoder && n.phase === 'forward' && index < lastEncoderNode)
       for (const v of n.inputs)
-        if (crossing.includes(v))
+        if (crossing.has(v))
           throw new Error(`vit balance: ${n.scope} reads ${v} before the encoder is done`);
     const outs = b.at(n.scope, n.phase, () =>
       b.op(n.op, mapped(n), encoder ? balancedAttrs(n.attrs, o.merge) : n.attrs),
@@ -127,8 +126,7 @@ export function vitDpBalance(g: Graph, o: VitBalanceOptions): Graph {
     // the exchange after the projector: each image's tokens home, in their original order
     b.at('visual.balance_back', 'forward', () => {
       for (const v of crossing) {
-        const type = g.nodes.flatMap((m) => m.outputs).find((x) => x.name === v)!.type;
-        const tokens = type.shape[0];
+        const tokens = types.get(v)!.shape[0];
         if (!isSym(tokens) || tokens.sym !== VISUAL || tokens.num !== tokens.den)
           throw new Error(`vit balance: encoder output ${v} is not one row per visual token`);
         const [home] = b.op('all_to_all_v', [name.get(v)!, route.back], {
