@@ -10,6 +10,10 @@
 // `apt-get install -y libopenmpi-dev openmpi-bin`. Bus bandwidth as in nccl-tests, for S bytes
 // (all_reduce: the buffer; all_to_all_v: what one rank sends; gather_v: what the root receives):
 // all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
+//
+// lfc's all_reduce runs through shared memory between ranks of one machine (runtime-native
+// src/comm/shm.h); the "tcp" column is the same program with LFC_COMM_SHM=0, Gloo over loopback
+// TCP as between machines. The other ops run over Gloo's TCP either way.
 
 import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -138,7 +142,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
 }
 
 /** ms per (op, size) on P ranks of lfc's runtime. */
-async function runLfc(P: number): Promise<Map<string, number>> {
+async function runLfc(P: number, shm: boolean): Promise<Map<string, number>> {
   const { spec, order } = benchProgram(P);
   const server = await StoreServer.listen(0, '127.0.0.1');
   const file = join(mkdtempSync(join(tmpdir(), 'lfc-bench-')), 'spec.json');
@@ -160,6 +164,7 @@ async function runLfc(P: number): Promise<Map<string, number>> {
     Array.from({ length: P }, (_, rank) => {
       const child = spawn(process.execPath, ['--import', tsx, worker, file, String(rank)], {
         stdio: ['ignore', 'pipe', 'inherit'],
+        env: { ...process.env, LFC_COMM_SHM: shm ? '1' : '0' },
       });
       let out = '';
       child.stdout.on('data', (c: Buffer) => (out += c.toString()));
@@ -260,15 +265,19 @@ const mpiExe = buildMpi();
 const gbps = (op: Op, P: number, size: number, ms: number) =>
   ((size * MiB) / (ms / 1e3) / 1e9) * busFactor(op, P);
 console.log(`bus bandwidth GB/s (median of ${REPEATS}; slowest rank per instance)`);
-console.log('ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI');
+console.log(
+  'ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI   tcp (ms)   tcp/MPI',
+);
 for (const P of RANKS) {
-  const lfc = await runLfc(P);
+  const lfc = await runLfc(P, true);
+  const tcp = await runLfc(P, false);
   const mpi = runMpi(P, mpiExe);
   for (const op of OPS)
     for (const size of SIZES_MIB) {
       const key = `${op}/${size}`;
       const a = lfc.get(key)!;
       const b = mpi?.get(key);
+      const t = op === 'all_reduce' ? tcp.get(key) : undefined;
       const cells = [
         String(P).padEnd(6),
         op.padEnd(14),
@@ -278,6 +287,8 @@ for (const P of RANKS) {
         b === undefined ? '-'.padStart(10) : b.toFixed(2).padStart(10),
         b === undefined ? '-'.padStart(10) : gbps(op, P, size, b).toFixed(2).padStart(10),
         b === undefined ? '-'.padStart(9) : (b / a).toFixed(2).padStart(9),
+        t === undefined ? '-'.padStart(10) : t.toFixed(2).padStart(10),
+        t === undefined || b === undefined ? '-'.padStart(9) : (b / t).toFixed(2).padStart(9),
       ];
       console.log(cells.join(' '));
     }

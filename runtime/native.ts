@@ -138,6 +138,16 @@ export interface NativeProgramInfo {
   /** streams that have instructions (one executor thread each) */
   readonly streams: readonly string[];
   readonly regions: Readonly<Record<BufferRegion, number>>;
+  /** once connected: each communicator and how its all-reduce moves data ('local' for one
+   * rank, 'tcp', or 'shared memory' once a first all-reduce found every member on one machine) */
+  readonly communicators?: readonly NativeCommunicatorInfo[];
+}
+
+export interface NativeCommunicatorInfo {
+  /** group/stream, e.g. dp[0]/comm */
+  readonly name: string;
+  readonly size: number;
+  readonly transport: 'local' | 'tcp' | 'shared memory';
 }
 
 export interface NativeRuntime {

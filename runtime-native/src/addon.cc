@@ -449,6 +449,17 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
     Napi::Object regions = Napi::Object::New(env);
     for (int r = 0; r < lfc::kRegionCount; r++) regions.Set(lfc::kRegionNames[r], double(p.regionBytes[size_t(r)]));
     o.Set("regions", regions);
+    if (const lfc::comm::Backend* backend = rt_->backend()) {
+      Napi::Array comms = Napi::Array::New(env);
+      for (const lfc::comm::Communicator* c : backend->communicators()) {
+        Napi::Object e = Napi::Object::New(env);
+        e.Set("name", c->name());
+        e.Set("size", c->size());
+        e.Set("transport", c->transport());
+        comms.Set(comms.Length(), e);
+      }
+      o.Set("communicators", comms);
+    }
     return o;
   }
 

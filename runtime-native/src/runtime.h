@@ -85,6 +85,7 @@ class Runtime {
   // block on other ranks: the caller runs them off its main thread, between steps.
   void connect(const comm::Config& config);
   bool connected() const { return backend_ != nullptr; }
+  const comm::Backend* backend() const { return backend_.get(); }
   // Σ over every rank of `values`, on the control communicator (between steps).
   std::vector<double> worldSum(std::vector<double> values);
 

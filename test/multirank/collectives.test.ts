@@ -1,8 +1,9 @@
 // Every collective of the plan format on 2 and 4 ranks (one process each, Gloo over TCP),
 // against the same computation written out plainly: a hand-built program holds one instance of
 // each op, every rank fills its inputs from its rank, and each output must equal the plain result
-// exactly (small integers in f32). A collective one rank never joins fails after the collective
-// timeout, naming its op and group.
+// exactly (small integers in f32). All-reduces of several sizes, across the shared-memory path's
+// chunks and regrowth, match their plain sums with and without shared memory. A collective one
+// rank never joins fails after the collective timeout, naming its op and group.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -12,21 +13,31 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ProgramBuilder } from '../runtime/program-builder.js';
 import { StoreServer } from '../../runtime/store.js';
+import { generated, type Generator } from './generated.js';
 import type { WorkerSpec } from './rank-worker.js';
 
 const H = 3; // values per row
 const WORKER = fileURLToPath(new URL('./rank-worker.ts', import.meta.url));
 const TSX = createRequire(import.meta.url).resolve('tsx');
 
-type Result = { buffers?: Record<number, number[]>; error?: string };
+type Result = {
+  buffers?: Record<number, number[]>;
+  communicators?: { name: string; transport: string }[];
+  error?: string;
+};
 
 /** Runs every rank of the spec as a process; resolves with each rank's printed result. */
-async function runRanks(spec: WorkerSpec, world: number): Promise<Result[]> {
+async function runRanks(
+  spec: WorkerSpec,
+  world: number,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Result[]> {
   const file = join(mkdtempSync(join(tmpdir(), 'lfc-coll-')), 'spec.json');
   writeFileSync(file, JSON.stringify(spec));
   const children = range(world, (rank) =>
     spawn(process.execPath, ['--import', TSX, WORKER, file, String(rank)], {
       stdio: ['ignore', 'pipe', 'inherit'],
+      env,
     }),
   );
   const results = children.map(
@@ -235,6 +246,108 @@ describe('collectives against their plain computation', () => {
     },
     60_000,
   );
+
+  // three all-reduces in a row, each outgrowing the shared-memory slots of the one before (16 KiB,
+  // 256 KiB, then still 256 KiB: 40 chunks, the last not a multiple of the parts); LFC_COMM_SHM=0
+  // keeps them on Gloo over TCP
+  it.each([
+    [4, 'shared memory'],
+    [3, 'shared memory'],
+    [4, 'tcp'],
+  ] as const)(
+    '%i ranks: all-reduces of 20 B to 10 MiB over %s',
+    async (P, transport) => {
+      const b = new ProgramBuilder('p');
+      const sizes = [5, 50_003, 2_621_447];
+      const dtypes = ['f32', 'i32', 'f32'] as const;
+      const xs = sizes.map(
+        (n, k) => b.param(`x${k}`, [n], { dtype: dtypes[k], trainable: false }).buffer,
+      );
+      const ys = sizes.map((n, k) => {
+        const y = b.arena(`y${k}`, dtypes[k], [n]);
+        b.instr('comm', 'all_reduce', [xs[k]], [y], { group: 'dp', group_size: P });
+        return y;
+      });
+      const gen = (r: number, k: number): Generator => ({
+        count: sizes[k],
+        mul: 7 + 2 * r + k,
+        add: 13 * r + k,
+        mod: 1000,
+      });
+      const spec: WorkerSpec = {
+        programs: { p: b.build() },
+        rankPrograms: range(P, () => 'p'),
+        comm: {
+          worldSize: P,
+          store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
+          prefix: 'sizes',
+          groups: [{ name: 'dp[0]', ranks: range(P, (r) => r) }],
+          rankGroups: { dp: range(P, () => 0) },
+          contexts: [{ group: 0, stream: 'comm' }],
+          timeoutMs: 20_000,
+        },
+        ranks: range(P, (r) => ({
+          fill: {},
+          generate: Object.fromEntries(xs.map((id, k) => [String(id), gen(r, k)])),
+        })),
+        read: ys,
+        binary: true,
+      };
+      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+      const results = await runRanks(spec, P, env);
+      const want = ys.map((_, k) => {
+        const sum = new Float64Array(sizes[k]);
+        for (let r = 0; r < P; r++) generated(gen(r, k)).forEach((v, i) => (sum[i] += v));
+        return sum;
+      });
+      for (const res of results) {
+        expect(res.error).toBeUndefined();
+        expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
+        ys.forEach((id, k) => {
+          const bytes = Buffer.from(res.buffers![id] as unknown as string, 'base64');
+          const got =
+            dtypes[k] === 'i32'
+              ? new Int32Array(bytes.buffer, bytes.byteOffset, sizes[k])
+              : new Float32Array(bytes.buffer, bytes.byteOffset, sizes[k]);
+          let wrong = 0;
+          for (let i = 0; i < sizes[k]; i++) if (got[i] !== want[k][i]) wrong++;
+          expect({ k, wrong }).toEqual({ k, wrong: 0 });
+        });
+      }
+    },
+    60_000,
+  );
+
+  it('a rank that stops after the shared-memory all-reduce is set up times the others out', async () => {
+    const b = new ProgramBuilder('p');
+    const x = b.param('x', [4], { trainable: false }).buffer;
+    const y = b.arena('y', 'f32', [4]);
+    b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
+    const spec: WorkerSpec = {
+      programs: { p: b.build() },
+      rankPrograms: ['p', 'p'],
+      comm: {
+        worldSize: 2,
+        store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
+        prefix: 'shm-timeout',
+        groups: [{ name: 'dp[0]', ranks: [0, 1] }],
+        rankGroups: { dp: [0, 0] },
+        contexts: [{ group: 0, stream: 'comm' }],
+        timeoutMs: 3_000,
+      },
+      ranks: [{ fill: {} }, { fill: {} }],
+      read: [],
+      steps: 2,
+      idle: [1],
+      idleAfterSteps: 1,
+    };
+    const t0 = Date.now();
+    const [rank0] = await runRanks(spec, 2, { ...process.env, LFC_COMM_SHM: '1' });
+    expect(rank0.error).toMatch(
+      /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): timed out after 3 s/,
+    );
+    expect(Date.now() - t0).toBeLessThan(15_000);
+  }, 30_000);
 
   it('a collective one rank never joins fails after the timeout, naming its op and group', async () => {
     const b = new ProgramBuilder('p');

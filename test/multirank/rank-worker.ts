@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { loadNative } from '../../runtime/native.js';
 import type { NativeCommConfig } from '../../runtime/native.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
+import { generated, type Generator } from './generated.js';
 
 export interface WorkerSpec {
   readonly programs: Readonly<Record<string, ProgramFile>>;
@@ -17,12 +18,18 @@ export interface WorkerSpec {
   readonly ranks: readonly {
     readonly tokens?: number;
     readonly fill: Readonly<Record<string, readonly number[]>>;
+    /** buffers too large to list: value i is (i·mul + add) mod `mod` − `mod`/2 (see generated) */
+    readonly generate?: Readonly<Record<string, Generator>>;
   }[];
   /** buffers to print after the steps */
   readonly read: readonly number[];
   readonly steps?: number;
-  /** ranks that connect and then never step (a collective timeout test) */
+  /** ranks that connect and then stop stepping (a collective timeout test) */
   readonly idle?: readonly number[];
+  /** steps the idle ranks run before they stop (0) */
+  readonly idleAfterSteps?: number;
+  /** print the read buffers as base64 of their bytes instead of number lists */
+  readonly binary?: boolean;
 }
 
 const [specPath, rankText] = process.argv.slice(2);
@@ -46,7 +53,10 @@ try {
       images: [],
     });
   }
-  for (const [id, values] of Object.entries(mine.fill)) {
+  const fills = Object.entries(mine.fill).concat(
+    Object.entries(mine.generate ?? {}).map(([id, g]) => [id, generated(g)]),
+  );
+  for (const [id, values] of fills) {
     const b = program.buffers[Number(id)];
     const region = rt.region(b.region as 'param');
     const view =
@@ -55,19 +65,23 @@ try {
         : new Float32Array(region, b.offset, values.length);
     view.set(values);
   }
-  if (spec.idle?.includes(rank)) {
-    await new Promise((r) => setTimeout(r, 60_000));
-  } else {
-    for (let t = 1; t <= (spec.steps ?? 1); t++) await rt.step({ lr: 0, step: t });
-  }
-  const buffers: Record<number, number[]> = {};
+  const idle = spec.idle?.includes(rank);
+  const steps = idle ? (spec.idleAfterSteps ?? 0) : (spec.steps ?? 1);
+  for (let t = 1; t <= steps; t++) await rt.step({ lr: 0, step: t });
+  if (idle) await new Promise((r) => setTimeout(r, 60_000));
+  const buffers: Record<number, number[] | string> = {};
   for (const id of spec.read) {
     const bytes = rt.readBuffer(id);
-    buffers[id] = [
-      ...(program.buffers[id].dtype === 'i32' ? new Int32Array(bytes) : new Float32Array(bytes)),
-    ];
+    buffers[id] = spec.binary
+      ? Buffer.from(bytes).toString('base64')
+      : [
+          ...(program.buffers[id].dtype === 'i32'
+            ? new Int32Array(bytes)
+            : new Float32Array(bytes)),
+        ];
   }
-  process.stdout.write(JSON.stringify({ buffers }) + '\n');
+  const communicators = rt.info().communicators;
+  process.stdout.write(JSON.stringify({ buffers, communicators }) + '\n');
 } catch (e) {
   process.stdout.write(JSON.stringify({ error: (e as Error).message }) + '\n');
 }

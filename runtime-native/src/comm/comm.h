@@ -69,6 +69,9 @@ class Communicator {
   virtual int rank() const = 0;  // in the group
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
+  // how its all-reduce moves data: "local" (one rank), "tcp" (Gloo), "shared memory" (shm.h;
+  // decided at the first all-reduce)
+  virtual std::string transport() const = 0;
 
   // data[0:count] ← sum over the group (f32, f64, i32, i64). key ≥ 0 names the call the same way on
   // every member (the instruction's ordinal on its group and stream), so a backend may keep state
@@ -98,6 +101,8 @@ class Backend {
   virtual const Config& config() const = 0;
   // the communicator of group index `group` on `stream`; throws CommError when it was not opened
   virtual Communicator& at(int group, int stream) = 0;
+  // every communicator this rank holds
+  virtual std::vector<const Communicator*> communicators() const = 0;
 };
 
 // Opens every communicator of the config this rank belongs to (blocks until all members

@@ -1,0 +1,208 @@
+#include "comm/shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "core/error.h"
+
+namespace lfc::comm {
+
+namespace {
+
+// the mapping's first page: the nonce that proves two ranks opened the same mapping, and the
+// barrier's counter and generation (each on a cache line of its own)
+struct Header {
+  uint64_t nonce[2];
+  alignas(64) std::atomic<uint32_t> arrived;
+  alignas(64) std::atomic<uint32_t> generation;
+};
+constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(Header) <= kHeaderBytes);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// what rank 0 tells the others: whether it made a mapping, its name and nonce
+struct Offer {
+  int32_t ok;
+  uint32_t pad;
+  uint64_t nonce[2];
+  char name[64];
+};
+
+// barrier polls before sleeping on the futex: short, since ranks may outnumber cores
+constexpr int kSpins = 64;
+// the longest single futex sleep, so a lost wake-up costs at most this
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+
+Header* headerOf(void* base) { return static_cast<Header*>(base); }
+
+uint32_t* futexWord(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
+
+void futexWait(std::atomic<uint32_t>& a, uint32_t expected, std::chrono::nanoseconds wait) {
+  timespec ts{time_t(wait.count() / 1'000'000'000), long(wait.count() % 1'000'000'000)};
+  // a shared mapping between processes: the non-private futex operations
+  syscall(SYS_futex, futexWord(a), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>& a) { syscall(SYS_futex, futexWord(a), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// the part of a chunk of n elements that rank r reduces: equal parts of whole 64-byte lines
+template <typename T>
+std::pair<int64_t, int64_t> partOf(int64_t n, int r, int P) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  const int64_t part = ((n + P - 1) / P + kLine - 1) / kLine * kLine;
+  const int64_t lo = std::min(n, part * r);
+  return {lo, std::min(n, lo + part)};
+}
+
+}  // namespace
+
+bool shmAllowed() {
+  const char* v = std::getenv("LFC_COMM_SHM");
+  return !(v && std::string(v) == "0");
+}
+
+std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(int rank, int size, size_t slotBytes, bool allowed,
+                                                    std::chrono::milliseconds timeout, const Exchange& exchange) {
+  const size_t mapped = kHeaderBytes + 2 * size_t(size) * slotBytes;
+  Offer offer{};
+  void* base = MAP_FAILED;
+  if (rank == 0 && allowed) {
+    std::random_device rd;
+    offer.nonce[0] = (uint64_t(rd()) << 32) | rd();
+    offer.nonce[1] = (uint64_t(rd()) << 32) | uint64_t(getpid());
+    std::snprintf(offer.name, sizeof offer.name, "/lfc-%d-%016llx", int(getpid()),
+                  static_cast<unsigned long long>(offer.nonce[0]));
+    const int fd = shm_open(offer.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      // posix_fallocate, not ftruncate: a full /dev/shm is refused now rather than SIGBUS later
+      if (posix_fallocate(fd, 0, off_t(mapped)) == 0)
+        base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (base == MAP_FAILED) shm_unlink(offer.name);
+    }
+    if (base != MAP_FAILED) {
+      std::memcpy(headerOf(base)->nonce, offer.nonce, sizeof offer.nonce);
+      offer.ok = 1;
+    }
+  }
+  exchange.broadcast(&offer, sizeof offer);
+  if (rank != 0 && offer.ok && allowed) {
+    offer.name[sizeof offer.name - 1] = 0;
+    const int fd = shm_open(offer.name, O_RDWR, 0);
+    struct stat st {};
+    if (fd >= 0 && fstat(fd, &st) == 0 && size_t(st.st_size) == mapped)
+      base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    // the same name in another /dev/shm (another machine or container) has another nonce
+    if (base != MAP_FAILED && std::memcmp(headerOf(base)->nonce, offer.nonce, sizeof offer.nonce) != 0) {
+      munmap(base, mapped);
+      base = MAP_FAILED;
+    }
+  }
+  int32_t missing = base == MAP_FAILED ? 1 : 0;
+  exchange.sum(&missing);
+  // every rank that could open it has: the name is no longer needed
+  if (rank == 0 && offer.ok) shm_unlink(offer.name);
+  if (missing > 0) {
+    if (base != MAP_FAILED) munmap(base, mapped);
+    return nullptr;
+  }
+  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(rank, size, base, mapped, slotBytes, timeout));
+}
+
+ShmAllReduce::ShmAllReduce(int rank, int size, void* base, size_t mappedBytes, size_t slotBytes,
+                           std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), base_(base), mappedBytes_(mappedBytes), slotBytes_(slotBytes), timeout_(timeout) {}
+
+ShmAllReduce::~ShmAllReduce() { munmap(base_, mappedBytes_); }
+
+char* ShmAllReduce::slot(int set, int rank) const {
+  return static_cast<char*>(base_) + kHeaderBytes + (size_t(set) * size_t(size_) + size_t(rank)) * slotBytes_;
+}
+
+void ShmAllReduce::barrier() {
+  Header& h = *headerOf(base_);
+  // read before arriving: the generation cannot move until this rank has arrived
+  const uint32_t generation = h.generation.load(std::memory_order_acquire);
+  if (h.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(size_)) {
+    h.arrived.store(0, std::memory_order_relaxed);
+    h.generation.fetch_add(1, std::memory_order_release);  // publishes the reset too
+    futexWakeAll(h.generation);
+    return;
+  }
+  for (int i = 0; i < kSpins; i++) {
+    if (h.generation.load(std::memory_order_acquire) != generation) return;
+    cpuRelax();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (h.generation.load(std::memory_order_acquire) == generation) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds(0))
+      throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
+                          " s (--collective-timeout): a rank of the group did not take part"));
+    futexWait(h.generation, generation, std::min<std::chrono::nanoseconds>(left, kMaxSleep));
+  }
+}
+
+template <typename T>
+void ShmAllReduce::chunk(T* data, int64_t n) {
+  const int set = int(chunks_++ % 2);
+  std::memcpy(slot(set, rank_), data, size_t(n) * sizeof(T));
+  barrier();
+  // part `rank_` of every slot, summed in group order a block at a time, into this rank's slot
+  const auto [lo, hi] = partOf<T>(n, rank_, size_);
+  constexpr int64_t kBlock = 2048;
+  alignas(64) T acc[kBlock];
+  T* out = reinterpret_cast<T*>(slot(set, rank_));
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t m = std::min(kBlock, hi - b);
+    const T* first = reinterpret_cast<const T*>(slot(set, 0)) + b;
+    for (int64_t i = 0; i < m; i++) acc[i] = first[i];
+    for (int j = 1; j < size_; j++) {
+      const T* s = reinterpret_cast<const T*>(slot(set, j)) + b;
+      for (int64_t i = 0; i < m; i++) acc[i] += s[i];
+    }
+    std::memcpy(out + b, acc, size_t(m) * sizeof(T));
+  }
+  barrier();
+  for (int j = 0; j < size_; j++) {
+    const auto [l, h] = partOf<T>(n, j, size_);
+    if (h > l) std::memcpy(data + l, reinterpret_cast<const T*>(slot(set, j)) + l, size_t(h - l) * sizeof(T));
+  }
+}
+
+void ShmAllReduce::run(void* data, DType dtype, int64_t count) {
+  const int64_t elem = dtypeBytes(dtype);
+  const int64_t perChunk = int64_t(slotBytes_) / elem;
+  for (int64_t off = 0; off < count; off += perChunk) {
+    const int64_t n = std::min(perChunk, count - off);
+    char* at = static_cast<char*>(data) + off * elem;
+    switch (dtype) {
+      case DType::f32: chunk(reinterpret_cast<float*>(at), n); break;
+      case DType::f64: chunk(reinterpret_cast<double*>(at), n); break;
+      case DType::i32: chunk(reinterpret_cast<int32_t*>(at), n); break;
+      case DType::i64: chunk(reinterpret_cast<int64_t*>(at), n); break;
+      default: throw CommError(cat("shared-memory all-reduce of ", dtypeName(dtype), " is not supported"));
+    }
+  }
+}
+
+}  // namespace lfc::comm
