@@ -11,9 +11,9 @@
 // (all_reduce: the buffer; all_to_all_v: what one rank sends; gather_v: what the root receives):
 // all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
 //
-// lfc's all_reduce runs through shared memory between ranks of one machine (runtime-native
-// src/comm/shm.h); the "tcp" column is the same program with LFC_COMM_SHM=0, Gloo over loopback
-// TCP as between machines. The other ops run over Gloo's TCP either way.
+// lfc's collectives run through shared memory between ranks of one machine (runtime-native
+// src/comm/shm.h); the "tcp" columns are the same program with LFC_COMM_SHM=0, Gloo over loopback
+// TCP as between machines.
 
 import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -277,7 +277,7 @@ for (const P of RANKS) {
       const key = `${op}/${size}`;
       const a = lfc.get(key)!;
       const b = mpi?.get(key);
-      const t = op === 'all_reduce' ? tcp.get(key) : undefined;
+      const t = tcp.get(key);
       const cells = [
         String(P).padEnd(6),
         op.padEnd(14),

@@ -1,8 +1,8 @@
 // Every collective of the plan format on 2 and 4 ranks (one process each, Gloo over TCP),
 // against the same computation written out plainly: a hand-built program holds one instance of
 // each op, every rank fills its inputs from its rank, and each output must equal the plain result
-// exactly (small integers in f32). All-reduces of several sizes, across the shared-memory path's
-// chunks and regrowth, match their plain sums with and without shared memory. A collective one
+// exactly (small integers in f32), through shared memory and over Gloo's TCP. Large collectives,
+// over many of the shared-memory transport's rounds, match their plain results too. A collective one
 // rank never joins fails after the collective timeout, naming its op and group.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -222,20 +222,23 @@ function expected(P: number, r: number, ids: Record<string, number>, fills: Work
 
 describe('collectives against their plain computation', () => {
   it.each([
-    [2, 'file'],
-    [4, 'tcp'],
+    [2, 'file', 'shared memory'],
+    [4, 'tcp', 'shared memory'],
+    [4, 'tcp', 'tcp'],
   ] as const)(
-    '%i ranks (%s store): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, send/recv',
-    async (P, kind) => {
+    '%i ranks (%s store, %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, send/recv',
+    async (P, kind, transport) => {
       const server = kind === 'tcp' ? await StoreServer.listen(0, '127.0.0.1') : undefined;
       const store = server
         ? `tcp:127.0.0.1:${server.port}`
         : `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`;
       try {
         const { spec, ids } = collectiveSpec(P, store);
-        const results = await runRanks(spec, P);
+        const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+        const results = await runRanks(spec, P, env);
         results.forEach((res, r) => {
           expect(res.error).toBeUndefined();
+          expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
           const want = expected(P, r, ids, spec.ranks);
           for (const id of spec.read)
             expect({ id, got: res.buffers![id] }).toEqual({ id, got: want[id] });
@@ -247,29 +250,58 @@ describe('collectives against their plain computation', () => {
     60_000,
   );
 
-  // three all-reduces in a row, each outgrowing the shared-memory slots of the one before (16 KiB,
-  // 256 KiB, then still 256 KiB: 40 chunks, the last not a multiple of the parts); LFC_COMM_SHM=0
-  // keeps them on Gloo over TCP
+  // Many rounds of the shared-memory transport (slots of 256 KiB): all-reduces of 20 B, 200 KB
+  // (i32) and 10 MiB (40 chunks, the last not a multiple of the parts), an all_gather of 300 KB
+  // blocks, a broadcast of 600 KB, an all_to_all_v of uneven blocks up to 300 KiB (lanes of 64 or
+  // 85 KiB, some blocks empty), each exact against its plain result; LFC_COMM_SHM=0 runs the same
+  // over Gloo's TCP.
   it.each([
     [4, 'shared memory'],
     [3, 'shared memory'],
     [4, 'tcp'],
   ] as const)(
-    '%i ranks: all-reduces of 20 B to 10 MiB over %s',
+    '%i ranks: collectives over many rounds (%s)',
     async (P, transport) => {
+      const W = 256; // values per all_to_all_v row
+      const M = 300; // most rows one rank sends another
+      const a2aRows = (from: number, to: number) =>
+        (from + 2 * to) % 5 === 4 ? 0 : ((from * 7 + to * 13 + 3) * 37) % (M + 1);
+      // blocks of several lanes (≤ 85 rows), and empty ones
+      const blocks = range(P, (f) => range(P, (t) => a2aRows(f, t))).flat();
+      expect(Math.max(...blocks)).toBeGreaterThan(200);
+      expect(blocks).toContain(0);
       const b = new ProgramBuilder('p');
-      const sizes = [5, 50_003, 2_621_447];
-      const dtypes = ['f32', 'i32', 'f32'] as const;
-      const xs = sizes.map(
-        (n, k) => b.param(`x${k}`, [n], { dtype: dtypes[k], trainable: false }).buffer,
+      const g = { group: 'dp', group_size: P };
+      const cases: { count: number; dtype: 'f32' | 'i32' }[] = [
+        { count: 5, dtype: 'f32' },
+        { count: 50_003, dtype: 'i32' },
+        { count: 2_621_447, dtype: 'f32' },
+        { count: 75_001, dtype: 'f32' }, // all_gather block
+        { count: 150_001, dtype: 'f32' }, // broadcast
+        { count: P * M * W, dtype: 'f32' }, // all_to_all_v rows
+      ];
+      const xs = cases.map(
+        (c, k) => b.param(`x${k}`, [c.count], { dtype: c.dtype, trainable: false }).buffer,
       );
-      const ys = sizes.map((n, k) => {
-        const y = b.arena(`y${k}`, dtypes[k], [n]);
-        b.instr('comm', 'all_reduce', [xs[k]], [y], { group: 'dp', group_size: P });
+      const ys = [0, 1, 2].map((k) => {
+        const y = b.arena(`y${k}`, cases[k].dtype, [cases[k].count]);
+        b.instr('comm', 'all_reduce', [xs[k]], [y], g);
         return y;
       });
+      const agY = b.arena('ag.y', 'f32', [P * cases[3].count]);
+      b.instr('comm', 'all_gather', [xs[3]], [agY], g);
+      const bcY = b.arena('bc.y', 'f32', [cases[4].count]);
+      b.instr('comm', 'broadcast', [xs[4]], [bcY], { ...g, root: P - 1 });
+      const a2aX = b.param('a2a.x', [P * M, W], { trainable: false }).buffer;
+      const a2aSend = b.param('a2a.send', [P], { dtype: 'i32', trainable: false }).buffer;
+      const a2aY = b.arena('a2a.y', 'f32', [P * M, W]);
+      const a2aRecv = b.arena('a2a.recv', 'i32', [P]);
+      b.instr('comm', 'all_to_all_v', [a2aX, a2aSend], [a2aY, a2aRecv], {
+        ...g,
+        out_rows: [`${P * M}`],
+      });
       const gen = (r: number, k: number): Generator => ({
-        count: sizes[k],
+        count: cases[k].count,
         mul: 7 + 2 * r + k,
         add: 13 * r + k,
         mod: 1000,
@@ -280,45 +312,75 @@ describe('collectives against their plain computation', () => {
         comm: {
           worldSize: P,
           store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
-          prefix: 'sizes',
+          prefix: 'rounds',
           groups: [{ name: 'dp[0]', ranks: range(P, (r) => r) }],
           rankGroups: { dp: range(P, () => 0) },
           contexts: [{ group: 0, stream: 'comm' }],
           timeoutMs: 20_000,
         },
         ranks: range(P, (r) => ({
-          fill: {},
-          generate: Object.fromEntries(xs.map((id, k) => [String(id), gen(r, k)])),
+          fill: { [String(a2aSend)]: range(P, (j) => a2aRows(r, j)) },
+          generate: Object.fromEntries([
+            ...xs.slice(0, 5).map((id, k) => [String(id), gen(r, k)]),
+            [String(a2aX), gen(r, 5)],
+          ]),
         })),
-        read: ys,
+        read: [...ys, agY, bcY, a2aY, a2aRecv],
         binary: true,
       };
       const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
       const results = await runRanks(spec, P, env);
-      const want = ys.map((_, k) => {
-        const sum = new Float64Array(sizes[k]);
-        for (let r = 0; r < P; r++) generated(gen(r, k)).forEach((v, i) => (sum[i] += v));
-        return sum;
+      const input = range(P, (r) => cases.map((_, k) => generated(gen(r, k))));
+      const sums = [0, 1, 2].map((k) => {
+        const sum = new Float64Array(cases[k].count);
+        for (let r = 0; r < P; r++) input[r][k].forEach((v, i) => (sum[i] += v));
+        return [...sum];
       });
-      for (const res of results) {
+      results.forEach((res, r) => {
         expect(res.error).toBeUndefined();
         expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
-        ys.forEach((id, k) => {
+        const read = (id: number, dtype = 'f32') => {
           const bytes = Buffer.from(res.buffers![id] as unknown as string, 'base64');
-          const got =
-            dtypes[k] === 'i32'
-              ? new Int32Array(bytes.buffer, bytes.byteOffset, sizes[k])
-              : new Float32Array(bytes.buffer, bytes.byteOffset, sizes[k]);
-          let wrong = 0;
-          for (let i = 0; i < sizes[k]; i++) if (got[i] !== want[k][i]) wrong++;
-          expect({ k, wrong }).toEqual({ k, wrong: 0 });
-        });
-      }
+          const n = bytes.length / 4;
+          return dtype === 'i32'
+            ? new Int32Array(bytes.buffer, bytes.byteOffset, n)
+            : new Float32Array(bytes.buffer, bytes.byteOffset, n);
+        };
+        const mismatches = (got: ArrayLike<number>, want: readonly number[]) => {
+          let wrong = Math.abs(got.length - want.length);
+          for (let i = 0; i < Math.min(got.length, want.length); i++)
+            if (got[i] !== want[i]) wrong++;
+          return wrong;
+        };
+        const sentBefore = (from: number, to: number) =>
+          range(to, (j) => a2aRows(from, j)).reduce((a, c) => a + c, 0);
+        const want: [string, number, ArrayLike<number>, readonly number[]][] = [
+          ['all_reduce 20 B', ys[0], read(ys[0]), sums[0]],
+          ['all_reduce 200 KB i32', ys[1], read(ys[1], 'i32'), sums[1]],
+          ['all_reduce 10 MiB', ys[2], read(ys[2]), sums[2]],
+          ['all_gather', agY, read(agY), range(P, (k) => input[k][3]).flat()],
+          ['broadcast', bcY, read(bcY), input[P - 1][4]],
+          [
+            'all_to_all_v rows',
+            a2aY,
+            read(a2aY),
+            range(P, (from) =>
+              input[from][5].slice(
+                sentBefore(from, r) * W,
+                (sentBefore(from, r) + a2aRows(from, r)) * W,
+              ),
+            ).flat(),
+          ],
+          ['all_to_all_v counts', a2aRecv, read(a2aRecv, 'i32'), range(P, (f) => a2aRows(f, r))],
+        ];
+        for (const [what, , got, w] of want)
+          expect({ rank: r, what, wrong: mismatches(got, w) }).toEqual({ rank: r, what, wrong: 0 });
+      });
     },
-    60_000,
+    90_000,
   );
 
-  it('a rank that stops after the shared-memory all-reduce is set up times the others out', async () => {
+  it('a rank that stops stepping once shared memory is set up times the others out', async () => {
     const b = new ProgramBuilder('p');
     const x = b.param('x', [4], { trainable: false }).buffer;
     const y = b.arena('y', 'f32', [4]);

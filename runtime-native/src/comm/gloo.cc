@@ -1,9 +1,9 @@
 // The Gloo backend: one Gloo context per (group, stream), all over one TCP device, met at the
 // launcher's store (or a FileStore on one machine).
 //
-// Algorithms: an all_reduce of a group on one machine goes through shared memory (shm.h; at
-// 64 MiB on 2 cores 3–4× OpenMPI's speed where loopback TCP was 0.8–1.3×, bench/collectives.ts);
-// otherwise a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
+// Algorithms: a group whose ranks share one machine runs its collectives through shared memory
+// (shm.h; all-reduce at 64 MiB on 2 cores 3–4× OpenMPI's speed where loopback TCP was 0.8–1.3×,
+// bench/collectives.ts) and only send/recv over TCP. Otherwise: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
 // and as fast as ring-chunked over loopback), an integer one Gloo's ring with segments of at least
 // kMinSegmentBytes (its default 1 MiB segments are slow over loopback,
 // ../shared/reference/anchors.md); all_gather, broadcast and all-to-all are Gloo's; send/recv are
@@ -41,11 +41,6 @@ constexpr uint64_t kP2PSlotBase = uint64_t(0x7f) << 56;
 // the first message of each pair of a new context (primeSendBuffers), and how many peers at once
 constexpr size_t kPrimeBytes = size_t(256) << 10;
 constexpr int kPrimePeersAtOnce = 64;
-// shared-memory slots (per rank, two sets): sized to the largest all-reduce so far, within these.
-// Small enough that a chunk stays in cache from its copy-in to its copy-out: at 64 MiB, 4 ranks on
-// 2 cores, slots of 256 KiB took 52 ms, 1 MiB 62 ms, 8 MiB 92 ms (bench/collectives.ts)
-constexpr size_t kShmMinSlotBytes = size_t(16) << 10;
-constexpr size_t kShmMaxSlotBytes = size_t(256) << 10;
 
 // Gloo's TCP pair sizes its socket's SO_SNDBUF to the message when it writes one synchronously
 // (tcp::Pair::send) and the cached size is smaller, but never when the loop thread finishes a
@@ -96,18 +91,25 @@ class GlooComm : public Communicator {
   const std::string& name() const override { return name_; }
   std::string transport() const override { return shm_ ? "shared memory" : "tcp"; }
 
+  // Collective over the group: from now on the collectives go through shared memory when every
+  // member is on this machine (and may), else stay on Gloo.
+  void openSharedMemory(bool allowed) {
+    ShmGroup::Exchange exchange{
+        [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
+        [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
+    };
+    shm_ = ShmGroup::connect(rank(), size(), allowed, timeout_, exchange);
+  }
+
   void allReduce(void* data, DType dtype, int64_t count, int64_t key) override {
     if (count == 0) return;
-    const bool summable = dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::i64;
-    if (summable && shmTried_ != ShmState::refused) {
-      if (ShmAllReduce* shm = sharedMemoryFor(size_t(count) * size_t(dtypeBytes(dtype))))
-        return shm->run(data, dtype, count);
-    }
+    if (shm_) return shm_->allReduce(data, dtype, count);
     glooAllReduce(data, dtype, count, key);
   }
 
   void allGather(const void* in, void* out, int64_t blockBytes) override {
     if (blockBytes == 0) return;
+    if (shm_) return shm_->allGather(in, out, blockBytes);
     gloo::AllgatherOptions o(ctx_);
     o.setTimeout(timeout_);
     o.setInput(static_cast<char*>(const_cast<void*>(in)), size_t(blockBytes));
@@ -117,6 +119,7 @@ class GlooComm : public Communicator {
 
   void broadcast(void* data, int64_t bytes, int root) override {
     if (bytes == 0) return;
+    if (shm_) return shm_->broadcast(data, bytes, root);
     gloo::BroadcastOptions o(ctx_);
     o.setTimeout(timeout_);
     o.setRoot(root);
@@ -126,6 +129,7 @@ class GlooComm : public Communicator {
 
   void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
                  const std::vector<int64_t>& recvBytes) override {
+    if (shm_) return shm_->allToAllV(in, sendBytes, out, recvBytes);
     gloo::AlltoallvOptions o(ctx_);
     o.setTimeout(timeout_);
     // Gloo wants non-null pointers even for empty buffers
@@ -175,26 +179,6 @@ class GlooComm : public Communicator {
   }
 
  private:
-  enum class ShmState { untried, open, refused };
-
-  // The shared-memory all-reduce with slots for `bytes` (as far as kShmMaxSlotBytes; larger calls
-  // run in chunks), set up on first use and again, larger, when a call outgrows it; null when some
-  // member of the group cannot share memory with the others. Every member asks with the same
-  // bytes, so all set up (collectively, over Gloo) at the same call.
-  ShmAllReduce* sharedMemoryFor(size_t bytes) {
-    if (shm_ && (shm_->slotBytes() >= bytes || shm_->slotBytes() == kShmMaxSlotBytes)) return shm_.get();
-    size_t slot = kShmMinSlotBytes;
-    while (slot < bytes && slot < kShmMaxSlotBytes) slot *= 2;
-    shm_.reset();
-    ShmAllReduce::Exchange exchange{
-        [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
-        [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
-    };
-    shm_ = ShmAllReduce::connect(rank(), size(), slot, shmAllowed(), timeout_, exchange);
-    shmTried_ = shm_ ? ShmState::open : ShmState::refused;
-    return shm_.get();
-  }
-
   void glooAllReduce(void* data, DType dtype, int64_t count, int64_t key) {
     if (key >= 0 && dtype == DType::f32) return halvingDoubling(static_cast<float*>(data), count, key);
     if (key >= 0 && dtype == DType::f64) return halvingDoubling(static_cast<double*>(data), count, key);
@@ -268,8 +252,7 @@ class GlooComm : public Communicator {
     std::unique_ptr<gloo::Algorithm> algorithm;
   };
   std::map<int64_t, Bound> bound_;
-  std::unique_ptr<ShmAllReduce> shm_;
-  ShmState shmTried_ = ShmState::untried;
+  std::unique_ptr<ShmGroup> shm_;
 };
 
 // A group of one rank: every primitive is a local copy.
@@ -388,7 +371,13 @@ class GlooBackend : public Backend {
     } catch (const std::exception& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }
-    comms_[{s.group, s.stream}] = std::make_unique<GlooComm>(name, ctx, config_.timeout);
+    auto comm = std::make_unique<GlooComm>(name, ctx, config_.timeout);
+    try {
+      comm->openSharedMemory(shmAllowed());
+    } catch (const CommError& e) {
+      throw CommError(cat("cannot connect group ", name, ": ", e.what()));
+    }
+    comms_[{s.group, s.stream}] = std::move(comm);
   }
 
   Config config_;

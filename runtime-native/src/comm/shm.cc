@@ -11,6 +11,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -30,9 +31,30 @@ struct Header {
 };
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(Header) <= kHeaderBytes);
+// per set and rank, one value on a line of its own (allToAllV's round counts)
+constexpr size_t kMetaLine = 64;
+size_t metaBytes(int P) { return (2 * size_t(P) * kMetaLine + 4095) / 4096 * 4096; }
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-// what rank 0 tells the others: whether it made a mapping, its name and nonce
+// what rank 0 tells the others first: its machine (hostname and boot id)
+struct HostKey {
+  char text[256];
+};
+
+HostKey hostKey() {
+  HostKey k{};
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  char boot[64] = {};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!std::fgets(boot, sizeof boot, f)) boot[0] = 0;
+    std::fclose(f);
+  }
+  std::snprintf(k.text, sizeof k.text, "%s|%s", host, boot);
+  return k;
+}
+
+// then whether it made a mapping, its name and nonce
 struct Offer {
   int32_t ok;
   uint32_t pad;
@@ -79,12 +101,21 @@ bool shmAllowed() {
   return !(v && std::string(v) == "0");
 }
 
-std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(int rank, int size, size_t slotBytes, bool allowed,
-                                                    std::chrono::milliseconds timeout, const Exchange& exchange) {
-  const size_t mapped = kHeaderBytes + 2 * size_t(size) * slotBytes;
+std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, int size, bool allowed, std::chrono::milliseconds timeout,
+                                            const Exchange& exchange) {
+  // 1. one machine? (nothing is allocated for a group that spans several)
+  const HostKey mine = hostKey();
+  HostKey first = mine;
+  exchange.broadcast(&first, sizeof first);
+  int32_t elsewhere = (std::strncmp(first.text, mine.text, sizeof mine.text) != 0 || !allowed) ? 1 : 0;
+  exchange.sum(&elsewhere);
+  if (elsewhere > 0) return nullptr;
+
+  // 2. rank 0 makes the mapping, the others open it and check its nonce
+  const size_t mapped = kHeaderBytes + metaBytes(size) + 2 * size_t(size) * kSlotBytes;
   Offer offer{};
   void* base = MAP_FAILED;
-  if (rank == 0 && allowed) {
+  if (rank == 0) {
     std::random_device rd;
     offer.nonce[0] = (uint64_t(rd()) << 32) | rd();
     offer.nonce[1] = (uint64_t(rd()) << 32) | uint64_t(getpid());
@@ -104,14 +135,14 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(int rank, int size, size_t s
     }
   }
   exchange.broadcast(&offer, sizeof offer);
-  if (rank != 0 && offer.ok && allowed) {
+  if (rank != 0 && offer.ok) {
     offer.name[sizeof offer.name - 1] = 0;
     const int fd = shm_open(offer.name, O_RDWR, 0);
     struct stat st {};
     if (fd >= 0 && fstat(fd, &st) == 0 && size_t(st.st_size) == mapped)
       base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0) close(fd);
-    // the same name in another /dev/shm (another machine or container) has another nonce
+    // the same name in another /dev/shm (a container of its own) has another nonce
     if (base != MAP_FAILED && std::memcmp(headerOf(base)->nonce, offer.nonce, sizeof offer.nonce) != 0) {
       munmap(base, mapped);
       base = MAP_FAILED;
@@ -125,20 +156,25 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(int rank, int size, size_t s
     if (base != MAP_FAILED) munmap(base, mapped);
     return nullptr;
   }
-  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(rank, size, base, mapped, slotBytes, timeout));
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, mapped, timeout));
 }
 
-ShmAllReduce::ShmAllReduce(int rank, int size, void* base, size_t mappedBytes, size_t slotBytes,
-                           std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), base_(base), mappedBytes_(mappedBytes), slotBytes_(slotBytes), timeout_(timeout) {}
+ShmGroup::ShmGroup(int rank, int size, void* base, size_t mappedBytes, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), base_(base), mappedBytes_(mappedBytes), timeout_(timeout) {}
 
-ShmAllReduce::~ShmAllReduce() { munmap(base_, mappedBytes_); }
+ShmGroup::~ShmGroup() { munmap(base_, mappedBytes_); }
 
-char* ShmAllReduce::slot(int set, int rank) const {
-  return static_cast<char*>(base_) + kHeaderBytes + (size_t(set) * size_t(size_) + size_t(rank)) * slotBytes_;
+int64_t* ShmGroup::meta(int set, int rank) const {
+  return reinterpret_cast<int64_t*>(static_cast<char*>(base_) + kHeaderBytes +
+                                    (size_t(set) * size_t(size_) + size_t(rank)) * kMetaLine);
 }
 
-void ShmAllReduce::barrier() {
+char* ShmGroup::slot(int set, int rank) const {
+  return static_cast<char*>(base_) + kHeaderBytes + metaBytes(size_) +
+         (size_t(set) * size_t(size_) + size_t(rank)) * kSlotBytes;
+}
+
+void ShmGroup::barrier() {
   Header& h = *headerOf(base_);
   // read before arriving: the generation cannot move until this rank has arrived
   const uint32_t generation = h.generation.load(std::memory_order_acquire);
@@ -163,8 +199,8 @@ void ShmAllReduce::barrier() {
 }
 
 template <typename T>
-void ShmAllReduce::chunk(T* data, int64_t n) {
-  const int set = int(chunks_++ % 2);
+void ShmGroup::reduceChunk(T* data, int64_t n) {
+  const int set = nextSet();
   std::memcpy(slot(set, rank_), data, size_t(n) * sizeof(T));
   barrier();
   // part `rank_` of every slot, summed in group order a block at a time, into this rank's slot
@@ -189,18 +225,87 @@ void ShmAllReduce::chunk(T* data, int64_t n) {
   }
 }
 
-void ShmAllReduce::run(void* data, DType dtype, int64_t count) {
+void ShmGroup::allReduce(void* data, DType dtype, int64_t count) {
   const int64_t elem = dtypeBytes(dtype);
-  const int64_t perChunk = int64_t(slotBytes_) / elem;
+  const int64_t perChunk = int64_t(kSlotBytes) / elem;
   for (int64_t off = 0; off < count; off += perChunk) {
     const int64_t n = std::min(perChunk, count - off);
     char* at = static_cast<char*>(data) + off * elem;
     switch (dtype) {
-      case DType::f32: chunk(reinterpret_cast<float*>(at), n); break;
-      case DType::f64: chunk(reinterpret_cast<double*>(at), n); break;
-      case DType::i32: chunk(reinterpret_cast<int32_t*>(at), n); break;
-      case DType::i64: chunk(reinterpret_cast<int64_t*>(at), n); break;
-      default: throw CommError(cat("shared-memory all-reduce of ", dtypeName(dtype), " is not supported"));
+      case DType::f32: reduceChunk(reinterpret_cast<float*>(at), n); break;
+      case DType::f64: reduceChunk(reinterpret_cast<double*>(at), n); break;
+      case DType::i32: reduceChunk(reinterpret_cast<int32_t*>(at), n); break;
+      case DType::i64: reduceChunk(reinterpret_cast<int64_t*>(at), n); break;
+      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, i32, i64)"));
+    }
+  }
+}
+
+void ShmGroup::allGather(const void* in, void* out, int64_t blockBytes) {
+  char* o = static_cast<char*>(out);
+  const char* x = static_cast<const char*>(in);
+  if (o + rank_ * blockBytes != x) std::memmove(o + rank_ * blockBytes, x, size_t(blockBytes));
+  const int64_t S = int64_t(kSlotBytes);
+  for (int64_t at = 0; at < blockBytes; at += S) {
+    const int64_t n = std::min(S, blockBytes - at);
+    const int set = nextSet();
+    std::memcpy(slot(set, rank_), x + at, size_t(n));
+    barrier();
+    for (int j = 0; j < size_; j++)
+      if (j != rank_) std::memcpy(o + j * blockBytes + at, slot(set, j), size_t(n));
+  }
+}
+
+void ShmGroup::broadcast(void* data, int64_t bytes, int root) {
+  char* d = static_cast<char*>(data);
+  const int64_t S = int64_t(kSlotBytes);
+  for (int64_t at = 0; at < bytes; at += S) {
+    const int64_t n = std::min(S, bytes - at);
+    const int set = nextSet();
+    if (rank_ == root) std::memcpy(slot(set, root), d + at, size_t(n));
+    barrier();
+    if (rank_ != root) std::memcpy(d + at, slot(set, root), size_t(n));
+  }
+}
+
+void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
+                         const std::vector<int64_t>& recvBytes) {
+  const int P = size_;
+  if (int(sendBytes.size()) != P || int(recvBytes.size()) != P)
+    throw CommError(cat("all-to-all over ", P, " ranks with ", sendBytes.size(), " send and ", recvBytes.size(),
+                        " receive sizes"));
+  if (sendBytes[size_t(rank_)] != recvBytes[size_t(rank_)])
+    throw CommError(cat("all-to-all: this rank sends itself ", sendBytes[size_t(rank_)], " bytes but expects ",
+                        recvBytes[size_t(rank_)]));
+  const char* x = static_cast<const char*>(in);
+  char* y = static_cast<char*>(out);
+  std::vector<int64_t> sendAt(size_t(P) + 1, 0), recvAt(size_t(P) + 1, 0);
+  for (int j = 0; j < P; j++) {
+    sendAt[size_t(j) + 1] = sendAt[size_t(j)] + sendBytes[size_t(j)];
+    recvAt[size_t(j) + 1] = recvAt[size_t(j)] + recvBytes[size_t(j)];
+  }
+  if (sendBytes[size_t(rank_)] > 0)
+    std::memmove(y + recvAt[size_t(rank_)], x + sendAt[size_t(rank_)], size_t(sendBytes[size_t(rank_)]));
+  // a slot is P lanes, lane j carrying this round's piece of the block to rank j
+  const int64_t lane = int64_t(kSlotBytes) / P / 64 * 64;
+  int64_t mine = 0;
+  for (int j = 0; j < P; j++)
+    if (j != rank_) mine = std::max({mine, (sendBytes[size_t(j)] + lane - 1) / lane, (recvBytes[size_t(j)] + lane - 1) / lane});
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; k++) {
+    const int set = nextSet();
+    if (k == 0) *meta(set, rank_) = mine;
+    const int64_t at = k * lane;
+    for (int j = 0; j < P; j++) {
+      const int64_t n = std::min(lane, sendBytes[size_t(j)] - at);
+      if (j != rank_ && n > 0) std::memcpy(slot(set, rank_) + j * lane, x + sendAt[size_t(j)] + at, size_t(n));
+    }
+    barrier();
+    if (k == 0)
+      for (int i = 0; i < P; i++) rounds = std::max(rounds, *meta(set, i));
+    for (int i = 0; i < P; i++) {
+      const int64_t n = std::min(lane, recvBytes[size_t(i)] - at);
+      if (i != rank_ && n > 0) std::memcpy(y + recvAt[size_t(i)] + at, slot(set, i) + rank_ * lane, size_t(n));
     }
   }
 }
