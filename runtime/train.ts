@@ -34,7 +34,12 @@ import {
 import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
 import { groupRanksOf, pieceOf } from './shard.js';
-import { loadNative, type NativeRuntime, type NativeStepResult } from './native.js';
+import {
+  loadNative,
+  type NativeCommunicatorInfo,
+  type NativeRuntime,
+  type NativeStepResult,
+} from './native.js';
 import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
@@ -64,6 +69,8 @@ export interface TrainOptions {
   /** this process is one rank of a multi-rank run */
   readonly rank?: RankContext;
   readonly onStep?: (m: StepMetrics) => void;
+  /** once connected (multi-rank): this rank's communicators and how each moves data */
+  readonly onConnected?: (communicators: readonly NativeCommunicatorInfo[]) => void;
   /** each step's per-instruction start/end (ms since the step began, by instruction index), from
    * the runtime's timing option: set only when given (benchmarks) */
   readonly onTiming?: (step: number, perInstruction: NativeStepResult['perInstruction']) => void;
@@ -133,6 +140,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     await rt.connect(commConfig(plan, loaded.programs, r)).catch((e: Error) => {
       throw new UserError(`rank ${r.rank}: ${e.message}`);
     });
+    o.onConnected?.(rt.info().communicators ?? []);
   }
   // sums over the global batch: each rank adds its share, weighted 1 where it speaks for its data
   const dataWeight = speaksForItsData(plan, loaded.programs, rank, (p) =>

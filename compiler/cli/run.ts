@@ -21,6 +21,7 @@ import {
 } from '../../runtime/launch-rank.js';
 import { StoreServer } from '../../runtime/store.js';
 import { readPlan } from '../../runtime/plan-io.js';
+import type { NativeCommunicatorInfo } from '../../runtime/native.js';
 
 export interface RunFlags {
   trainIters?: number;
@@ -279,6 +280,13 @@ function readPlanJson(dir: string): PlanFile {
   }
 }
 
+/** "world/control, dp[0]/comm over shared memory; pp[0]/compute over tcp" */
+export function describeTransports(comms: readonly NativeCommunicatorInfo[]): string {
+  const by = new Map<string, string[]>();
+  for (const c of comms) by.set(c.transport, [...(by.get(c.transport) ?? []), c.name]);
+  return [...by].map(([t, names]) => `${names.join(', ')} over ${t}`).join('; ') || 'none';
+}
+
 /** This process is one rank of a launched (or cluster-managed) run. */
 async function runRank(
   opts: TrainOptions,
@@ -300,6 +308,11 @@ async function runRank(
       rank,
       // under a launcher, it merges the metrics; otherwise rank 0 writes the global ones
       metricsPath: rank.launched ? undefined : opts.metricsPath,
+      // into the rank's log under a launcher
+      onConnected: (comms) => {
+        if (rank.launched || talk)
+          io.err(`rank ${rank.rank} collectives: ${describeTransports(comms)}\n`);
+      },
       onStep: (m) => {
         if (rank.launched)
           process.send!({ type: 'step', rank: rank.rank, metrics: m } satisfies RankMessage);

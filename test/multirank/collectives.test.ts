@@ -380,63 +380,43 @@ describe('collectives against their plain computation', () => {
     90_000,
   );
 
-  it('a rank that stops stepping once shared memory is set up times the others out', async () => {
-    const b = new ProgramBuilder('p');
-    const x = b.param('x', [4], { trainable: false }).buffer;
-    const y = b.arena('y', 'f32', [4]);
-    b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
-    const spec: WorkerSpec = {
-      programs: { p: b.build() },
-      rankPrograms: ['p', 'p'],
-      comm: {
-        worldSize: 2,
-        store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
-        prefix: 'shm-timeout',
-        groups: [{ name: 'dp[0]', ranks: [0, 1] }],
-        rankGroups: { dp: [0, 0] },
-        contexts: [{ group: 0, stream: 'comm' }],
-        timeoutMs: 3_000,
-      },
-      ranks: [{ fill: {} }, { fill: {} }],
-      read: [],
-      steps: 2,
-      idle: [1],
-      idleAfterSteps: 1,
-    };
-    const t0 = Date.now();
-    const [rank0] = await runRanks(spec, 2, { ...process.env, LFC_COMM_SHM: '1' });
-    expect(rank0.error).toMatch(
-      /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): timed out after 3 s/,
-    );
-    expect(Date.now() - t0).toBeLessThan(15_000);
-  }, 30_000);
-
-  it('a collective one rank never joins fails after the timeout, naming its op and group', async () => {
-    const b = new ProgramBuilder('p');
-    const x = b.param('x', [4], { trainable: false }).buffer;
-    const y = b.arena('y', 'f32', [4]);
-    b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
-    const spec: WorkerSpec = {
-      programs: { p: b.build() },
-      rankPrograms: ['p', 'p'],
-      comm: {
-        worldSize: 2,
-        store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
-        prefix: 'timeout',
-        groups: [{ name: 'dp[0]', ranks: [0, 1] }],
-        rankGroups: { dp: [0, 0] },
-        contexts: [{ group: 0, stream: 'comm' }],
-        timeoutMs: 3_000,
-      },
-      ranks: [{ fill: {} }, { fill: {} }],
-      read: [],
-      idle: [1],
-    };
-    const t0 = Date.now();
-    const [rank0] = await runRanks(spec, 2);
-    expect(rank0.error).toMatch(
-      /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): timed out after 3 s/,
-    );
-    expect(Date.now() - t0).toBeLessThan(15_000);
-  }, 30_000);
+  it.each([
+    ['shared memory', 0],
+    ['shared memory', 1],
+    ['tcp', 0],
+  ] as const)(
+    'a collective one rank never joins fails after the timeout, naming its op and group (%s, after %i steps)',
+    async (transport, idleAfterSteps) => {
+      const b = new ProgramBuilder('p');
+      const x = b.param('x', [4], { trainable: false }).buffer;
+      const y = b.arena('y', 'f32', [4]);
+      b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
+      const spec: WorkerSpec = {
+        programs: { p: b.build() },
+        rankPrograms: ['p', 'p'],
+        comm: {
+          worldSize: 2,
+          store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
+          prefix: 'timeout',
+          groups: [{ name: 'dp[0]', ranks: [0, 1] }],
+          rankGroups: { dp: [0, 0] },
+          contexts: [{ group: 0, stream: 'comm' }],
+          timeoutMs: 3_000,
+        },
+        ranks: [{ fill: {} }, { fill: {} }],
+        read: [],
+        steps: idleAfterSteps + 1,
+        idle: [1],
+        idleAfterSteps,
+      };
+      const t0 = Date.now();
+      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+      const [rank0] = await runRanks(spec, 2, env);
+      expect(rank0.error).toMatch(
+        /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): timed out after 3 s/,
+      );
+      expect(Date.now() - t0).toBeLessThan(15_000);
+    },
+    30_000,
+  );
 });

@@ -72,6 +72,13 @@ describe('data parallel on 2 ranks = one rank with the global batch', () => {
       expect(r2.out).toMatch(
         /on 2 ranks to step 3.*\npeak memory per rank \(MiB\): r0 \d+, r1 \d+/,
       );
+      // each rank's log says how its communicators move data: one machine, shared memory
+      for (const r of [0, 1]) {
+        const log = readFileSync(join(dp, 'logs', `rank-${r}.log`), 'utf8').split('\n');
+        expect(log.find((l) => l.startsWith(`rank ${r} collectives: `))).toMatch(
+          /dp\[0\]\/comm[^;]* over shared memory/,
+        );
+      }
 
       const m1 = metrics(join(one, 'metrics.jsonl'));
       const m2 = metrics(join(dp, 'metrics.jsonl'));
