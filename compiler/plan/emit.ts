@@ -446,7 +446,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       if (j < slots) runNodes(encoderForward, j, locals[j]);
     }
     // level 3 with the outputs on the host: back into a fresh device buffer, on the copy stream
-    if (level === 3 && enc.offload && mpRank === 0) reloadOutputs(mb);
+    if (level === 3 && enc.offload && mpRank === 0) fromHost(mb, outputsOnHost);
     if (T === 1) return;
     const root = level === 2 ? mb % T : 0;
     for (const v of encoderOutputs) {
@@ -456,8 +456,11 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       collective('broadcast', [id], [id], { group: 'tp', group_size: T, root }, mb, 'forward');
     }
   };
-  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward */
+  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward;
+   * level 3 with the handoff on the host: the output gradients wait there for phase 3 */
   const afterDecoderBackward = (mb: number) => {
+    if (enc && level === 3 && enc.offload && mpRank === 0 && encoderBackward.length)
+      computeWait.push(...toHost(mb, outputGrads, gradsOnHost, lastCompute));
     if (!enc || level !== 2 || !encoderBackward.length) return;
     if (mb % T !== T - 1 && mb !== m - 1) return;
     const j = mb - (mb % T) + enc.tp;
@@ -466,21 +469,31 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (j >= m) for (const v of outputGrads) locals[j].set(v, mockRows(v));
     runNodes(encoderBackward, j, locals[j]);
   };
-  /** --full-hetero-dp-cpu-offload: each gathered output's host copy, by microbatch */
-  const onHost = new Map<number, Map<string, number>>();
+  /** --full-hetero-dp-cpu-offload: the host copies of each microbatch's gathered outputs (phase 1
+   * to its decoder forward) and of its output gradients (its decoder backward to phase 3) */
+  const outputsOnHost = new Map<number, Map<string, number>>();
+  const gradsOnHost = new Map<number, Map<string, number>>();
+  const phaseOf = (onHost: Map<number, Map<string, number>>) =>
+    onHost === gradsOnHost ? ('backward' as const) : ('forward' as const);
   /** the index of the last instruction on a stream, -1 if none */
   const lastOn = (stream: StreamName) => {
     let k = instructions.length - 1;
     while (k >= 0 && instructions[k].stream !== stream) k--;
     return k;
   };
-  /** copies microbatch mb's gathered outputs to the host after the gather (instruction `after`) */
-  const offloadOutputs = (mb: number, after: number): number[] => {
+  /** copies microbatch mb's values to the host after instruction `after`; the events to wait on
+   * before their device bytes are reused */
+  const toHost = (
+    mb: number,
+    values: readonly string[],
+    onHost: Map<number, Map<string, number>>,
+    after: number,
+  ): number[] => {
     const copies = new Map<string, number>();
     onHost.set(mb, copies);
     const done: number[] = [];
     const ready = record(after);
-    for (const v of encoderOutputs) {
+    for (const v of values) {
       const t = valueType.get(v)!;
       const host = addBuffer(`${v}.host`, { ...t, space: 'host' }, 'host', mb);
       copies.set(v, host);
@@ -492,7 +505,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           outputs: [host],
           attrs: {},
           microbatch: mb,
-          ...handoff,
+          phase: phaseOf(onHost),
+          scope: handoff.scope,
         },
         [ready],
       );
@@ -500,8 +514,9 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     }
     return done;
   };
-  /** before the decoder reads microbatch mb: its outputs back from the host */
-  const reloadOutputs = (mb: number) => {
+  /** microbatch mb's values back from the host, into fresh device buffers, before compute reads
+   * them */
+  const fromHost = (mb: number, onHost: Map<number, Map<string, number>>) => {
     const copies = onHost.get(mb);
     if (!copies) return;
     // the fresh buffers take bytes the planner freed: whatever compute and comm issued before
@@ -517,7 +532,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           outputs: [dev],
           attrs: {},
           microbatch: mb,
-          ...handoff,
+          phase: phaseOf(onHost),
+          scope: handoff.scope,
         },
         wait.splice(0),
       );
@@ -557,7 +573,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       if (enc.offload && mpRank === 0)
         for (let i = 0; i < M && r * M + i < m; i++)
           // the device copies' bytes are reused only once the host holds them
-          computeWait.push(...offloadOutputs(r * M + i, lastCompute));
+          computeWait.push(...toHost(r * M + i, encoderOutputs, outputsOnHost, lastCompute));
     }
   };
   /** level 3, phase 3: each round, scatter the output gradients back, run the encoder backward */
@@ -567,6 +583,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const slot = r * M + mpRank;
       const encodes = slot < slots;
       const local = encodes ? locals[slot] : undefined;
+      if (mpRank === 0)
+        for (let i = 0; i < M && r * M + i < m; i++) fromHost(r * M + i, gradsOnHost);
       for (const v of outputGrads) {
         const ins =
           mpRank === 0

@@ -2,7 +2,8 @@
 // 2, item 4), on tiny-vlm-moe over 2 ranks (pp 2, 4 microbatches: two rounds of two encodes):
 //   --full-hetero-dp-cpu-offload       the gathered encoder outputs wait on the host: when the
 //                                      decoder starts, the device holds exactly their bytes less;
-//                                      the peak never rises
+//                                      their gradients wait there for phase 3 the same way; the
+//                                      peak never rises
 //   --full-hetero-dp-encoder-recompute the encoder activations kept from phase 1 for phase 3 are
 //                                      dropped: the peak falls by exactly their bytes
 // The plan frees each microbatch's outputs at the decoder's last read of them, so once the
@@ -62,16 +63,32 @@ function liveBefore(p: ProgramFile, t: number): number {
 describe('level 3 memory options on stage 0 (tiny-vlm-moe, pp 2, 4 microbatches)', () => {
   const plain = stage0({});
 
-  it('cpu offload: the device holds the gathered outputs less when phase 2 starts; the peak does not rise', () => {
-    const offload = stage0({ cpuOffload: true });
-    const offloaded = offload.instructions
-      .filter((i) => i.op === 'offload' && i.scope === 'encoder_handoff')
+  const offload = stage0({ cpuOffload: true });
+  /** host bytes the handoff offloads in one phase (outputs: forward, their gradients: backward) */
+  const offloaded = (phase: string) =>
+    offload.instructions
+      .filter((i) => i.op === 'offload' && i.scope === 'encoder_handoff' && i.phase === phase)
       .reduce((a, i) => a + aligned(offload.buffers[i.outputs[0]].bytes), 0);
-    expect(offloaded).toBeGreaterThan(0);
+
+  it('cpu offload: the device holds the gathered outputs less when phase 2 starts; the peak does not rise', () => {
+    expect(offloaded('forward')).toBeGreaterThan(0);
     const saved =
       liveBefore(plain, decoderStart(plain)) - liveBefore(offload, decoderStart(offload));
-    expect(saved).toBe(offloaded);
+    expect(saved).toBe(offloaded('forward'));
     expect(offload.arenaLowerBoundBytes).toBeLessThanOrEqual(plain.arenaLowerBoundBytes);
+  });
+
+  it('cpu offload: the output gradients wait for phase 3 on the host', () => {
+    expect(offloaded('backward')).toBeGreaterThan(0);
+    // phase 3 begins with the first scatter_v, or the reload of its gradients before it
+    const phase3 = (p: ProgramFile) =>
+      p.instructions.findIndex(
+        (i) =>
+          i.op === 'scatter_v' ||
+          (i.op === 'reload' && i.scope === 'encoder_handoff' && i.phase === 'backward'),
+      );
+    const saved = liveBefore(plain, phase3(plain)) - liveBefore(offload, phase3(offload));
+    expect(saved).toBe(offloaded('backward'));
   });
 
   it('encoder recompute: the peak falls by exactly the encoder activations phase 1 kept for phase 3', () => {
