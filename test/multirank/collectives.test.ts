@@ -419,4 +419,45 @@ describe('collectives against their plain computation', () => {
     },
     30_000,
   );
+
+  // a member that exits fails the others at once, well before the collective timeout: shared
+  // memory notices its process is gone, TCP its closed connection
+  it.each(['shared memory', 'tcp'] as const)(
+    'a rank that exits mid-run fails the collective it leaves at once (%s)',
+    async (transport) => {
+      const b = new ProgramBuilder('p');
+      const x = b.param('x', [4], { trainable: false }).buffer;
+      const y = b.arena('y', 'f32', [4]);
+      b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
+      const spec: WorkerSpec = {
+        programs: { p: b.build() },
+        rankPrograms: ['p', 'p'],
+        comm: {
+          worldSize: 2,
+          store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
+          prefix: 'exit',
+          groups: [{ name: 'dp[0]', ranks: [0, 1] }],
+          rankGroups: { dp: [0, 0] },
+          contexts: [{ group: 0, stream: 'comm' }],
+          timeoutMs: 60_000,
+        },
+        ranks: [{ fill: {} }, { fill: {} }],
+        read: [],
+        steps: 2,
+        idle: [1],
+        idleAfterSteps: 1,
+        idleExits: true,
+      };
+      const t0 = Date.now();
+      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+      const [rank0] = await runRanks(spec, 2, env);
+      expect(rank0.error).toMatch(
+        /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): /,
+      );
+      if (transport === 'shared memory')
+        expect(rank0.error).toMatch(/group rank 1 \(process \d+\) exited/);
+      expect(Date.now() - t0).toBeLessThan(15_000);
+    },
+    30_000,
+  );
 });

@@ -28,6 +28,8 @@ export interface WorkerSpec {
   readonly idle?: readonly number[];
   /** steps the idle ranks run before they stop (0) */
   readonly idleAfterSteps?: number;
+  /** the idle ranks exit (code 3) instead of waiting, once their steps are done */
+  readonly idleExits?: boolean;
   /** print the read buffers as base64 of their bytes instead of number lists */
   readonly binary?: boolean;
 }
@@ -68,6 +70,7 @@ try {
   const idle = spec.idle?.includes(rank);
   const steps = idle ? (spec.idleAfterSteps ?? 0) : (spec.steps ?? 1);
   for (let t = 1; t <= steps; t++) await rt.step({ lr: 0, step: t });
+  if (idle && spec.idleExits) process.exit(3);
   if (idle) await new Promise((r) => setTimeout(r, 60_000));
   const buffers: Record<number, number[] | string> = {};
   for (const id of spec.read) {

@@ -1,6 +1,7 @@
 #include "comm/shm.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
@@ -22,21 +24,26 @@ namespace lfc::comm {
 
 namespace {
 
-// the mapping's first page: the nonce that proves two ranks opened the same mapping, and the
-// barrier's counter and generation (each on a cache line of its own)
+// the mapping's first page: the nonce that proves two ranks opened the same mapping, the
+// barrier's counter and generation (each on a cache line of its own), and each rank's process id
+// (a barrier that waits checks its peers are still there)
+constexpr int kMaxRanks = 960;
 struct Header {
   uint64_t nonce[2];
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
+  alignas(64) std::atomic<int32_t> pids[kMaxRanks];
 };
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(Header) <= kHeaderBytes);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
 // per set and rank, one value on a line of its own (allToAllV's round counts)
 constexpr size_t kMetaLine = 64;
 size_t metaBytes(int P) { return (2 * size_t(P) * kMetaLine + 4095) / 4096 * 4096; }
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-// what rank 0 tells the others first: its machine (hostname and boot id)
+// what rank 0 tells the others first: its machine (hostname and boot id) and process id namespace
+// (so that a peer's process id means the same process to every rank)
 struct HostKey {
   char text[256];
 };
@@ -50,7 +57,9 @@ HostKey hostKey() {
     if (!std::fgets(boot, sizeof boot, f)) boot[0] = 0;
     std::fclose(f);
   }
-  std::snprintf(k.text, sizeof k.text, "%s|%s", host, boot);
+  char pidns[64] = {};
+  if (readlink("/proc/self/ns/pid", pidns, sizeof pidns - 1) < 0) pidns[0] = 0;
+  std::snprintf(k.text, sizeof k.text, "%s|%s|%s", host, boot, pidns);
   return k;
 }
 
@@ -107,7 +116,8 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, int size, bool allowed, st
   const HostKey mine = hostKey();
   HostKey first = mine;
   exchange.broadcast(&first, sizeof first);
-  int32_t elsewhere = (std::strncmp(first.text, mine.text, sizeof mine.text) != 0 || !allowed) ? 1 : 0;
+  int32_t elsewhere =
+      (std::strncmp(first.text, mine.text, sizeof mine.text) != 0 || !allowed || size > kMaxRanks) ? 1 : 0;
   exchange.sum(&elsewhere);
   if (elsewhere > 0) return nullptr;
 
@@ -156,6 +166,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, int size, bool allowed, st
     if (base != MAP_FAILED) munmap(base, mapped);
     return nullptr;
   }
+  headerOf(base)->pids[rank].store(int32_t(getpid()), std::memory_order_relaxed);
   return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, mapped, timeout));
 }
 
@@ -195,6 +206,16 @@ void ShmGroup::barrier() {
       throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
                           " s (--collective-timeout): a rank of the group did not take part"));
     futexWait(h.generation, generation, std::min<std::chrono::nanoseconds>(left, kMaxSleep));
+    if (h.generation.load(std::memory_order_acquire) == generation) requirePeers();
+  }
+}
+
+void ShmGroup::requirePeers() const {
+  const Header& h = *headerOf(base_);
+  for (int j = 0; j < size_; j++) {
+    const int32_t pid = h.pids[j].load(std::memory_order_relaxed);
+    if (j != rank_ && pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+      throw CommError(cat("group rank ", j, " (process ", pid, ") exited"));
   }
 }
 
