@@ -8,8 +8,17 @@
 // durations on a rank (the larger of the two). Medians over the steps after the warm-up; the
 // hidden fraction is (T_off − T_on) / T_a2a(off).
 //
+// Both transports, each off and on: tcp (LFC_COMM_SHM=0, Gloo over loopback: the stand-in for
+// expert parallelism across machines, where an all-to-all is mostly waiting on the network) and
+// shared memory (the ranks' own memcpy: on 2 busy cores that is compute-bound work of its own,
+// which a second stream cannot hide).
+//
 //   npx tsx bench/overlap.ts [--steps 10] [--warmup 3] [--seq-length 1024] [--micro-batch-size 1]
-//                            [--global-batch-size 16] [overrides…]
+//                            [--global-batch-size 16] [--transport tcp|shm|both] [--rounds 2]
+//                            [overrides…]
+//
+// Each transport runs off, on, off, on, … (--rounds pairs; the machine's drift falls on both
+// alike) and takes medians over the steps of all its runs.
 //
 // Default scale: 2 decoder layers (each an MoE layer), hidden 256, 8 experts of FFN 64, top-4;
 // sequences of 1024 tokens, 8 microbatches per rank (so the overlap's steady state dominates).
@@ -44,12 +53,17 @@ const WARMUP = Number(flag('--warmup', '3'));
 const SEQ = Number(flag('--seq-length', '1024'));
 const MBS = Number(flag('--micro-batch-size', '1'));
 const GBS = Number(flag('--global-batch-size', '16'));
+const TRANSPORT = flag('--transport', 'both');
+const ROUNDS = Number(flag('--rounds', '2'));
+if (!['tcp', 'shm', 'both'].includes(TRANSPORT)) throw new Error('--transport: tcp, shm or both');
 const valued = new Set([
   '--steps',
   '--warmup',
   '--seq-length',
   '--micro-batch-size',
   '--global-batch-size',
+  '--transport',
+  '--rounds',
 ]);
 const given = process.argv
   .slice(2)
@@ -61,6 +75,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 interface Mode {
   readonly name: string;
   readonly overlap: boolean;
+  readonly shm: boolean;
 }
 
 interface Figures {
@@ -68,23 +83,33 @@ interface Figures {
   readonly a2aMs: Readonly<Record<string, number>>;
   readonly a2aTotalMs: number;
   readonly a2aCount: number;
-  readonly instructions: number;
 }
 
-async function runMode(mode: Mode): Promise<Figures> {
-  const options: CompileOptions = {
-    model: 'tiny-vlm-moe',
-    overrides: OVERRIDES,
-    nprocPerNode: RANKS,
-    parallel: { ep: RANKS },
-    seqLength: SEQ,
-    microBatchSize: MBS,
-    globalBatchSize: GBS,
-    moeOverlap: mode.overlap ? { overlap: true, delayWgrad: true } : undefined,
-  };
-  const compiled = compile(options);
-  const dir = mkdtempSync(join(tmpdir(), `lfc-overlap-${mode.name}-`));
-  writePlan(dir, compiled.plan, compiled.programs);
+const dirs = new Map<boolean, string>();
+/** the plan of one mode (compiled once) */
+function planDir(overlap: boolean): string {
+  if (!dirs.has(overlap)) {
+    const options: CompileOptions = {
+      model: 'tiny-vlm-moe',
+      overrides: OVERRIDES,
+      nprocPerNode: RANKS,
+      parallel: { ep: RANKS },
+      seqLength: SEQ,
+      microBatchSize: MBS,
+      globalBatchSize: GBS,
+      moeOverlap: overlap ? { overlap: true, delayWgrad: true } : undefined,
+    };
+    const compiled = compile(options);
+    const dir = mkdtempSync(join(tmpdir(), `lfc-overlap-${overlap ? 'on' : 'off'}-`));
+    writePlan(dir, compiled.plan, compiled.programs);
+    dirs.set(overlap, dir);
+  }
+  return dirs.get(overlap)!;
+}
+
+/** One run of a mode: per step after the warm-up, each rank's record. */
+async function runOnce(mode: Mode): Promise<OverlapRankStep[][]> {
+  const dir = planDir(mode.overlap);
   const server = await StoreServer.listen(0, '127.0.0.1');
   const tsx = createRequire(import.meta.url).resolve('tsx');
   const worker = fileURLToPath(new URL('./overlap-rank.ts', import.meta.url));
@@ -94,7 +119,7 @@ async function runMode(mode: Mode): Promise<Figures> {
       const argv = [worker, dir, String(rank), String(RANKS), store, String(STEPS)];
       const child = spawn(process.execPath, ['--import', tsx, ...argv], {
         stdio: ['ignore', 'pipe', 'inherit'],
-        env: { ...process.env, OPENBLAS_NUM_THREADS: '1' },
+        env: { ...process.env, OPENBLAS_NUM_THREADS: '1', LFC_COMM_SHM: mode.shm ? '1' : '0' },
       });
       let out = '';
       child.stdout.on('data', (c: Buffer) => (out += c.toString()));
@@ -108,43 +133,57 @@ async function runMode(mode: Mode): Promise<Figures> {
     }),
   );
   await server.close();
-  const steps = Array.from({ length: STEPS - WARMUP }, (_, k) => k + WARMUP);
+  return Array.from({ length: STEPS - WARMUP }, (_, k) => perRank.map((r) => r[k + WARMUP]));
+}
+
+/** Medians over every step of every run (the slowest rank's figure per step). */
+function figuresOf(steps: readonly OverlapRankStep[][]): Figures {
   const total = (s: OverlapRankStep) => Object.values(s.a2aMs).reduce((a, b) => a + b, 0);
-  const streams = [...new Set(perRank.flatMap((r) => r.flatMap((s) => Object.keys(s.a2aMs))))];
+  const streams = [
+    ...new Set(steps.flatMap((ranks) => ranks.flatMap((s) => Object.keys(s.a2aMs)))),
+  ];
+  const slowest = (f: (s: OverlapRankStep) => number) =>
+    median(steps.map((ranks) => Math.max(...ranks.map(f))));
   return {
-    stepMs: median(steps.map((k) => Math.max(...perRank.map((r) => r[k].stepMs)))),
-    a2aTotalMs: median(steps.map((k) => Math.max(...perRank.map((r) => total(r[k]))))),
-    a2aMs: Object.fromEntries(
-      streams.map((st) => [
-        st,
-        median(steps.map((k) => Math.max(...perRank.map((r) => r[k].a2aMs[st] ?? 0)))),
-      ]),
-    ),
-    a2aCount: perRank[0][0].a2aCount,
-    instructions: compiled.stats.emit.instructions,
+    stepMs: slowest((s) => s.stepMs),
+    a2aTotalMs: slowest(total),
+    a2aMs: Object.fromEntries(streams.map((st) => [st, slowest((s) => s.a2aMs[st] ?? 0)])),
+    a2aCount: steps[0][0].a2aCount,
   };
 }
 
-const MODES: readonly Mode[] = [
-  { name: 'off', overlap: false },
-  { name: 'on', overlap: true },
-];
 console.log(
   `bench/overlap: tiny-vlm-moe on ${RANKS} ranks, ep ${RANKS}, sequence ${SEQ} × micro-batch ${MBS}, global batch ${GBS}; ${OVERRIDES.join(' ')}`,
 );
-console.log(`medians of ${STEPS - WARMUP} steps after ${WARMUP} warm-up steps; ms per step`);
-const figures = new Map<string, Figures>();
-for (const mode of MODES) figures.set(mode.name, await runMode(mode));
 console.log(
-  `  ${'overlap'.padEnd(8)} ${'step'.padStart(8)} ${'a2a total'.padStart(10)} ${'on compute'.padStart(11)} ${'on comm'.padStart(8)} ${'a2a share'.padStart(10)} ${'a2a ops'.padStart(8)}`,
+  `medians of ${ROUNDS} runs × ${STEPS - WARMUP} steps after ${WARMUP} warm-up steps; ms per step`,
 );
-for (const [name, f] of figures) {
+const transports = TRANSPORT === 'both' ? [false, true] : [TRANSPORT === 'shm'];
+for (const shm of transports) {
+  const pooled = new Map<string, OverlapRankStep[][]>([
+    ['off', []],
+    ['on', []],
+  ]);
+  for (let round = 0; round < ROUNDS; round++)
+    for (const overlap of [false, true]) {
+      const name = overlap ? 'on' : 'off';
+      pooled
+        .get(name)!
+        .push(...(await runOnce({ name: `${shm ? 'shm' : 'tcp'}-${name}`, overlap, shm })));
+    }
+  const figures = new Map([...pooled].map(([name, steps]) => [name, figuresOf(steps)]));
+  console.log(`${shm ? 'shared memory' : 'tcp'}:`);
   console.log(
-    `  ${name.padEnd(8)} ${f.stepMs.toFixed(1).padStart(8)} ${f.a2aTotalMs.toFixed(1).padStart(10)} ${(f.a2aMs.compute ?? 0).toFixed(1).padStart(11)} ${(f.a2aMs.comm ?? 0).toFixed(1).padStart(8)} ${`${((100 * f.a2aTotalMs) / f.stepMs).toFixed(1)}%`.padStart(10)} ${String(f.a2aCount).padStart(8)}`,
+    `  ${'overlap'.padEnd(8)} ${'step'.padStart(8)} ${'a2a total'.padStart(10)} ${'on compute'.padStart(11)} ${'on comm'.padStart(8)} ${'a2a share'.padStart(10)} ${'a2a ops'.padStart(8)}`,
+  );
+  for (const [name, f] of figures) {
+    console.log(
+      `  ${name.padEnd(8)} ${f.stepMs.toFixed(1).padStart(8)} ${f.a2aTotalMs.toFixed(1).padStart(10)} ${(f.a2aMs.compute ?? 0).toFixed(1).padStart(11)} ${(f.a2aMs.comm ?? 0).toFixed(1).padStart(8)} ${`${((100 * f.a2aTotalMs) / f.stepMs).toFixed(1)}%`.padStart(10)} ${String(f.a2aCount).padStart(8)}`,
+    );
+  }
+  const off = figures.get('off')!;
+  const on = figures.get('on')!;
+  console.log(
+    `  hidden fraction (T_off − T_on) / T_a2a(off) = (${off.stepMs.toFixed(1)} − ${on.stepMs.toFixed(1)}) / ${off.a2aTotalMs.toFixed(1)} = ${((off.stepMs - on.stepMs) / off.a2aTotalMs).toFixed(2)}`,
   );
 }
-const off = figures.get('off')!;
-const on = figures.get('on')!;
-console.log(
-  `hidden fraction (T_off − T_on) / T_a2a(off) = (${off.stepMs.toFixed(1)} − ${on.stepMs.toFixed(1)}) / ${off.a2aTotalMs.toFixed(1)} = ${((off.stepMs - on.stepMs) / off.a2aTotalMs).toFixed(2)}`,
-);
