@@ -36,11 +36,10 @@ struct Header {
 };
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(Header) <= kHeaderBytes);
-static_assert(std::atomic<int32_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free);
 // per set and rank, one value on a line of its own (allToAllV's round counts)
 constexpr size_t kMetaLine = 64;
 size_t metaBytes(int P) { return (2 * size_t(P) * kMetaLine + 4095) / 4096 * 4096; }
-static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 // what rank 0 tells the others first: its machine (hostname and boot id) and process id namespace
 // (so that a peer's process id means the same process to every rank)
