@@ -1,9 +1,10 @@
 // The Gloo backend: one Gloo context per (group, stream), all over one TCP device, met at the
 // launcher's store (or a FileStore on one machine).
 //
-// Algorithms: a group whose ranks share one machine runs its collectives through shared memory
-// (shm.h; all-reduce at 64 MiB on 2 cores 3–4× OpenMPI's speed where loopback TCP was 0.8–1.3×,
-// bench/collectives.ts) and only send/recv over TCP. Otherwise: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
+// Transports: a group whose ranks share one machine runs its collectives through shared memory
+// (shm.h, set up over the group's Gloo context when it opens; at 64 MiB on 2 cores all-reduce is
+// 5–6× OpenMPI's speed where loopback TCP was 1.3×, bench/collectives.ts), and only send/recv
+// over TCP. Otherwise, over TCP: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
 // and as fast as ring-chunked over loopback), an integer one Gloo's ring with segments of at least
 // kMinSegmentBytes (its default 1 MiB segments are slow over loopback,
 // ../shared/reference/anchors.md); all_gather, broadcast and all-to-all are Gloo's; send/recv are
