@@ -380,6 +380,43 @@ describe('collectives against their plain computation', () => {
     90_000,
   );
 
+  /** Two ranks, one all-reduce a step; rank 1 stops after some steps (waits, or exits): rank 0's
+   * error and how long it took. */
+  async function oneRankStops(
+    transport: 'shared memory' | 'tcp',
+    o: { timeoutMs: number; idleAfterSteps: number; idleExits?: boolean },
+  ): Promise<{ error?: string; ms: number }> {
+    const b = new ProgramBuilder('p');
+    const x = b.param('x', [4], { trainable: false }).buffer;
+    const y = b.arena('y', 'f32', [4]);
+    b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
+    const spec: WorkerSpec = {
+      programs: { p: b.build() },
+      rankPrograms: ['p', 'p'],
+      comm: {
+        worldSize: 2,
+        store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
+        prefix: 'stops',
+        groups: [{ name: 'dp[0]', ranks: [0, 1] }],
+        rankGroups: { dp: [0, 0] },
+        contexts: [{ group: 0, stream: 'comm' }],
+        timeoutMs: o.timeoutMs,
+      },
+      ranks: [{ fill: {} }, { fill: {} }],
+      read: [],
+      steps: o.idleAfterSteps + 1,
+      idle: [1],
+      idleAfterSteps: o.idleAfterSteps,
+      idleExits: o.idleExits,
+    };
+    const t0 = Date.now();
+    const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+    const [rank0] = await runRanks(spec, 2, env);
+    return { error: rank0.error, ms: Date.now() - t0 };
+  }
+  const failedAllReduce =
+    /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): /;
+
   it.each([
     ['shared memory', 0],
     ['shared memory', 1],
@@ -387,35 +424,10 @@ describe('collectives against their plain computation', () => {
   ] as const)(
     'a collective one rank never joins fails after the timeout, naming its op and group (%s, after %i steps)',
     async (transport, idleAfterSteps) => {
-      const b = new ProgramBuilder('p');
-      const x = b.param('x', [4], { trainable: false }).buffer;
-      const y = b.arena('y', 'f32', [4]);
-      b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
-      const spec: WorkerSpec = {
-        programs: { p: b.build() },
-        rankPrograms: ['p', 'p'],
-        comm: {
-          worldSize: 2,
-          store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
-          prefix: 'timeout',
-          groups: [{ name: 'dp[0]', ranks: [0, 1] }],
-          rankGroups: { dp: [0, 0] },
-          contexts: [{ group: 0, stream: 'comm' }],
-          timeoutMs: 3_000,
-        },
-        ranks: [{ fill: {} }, { fill: {} }],
-        read: [],
-        steps: idleAfterSteps + 1,
-        idle: [1],
-        idleAfterSteps,
-      };
-      const t0 = Date.now();
-      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
-      const [rank0] = await runRanks(spec, 2, env);
-      expect(rank0.error).toMatch(
-        /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): timed out after 3 s/,
-      );
-      expect(Date.now() - t0).toBeLessThan(15_000);
+      const r = await oneRankStops(transport, { timeoutMs: 3_000, idleAfterSteps });
+      expect(r.error).toMatch(failedAllReduce);
+      expect(r.error).toMatch(/timed out after 3 s/);
+      expect(r.ms).toBeLessThan(15_000);
     },
     30_000,
   );
@@ -425,38 +437,15 @@ describe('collectives against their plain computation', () => {
   it.each(['shared memory', 'tcp'] as const)(
     'a rank that exits mid-run fails the collective it leaves at once (%s)',
     async (transport) => {
-      const b = new ProgramBuilder('p');
-      const x = b.param('x', [4], { trainable: false }).buffer;
-      const y = b.arena('y', 'f32', [4]);
-      b.instr('comm', 'all_reduce', [x], [y], { group: 'dp', group_size: 2 }, { scope: 'grads' });
-      const spec: WorkerSpec = {
-        programs: { p: b.build() },
-        rankPrograms: ['p', 'p'],
-        comm: {
-          worldSize: 2,
-          store: `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`,
-          prefix: 'exit',
-          groups: [{ name: 'dp[0]', ranks: [0, 1] }],
-          rankGroups: { dp: [0, 0] },
-          contexts: [{ group: 0, stream: 'comm' }],
-          timeoutMs: 60_000,
-        },
-        ranks: [{ fill: {} }, { fill: {} }],
-        read: [],
-        steps: 2,
-        idle: [1],
+      const r = await oneRankStops(transport, {
+        timeoutMs: 60_000,
         idleAfterSteps: 1,
         idleExits: true,
-      };
-      const t0 = Date.now();
-      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
-      const [rank0] = await runRanks(spec, 2, env);
-      expect(rank0.error).toMatch(
-        /step failed at instruction 0 \(all_reduce, scope grads\): over group dp\[0\]\/comm \(kind dp\): /,
-      );
+      });
+      expect(r.error).toMatch(failedAllReduce);
       if (transport === 'shared memory')
-        expect(rank0.error).toMatch(/group rank 1 \(process \d+\) exited/);
-      expect(Date.now() - t0).toBeLessThan(15_000);
+        expect(r.error).toMatch(/group rank 1 \(process \d+\) exited/);
+      expect(r.ms).toBeLessThan(15_000);
     },
     30_000,
   );
