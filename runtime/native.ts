@@ -138,8 +138,8 @@ export interface NativeProgramInfo {
   /** streams that have instructions (one executor thread each) */
   readonly streams: readonly string[];
   readonly regions: Readonly<Record<BufferRegion, number>>;
-  /** once connected: each communicator and how its all-reduce moves data ('local' for one
-   * rank, 'tcp', or 'shared memory' once a first all-reduce found every member on one machine) */
+  /** once connected: each communicator and how its collectives move data ('local' for one
+   * rank, 'tcp', or 'shared memory' when every member is on this machine) */
   readonly communicators?: readonly NativeCommunicatorInfo[];
 }
 

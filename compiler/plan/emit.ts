@@ -407,6 +407,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   /** model-parallel group rank (level 3's gather and scatter root is 0) */
   const mpRank = pipe.stage * T + (enc?.tp ?? 0);
   const handoff = { phase: 'forward' as const, scope: 'encoder_handoff' };
+  /** --full-hetero-dp-cpu-offload on the rank that gathers (level 3's model-parallel rank 0) */
+  const handoffOnHost = level === 3 && !!enc?.offload && mpRank === 0;
   const runNodes = (nodes: readonly Node[], mb: number, local: Map<string, number>) => {
     for (const n of nodes) lastCompute = emitNode(n, mb, local, computeWait.splice(0));
   };
@@ -446,7 +448,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       if (j < slots) runNodes(encoderForward, j, locals[j]);
     }
     // level 3 with the outputs on the host: back into a fresh device buffer, on the copy stream
-    if (level === 3 && enc.offload && mpRank === 0) fromHost(mb, outputsOnHost);
+    if (handoffOnHost) fromHost(mb, outputsOnHost);
     if (T === 1) return;
     const root = level === 2 ? mb % T : 0;
     for (const v of encoderOutputs) {
@@ -459,7 +461,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward;
    * level 3 with the handoff on the host: the output gradients wait there for phase 3 */
   const afterDecoderBackward = (mb: number) => {
-    if (enc && level === 3 && enc.offload && mpRank === 0 && encoderBackward.length)
+    if (handoffOnHost && encoderBackward.length)
       computeWait.push(...toHost(mb, outputGrads, gradsOnHost, lastCompute));
     if (!enc || level !== 2 || !encoderBackward.length) return;
     if (mb % T !== T - 1 && mb !== m - 1) return;
@@ -471,10 +473,12 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   };
   /** --full-hetero-dp-cpu-offload: the host copies of each microbatch's gathered outputs (phase 1
    * to its decoder forward) and of its output gradients (its decoder backward to phase 3) */
-  const outputsOnHost = new Map<number, Map<string, number>>();
-  const gradsOnHost = new Map<number, Map<string, number>>();
-  const phaseOf = (onHost: Map<number, Map<string, number>>) =>
-    onHost === gradsOnHost ? ('backward' as const) : ('forward' as const);
+  interface HostCopies {
+    readonly phase: 'forward' | 'backward';
+    readonly byMicrobatch: Map<number, Map<string, number>>;
+  }
+  const outputsOnHost: HostCopies = { phase: 'forward', byMicrobatch: new Map() };
+  const gradsOnHost: HostCopies = { phase: 'backward', byMicrobatch: new Map() };
   /** the index of the last instruction on a stream, -1 if none */
   const lastOn = (stream: StreamName) => {
     let k = instructions.length - 1;
@@ -486,11 +490,11 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   const toHost = (
     mb: number,
     values: readonly string[],
-    onHost: Map<number, Map<string, number>>,
+    onHost: HostCopies,
     after: number,
   ): number[] => {
     const copies = new Map<string, number>();
-    onHost.set(mb, copies);
+    onHost.byMicrobatch.set(mb, copies);
     const done: number[] = [];
     const ready = record(after);
     for (const v of values) {
@@ -505,7 +509,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           outputs: [host],
           attrs: {},
           microbatch: mb,
-          phase: phaseOf(onHost),
+          phase: onHost.phase,
           scope: handoff.scope,
         },
         [ready],
@@ -516,8 +520,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   };
   /** microbatch mb's values back from the host, into fresh device buffers, before compute reads
    * them */
-  const fromHost = (mb: number, onHost: Map<number, Map<string, number>>) => {
-    const copies = onHost.get(mb);
+  const fromHost = (mb: number, onHost: HostCopies) => {
+    const copies = onHost.byMicrobatch.get(mb);
     if (!copies) return;
     // the fresh buffers take bytes the planner freed: whatever compute and comm issued before
     // may still read them
@@ -532,7 +536,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           outputs: [dev],
           attrs: {},
           microbatch: mb,
-          phase: phaseOf(onHost),
+          phase: onHost.phase,
           scope: handoff.scope,
         },
         wait.splice(0),
@@ -570,7 +574,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           'forward',
         );
       }
-      if (enc.offload && mpRank === 0)
+      if (handoffOnHost)
         for (let i = 0; i < M && r * M + i < m; i++)
           // the device copies' bytes are reused only once the host holds them
           computeWait.push(...toHost(r * M + i, encoderOutputs, outputsOnHost, lastCompute));
@@ -583,7 +587,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const slot = r * M + mpRank;
       const encodes = slot < slots;
       const local = encodes ? locals[slot] : undefined;
-      if (mpRank === 0)
+      if (handoffOnHost)
         for (let i = 0; i < M && r * M + i < m; i++) fromHost(r * M + i, gradsOnHost);
       for (const v of outputGrads) {
         const ins =

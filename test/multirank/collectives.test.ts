@@ -21,7 +21,8 @@ const WORKER = fileURLToPath(new URL('./rank-worker.ts', import.meta.url));
 const TSX = createRequire(import.meta.url).resolve('tsx');
 
 type Result = {
-  buffers?: Record<number, number[]>;
+  /** number lists, or base64 of the bytes with the spec's `binary` */
+  buffers?: Record<number, number[] | string>;
   communicators?: { name: string; transport: string }[];
   error?: string;
 };
@@ -340,7 +341,7 @@ describe('collectives against their plain computation', () => {
         expect(res.error).toBeUndefined();
         expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
         const read = (id: number, dtype = 'f32') => {
-          const bytes = Buffer.from(res.buffers![id] as unknown as string, 'base64');
+          const bytes = Buffer.from(res.buffers![id] as string, 'base64');
           const n = bytes.length / 4;
           return dtype === 'i32'
             ? new Int32Array(bytes.buffer, bytes.byteOffset, n)

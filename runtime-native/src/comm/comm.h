@@ -69,8 +69,8 @@ class Communicator {
   virtual int rank() const = 0;  // in the group
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
-  // how its all-reduce moves data: "local" (one rank), "tcp" (Gloo), "shared memory" (shm.h;
-  // decided at the first all-reduce)
+  // how its collectives move data: "local" (one rank), "tcp" (Gloo), "shared memory" (shm.h;
+  // decided when the communicator opens; send/recv stay on TCP)
   virtual std::string transport() const = 0;
 
   // data[0:count] ← sum over the group (f32, f64, i32, i64). key ≥ 0 names the call the same way on

@@ -2,8 +2,8 @@
 // launcher's store (or a FileStore on one machine).
 //
 // Transports: a group whose ranks share one machine runs its collectives through shared memory
-// (shm.h, set up over the group's Gloo context when it opens; at 64 MiB on 2 cores all-reduce is
-// 5–6× OpenMPI's speed where loopback TCP was 1.3×, bench/collectives.ts), and only send/recv
+// (shm.h, set up over the group's Gloo context when it opens; at 64 MiB on 2 cores all-reduce ran
+// at 4.9× (2 ranks) and 5.8× (4 ranks) OpenMPI's speed, loopback TCP at 1.3×, bench/collectives.ts), and only send/recv
 // over TCP. Otherwise, over TCP: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
 // and as fast as ring-chunked over loopback), an integer one Gloo's ring with segments of at least
 // kMinSegmentBytes (its default 1 MiB segments are slow over loopback,
