@@ -33,6 +33,7 @@ import {
   type RecomputeModule,
 } from '../frontend/activation-names.js';
 import type { PlanBuffer, PlanInstruction } from './format.js';
+import { addCopy, assemble, layerOf, ProgramIndex, under, type Ctx } from './rewrite.js';
 
 export interface ActivationPolicy {
   /** `full`: whole decoder layers; `selective`: the named modules of every decoder layer */
@@ -108,101 +109,6 @@ export function applyActivationPolicy(
     for (const x of ctx.ins) p.instructions.push(x);
   }
   return ctx.events;
-}
-
-// ---- shared ---------------------------------------------------------------------------------
-
-interface Ctx {
-  ins: PlanInstruction[];
-  readonly buffers: PlanBuffer[];
-  events: number;
-}
-
-type MutableBuffer = { -readonly [K in keyof PlanBuffer]: PlanBuffer[K] };
-
-const DECODER_LAYER = /^model\.layers\.\d+(?=\.|$)/;
-
-/** the decoder layer a scope belongs to (`model.layers.3`), or undefined */
-function layerOf(scope: string): string | undefined {
-  return DECODER_LAYER.exec(scope)?.[0];
-}
-
-function under(scope: string, prefix: string): boolean {
-  return scope === prefix || scope.startsWith(`${prefix}.`);
-}
-
-/** A copy of buffer `of` appended to the program (arena unless told), offset set by a planner. */
-function addCopy(ctx: Ctx, of: number, suffix: string, patch: Partial<MutableBuffer> = {}): number {
-  const id = ctx.buffers.length;
-  const b = ctx.buffers[of];
-  const copy: MutableBuffer = { ...b, id, name: `${b.name}${suffix}`, offset: 0, ...patch };
-  if (copy.viewOf === undefined) delete copy.viewOf;
-  ctx.buffers.push(copy);
-  return id;
-}
-
-/** Indexes of one instruction list: producers and readers of each buffer. */
-class ProgramIndex {
-  /** [buffer] the first instruction that writes it, or -1 */
-  readonly producer: Int32Array;
-  /** [buffer] instructions that read it (as an input), in issue order */
-  readonly readers: number[][];
-  /** [root buffer] the buffers that are views of it */
-  readonly views: number[][];
-  /** forward instructions of each microbatch and decoder layer, in issue order */
-  readonly layers = new Map<string, { mb: number; layer: string; fw: number[] }>();
-
-  constructor(private readonly ctx: Ctx) {
-    const { ins, buffers } = ctx;
-    this.producer = new Int32Array(buffers.length).fill(-1);
-    this.readers = Array.from({ length: buffers.length }, () => []);
-    this.views = Array.from({ length: buffers.length }, () => []);
-    for (const b of buffers) if (b.viewOf !== undefined) this.views[b.viewOf].push(b.id);
-    ins.forEach((x, i) => {
-      for (const o of x.outputs) if (this.producer[o] < 0) this.producer[o] = i;
-      for (const v of x.inputs) this.readers[v].push(i);
-      const layer = layerOf(x.scope);
-      if (x.phase !== 'forward' || x.microbatch < 0 || !layer) return;
-      const key = `${x.microbatch} ${layer}`;
-      let entry = this.layers.get(key);
-      if (!entry) this.layers.set(key, (entry = { mb: x.microbatch, layer, fw: [] }));
-      entry.fw.push(i);
-    });
-  }
-
-  root(id: number): number {
-    return this.ctx.buffers[id].viewOf ?? id;
-  }
-
-  /** instructions that read a root buffer through itself or any view of it */
-  readersOfRoot(r: number): number[] {
-    const list = [...this.readers[r]];
-    for (const v of this.views[r]) list.push(...this.readers[v]);
-    return list.sort((a, b) => a - b);
-  }
-
-  /** an event recorded when instruction i ends (one it records already, or a new one) */
-  eventAt(i: number): number {
-    const x = this.ctx.ins[i];
-    if (x.record.length) return x.record[0];
-    const e = this.ctx.events++;
-    this.ctx.ins[i] = { ...x, record: [e] };
-    return e;
-  }
-}
-
-/** Builds the new list: each instruction preceded by what is inserted before it. */
-function assemble(
-  ins: readonly PlanInstruction[],
-  before: ReadonlyMap<number, PlanInstruction[]>,
-): PlanInstruction[] {
-  const out: PlanInstruction[] = [];
-  ins.forEach((x, i) => {
-    const list = before.get(i);
-    if (list) out.push(...list);
-    out.push(x);
-  });
-  return out;
 }
 
 // ---- pass 1: recompute ----------------------------------------------------------------------

@@ -30,7 +30,8 @@ import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { Action } from '../schedule/pipeline.js';
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
-import { ALIGN, align, planArena, type Lifetime } from './memory.js';
+import { offloadEncoderHandoff } from './encoder-offload.js';
+import { ALIGN, align, livenessPeak, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
   PLAN_VERSION,
@@ -101,7 +102,8 @@ export interface EmitEncoder {
   /** this program's decoder TP index (programs differ by it at levels 2 and 3) */
   readonly tp: number;
   readonly tpSize: number;
-  /** level 3, --full-hetero-dp-cpu-offload: the gathered encoder outputs wait on the host */
+  /** level 3, --full-hetero-dp-cpu-offload: what the encoder leaves on the device through the
+   * decoder's pipeline waits on the host (compiler/plan/encoder-offload.ts) */
   readonly offload?: boolean;
   /** level 3, --full-hetero-dp-encoder-recompute: the encoder forward runs again before backward */
   readonly recompute?: boolean;
@@ -407,8 +409,6 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   /** model-parallel group rank (level 3's gather and scatter root is 0) */
   const mpRank = pipe.stage * T + (enc?.tp ?? 0);
   const handoff = { phase: 'forward' as const, scope: 'encoder_handoff' };
-  /** --full-hetero-dp-cpu-offload on the rank that gathers (level 3's model-parallel rank 0) */
-  const handoffOnHost = level === 3 && !!enc?.offload && mpRank === 0;
   const runNodes = (nodes: readonly Node[], mb: number, local: Map<string, number>) => {
     for (const n of nodes) lastCompute = emitNode(n, mb, local, computeWait.splice(0));
   };
@@ -447,8 +447,6 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const j = mb + enc.tp;
       if (j < slots) runNodes(encoderForward, j, locals[j]);
     }
-    // level 3 with the outputs on the host: back into a fresh device buffer, on the copy stream
-    if (handoffOnHost) fromHost(mb, outputsOnHost);
     if (T === 1) return;
     const root = level === 2 ? mb % T : 0;
     for (const v of encoderOutputs) {
@@ -458,11 +456,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       collective('broadcast', [id], [id], { group: 'tp', group_size: T, root }, mb, 'forward');
     }
   };
-  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward;
-   * level 3 with the handoff on the host: the output gradients wait there for phase 3 */
+  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward */
   const afterDecoderBackward = (mb: number) => {
-    if (handoffOnHost && encoderBackward.length)
-      computeWait.push(...toHost(mb, outputGrads, gradsOnHost, lastCompute));
     if (!enc || level !== 2 || !encoderBackward.length) return;
     if (mb % T !== T - 1 && mb !== m - 1) return;
     const j = mb - (mb % T) + enc.tp;
@@ -471,79 +466,11 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     if (j >= m) for (const v of outputGrads) locals[j].set(v, mockRows(v));
     runNodes(encoderBackward, j, locals[j]);
   };
-  /** --full-hetero-dp-cpu-offload: the host copies of each microbatch's gathered outputs (phase 1
-   * to its decoder forward) and of its output gradients (its decoder backward to phase 3) */
-  interface HostCopies {
-    readonly phase: 'forward' | 'backward';
-    readonly byMicrobatch: Map<number, Map<string, number>>;
-  }
-  const outputsOnHost: HostCopies = { phase: 'forward', byMicrobatch: new Map() };
-  const gradsOnHost: HostCopies = { phase: 'backward', byMicrobatch: new Map() };
   /** the index of the last instruction on a stream, -1 if none */
   const lastOn = (stream: StreamName) => {
     let k = instructions.length - 1;
     while (k >= 0 && instructions[k].stream !== stream) k--;
     return k;
-  };
-  /** copies microbatch mb's values to the host after instruction `after`; the events to wait on
-   * before their device bytes are reused */
-  const toHost = (
-    mb: number,
-    values: readonly string[],
-    onHost: HostCopies,
-    after: number,
-  ): number[] => {
-    const copies = new Map<string, number>();
-    onHost.byMicrobatch.set(mb, copies);
-    const done: number[] = [];
-    const ready = record(after);
-    for (const v of values) {
-      const t = valueType.get(v)!;
-      const host = addBuffer(`${v}.host`, { ...t, space: 'host' }, 'host', mb);
-      copies.set(v, host);
-      const k = push(
-        {
-          stream: 'copy',
-          op: 'offload',
-          inputs: [locals[mb].get(v)!],
-          outputs: [host],
-          attrs: {},
-          microbatch: mb,
-          phase: onHost.phase,
-          scope: handoff.scope,
-        },
-        [ready],
-      );
-      done.push(record(k));
-    }
-    return done;
-  };
-  /** microbatch mb's values back from the host, into fresh device buffers, before compute reads
-   * them */
-  const fromHost = (mb: number, onHost: HostCopies) => {
-    const copies = onHost.byMicrobatch.get(mb);
-    if (!copies) return;
-    // the fresh buffers take bytes the planner freed: whatever compute and comm issued before
-    // may still read them
-    const wait = [lastOn('compute'), lastOn('comm')].filter((k) => k >= 0).map((k) => record(k));
-    for (const [v, host] of copies) {
-      const dev = addBuffer(`${v}.reloaded`, valueType.get(v)!, 'arena', mb);
-      const k = push(
-        {
-          stream: 'copy',
-          op: 'reload',
-          inputs: [host],
-          outputs: [dev],
-          attrs: {},
-          microbatch: mb,
-          phase: onHost.phase,
-          scope: handoff.scope,
-        },
-        wait.splice(0),
-      );
-      locals[mb].set(v, dev);
-      computeWait.push(record(k));
-    }
   };
   /** level 3, phase 1: each round, encode this rank's slot, gather the outputs to rank 0 */
   const encoderPhase1 = () => {
@@ -574,10 +501,6 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
           'forward',
         );
       }
-      if (handoffOnHost)
-        for (let i = 0; i < M && r * M + i < m; i++)
-          // the device copies' bytes are reused only once the host holds them
-          computeWait.push(...toHost(r * M + i, encoderOutputs, outputsOnHost, lastCompute));
     }
   };
   /** level 3, phase 3: each round, scatter the output gradients back, run the encoder backward */
@@ -587,8 +510,6 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       const slot = r * M + mpRank;
       const encodes = slot < slots;
       const local = encodes ? locals[slot] : undefined;
-      if (handoffOnHost)
-        for (let i = 0; i < M && r * M + i < m; i++) fromHost(r * M + i, gradsOnHost);
       for (const v of outputGrads) {
         const ins =
           mpRank === 0
@@ -1120,43 +1041,19 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
   }
 
   events = applyActivationPolicy({ instructions, buffers, events }, opts.activations);
-
-  // ---- the arena: planned from lifetimes in issue order ---------------------------------------
-  // a batched send/recv runs from its batch's first instruction to its last: what it sends
-  // stays live to the end, what it receives is written from the start
-  const span = batchSpans(instructions);
-  const firstDef = new Int32Array(buffers.length).fill(-1);
-  const lastUse = new Int32Array(buffers.length).fill(-1);
-  for (let idx = 0; idx < instructions.length; idx++) {
-    const ins = instructions[idx];
-    const last = span.last[idx];
-    for (const id of ins.inputs) {
-      const r = root(id);
-      if (lastUse[r] < last) lastUse[r] = last;
-    }
-    // a comm unit's bytes stay allocated until compute waits for it
-    for (const e of ins.wait)
-      for (const id of keepUntilWait.get(e) ?? []) {
-        const r = root(id);
-        if (lastUse[r] < idx) lastUse[r] = idx;
-      }
-    for (const id of ins.outputs) {
-      const r = root(id);
-      if (firstDef[r] < 0) firstDef[r] = span.first[idx];
-      if (lastUse[r] < last) lastUse[r] = last;
-    }
+  if (level === 3 && enc?.offload) {
+    const peakOf = (
+      ins: readonly PlanInstruction[],
+      keep: ReadonlyMap<number, readonly number[]>,
+    ) => livenessPeak(lifetimesOf(ins, buffers, mergeKeep(keepUntilWait, keep), 'arena')).at;
+    const r = offloadEncoderHandoff({ instructions, buffers, events }, peakOf);
+    events = r.events;
+    for (const [e, ids] of r.keep) keepUntilWait.set(e, [...(keepUntilWait.get(e) ?? []), ...ids]);
   }
-  // the arena, and the host region of offloaded activations, alike
+
+  // ---- the arena, and the host region of offloaded activations: planned from lifetimes ---------
   const placeByLifetime = (region: 'arena' | 'host') => {
-    const lifetimes: Lifetime[] = [];
-    for (const b of buffers)
-      if (b.region === region && b.viewOf === undefined)
-        lifetimes.push({
-          id: b.id,
-          bytes: b.bytes,
-          start: Math.max(firstDef[b.id], 0),
-          end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
-        });
+    const lifetimes = lifetimesOf(instructions, buffers, keepUntilWait, region);
     const plan = planArena(lifetimes);
     for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
     regionTop[region] = plan.sizeBytes;
@@ -1180,6 +1077,61 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     instructions,
     ...(shards.length ? { optimizerShards: shards } : {}),
   };
+}
+
+/**
+ * The lifetimes of a planned region's buffers (views count for the buffer they view), in issue
+ * order: a batched send/recv runs from its batch's first instruction to its last, so what it sends
+ * stays live to the end and what it receives is written from the start; a comm unit's bytes stay
+ * allocated until an instruction waits for its event (`keepUntilWait`).
+ */
+function lifetimesOf(
+  instructions: readonly PlanInstruction[],
+  buffers: readonly PlanBuffer[],
+  keepUntilWait: ReadonlyMap<number, readonly number[]>,
+  region: 'arena' | 'host',
+): Lifetime[] {
+  const root = (id: number): number => buffers[id].viewOf ?? id;
+  const span = batchSpans(instructions);
+  const firstDef = new Int32Array(buffers.length).fill(-1);
+  const lastUse = new Int32Array(buffers.length).fill(-1);
+  for (let idx = 0; idx < instructions.length; idx++) {
+    const ins = instructions[idx];
+    const last = span.last[idx];
+    for (const id of ins.inputs) {
+      const r = root(id);
+      if (lastUse[r] < last) lastUse[r] = last;
+    }
+    for (const e of ins.wait)
+      for (const id of keepUntilWait.get(e) ?? []) {
+        const r = root(id);
+        if (lastUse[r] < idx) lastUse[r] = idx;
+      }
+    for (const id of ins.outputs) {
+      const r = root(id);
+      if (firstDef[r] < 0) firstDef[r] = span.first[idx];
+      if (lastUse[r] < last) lastUse[r] = last;
+    }
+  }
+  const lifetimes: Lifetime[] = [];
+  for (const b of buffers)
+    if (b.region === region && b.viewOf === undefined)
+      lifetimes.push({
+        id: b.id,
+        bytes: b.bytes,
+        start: Math.max(firstDef[b.id], 0),
+        end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
+      });
+  return lifetimes;
+}
+
+function mergeKeep(
+  a: ReadonlyMap<number, readonly number[]>,
+  b: ReadonlyMap<number, readonly number[]>,
+): Map<number, readonly number[]> {
+  const out = new Map(a);
+  for (const [e, ids] of b) out.set(e, [...(out.get(e) ?? []), ...ids]);
+  return out;
 }
 
 function weightDecayKey(p: ParamDecl): string {

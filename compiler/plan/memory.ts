@@ -30,6 +30,11 @@ function footprint(b: Lifetime): number {
 
 /** The most bytes live at once (aligned sizes): a lower bound on any arena. */
 export function livenessLowerBound(buffers: readonly Lifetime[]): number {
+  return livenessPeak(buffers).bytes;
+}
+
+/** The most bytes live at once (aligned sizes), and the first instruction where they are. */
+export function livenessPeak(buffers: readonly Lifetime[]): { bytes: number; at: number } {
   // bytes starting and ending at each instruction, then a running sum (frees first at a tie)
   let last = 0;
   for (const b of buffers) last = Math.max(last, b.end + 1);
@@ -41,11 +46,12 @@ export function livenessLowerBound(buffers: readonly Lifetime[]): number {
   }
   let live = 0;
   let peak = 0;
+  let at = 0;
   for (let t = 0; t < delta.length; t++) {
     live += delta[t] - freed[t];
-    peak = Math.max(peak, live);
+    if (live > peak) [peak, at] = [live, t];
   }
-  return peak;
+  return { bytes: peak, at };
 }
 
 /**

@@ -1,0 +1,249 @@
+// --full-hetero-dp-cpu-offload (encoder level 3): what the encoder's phases leave idle on the
+// device across the peak of the decoder's pipeline waits on the host instead. A rewrite of one
+// emitted program, run after compiler/plan/activations.ts and before the arena is planned.
+//
+// Level 3 encodes every microbatch before the decoder's pipeline starts (phase 1) and runs the
+// encoder's backward after it ends (phase 3), so three kinds of bytes sit idle through decoder
+// compute: the gathered encoder outputs (phase 1 to the decoder forward that reads them), the
+// gradients of those outputs (the decoder backward that makes them to phase 3's scatter_v), and
+// the activations the encoder's forward keeps for its backward (phase 1 to phase 3; none under
+// --full-hetero-dp-encoder-recompute, which drops them). LoongForge moves the first kind, all of
+// it ("intermediate results": visual embeddings, masks, deepstack embeddings), and keeps the whole
+// list on the device until the step ends when it does not. lfc frees each output at the decoder's
+// last read of it, so at the pipeline's peak the outputs of the microbatches already started are
+// gone with or without offload, while the kept activations are all still there.
+//
+// The candidates: each gap between consecutive uses of a buffer of the encoder (one that an
+// instruction of scope visual.* or encoder_handoff writes or reads) with decoder compute in it.
+// A spilled gap is:
+//   offload  on the copy stream right after the use before the gap, waiting for it; the next
+//            compute instruction of another group (microbatch and decoder layer, or encoder pass)
+//            waits for the copy, and the device buffer stays allocated until then (`keep`), so
+//            its bytes are reused only once the host holds them
+//   reload   on the copy stream at the start of the next use's group (a decoder layer reads its
+//            deepstack embedding when that layer starts, not when the microbatch does), waiting
+//            for the last compute and comm instructions before it, so the bytes the planner gives
+//            the fresh buffer are free; the next use waits for the reload, and every later use
+//            reads and writes the fresh buffer
+// So the device is rid of a spilled buffer from its offload's waiter to its reload. The arena is
+// as large as its peak, and a copy away from the peak saves nothing but costs host bandwidth:
+// the gaps spilled are those the peak falls inside, found again after each round (the peak moves
+// when it drops) until the peak falls inside none.
+
+import { isEncoderScope } from '../parallel/encoder.js';
+import type { PlanInstruction } from './format.js';
+import type { ActivationProgram } from './activations.js';
+import { addCopy, assemble, layerOf, ProgramIndex, type Ctx } from './rewrite.js';
+
+export interface EncoderOffloadResult {
+  /** events numbered after the rewrite */
+  readonly events: number;
+  /** [event] the device buffers that stay allocated until an instruction waits for the event */
+  readonly keep: ReadonlyMap<number, readonly number[]>;
+}
+
+interface Spilled extends EncoderOffloadResult {
+  /** the copies inserted */
+  readonly inserted: ReadonlySet<PlanInstruction>;
+}
+
+/** the instruction where the arena's live bytes peak, given extra buffers kept until waits */
+export type PeakOf = (
+  instructions: readonly PlanInstruction[],
+  keep: ReadonlyMap<number, readonly number[]>,
+) => number;
+
+const HANDOFF = 'encoder_handoff';
+const ofEncoder = (x: PlanInstruction) => isEncoderScope(x.scope) || x.scope === HANDOFF;
+
+/** instructions that run as one: a decoder layer of a microbatch, an encoder pass, a collective */
+function groupOf(x: PlanInstruction): string {
+  const part = isEncoderScope(x.scope) ? 'visual' : (layerOf(x.scope) ?? x.scope);
+  return `${x.microbatch} ${x.phase} ${part}`;
+}
+
+/** a gap between two uses of an encoder buffer that a spill can take the buffer off the device */
+interface Gap {
+  /** the arena root buffer */
+  readonly root: number;
+  /** the uses before and after the gap */
+  readonly a: number;
+  readonly b: number;
+  /** the first instruction the device is rid of it (the offload's waiter), the reload's place */
+  readonly w: number;
+  readonly s: number;
+}
+
+export function offloadEncoderHandoff(p: ActivationProgram, peakOf: PeakOf): EncoderOffloadResult {
+  const original = [...p.instructions];
+  const buffersBefore = p.buffers.length;
+  const gaps = findGaps({ ins: [...original], buffers: p.buffers, events: p.events });
+  const chosen = new Set<Gap>();
+  let result: Spilled = { events: p.events, keep: new Map(), inserted: new Set() };
+  let rewritten: PlanInstruction[] = original;
+  for (;;) {
+    // the peak, as an instruction of the original program (an inserted copy: the one after it)
+    const at = peakOf(rewritten, result.keep);
+    const t = originalIndex(rewritten, result.inserted, at);
+    const more = gaps.filter((g) => !chosen.has(g) && g.w < t && t < g.s);
+    if (!more.length) break;
+    for (const g of more) chosen.add(g);
+    p.buffers.length = buffersBefore;
+    const ctx: Ctx = { ins: [...original], buffers: p.buffers, events: p.events };
+    result = spill(
+      ctx,
+      gaps.filter((g) => chosen.has(g)),
+    );
+    rewritten = ctx.ins;
+  }
+  p.instructions.length = 0;
+  for (const x of rewritten) p.instructions.push(x);
+  return { events: result.events, keep: result.keep };
+}
+
+/** the original instruction at or after place `at` of the rewritten list: the number of original
+ * instructions before it */
+function originalIndex(
+  rewritten: readonly PlanInstruction[],
+  inserted: ReadonlySet<PlanInstruction>,
+  at: number,
+): number {
+  let k = 0;
+  for (let i = 0; i < at && i < rewritten.length; i++) if (!inserted.has(rewritten[i])) k++;
+  return k;
+}
+
+/** every gap with decoder compute in it, on the program as emitted */
+function findGaps(ctx: Ctx): Gap[] {
+  const { ins, buffers } = ctx;
+  const ix = new ProgramIndex(ctx);
+  const n = ins.length;
+  const decoder = new Int32Array(n + 1);
+  for (let i = 0; i < n; i++) {
+    const x = ins[i];
+    const isDecoder = x.stream === 'compute' && x.phase !== 'optimizer' && !ofEncoder(x);
+    decoder[i + 1] = decoder[i] + (isDecoder ? 1 : 0);
+  }
+  const uses = new Map<number, number[]>();
+  const encoderRoots = new Set<number>();
+  ins.forEach((x, i) => {
+    for (const id of [...x.inputs, ...x.outputs]) {
+      const r = ix.root(id);
+      if (buffers[r].region !== 'arena' || buffers[r].bytes === 0) continue;
+      const list = uses.get(r) ?? [];
+      if (list[list.length - 1] !== i) list.push(i);
+      uses.set(r, list);
+      if (ofEncoder(x)) encoderRoots.add(r);
+    }
+  });
+  const gaps: Gap[] = [];
+  for (const root of encoderRoots) {
+    const list = uses.get(root)!;
+    for (let u = 0; u + 1 < list.length; u++) {
+      const [a, b] = [list[u], list[u + 1]];
+      if (decoder[b] - decoder[a + 1] === 0) continue;
+      // the uses after the gap are ordered after the reload only on its waiter's stream
+      if (list.slice(u + 1).some((j) => ins[j].stream !== 'compute')) break;
+      let w = a + 1;
+      while (w < b && (ins[w].stream !== 'compute' || groupOf(ins[w]) === groupOf(ins[a]))) w++;
+      let s = b;
+      while (s > w && ins[s - 1].stream === 'compute' && groupOf(ins[s - 1]) === groupOf(ins[b]))
+        s--;
+      gaps.push({ root, a, b, w, s });
+    }
+  }
+  return gaps;
+}
+
+/** the rewrite with these gaps spilled */
+function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
+  const { ins, buffers } = ctx;
+  const ix = new ProgramIndex(ctx);
+  const n = ins.length;
+  const lastCompute = new Int32Array(n + 1).fill(-1);
+  const lastComm = new Int32Array(n + 1).fill(-1);
+  const touchesArena = (x: PlanInstruction) =>
+    [...x.inputs, ...x.outputs].some((b) => buffers[ix.root(b)].region === 'arena');
+  for (let i = 0; i < n; i++) {
+    const x = ins[i];
+    lastCompute[i + 1] = x.stream === 'compute' ? i : lastCompute[i];
+    lastComm[i + 1] = x.stream === 'comm' && touchesArena(x) ? i : lastComm[i];
+  }
+  const before = new Map<number, PlanInstruction[]>();
+  const insert = (at: number, x: PlanInstruction) => {
+    const list = before.get(at) ?? [];
+    list.push(x);
+    before.set(at, list);
+  };
+  const waits = new Map<number, number[]>();
+  const addWait = (j: number, e: number) => waits.set(j, [...(waits.get(j) ?? []), e]);
+  const keep = new Map<number, number[]>();
+  /** [instruction] its buffers renamed (a root or view → the reloaded copy) */
+  const renames = new Map<number, Map<number, number>>();
+  // per root, in issue order: each spill renames the uses after it
+  const byRoot = new Map<number, Gap[]>();
+  for (const g of gaps) byRoot.set(g.root, [...(byRoot.get(g.root) ?? []), g]);
+  const uses = new Map<number, number[]>([...byRoot.keys()].map((r) => [r, []]));
+  ins.forEach((x, i) => {
+    for (const id of new Set([...x.inputs, ...x.outputs].map((v) => ix.root(v))))
+      uses.get(id)?.push(i);
+  });
+  for (const [r, list] of byRoot) {
+    list.sort((x, y) => x.a - y.a);
+    const current = new Map<number, number>([[r, r], ...ix.views[r].map((v) => [v, v] as const)]);
+    for (const { a, b, w, s } of list) {
+      const root = current.get(r)!;
+      const producer = ix.producer[r] >= 0 ? ins[ix.producer[r]] : ins[a];
+      const scope = producer.scope;
+      const host = addCopy(ctx, root, '.host', { region: 'host', space: 'host' });
+      const eOut = ctx.events++;
+      insert(a + 1, {
+        stream: 'copy',
+        op: 'offload',
+        inputs: [root],
+        outputs: [host],
+        attrs: {},
+        wait: [ix.eventAt(a)],
+        record: [eOut],
+        microbatch: ins[a].microbatch,
+        phase: ins[a].phase,
+        scope,
+      });
+      addWait(w, eOut);
+      keep.set(eOut, [root]);
+      const fresh = [lastCompute[s], lastComm[s]].filter((j) => j >= 0).map((j) => ix.eventAt(j));
+      const device = addCopy(ctx, root, '.reloaded');
+      const eIn = ctx.events++;
+      insert(s, {
+        stream: 'copy',
+        op: 'reload',
+        inputs: [host],
+        outputs: [device],
+        attrs: {},
+        wait: [...new Set(fresh)],
+        record: [eIn],
+        microbatch: ins[b].microbatch,
+        phase: ins[b].phase,
+        scope,
+      });
+      addWait(b, eIn);
+      // the uses from b on name the fresh buffer (a view of the root: a view of it)
+      current.set(r, device);
+      for (const v of ix.views[r]) current.set(v, addCopy(ctx, v, '.reloaded', { viewOf: device }));
+      for (const j of uses.get(r)!) {
+        if (j < b) continue;
+        const m = renames.get(j) ?? new Map<number, number>();
+        for (const [id, now] of current) m.set(id, now);
+        renames.set(j, m);
+      }
+    }
+  }
+  for (const [j, m] of renames) {
+    const x = ins[j];
+    const to = (id: number) => m.get(id) ?? id;
+    ins[j] = { ...x, inputs: x.inputs.map(to), outputs: x.outputs.map(to) };
+  }
+  for (const [j, es] of waits) ins[j] = { ...ins[j], wait: [...ins[j].wait, ...es] };
+  if (before.size) ctx.ins = assemble(ins, before);
+  return { events: ctx.events, keep, inserted: new Set([...before.values()].flat()) };
+}

@@ -1,0 +1,103 @@
+// Helpers for rewrites of one emitted program (compiler/plan/activations.ts,
+// compiler/plan/encoder-offload.ts): the program being rewritten, copies of its buffers, an index
+// of who writes and reads each buffer, and the assembly of the new instruction list.
+
+import type { PlanBuffer, PlanInstruction } from './format.js';
+
+export interface Ctx {
+  ins: PlanInstruction[];
+  readonly buffers: PlanBuffer[];
+  events: number;
+}
+
+export type MutableBuffer = { -readonly [K in keyof PlanBuffer]: PlanBuffer[K] };
+
+const DECODER_LAYER = /^model\.layers\.\d+(?=\.|$)/;
+
+/** the decoder layer a scope belongs to (`model.layers.3`), or undefined */
+export function layerOf(scope: string): string | undefined {
+  return DECODER_LAYER.exec(scope)?.[0];
+}
+
+export function under(scope: string, prefix: string): boolean {
+  return scope === prefix || scope.startsWith(`${prefix}.`);
+}
+
+/** A copy of buffer `of` appended to the program (arena unless told), offset set by a planner. */
+export function addCopy(
+  ctx: Ctx,
+  of: number,
+  suffix: string,
+  patch: Partial<MutableBuffer> = {},
+): number {
+  const id = ctx.buffers.length;
+  const b = ctx.buffers[of];
+  const copy: MutableBuffer = { ...b, id, name: `${b.name}${suffix}`, offset: 0, ...patch };
+  if (copy.viewOf === undefined) delete copy.viewOf;
+  ctx.buffers.push(copy);
+  return id;
+}
+
+/** Indexes of one instruction list: producers and readers of each buffer. */
+export class ProgramIndex {
+  /** [buffer] the first instruction that writes it, or -1 */
+  readonly producer: Int32Array;
+  /** [buffer] instructions that read it (as an input), in issue order */
+  readonly readers: number[][];
+  /** [root buffer] the buffers that are views of it */
+  readonly views: number[][];
+  /** forward instructions of each microbatch and decoder layer, in issue order */
+  readonly layers = new Map<string, { mb: number; layer: string; fw: number[] }>();
+
+  constructor(private readonly ctx: Ctx) {
+    const { ins, buffers } = ctx;
+    this.producer = new Int32Array(buffers.length).fill(-1);
+    this.readers = Array.from({ length: buffers.length }, () => []);
+    this.views = Array.from({ length: buffers.length }, () => []);
+    for (const b of buffers) if (b.viewOf !== undefined) this.views[b.viewOf].push(b.id);
+    ins.forEach((x, i) => {
+      for (const o of x.outputs) if (this.producer[o] < 0) this.producer[o] = i;
+      for (const v of x.inputs) this.readers[v].push(i);
+      const layer = layerOf(x.scope);
+      if (x.phase !== 'forward' || x.microbatch < 0 || !layer) return;
+      const key = `${x.microbatch} ${layer}`;
+      let entry = this.layers.get(key);
+      if (!entry) this.layers.set(key, (entry = { mb: x.microbatch, layer, fw: [] }));
+      entry.fw.push(i);
+    });
+  }
+
+  root(id: number): number {
+    return this.ctx.buffers[id].viewOf ?? id;
+  }
+
+  /** instructions that read a root buffer through itself or any view of it */
+  readersOfRoot(r: number): number[] {
+    const list = [...this.readers[r]];
+    for (const v of this.views[r]) list.push(...this.readers[v]);
+    return list.sort((a, b) => a - b);
+  }
+
+  /** an event recorded when instruction i ends (one it records already, or a new one) */
+  eventAt(i: number): number {
+    const x = this.ctx.ins[i];
+    if (x.record.length) return x.record[0];
+    const e = this.ctx.events++;
+    this.ctx.ins[i] = { ...x, record: [e] };
+    return e;
+  }
+}
+
+/** Builds the new list: each instruction preceded by what is inserted before it. */
+export function assemble(
+  ins: readonly PlanInstruction[],
+  before: ReadonlyMap<number, PlanInstruction[]>,
+): PlanInstruction[] {
+  const out: PlanInstruction[] = [];
+  ins.forEach((x, i) => {
+    const list = before.get(i);
+    if (list) out.push(...list);
+    out.push(x);
+  });
+  return out;
+}
