@@ -231,6 +231,12 @@ const LAYOUTS: readonly Layout[] = [
     ranks: 4,
     flags: ARTICLE,
   },
+  {
+    name: 'article-pp2-vpp2-ep2-cpu-offload',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [...ARTICLE, '--full-hetero-dp-cpu-offload'],
+  },
   // ViT DP balance on a batch built to be imbalanced: over dp and over every rank (level 3)
   {
     name: 'vit-balance-dp2',
@@ -247,11 +253,15 @@ const LAYOUTS: readonly Layout[] = [
     imbalanced: true,
   },
   {
-    // 2 microbatches per data-parallel rank over 4 encoding ranks: the mock slots encode too
-    name: 'vit-balance-level3-mock-slots',
+    // 2 microbatches per data-parallel rank over 4 encoding ranks: the mock slots encode too;
+    // with what the encoder leaves idle across the pipeline's peak on the host
+    name: 'vit-balance-level3-mock-slots-offload',
     model: 'tiny-vlm-moe',
     ranks: 8,
-    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+    flags: [
+      ...['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+      '--full-hetero-dp-cpu-offload',
+    ],
     imbalanced: true,
   },
   // token dropping: the same assignments dropped on every layout, so the same losses as one rank
