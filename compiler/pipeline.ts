@@ -429,6 +429,8 @@ export function compile(o: CompileOptions): CompileResult {
         buffers: sum((p) => p.buffers.length),
         arenaBytes: sum((p) => p.regions.arena),
         arenaLowerBoundBytes: sum((p) => p.arenaLowerBoundBytes),
+        /** host bytes of offloaded tensors (--offload-tensors, --full-hetero-dp-cpu-offload) */
+        hostBytes: sum((p) => p.regions.host ?? 0),
       },
       verify: { ms: verifyMs },
     },

@@ -457,6 +457,9 @@ export function addCompileCommand(program: Command, io: CliIO): void {
           `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
           `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
           `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,
+          ...(e.hostBytes
+            ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
+            : []),
           '',
         ].join('\n'),
       );
