@@ -30,7 +30,7 @@ import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { Action } from '../schedule/pipeline.js';
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
-import { offloadEncoderHandoff } from './encoder-offload.js';
+import { offloadIdleEncoderBytes } from './encoder-offload.js';
 import { ALIGN, align, livenessPeak, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
@@ -1046,7 +1046,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
       ins: readonly PlanInstruction[],
       keep: ReadonlyMap<number, readonly number[]>,
     ) => livenessPeak(lifetimesOf(ins, buffers, mergeKeep(keepUntilWait, keep), 'arena')).at;
-    const r = offloadEncoderHandoff({ instructions, buffers, events }, peakOf);
+    const r = offloadIdleEncoderBytes({ instructions, buffers, events }, peakOf);
     events = r.events;
     for (const [e, ids] of r.keep) keepUntilWait.set(e, [...(keepUntilWait.get(e) ?? []), ...ids]);
   }

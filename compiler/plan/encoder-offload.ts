@@ -74,7 +74,10 @@ interface Gap {
   readonly s: number;
 }
 
-export function offloadEncoderHandoff(p: ActivationProgram, peakOf: PeakOf): EncoderOffloadResult {
+export function offloadIdleEncoderBytes(
+  p: ActivationProgram,
+  peakOf: PeakOf,
+): EncoderOffloadResult {
   const original = [...p.instructions];
   const buffersBefore = p.buffers.length;
   const gaps = findGaps({ ins: [...original], buffers: p.buffers, events: p.events });
