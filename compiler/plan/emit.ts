@@ -31,7 +31,7 @@ import type { Action } from '../schedule/pipeline.js';
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
 import { offloadIdleEncoderBytes } from './encoder-offload.js';
-import { ALIGN, align, livenessPeak, planArena, type Lifetime } from './memory.js';
+import { ALIGN, align, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
   PLAN_VERSION,
@@ -1042,11 +1042,8 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
 
   events = applyActivationPolicy({ instructions, buffers, events }, opts.activations);
   if (level === 3 && enc?.offload) {
-    const peakOf = (
-      ins: readonly PlanInstruction[],
-      keep: ReadonlyMap<number, readonly number[]>,
-    ) => livenessPeak(lifetimesOf(ins, buffers, mergeKeep(keepUntilWait, keep), 'arena')).at;
-    const r = offloadIdleEncoderBytes({ instructions, buffers, events }, peakOf);
+    const arena = lifetimesOf(instructions, buffers, keepUntilWait, 'arena');
+    const r = offloadIdleEncoderBytes({ instructions, buffers, events }, arena);
     events = r.events;
     for (const [e, ids] of r.keep) keepUntilWait.set(e, [...(keepUntilWait.get(e) ?? []), ...ids]);
   }
@@ -1123,15 +1120,6 @@ function lifetimesOf(
         end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
       });
   return lifetimes;
-}
-
-function mergeKeep(
-  a: ReadonlyMap<number, readonly number[]>,
-  b: ReadonlyMap<number, readonly number[]>,
-): Map<number, readonly number[]> {
-  const out = new Map(a);
-  for (const [e, ids] of b) out.set(e, [...(out.get(e) ?? []), ...ids]);
-  return out;
 }
 
 function weightDecayKey(p: ParamDecl): string {

@@ -28,12 +28,15 @@
 // So the device is rid of a spilled buffer from its offload's waiter to its reload. The arena is
 // as large as its peak, and a copy away from the peak saves nothing but costs host bandwidth:
 // the gaps spilled are those the peak falls inside, found again after each round (the peak moves
-// when it drops) until the peak falls inside none.
+// when it drops) until the peak falls inside none. The rounds work on the emitted program's live
+// bytes per instruction (the lifetimes the arena would be planned from), less each chosen gap's
+// bytes between its waiter and its reload, which is what the rewrite, done once at the end, makes.
 
 import { isEncoderScope } from '../parallel/encoder.js';
 import type { PlanInstruction } from './format.js';
 import type { ActivationProgram } from './activations.js';
-import { addCopy, assemble, layerOf, ProgramIndex, type Ctx } from './rewrite.js';
+import { align, type Lifetime } from './memory.js';
+import { addCopy, assemble, layerOf, type Ctx } from './rewrite.js';
 
 export interface EncoderOffloadResult {
   /** events numbered after the rewrite */
@@ -41,17 +44,6 @@ export interface EncoderOffloadResult {
   /** [event] the device buffers that stay allocated until an instruction waits for the event */
   readonly keep: ReadonlyMap<number, readonly number[]>;
 }
-
-interface Spilled extends EncoderOffloadResult {
-  /** the copies inserted */
-  readonly inserted: ReadonlySet<PlanInstruction>;
-}
-
-/** the instruction where the arena's live bytes peak, given extra buffers kept until waits */
-export type PeakOf = (
-  instructions: readonly PlanInstruction[],
-  keep: ReadonlyMap<number, readonly number[]>,
-) => number;
 
 const HANDOFF = 'encoder_handoff';
 const ofEncoder = (x: PlanInstruction) => isEncoderScope(x.scope) || x.scope === HANDOFF;
@@ -74,79 +66,100 @@ interface Gap {
   readonly s: number;
 }
 
+/**
+ * Spills the gaps the arena's peak falls in, round by round. `arena`: the emitted program's arena
+ * lifetimes, by root buffer.
+ */
 export function offloadIdleEncoderBytes(
   p: ActivationProgram,
-  peakOf: PeakOf,
+  arena: readonly Lifetime[],
 ): EncoderOffloadResult {
-  const original = [...p.instructions];
-  const buffersBefore = p.buffers.length;
-  const gaps = findGaps({ ins: [...original], buffers: p.buffers, events: p.events });
+  const ctx: Ctx = { ins: p.instructions, buffers: p.buffers, events: p.events };
+  const { gaps, uses } = findGaps(ctx);
+  const n = p.instructions.length;
+  const bytes = (id: number) => align(Math.max(p.buffers[id].bytes, 1));
+  // live bytes at each instruction, as a difference array
+  const diff = new Float64Array(n + 1);
+  for (const b of arena) {
+    diff[b.start] += bytes(b.id);
+    diff[b.end + 1] -= bytes(b.id);
+  }
   const chosen = new Set<Gap>();
-  let result: Spilled = { events: p.events, keep: new Map(), inserted: new Set() };
-  let rewritten: PlanInstruction[] = original;
   for (;;) {
-    // the peak, as an instruction of the original program (an inserted copy: the one after it)
-    const at = peakOf(rewritten, result.keep);
-    const t = originalIndex(rewritten, result.inserted, at);
+    // the first instruction where the most bytes are live
+    let [live, peak, t] = [0, -1, 0];
+    for (let i = 0; i < n; i++) {
+      live += diff[i];
+      if (live > peak) [peak, t] = [live, i];
+    }
     const more = gaps.filter((g) => !chosen.has(g) && g.w < t && t < g.s);
     if (!more.length) break;
-    for (const g of more) chosen.add(g);
-    p.buffers.length = buffersBefore;
-    const ctx: Ctx = { ins: [...original], buffers: p.buffers, events: p.events };
-    result = spill(
-      ctx,
-      gaps.filter((g) => chosen.has(g)),
-    );
-    rewritten = ctx.ins;
+    for (const g of more) {
+      chosen.add(g);
+      diff[g.w + 1] -= bytes(g.root);
+      diff[g.s] += bytes(g.root);
+    }
   }
+  if (!chosen.size) return { events: p.events, keep: new Map() };
+  const result = spill(
+    ctx,
+    gaps.filter((g) => chosen.has(g)),
+    uses,
+  );
   p.instructions.length = 0;
-  for (const x of rewritten) p.instructions.push(x);
-  return { events: result.events, keep: result.keep };
+  for (const x of ctx.ins) p.instructions.push(x);
+  return result;
 }
 
-/** the original instruction at or after place `at` of the rewritten list: the number of original
- * instructions before it */
-function originalIndex(
-  rewritten: readonly PlanInstruction[],
-  inserted: ReadonlySet<PlanInstruction>,
-  at: number,
-): number {
-  let k = 0;
-  for (let i = 0; i < at && i < rewritten.length; i++) if (!inserted.has(rewritten[i])) k++;
-  return k;
+/** a buffer's root: the buffer a view views, or itself */
+const rootOf = (buffers: Ctx['buffers'], id: number) => buffers[id].viewOf ?? id;
+
+/** every use (read or write, through the buffer or a view) of the roots `want` takes, in issue
+ * order */
+function usesOf(ctx: Ctx, want: Uint8Array): Map<number, number[]> {
+  const uses = new Map<number, number[]>();
+  ctx.ins.forEach((x, i) => {
+    for (const ids of [x.inputs, x.outputs])
+      for (const id of ids) {
+        const r = rootOf(ctx.buffers, id);
+        if (!want[r]) continue;
+        let list = uses.get(r);
+        if (!list) uses.set(r, (list = []));
+        if (list[list.length - 1] !== i) list.push(i);
+      }
+  });
+  return uses;
 }
 
-/** every gap with decoder compute in it, on the program as emitted */
-function findGaps(ctx: Ctx): Gap[] {
+/** every gap with decoder compute in it, on the program as emitted; the uses of their buffers */
+function findGaps(ctx: Ctx): { gaps: Gap[]; uses: Map<number, number[]> } {
   const { ins, buffers } = ctx;
-  const ix = new ProgramIndex(ctx);
   const n = ins.length;
   const decoder = new Int32Array(n + 1);
+  const encoderRoot = new Uint8Array(buffers.length);
   for (let i = 0; i < n; i++) {
     const x = ins[i];
-    const isDecoder = x.stream === 'compute' && x.phase !== 'optimizer' && !ofEncoder(x);
-    decoder[i + 1] = decoder[i] + (isDecoder ? 1 : 0);
+    const encoder = ofEncoder(x);
+    decoder[i + 1] =
+      decoder[i] + (x.stream === 'compute' && x.phase !== 'optimizer' && !encoder ? 1 : 0);
+    if (!encoder) continue;
+    for (const ids of [x.inputs, x.outputs])
+      for (const id of ids) {
+        const r = rootOf(buffers, id);
+        if (buffers[r].region === 'arena' && buffers[r].bytes > 0) encoderRoot[r] = 1;
+      }
   }
-  const uses = new Map<number, number[]>();
-  const encoderRoots = new Set<number>();
-  ins.forEach((x, i) => {
-    for (const id of [...x.inputs, ...x.outputs]) {
-      const r = ix.root(id);
-      if (buffers[r].region !== 'arena' || buffers[r].bytes === 0) continue;
-      const list = uses.get(r) ?? [];
-      if (list[list.length - 1] !== i) list.push(i);
-      uses.set(r, list);
-      if (ofEncoder(x)) encoderRoots.add(r);
-    }
-  });
+  const uses = usesOf(ctx, encoderRoot);
   const gaps: Gap[] = [];
-  for (const root of encoderRoots) {
-    const list = uses.get(root)!;
-    for (let u = 0; u + 1 < list.length; u++) {
+  for (const [root, list] of uses) {
+    // the uses after a gap are ordered after its reload only on the reload's waiter's stream
+    let lastOther = -1;
+    list.forEach((j, u) => {
+      if (ins[j].stream !== 'compute') lastOther = u;
+    });
+    for (let u = lastOther < 0 ? 0 : lastOther; u + 1 < list.length; u++) {
       const [a, b] = [list[u], list[u + 1]];
       if (decoder[b] - decoder[a + 1] === 0) continue;
-      // the uses after the gap are ordered after the reload only on its waiter's stream
-      if (list.slice(u + 1).some((j) => ins[j].stream !== 'compute')) break;
       let w = a + 1;
       while (w < b && (ins[w].stream !== 'compute' || groupOf(ins[w]) === groupOf(ins[a]))) w++;
       let s = b;
@@ -155,23 +168,34 @@ function findGaps(ctx: Ctx): Gap[] {
       gaps.push({ root, a, b, w, s });
     }
   }
-  return gaps;
+  return { gaps, uses };
 }
 
 /** the rewrite with these gaps spilled */
-function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
+function spill(
+  ctx: Ctx,
+  gaps: readonly Gap[],
+  uses: ReadonlyMap<number, readonly number[]>,
+): EncoderOffloadResult {
   const { ins, buffers } = ctx;
-  const ix = new ProgramIndex(ctx);
   const n = ins.length;
   const lastCompute = new Int32Array(n + 1).fill(-1);
   const lastComm = new Int32Array(n + 1).fill(-1);
   const touchesArena = (x: PlanInstruction) =>
-    [...x.inputs, ...x.outputs].some((b) => buffers[ix.root(b)].region === 'arena');
+    x.inputs.some((b) => buffers[rootOf(buffers, b)].region === 'arena') ||
+    x.outputs.some((b) => buffers[rootOf(buffers, b)].region === 'arena');
   for (let i = 0; i < n; i++) {
     const x = ins[i];
     lastCompute[i + 1] = x.stream === 'compute' ? i : lastCompute[i];
     lastComm[i + 1] = x.stream === 'comm' && touchesArena(x) ? i : lastComm[i];
   }
+  /** an event recorded when instruction i ends (one it records already, or a new one) */
+  const eventAt = (i: number): number => {
+    if (ins[i].record.length) return ins[i].record[0];
+    const e = ctx.events++;
+    ins[i] = { ...ins[i], record: [e] };
+    return e;
+  };
   const before = new Map<number, PlanInstruction[]>();
   const insert = (at: number, x: PlanInstruction) => {
     const list = before.get(at) ?? [];
@@ -186,18 +210,15 @@ function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
   // per root, in issue order: each spill renames the uses after it
   const byRoot = new Map<number, Gap[]>();
   for (const g of gaps) byRoot.set(g.root, [...(byRoot.get(g.root) ?? []), g]);
-  const uses = new Map<number, number[]>([...byRoot.keys()].map((r) => [r, []]));
-  ins.forEach((x, i) => {
-    for (const id of new Set([...x.inputs, ...x.outputs].map((v) => ix.root(v))))
-      uses.get(id)?.push(i);
-  });
+  const views = new Map<number, number[]>([...byRoot.keys()].map((r) => [r, []]));
+  for (const b of buffers) if (b.viewOf !== undefined) views.get(b.viewOf)?.push(b.id);
   for (const [r, list] of byRoot) {
     list.sort((x, y) => x.a - y.a);
-    const current = new Map<number, number>([[r, r], ...ix.views[r].map((v) => [v, v] as const)]);
+    const current = new Map<number, number>([[r, r], ...views.get(r)!.map((v) => [v, v] as const)]);
+    // the copies carry the scope of the instruction that made the buffer
+    const scope = ins[uses.get(r)![0]].scope;
     for (const { a, b, w, s } of list) {
       const root = current.get(r)!;
-      const producer = ix.producer[r] >= 0 ? ins[ix.producer[r]] : ins[a];
-      const scope = producer.scope;
       const host = addCopy(ctx, root, '.host', { region: 'host', space: 'host' });
       const eOut = ctx.events++;
       insert(a + 1, {
@@ -206,7 +227,7 @@ function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
         inputs: [root],
         outputs: [host],
         attrs: {},
-        wait: [ix.eventAt(a)],
+        wait: [eventAt(a)],
         record: [eOut],
         microbatch: ins[a].microbatch,
         phase: ins[a].phase,
@@ -214,7 +235,7 @@ function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
       });
       addWait(w, eOut);
       keep.set(eOut, [root]);
-      const fresh = [lastCompute[s], lastComm[s]].filter((j) => j >= 0).map((j) => ix.eventAt(j));
+      const fresh = [lastCompute[s], lastComm[s]].filter((j) => j >= 0).map((j) => eventAt(j));
       const device = addCopy(ctx, root, '.reloaded');
       const eIn = ctx.events++;
       insert(s, {
@@ -232,7 +253,8 @@ function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
       addWait(b, eIn);
       // the uses from b on name the fresh buffer (a view of the root: a view of it)
       current.set(r, device);
-      for (const v of ix.views[r]) current.set(v, addCopy(ctx, v, '.reloaded', { viewOf: device }));
+      for (const v of views.get(r)!)
+        current.set(v, addCopy(ctx, v, '.reloaded', { viewOf: device }));
       for (const j of uses.get(r)!) {
         if (j < b) continue;
         const m = renames.get(j) ?? new Map<number, number>();
@@ -248,5 +270,5 @@ function spill(ctx: Ctx, gaps: readonly Gap[]): Spilled {
   }
   for (const [j, es] of waits) ins[j] = { ...ins[j], wait: [...ins[j].wait, ...es] };
   if (before.size) ctx.ins = assemble(ins, before);
-  return { events: ctx.events, keep, inserted: new Set([...before.values()].flat()) };
+  return { events: ctx.events, keep };
 }

@@ -30,11 +30,6 @@ function footprint(b: Lifetime): number {
 
 /** The most bytes live at once (aligned sizes): a lower bound on any arena. */
 export function livenessLowerBound(buffers: readonly Lifetime[]): number {
-  return livenessPeak(buffers).bytes;
-}
-
-/** The most bytes live at once (aligned sizes), and the first instruction where they are. */
-export function livenessPeak(buffers: readonly Lifetime[]): { bytes: number; at: number } {
   // bytes starting and ending at each instruction, then a running sum (frees first at a tie)
   let last = 0;
   for (const b of buffers) last = Math.max(last, b.end + 1);
@@ -46,12 +41,11 @@ export function livenessPeak(buffers: readonly Lifetime[]): { bytes: number; at:
   }
   let live = 0;
   let peak = 0;
-  let at = 0;
   for (let t = 0; t < delta.length; t++) {
     live += delta[t] - freed[t];
-    if (live > peak) [peak, at] = [live, t];
+    peak = Math.max(peak, live);
   }
-  return { bytes: peak, at };
+  return peak;
 }
 
 /**
@@ -142,11 +136,15 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
  * Greedy placement: largest buffers first (ties: earliest start), each at the lowest offset that
  * does not overlap a placed buffer whose lifetime intersects its own. Placed buffers are indexed
  * by blocks of instruction time, so finding the ones that share a lifetime visits only the
- * blocks it spans.
+ * blocks it spans; a block is a quarter of the mean lifetime (at least 64 instructions), so a
+ * buffer spans a few blocks whether lifetimes are short (arena activations) or long (host copies
+ * kept from forward to backward).
  */
 export function planBySize(buffers: readonly Lifetime[]): ArenaPlan {
   const order = [...buffers].sort((a, b) => b.bytes - a.bytes || a.start - b.start || a.id - b.id);
-  const BLOCK = 64;
+  let span = 0;
+  for (const b of buffers) span += b.end - b.start + 1;
+  const BLOCK = Math.max(64, Math.ceil(span / Math.max(buffers.length, 1) / 4));
   const blocks = new Map<number, number[]>(); // block → indices into placed
   const placed: { start: number; end: number; lo: number; hi: number }[] = [];
   const seen: number[] = [];
