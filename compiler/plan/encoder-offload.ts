@@ -85,9 +85,11 @@ export function offloadIdleEncoderBytes(
     diff[b.end + 1] -= bytes(b.id);
   }
   const chosen = new Set<Gap>();
+  let peak: number;
   for (;;) {
     // the first instruction where the most bytes are live
-    let [live, peak, t] = [0, -1, 0];
+    let [live, t] = [0, 0];
+    peak = -1;
     for (let i = 0; i < n; i++) {
       live += diff[i];
       if (live > peak) [peak, t] = [live, i];
@@ -101,6 +103,18 @@ export function offloadIdleEncoderBytes(
     }
   }
   if (!chosen.size) return { events: p.events, keep: new Map() };
+  // a gap taken for an earlier round's peak may not be needed to stay under the last one: put
+  // back each whose bytes fit under it (largest first), so nothing is copied that lowers no peak
+  const live = new Float64Array(n);
+  for (let i = 0, sum = 0; i < n; i++) live[i] = sum += diff[i];
+  for (const g of [...chosen].sort((x, y) => bytes(y.root) - bytes(x.root) || x.a - y.a)) {
+    const k = bytes(g.root);
+    let fits = true;
+    for (let i = g.w + 1; i < g.s && fits; i++) fits = live[i] + k <= peak;
+    if (!fits) continue;
+    chosen.delete(g);
+    for (let i = g.w + 1; i < g.s; i++) live[i] += k;
+  }
   const result = spill(
     ctx,
     gaps.filter((g) => chosen.has(g)),
