@@ -15,15 +15,7 @@ import { performance } from 'node:perf_hooks';
 import { parseCompileArgs } from '../compiler/cli/compile.js';
 import { compile, type CompileOptions } from '../compiler/pipeline.js';
 import type { ProgramFile } from '../compiler/plan/format.js';
-
-const LINE = `--model-name qwen3_vl_30b_a3b --nnodes 4 --nproc-per-node 8 --training-phase sft
-  --attention-backend flash --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
-  --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-  --num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer --enable-full-hetero-dp
-  --overlap-moe-expert-parallel-comm --delay-wgrad-compute +model.image_encoder.freeze=True
-  --micro-batch-size 1 --global-batch-size 64 --lr 1e-5 --recompute-granularity selective
-  --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp
-  --fine-grained-activation-offloading --offload-tensors dispatched_input pre_mlp_layernorm_output`;
+import { ARTICLE_30B, argvOf } from '../examples/article-launch-lines.js';
 
 function arg(name: string, def: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -45,7 +37,7 @@ const VARIANTS: [string, { cpuOffload?: boolean; recompute?: boolean }, string][
   ['+ both', { cpuOffload: true, recompute: true }, '+ encoder recompute'],
 ];
 
-const line = parseCompileArgs(LINE.split(/\s+/).filter(Boolean)).options;
+const line = parseCompileArgs(argvOf(ARTICLE_30B)).options;
 for (const gbs of arg('gbs', '64,256').split(',').map(Number)) {
   console.log(`\nglobal batch ${gbs}: stage 0 (p0)`);
   console.log(

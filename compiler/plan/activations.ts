@@ -33,7 +33,16 @@ import {
   type RecomputeModule,
 } from '../frontend/activation-names.js';
 import type { PlanBuffer, PlanInstruction } from './format.js';
-import { addCopy, assemble, layerOf, ProgramIndex, under, type Ctx } from './rewrite.js';
+import {
+  addCopy,
+  assemble,
+  copyInstruction,
+  lastArenaUsers,
+  layerOf,
+  ProgramIndex,
+  under,
+  type Ctx,
+} from './rewrite.js';
 
 export interface ActivationPolicy {
   /** `full`: whole decoder layers; `selective`: the named modules of every decoder layer */
@@ -394,16 +403,7 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
   const addWait = (j: number, e: number) => {
     ctx.ins[j] = { ...ctx.ins[j], wait: [...ctx.ins[j].wait, e] };
   };
-  // the last compute and the last arena-touching comm instruction before each place
-  const lastCompute = new Int32Array(n + 1).fill(-1);
-  const lastComm = new Int32Array(n + 1).fill(-1);
-  const touchesArena = (x: PlanInstruction) =>
-    [...x.inputs, ...x.outputs].some((b) => buffers[ix.root(b)].region === 'arena');
-  for (let i = 0; i < n; i++) {
-    const x = ctx.ins[i];
-    lastCompute[i + 1] = x.stream === 'compute' ? i : lastCompute[i];
-    lastComm[i + 1] = x.stream === 'comm' && touchesArena(x) ? i : lastComm[i];
-  }
+  const last = lastArenaUsers(ctx);
   const done = new Set<number>();
   for (const { mb, layer, fw } of ix.layers.values()) {
     const ins = ctx.ins;
@@ -421,10 +421,10 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
         (j) => j >= 0 && isForward(j) && ins[j].stream === 'compute',
       );
       if (!touching.length) continue;
-      const last = Math.max(...touching);
+      const lastRead = Math.max(...touching);
       // the offload goes before the first compute instruction after the last reader's layer
-      const lastLayer = layerOf(ins[last].scope);
-      let k = last + 1;
+      const lastLayer = layerOf(ins[lastRead].scope);
+      let k = lastRead + 1;
       while (
         k < n &&
         (ins[k].stream !== 'compute' ||
@@ -449,34 +449,26 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
       const scope = ix.producer[t] >= 0 ? ins[ix.producer[t]].scope : layer;
       const host = addCopy(ctx, t, '.host', { region: 'host', space: 'host' });
       const eOut = ctx.events++;
-      insert(k, {
-        stream: 'copy',
-        op: 'offload',
-        inputs: [t],
-        outputs: [host],
-        attrs: {},
-        wait: [ix.eventAt(last)],
-        record: [eOut],
-        microbatch: mb,
-        phase: 'forward',
-        scope,
-      });
+      insert(
+        k,
+        copyInstruction('offload', t, host, [ix.eventAt(lastRead)], eOut, {
+          microbatch: mb,
+          phase: 'forward',
+          scope,
+        }),
+      );
       addWait(k, eOut);
       const device = addCopy(ctx, t, '.reload');
-      const waits = [lastCompute[s], lastComm[s]].filter((j) => j >= 0).map((j) => ix.eventAt(j));
+      const waits = [last.compute[s], last.comm[s]].filter((j) => j >= 0).map((j) => ix.eventAt(j));
       const eIn = ctx.events++;
-      insert(s, {
-        stream: 'copy',
-        op: 'reload',
-        inputs: [host],
-        outputs: [device],
-        attrs: {},
-        wait: [...new Set(waits)],
-        record: [eIn],
-        microbatch: mb,
-        phase: 'backward',
-        scope,
-      });
+      insert(
+        s,
+        copyInstruction('reload', host, device, waits, eIn, {
+          microbatch: mb,
+          phase: 'backward',
+          scope,
+        }),
+      );
       addWait(b1, eIn);
       // backward reads the reloaded buffer (a view of the tensor: a view of it)
       const renamed = new Map<number, number>([[t, device]]);

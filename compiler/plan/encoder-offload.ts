@@ -36,7 +36,14 @@ import { isEncoderScope } from '../parallel/encoder.js';
 import type { PlanInstruction } from './format.js';
 import type { ActivationProgram } from './activations.js';
 import { align, type Lifetime } from './memory.js';
-import { addCopy, assemble, layerOf, type Ctx } from './rewrite.js';
+import {
+  addCopy,
+  assemble,
+  copyInstruction,
+  lastArenaUsers,
+  layerOf,
+  type Ctx,
+} from './rewrite.js';
 
 export interface EncoderOffloadResult {
   /** events numbered after the rewrite */
@@ -192,17 +199,7 @@ function spill(
   uses: ReadonlyMap<number, readonly number[]>,
 ): EncoderOffloadResult {
   const { ins, buffers } = ctx;
-  const n = ins.length;
-  const lastCompute = new Int32Array(n + 1).fill(-1);
-  const lastComm = new Int32Array(n + 1).fill(-1);
-  const touchesArena = (x: PlanInstruction) =>
-    x.inputs.some((b) => buffers[rootOf(buffers, b)].region === 'arena') ||
-    x.outputs.some((b) => buffers[rootOf(buffers, b)].region === 'arena');
-  for (let i = 0; i < n; i++) {
-    const x = ins[i];
-    lastCompute[i + 1] = x.stream === 'compute' ? i : lastCompute[i];
-    lastComm[i + 1] = x.stream === 'comm' && touchesArena(x) ? i : lastComm[i];
-  }
+  const last = lastArenaUsers(ctx);
   /** an event recorded when instruction i ends (one it records already, or a new one) */
   const eventAt = (i: number): number => {
     if (ins[i].record.length) return ins[i].record[0];
@@ -235,35 +232,16 @@ function spill(
       const root = current.get(r)!;
       const host = addCopy(ctx, root, '.host', { region: 'host', space: 'host' });
       const eOut = ctx.events++;
-      insert(a + 1, {
-        stream: 'copy',
-        op: 'offload',
-        inputs: [root],
-        outputs: [host],
-        attrs: {},
-        wait: [eventAt(a)],
-        record: [eOut],
-        microbatch: ins[a].microbatch,
-        phase: ins[a].phase,
-        scope,
-      });
+      insert(
+        a + 1,
+        copyInstruction('offload', root, host, [eventAt(a)], eOut, { ...ins[a], scope }),
+      );
       addWait(w, eOut);
       keep.set(eOut, [root]);
-      const fresh = [lastCompute[s], lastComm[s]].filter((j) => j >= 0).map((j) => eventAt(j));
+      const fresh = [last.compute[s], last.comm[s]].filter((j) => j >= 0).map((j) => eventAt(j));
       const device = addCopy(ctx, root, '.reloaded');
       const eIn = ctx.events++;
-      insert(s, {
-        stream: 'copy',
-        op: 'reload',
-        inputs: [host],
-        outputs: [device],
-        attrs: {},
-        wait: [...new Set(fresh)],
-        record: [eIn],
-        microbatch: ins[b].microbatch,
-        phase: ins[b].phase,
-        scope,
-      });
+      insert(s, copyInstruction('reload', host, device, fresh, eIn, { ...ins[b], scope }));
       addWait(b, eIn);
       // the uses from b on name the fresh buffer (a view of the root: a view of it)
       current.set(r, device);

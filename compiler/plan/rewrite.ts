@@ -101,3 +101,46 @@ export function assemble(
   });
   return out;
 }
+
+/**
+ * Before each place i (0..n): the last compute instruction, and the last comm instruction that
+ * touches the arena (-1: none). A reload into fresh arena bytes waits for both: the planner may
+ * give it bytes any of them still reads or writes.
+ */
+export function lastArenaUsers(ctx: Ctx): { compute: Int32Array; comm: Int32Array } {
+  const { ins, buffers } = ctx;
+  const n = ins.length;
+  const compute = new Int32Array(n + 1).fill(-1);
+  const comm = new Int32Array(n + 1).fill(-1);
+  const inArena = (id: number) => buffers[buffers[id].viewOf ?? id].region === 'arena';
+  for (let i = 0; i < n; i++) {
+    const x = ins[i];
+    compute[i + 1] = x.stream === 'compute' ? i : compute[i];
+    const touches = x.inputs.some(inArena) || x.outputs.some(inArena);
+    comm[i + 1] = x.stream === 'comm' && touches ? i : comm[i];
+  }
+  return { compute, comm };
+}
+
+/** A copy between a device buffer and a host buffer, on the copy stream. */
+export function copyInstruction(
+  op: 'offload' | 'reload',
+  from: number,
+  to: number,
+  wait: readonly number[],
+  record: number,
+  where: Pick<PlanInstruction, 'microbatch' | 'phase' | 'scope'>,
+): PlanInstruction {
+  return {
+    stream: 'copy',
+    op,
+    inputs: [from],
+    outputs: [to],
+    attrs: {},
+    wait: [...new Set(wait)],
+    record: [record],
+    microbatch: where.microbatch,
+    phase: where.phase,
+    scope: where.scope,
+  };
+}

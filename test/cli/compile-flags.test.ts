@@ -3,27 +3,11 @@
 import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../compiler/cli/compile.js';
 import { compile } from '../../compiler/pipeline.js';
-
-const argv = (line: string): string[] => line.trim().split(/\s+/);
-
-/** the article's two launch lines, as written */
-const ARTICLE_7B = `--model-name qwen2_5_vl_7b --nnodes 1 --nproc-per-node 8 --training-phase sft
-        --attention-backend flash --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1
-        --use-distributed-optimizer --enable-encoder-hetero-dp +model.image_encoder.freeze=True
-        --micro-batch-size 1 --global-batch-size 32 --lr 1e-5 -o DIR`;
-const ARTICLE_30B = `--model-name qwen3_vl_30b_a3b --nnodes 4 --nproc-per-node 8 --training-phase sft
-        --attention-backend flash --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
-        --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-        --num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer --enable-full-hetero-dp
-        --overlap-moe-expert-parallel-comm --delay-wgrad-compute +model.image_encoder.freeze=True
-        --micro-batch-size 1 --global-batch-size 64 --lr 1e-5 --recompute-granularity selective
-        --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp
-        --fine-grained-activation-offloading
-        --offload-tensors dispatched_input pre_mlp_layernorm_output -o DIR`;
+import { ARTICLE_30B, ARTICLE_7B, argvOf as argv } from '../../examples/article-launch-lines.js';
 
 describe('lfc compile: the article launch lines parse into their options', () => {
   it('hetero DP: Qwen2.5-VL-7B SFT, tp 4, an override before --micro-batch-size', () => {
-    const r = parseCompileArgs(argv(ARTICLE_7B));
+    const r = parseCompileArgs(argv(`${ARTICLE_7B} -o DIR`));
     expect(r).toEqual({
       options: {
         model: 'qwen2_5_vl_7b',
@@ -46,7 +30,7 @@ describe('lfc compile: the article launch lines parse into their options', () =>
   });
 
   it('full separation + A2A overlap: Qwen3-VL-30B-A3B, list flags ended by a flag and by -o', () => {
-    const r = parseCompileArgs(argv(ARTICLE_30B));
+    const r = parseCompileArgs(argv(`${ARTICLE_30B} -o DIR`));
     expect(r).toEqual({
       options: {
         model: 'qwen3_vl_30b_a3b',
@@ -127,7 +111,7 @@ describe('lfc compile: list flags', () => {
 
 describe('the article launch lines compile, and the plan verifier accepts them', () => {
   it('hetero DP: Qwen2.5-VL-7B, tp 4, encoder frozen: one program per TP rank', () => {
-    const { options } = parseCompileArgs(argv(ARTICLE_7B));
+    const { options } = parseCompileArgs(argv(`${ARTICLE_7B} -o DIR`));
     const r = compile(options); // throws on any verifier problem
     expect(r.placement.level).toBe(2);
     expect(r.programs.map((p) => p.id)).toEqual(['p0.t0', 'p0.t1', 'p0.t2', 'p0.t3']);
@@ -135,7 +119,7 @@ describe('the article launch lines compile, and the plan verifier accepts them',
   }, 120_000);
 
   it('full separation + A2A overlap + recompute + offload: Qwen3-VL-30B-A3B on 32 ranks', () => {
-    const { options } = parseCompileArgs(argv(ARTICLE_30B));
+    const { options } = parseCompileArgs(argv(`${ARTICLE_30B} -o DIR`));
     const r = compile(options);
     expect(r.placement.level).toBe(3);
     for (const p of r.programs) {

@@ -13,6 +13,7 @@ import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../compiler/cli/compile.js';
 import { compile, type CompileOptions, type EncoderOptions } from '../../compiler/pipeline.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
+import { ARTICLE_30B, argvOf } from '../../examples/article-launch-lines.js';
 
 const aligned = (bytes: number) => Math.ceil(Math.max(bytes, 1) / 64) * 64;
 
@@ -140,18 +141,8 @@ const offloadedBytes = (p: ProgramFile) =>
     .filter((x) => x.op === 'offload')
     .reduce((a, x) => a + aligned(p.buffers[x.inputs[0]].bytes), 0);
 
-// the article's second launch line (issue item 4's layout), as `lfc compile` parses it
-const ARTICLE_30B = `--model-name qwen3_vl_30b_a3b --nnodes 4 --nproc-per-node 8 --training-phase sft
-  --attention-backend flash --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
-  --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-  --num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer --enable-full-hetero-dp
-  --overlap-moe-expert-parallel-comm --delay-wgrad-compute +model.image_encoder.freeze=True
-  --micro-batch-size 1 --global-batch-size 64 --lr 1e-5 --recompute-granularity selective
-  --recompute-modules a2a_overlap_attn a2a_overlap_post_attn a2a_overlap_mlp
-  --fine-grained-activation-offloading --offload-tensors dispatched_input pre_mlp_layernorm_output`;
-
 describe("level 3 memory options on the article's 30B line (stage 0)", () => {
-  const line: CompileOptions = parseCompileArgs(ARTICLE_30B.split(/\s+/).filter(Boolean)).options;
+  const line: CompileOptions = parseCompileArgs(argvOf(ARTICLE_30B)).options;
   const stage0Of = (encoder: EncoderOptions) =>
     compile({ ...line, encoder: { ...line.encoder, ...encoder } }).programs.find(
       (p) => p.id === 'p0',
