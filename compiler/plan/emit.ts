@@ -1042,16 +1042,16 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
 
   events = applyActivationPolicy({ instructions, buffers, events }, opts.activations);
   if (level === 3 && enc?.offload) {
-    const arena = lifetimesOf(instructions, buffers, keepUntilWait, 'arena');
+    const { arena } = lifetimesOf(instructions, buffers, keepUntilWait);
     const r = offloadIdleEncoderBytes({ instructions, buffers, events }, arena);
     events = r.events;
     for (const [e, ids] of r.keep) keepUntilWait.set(e, [...(keepUntilWait.get(e) ?? []), ...ids]);
   }
 
   // ---- the arena, and the host region of offloaded activations: planned from lifetimes ---------
+  const lifetimes = lifetimesOf(instructions, buffers, keepUntilWait);
   const placeByLifetime = (region: 'arena' | 'host') => {
-    const lifetimes = lifetimesOf(instructions, buffers, keepUntilWait, region);
-    const plan = planArena(lifetimes);
+    const plan = planArena(lifetimes[region]);
     for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
     regionTop[region] = plan.sizeBytes;
     return plan;
@@ -1077,7 +1077,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
 }
 
 /**
- * The lifetimes of a planned region's buffers (views count for the buffer they view), in issue
+ * The lifetimes of the planned regions' buffers (views count for the buffer they view), in issue
  * order: a batched send/recv runs from its batch's first instruction to its last, so what it sends
  * stays live to the end and what it receives is written from the start; a comm unit's bytes stay
  * allocated until an instruction waits for its event (`keepUntilWait`).
@@ -1086,8 +1086,7 @@ function lifetimesOf(
   instructions: readonly PlanInstruction[],
   buffers: readonly PlanBuffer[],
   keepUntilWait: ReadonlyMap<number, readonly number[]>,
-  region: 'arena' | 'host',
-): Lifetime[] {
+): Record<'arena' | 'host', Lifetime[]> {
   const root = (id: number): number => buffers[id].viewOf ?? id;
   const span = batchSpans(instructions);
   const firstDef = new Int32Array(buffers.length).fill(-1);
@@ -1110,10 +1109,10 @@ function lifetimesOf(
       if (lastUse[r] < last) lastUse[r] = last;
     }
   }
-  const lifetimes: Lifetime[] = [];
+  const lifetimes: Record<'arena' | 'host', Lifetime[]> = { arena: [], host: [] };
   for (const b of buffers)
-    if (b.region === region && b.viewOf === undefined)
-      lifetimes.push({
+    if ((b.region === 'arena' || b.region === 'host') && b.viewOf === undefined)
+      lifetimes[b.region].push({
         id: b.id,
         bytes: b.bytes,
         start: Math.max(firstDef[b.id], 0),
