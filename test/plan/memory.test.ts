@@ -4,7 +4,15 @@
 import { describe, expect, it } from 'vitest';
 import { compile } from '../../compiler/pipeline.js';
 import { checkMemoryReuse } from '../../compiler/plan/check-memory.js';
-import { livenessLowerBound, planArena } from '../../compiler/plan/memory.js';
+import {
+  GREEDY_LIMIT,
+  livenessLowerBound,
+  planArena,
+  planByTime,
+  planLargestFirst,
+  type ArenaPlan,
+  type Lifetime,
+} from '../../compiler/plan/memory.js';
 
 describe.each(['tiny-vlm', 'tiny-vlm-moe'])('%s, 3 microbatches', (model) => {
   const { programs } = compile({ model, globalBatchSize: 3 });
@@ -39,23 +47,42 @@ describe.each(['tiny-vlm', 'tiny-vlm-moe'])('%s, 3 microbatches', (model) => {
   });
 });
 
+/** no two buffers whose lifetimes intersect share a byte */
+function expectDisjoint(bufs: readonly Lifetime[], plan: ArenaPlan) {
+  for (const a of bufs) {
+    for (const b of bufs) {
+      if (a.id >= b.id || a.end < b.start || b.end < a.start) continue;
+      const [ao, bo] = [plan.offsets[a.id], plan.offsets[b.id]];
+      expect(ao + a.bytes <= bo || bo + b.bytes <= ao).toBe(true);
+    }
+  }
+  expect(plan.lowerBoundBytes).toBe(livenessLowerBound(bufs));
+  expect(plan.sizeBytes).toBeGreaterThanOrEqual(plan.lowerBoundBytes);
+}
+
+/** n buffers of mixed sizes and lifetimes, deterministic */
+const lifetimes = (n: number): Lifetime[] =>
+  Array.from({ length: n }, (_, i) => ({
+    id: i,
+    bytes: 64 * (1 + ((i * 7) % 5)) * (i % 11 === 0 ? 64 : 1),
+    start: i,
+    end: i + 1 + (i % 3) + (i % 13 === 0 ? 40 : 0),
+  }));
+
 describe('planArena', () => {
   it('never overlaps buffers whose lifetimes intersect', () => {
-    const bufs = Array.from({ length: 50 }, (_, i) => ({
-      id: i,
-      bytes: 64 * (1 + ((i * 7) % 5)),
-      start: i,
-      end: i + 1 + (i % 3),
-    }));
+    expectDisjoint(lifetimes(50), planArena(lifetimes(50)));
+  });
+
+  it('the largest buffers greedy by size, the rest above them: never overlaps', () => {
+    const bufs = lifetimes(300);
+    expectDisjoint(bufs, planLargestFirst(bufs, 40));
+  });
+
+  it('a large program takes the smaller of best fit in issue order and largest-first', () => {
+    const bufs = lifetimes(GREEDY_LIMIT + 500);
     const plan = planArena(bufs);
-    for (const a of bufs) {
-      for (const b of bufs) {
-        if (a.id >= b.id || a.end < b.start || b.end < a.start) continue;
-        const [ao, bo] = [plan.offsets[a.id], plan.offsets[b.id]];
-        expect(ao + a.bytes <= bo || bo + b.bytes <= ao).toBe(true);
-      }
-    }
-    expect(plan.lowerBoundBytes).toBe(livenessLowerBound(bufs));
+    expect(plan.sizeBytes).toBeLessThanOrEqual(planByTime(bufs).sizeBytes);
     expect(plan.sizeBytes).toBeGreaterThanOrEqual(plan.lowerBoundBytes);
   });
 });
