@@ -37,6 +37,7 @@ import {
   addCopy,
   assemble,
   copyInstruction,
+  insertBefore,
   lastArenaUsers,
   layerOf,
   ProgramIndex,
@@ -305,9 +306,7 @@ function recompute(ctx: Ctx, modules: 'full' | readonly RecomputeModule[]): void
       };
       const place = at.get(i)!;
       if (!Number.isFinite(place)) continue;
-      const list = before.get(place) ?? [];
-      list.push(copy);
-      before.set(place, list);
+      insertBefore(before, place, copy);
     }
     for (const j of readsOf.keys()) {
       const inputs = redirected.get(j) ?? [...ins[j].inputs];
@@ -395,11 +394,6 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
   const { buffers } = ctx;
   const n = ctx.ins.length;
   const before = new Map<number, PlanInstruction[]>();
-  const insert = (at: number, x: PlanInstruction) => {
-    const list = before.get(at) ?? [];
-    list.push(x);
-    before.set(at, list);
-  };
   const addWait = (j: number, e: number) => {
     ctx.ins[j] = { ...ctx.ins[j], wait: [...ctx.ins[j].wait, e] };
   };
@@ -449,7 +443,8 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
       const scope = ix.producer[t] >= 0 ? ins[ix.producer[t]].scope : layer;
       const host = addCopy(ctx, t, '.host', { region: 'host', space: 'host' });
       const eOut = ctx.events++;
-      insert(
+      insertBefore(
+        before,
         k,
         copyInstruction('offload', t, host, [ix.eventAt(lastRead)], eOut, {
           microbatch: mb,
@@ -461,7 +456,8 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
       const device = addCopy(ctx, t, '.reload');
       const waits = [last.compute[s], last.comm[s]].filter((j) => j >= 0).map((j) => ix.eventAt(j));
       const eIn = ctx.events++;
-      insert(
+      insertBefore(
+        before,
         s,
         copyInstruction('reload', host, device, waits, eIn, {
           microbatch: mb,

@@ -31,6 +31,7 @@ import type { Action } from '../schedule/pipeline.js';
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
 import { offloadIdleEncoderBytes } from './encoder-offload.js';
+import { rootOf } from './rewrite.js';
 import { ALIGN, align, planArena, type Lifetime } from './memory.js';
 import {
   PROGRAM_FORMAT,
@@ -203,7 +204,7 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     });
     return id;
   };
-  const root = (id: number): number => buffers[id].viewOf ?? id;
+  const root = (id: number): number => rootOf(buffers, id);
 
   // the nodes of each of this rank's passes, and the parameters they touch
   const passNodes = new Map<string, Node[]>();
@@ -1087,7 +1088,7 @@ function lifetimesOf(
   buffers: readonly PlanBuffer[],
   keepUntilWait: ReadonlyMap<number, readonly number[]>,
 ): Record<'arena' | 'host', Lifetime[]> {
-  const root = (id: number): number => buffers[id].viewOf ?? id;
+  const root = (id: number) => rootOf(buffers, id);
   const span = batchSpans(instructions);
   const firstDef = new Int32Array(buffers.length).fill(-1);
   const lastUse = new Int32Array(buffers.length).fill(-1);

@@ -40,8 +40,11 @@ import {
   addCopy,
   assemble,
   copyInstruction,
+  eventAt,
+  insertBefore,
   lastArenaUsers,
   layerOf,
+  rootOf,
   type Ctx,
 } from './rewrite.js';
 
@@ -132,9 +135,6 @@ export function offloadIdleEncoderBytes(
   return result;
 }
 
-/** a buffer's root: the buffer a view views, or itself */
-const rootOf = (buffers: Ctx['buffers'], id: number) => buffers[id].viewOf ?? id;
-
 /** every use (read or write, through the buffer or a view) of the roots `want` takes, in issue
  * order */
 function usesOf(ctx: Ctx, want: Uint8Array): Map<number, number[]> {
@@ -200,19 +200,7 @@ function spill(
 ): EncoderOffloadResult {
   const { ins, buffers } = ctx;
   const last = lastArenaUsers(ctx);
-  /** an event recorded when instruction i ends (one it records already, or a new one) */
-  const eventAt = (i: number): number => {
-    if (ins[i].record.length) return ins[i].record[0];
-    const e = ctx.events++;
-    ins[i] = { ...ins[i], record: [e] };
-    return e;
-  };
   const before = new Map<number, PlanInstruction[]>();
-  const insert = (at: number, x: PlanInstruction) => {
-    const list = before.get(at) ?? [];
-    list.push(x);
-    before.set(at, list);
-  };
   const waits = new Map<number, number[]>();
   const addWait = (j: number, e: number) => waits.set(j, [...(waits.get(j) ?? []), e]);
   const keep = new Map<number, number[]>();
@@ -232,16 +220,23 @@ function spill(
       const root = current.get(r)!;
       const host = addCopy(ctx, root, '.host', { region: 'host', space: 'host' });
       const eOut = ctx.events++;
-      insert(
-        a + 1,
-        copyInstruction('offload', root, host, [eventAt(a)], eOut, { ...ins[a], scope }),
-      );
+      const out = copyInstruction('offload', root, host, [eventAt(ctx, a)], eOut, {
+        ...ins[a],
+        scope,
+      });
+      insertBefore(before, a + 1, out);
       addWait(w, eOut);
       keep.set(eOut, [root]);
-      const fresh = [last.compute[s], last.comm[s]].filter((j) => j >= 0).map((j) => eventAt(j));
+      const fresh = [last.compute[s], last.comm[s]]
+        .filter((j) => j >= 0)
+        .map((j) => eventAt(ctx, j));
       const device = addCopy(ctx, root, '.reloaded');
       const eIn = ctx.events++;
-      insert(s, copyInstruction('reload', host, device, fresh, eIn, { ...ins[b], scope }));
+      insertBefore(
+        before,
+        s,
+        copyInstruction('reload', host, device, fresh, eIn, { ...ins[b], scope }),
+      );
       addWait(b, eIn);
       // the uses from b on name the fresh buffer (a view of the root: a view of it)
       current.set(r, device);

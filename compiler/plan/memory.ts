@@ -76,11 +76,12 @@ export const SPLIT_LARGEST = 4000;
  */
 export function planLargestFirst(buffers: readonly Lifetime[], k: number): ArenaPlan {
   const sorted = [...buffers].sort((a, b) => b.bytes - a.bytes || a.start - b.start || a.id - b.id);
-  const large = planBySize(sorted.slice(0, k));
-  const rest = planByTime(sorted.slice(k));
+  const [largest, others] = [sorted.slice(0, k), sorted.slice(k)];
+  const large = planBySize(largest);
+  const rest = planByTime(others);
   const offsets = offsetTable(buffers);
-  for (const b of sorted.slice(0, k)) offsets[b.id] = large.offsets[b.id];
-  for (const b of sorted.slice(k)) offsets[b.id] = large.sizeBytes + rest.offsets[b.id];
+  for (const b of largest) offsets[b.id] = large.offsets[b.id];
+  for (const b of others) offsets[b.id] = large.sizeBytes + rest.offsets[b.id];
   return {
     offsets,
     sizeBytes: large.sizeBytes + rest.sizeBytes,

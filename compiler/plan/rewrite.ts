@@ -23,6 +23,31 @@ export function under(scope: string, prefix: string): boolean {
   return scope === prefix || scope.startsWith(`${prefix}.`);
 }
 
+/** the buffer whose bytes a buffer uses: the one a view views, or itself */
+export function rootOf(buffers: readonly PlanBuffer[], id: number): number {
+  return buffers[id].viewOf ?? id;
+}
+
+/** an event recorded when instruction i ends (one it records already, or a new one) */
+export function eventAt(ctx: Ctx, i: number): number {
+  const x = ctx.ins[i];
+  if (x.record.length) return x.record[0];
+  const e = ctx.events++;
+  ctx.ins[i] = { ...x, record: [e] };
+  return e;
+}
+
+/** adds x to the instructions inserted before place `at` (see assemble) */
+export function insertBefore(
+  before: Map<number, PlanInstruction[]>,
+  at: number,
+  x: PlanInstruction,
+): void {
+  const list = before.get(at);
+  if (list) list.push(x);
+  else before.set(at, [x]);
+}
+
 /** A copy of buffer `of` appended to the program (arena unless told), offset set by a planner. */
 export function addCopy(
   ctx: Ctx,
@@ -68,7 +93,7 @@ export class ProgramIndex {
   }
 
   root(id: number): number {
-    return this.ctx.buffers[id].viewOf ?? id;
+    return rootOf(this.ctx.buffers, id);
   }
 
   /** instructions that read a root buffer through itself or any view of it */
@@ -78,13 +103,8 @@ export class ProgramIndex {
     return list.sort((a, b) => a - b);
   }
 
-  /** an event recorded when instruction i ends (one it records already, or a new one) */
   eventAt(i: number): number {
-    const x = this.ctx.ins[i];
-    if (x.record.length) return x.record[0];
-    const e = this.ctx.events++;
-    this.ctx.ins[i] = { ...x, record: [e] };
-    return e;
+    return eventAt(this.ctx, i);
   }
 }
 
@@ -112,7 +132,7 @@ export function lastArenaUsers(ctx: Ctx): { compute: Int32Array; comm: Int32Arra
   const n = ins.length;
   const compute = new Int32Array(n + 1).fill(-1);
   const comm = new Int32Array(n + 1).fill(-1);
-  const inArena = (id: number) => buffers[buffers[id].viewOf ?? id].region === 'arena';
+  const inArena = (id: number) => buffers[rootOf(buffers, id)].region === 'arena';
   for (let i = 0; i < n; i++) {
     const x = ins[i];
     compute[i + 1] = x.stream === 'compute' ? i : compute[i];

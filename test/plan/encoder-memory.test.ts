@@ -12,7 +12,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../compiler/cli/compile.js';
 import { compile, type CompileOptions, type EncoderOptions } from '../../compiler/pipeline.js';
-import type { ProgramFile } from '../../compiler/plan/format.js';
+import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
 import { ARTICLE_30B, argvOf } from '../../examples/article-launch-lines.js';
 
 const aligned = (bytes: number) => Math.ceil(Math.max(bytes, 1) / 64) * 64;
@@ -49,6 +49,12 @@ function lifetimes(p: ProgramFile) {
   return { first, last, producer };
 }
 
+/** device bytes a program's offload copies move (those `keep` takes) */
+const offloadedBytes = (p: ProgramFile, keep: (x: PlanInstruction) => boolean = () => true) =>
+  p.instructions
+    .filter((x) => x.op === 'offload' && keep(x))
+    .reduce((a, x) => a + aligned(p.buffers[x.inputs[0]].bytes), 0);
+
 /** where phase 2 begins on stage 0: its first decoder instruction */
 const decoderStart = (p: ProgramFile) =>
   p.instructions.findIndex((i) => i.scope.startsWith('model.'));
@@ -59,12 +65,8 @@ describe('level 3 memory options on stage 0 (tiny-vlm-moe, pp 2, 4 microbatches)
   const offload = stage0({ cpuOffload: true });
   const copies = (op: 'offload' | 'reload') =>
     offload.instructions.flatMap((x, i) => (x.op === op ? [{ x, i }] : []));
-  /** the device bytes each offload copies out, by what they are */
-  const offloaded = (keep: (x: ProgramFile['instructions'][number]) => boolean) =>
-    copies('offload')
-      .filter(({ x }) => keep(x))
-      .reduce((a, { x }) => a + aligned(offload.buffers[x.inputs[0]].bytes), 0);
-  const all = offloaded(() => true);
+  const offloaded = (keep: (x: PlanInstruction) => boolean) => offloadedBytes(offload, keep);
+  const all = offloadedBytes(offload);
 
   it('cpu offload: the peak falls by the bytes it moves to the host (within 5%); the packed arena falls too', () => {
     expect(all).toBeGreaterThan(0);
@@ -134,12 +136,6 @@ function keptForPhase3(plain: ProgramFile): number {
   }
   return kept;
 }
-
-/** host bytes a program's offload copies move */
-const offloadedBytes = (p: ProgramFile) =>
-  p.instructions
-    .filter((x) => x.op === 'offload')
-    .reduce((a, x) => a + aligned(p.buffers[x.inputs[0]].bytes), 0);
 
 describe("level 3 memory options on the article's 30B line (stage 0)", () => {
   const line: CompileOptions = parseCompileArgs(argvOf(ARTICLE_30B)).options;

@@ -2,14 +2,14 @@
 // launcher's store (or a FileStore on one machine).
 //
 // Transports: a group whose ranks share one machine runs its collectives through shared memory
-// (shm.h, set up over the group's Gloo context when it opens; at 64 MiB on 2 cores all-reduce ran
-// at 4.9× (2 ranks) and 5.8× (4 ranks) OpenMPI's speed, loopback TCP at 1.3×, bench/collectives.ts), and only send/recv
-// over TCP. Otherwise, over TCP: a float all_reduce is Gloo's halving-doubling (bandwidth-optimal,
-// and as fast as ring-chunked over loopback), an integer one Gloo's ring with segments of at least
-// kMinSegmentBytes (its default 1 MiB segments are slow over loopback,
-// ../shared/reference/anchors.md); all_gather, broadcast and all-to-all are Gloo's; send/recv are
-// unbound-buffer transfers in a slot range of their own. Each call carries the timeout; Gloo's
-// exceptions become CommError.
+// (shm.h, set up over the group's Gloo context when it opens), and only send/recv over TCP. At
+// 64 MiB on 2 cores, all-reduce through shared memory ran at 3.9–5.8× OpenMPI's speed on 2 and 4
+// ranks, over loopback TCP at 0.85–0.97× (bench/collectives.ts). Otherwise, over TCP: a float
+// all_reduce is Gloo's halving-doubling (bandwidth-optimal, and as fast as ring-chunked over
+// loopback), an integer one Gloo's ring with segments of at least kMinSegmentBytes (its default
+// 1 MiB segments are slow over loopback, ../shared/reference/anchors.md); all_gather, broadcast and
+// all-to-all are Gloo's; send/recv are unbound-buffer transfers in a slot range of their own. Each
+// call carries the timeout; Gloo's exceptions become CommError.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>

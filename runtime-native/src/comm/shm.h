@@ -25,8 +25,9 @@
 // rank that waits checks every 100 ms that its peers' processes still exist, so a member that dies
 // fails the others at once, as a closed TCP connection would.
 //
-// Setup is collective over the group's Gloo communicator: the ranks compare a host key (hostname
-// and boot id); if all match, rank 0 creates the mapping with a nonce, the others open it and
+// Setup is collective over the group's Gloo communicator: the ranks compare a host key (hostname,
+// boot id and process id namespace, so that a peer's process id means the same process to all);
+// if all match, rank 0 creates the mapping with a nonce, the others open it and
 // check the nonce, and all agree before using it, so ranks on different machines, or in containers
 // with separate /dev/shm, stay on Gloo together. The name is unlinked once every rank holds it:
 // nothing is left behind in /dev/shm.
