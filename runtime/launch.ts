@@ -237,12 +237,7 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     ranks.push(r);
     const keep = (chunk: Buffer): void => {
       r.log.write(chunk);
-      const lines = chunk
-        .toString('utf8')
-        .split('\n')
-        .map((l) => l.trim())
-        .filter(Boolean);
-      if (lines.length) r.lastLine = lines[lines.length - 1].replace(/^lfc: (error: )?/, '');
+      r.lastLine = lastMessage(chunk.toString('utf8')) ?? r.lastLine;
     };
     child.stdout!.on('data', keep);
     child.stderr!.on('data', keep);
@@ -293,6 +288,18 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
   await server?.close();
   if (failure) throw failure;
   return merged;
+}
+
+/**
+ * The last line of a rank's output that says something, without lfc's prefix; the frames of a
+ * stack trace say where, not what, so the message is the line above them.
+ */
+export function lastMessage(text: string): string | undefined {
+  const lines = text
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l && !/^at /.test(l));
+  return lines.length ? lines[lines.length - 1].replace(/^lfc: (error: )?/, '') : undefined;
 }
 
 function mergeStep(byRank: readonly [number, StepMetrics][]): MergedStep {

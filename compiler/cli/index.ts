@@ -63,7 +63,18 @@ export async function run(argv: readonly string[], io: CliIO = processIO): Promi
       // a failed rank of a launch says its own code (launch.ts: RankFailure)
       return (e as UserError & { exitCode?: number }).exitCode ?? 2;
     }
+    // the operating system refused a file or socket (a full disk, a missing permission): its
+    // message names the call and the path, and a stack trace would add nothing for the user
+    if (isSystemError(e)) {
+      io.err(`lfc: error: ${e.message}\n`);
+      return 1;
+    }
     io.err(`lfc: internal error: ${(e as Error).stack ?? String(e)}\n`);
     return 1;
   }
+}
+
+function isSystemError(e: unknown): e is NodeJS.ErrnoException {
+  const x = e as NodeJS.ErrnoException;
+  return e instanceof Error && typeof x.code === 'string' && typeof x.syscall === 'string';
 }

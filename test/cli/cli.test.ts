@@ -98,6 +98,15 @@ describe('user errors: one line, exit code 2', () => {
   });
 });
 
+describe('the system refuses a file: one line naming the call and path, exit code 1', () => {
+  it('compile -o under a regular file (ENOTDIR)', async () => {
+    const r = await cli('compile', 'tiny-vlm', '-o', join(malformed, 'plan'));
+    expect(r.code).toBe(1);
+    expect(r.err).toMatch(/^lfc: error: ENOTDIR: not a directory, .*broken\.yaml/);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+  });
+});
+
 describe('help', () => {
   const commands = makeProgram({ out: () => {}, err: () => {} }).commands.map((c) => c.name());
   it.each(['', ...commands])('lfc %s --help', async (command) => {

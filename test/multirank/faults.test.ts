@@ -1,12 +1,14 @@
 // A rank that dies ends the run: kill -9 of one rank of a launched 2-rank run makes the launcher
 // exit non-zero within 30 s, naming the rank, with no rank process left behind. Ctrl-C (SIGINT)
-// to a launcher process ends every rank within 10 s.
+// to a launcher process ends every rank within 10 s. The launcher's error quotes a failed rank's
+// message, not the last frame of its stack trace.
 import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { projectRoot } from '../../compiler/paths.js';
+import { lastMessage } from '../../runtime/launch.js';
 import { cli } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-faults-'));
@@ -108,4 +110,21 @@ describe('faults', () => {
     }
     expect(Date.now() - sentAt).toBeLessThan(10_000);
   }, 120_000);
+});
+
+describe("a failed rank's message", () => {
+  it('is the line above a stack trace, without the lfc prefix', () => {
+    const out = [
+      'step 1/4',
+      'lfc: internal error: Error: ENOSPC: no space left on device, write',
+      '    at writeSync (node:fs:939:3)',
+      '    at async <anonymous> (/work/compiler/cli/main.ts:11:20)',
+      '',
+    ].join('\n');
+    expect(lastMessage(out)).toBe('internal error: Error: ENOSPC: no space left on device, write');
+    expect(lastMessage('lfc: error: --load x: not a checkpoint\n')).toBe(
+      '--load x: not a checkpoint',
+    );
+    expect(lastMessage('\n   \n')).toBeUndefined();
+  });
 });
