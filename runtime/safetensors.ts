@@ -4,7 +4,15 @@
 // is refused with a message that names it.
 
 import { UserError } from '../compiler/errors.js';
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  fsyncSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeSync,
+} from 'node:fs';
 
 export type SafeDType = 'F32' | 'F64' | 'I32' | 'I64' | 'U8' | 'BF16' | 'F16';
 
@@ -143,14 +151,30 @@ export function writeSafetensors(
   writeFileAtomic(path, serializeSafetensors(tensors, metadata));
 }
 
+/**
+ * Writes a file whole or not at all: a temporary file in the same directory, written to the end,
+ * fsync, rename. A write may take fewer bytes than asked (a disk filling up takes what fits), so
+ * it loops until the next write takes none and throws ENOSPC; the temporary file is then removed
+ * and whatever `path` held before is still there.
+ */
 export function writeFileAtomic(path: string, data: Buffer | string): void {
+  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
   const tmp = `${path}.tmp-${process.pid}`;
   const fd = openSync(tmp, 'w');
   try {
-    writeSync(fd, typeof data === 'string' ? Buffer.from(data) : data);
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
+    try {
+      for (let at = 0; at < bytes.length;) {
+        const n = writeSync(fd, bytes, at, Math.min(bytes.length - at, 1 << 30));
+        if (n === 0) throw new Error(`${tmp}: the file system took no more bytes`);
+        at += n;
+      }
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(tmp, path);
+  } catch (e) {
+    rmSync(tmp, { force: true });
+    throw e;
   }
-  renameSync(tmp, path);
 }
