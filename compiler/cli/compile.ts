@@ -148,6 +148,90 @@ export function describePlacement(result: CompileResult): string[] {
   ];
 }
 
+/** One program's planned memory on each rank that runs it (bytes, from its regions). */
+export interface ProgramMemory {
+  readonly program: string;
+  readonly ranks: number;
+  /** the pipeline stages its ranks are on */
+  readonly stages: readonly number[];
+  readonly parameters: number;
+  readonly gradients: number;
+  readonly optimizer: number;
+  /** the runtime-filled inputs of every microbatch slot, and the step scalars */
+  readonly batch: number;
+  readonly activations: number;
+  /** everything above: the device memory the plan asks of each of its ranks */
+  readonly device: number;
+  /** offloaded activations: pinned host memory */
+  readonly host: number;
+}
+
+/** Each distinct program's device and host memory per rank, the largest device total first. */
+export function memoryByProgram(result: CompileResult): ProgramMemory[] {
+  const { worldSize, sizes } = result.plan.topology;
+  const perStage = worldSize / sizes.pp; // pp is the slowest dim of every rank grid
+  const ranksOf = new Map<string, number[]>();
+  result.plan.rankPrograms.forEach((id, rank) => {
+    ranksOf.set(id, [...(ranksOf.get(id) ?? []), rank]);
+  });
+  return result.programs
+    .map((p) => {
+      const r = p.regions;
+      const ranks = ranksOf.get(p.id) ?? [];
+      const batch = r.data + r.scalar;
+      return {
+        program: p.id,
+        ranks: ranks.length,
+        stages: [...new Set(ranks.map((rank) => Math.floor(rank / perStage)))],
+        parameters: r.param,
+        gradients: r.grad,
+        optimizer: r.optim,
+        batch,
+        activations: r.arena,
+        device: r.param + r.grad + r.optim + batch + r.arena,
+        host: r.host,
+      };
+    })
+    .sort((a, b) => b.device - a.device || a.program.localeCompare(b.program));
+}
+
+/** The report's memory table: a row per program (at most `rows`), GiB per rank. */
+export function describeMemory(memory: readonly ProgramMemory[], rows = 8): string[] {
+  // GiB, or MiB for a plan whose largest rank needs under 1 GiB (the tiny models)
+  const [unit, shift] =
+    Math.max(0, ...memory.map((m) => m.device)) >= 2 ** 30 ? ['GiB', 30] : ['MiB', 20];
+  const gib = (b: number) => (b / 2 ** shift).toFixed(2);
+  const anyHost = memory.some((m) => m.host > 0);
+  const head = [
+    'program',
+    'parameters',
+    'gradients',
+    'optimizer',
+    'batch',
+    'activations',
+    'device total',
+    ...(anyHost ? ['host'] : []),
+  ];
+  const body = memory.slice(0, rows).map((m) => {
+    const stages = m.stages.length === 1 ? `stage ${m.stages[0]}` : `${m.stages.length} stages`;
+    return [
+      `${m.program} (${m.ranks} rank${m.ranks > 1 ? 's' : ''}, ${stages})`,
+      ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations, m.device].map(gib),
+      ...(anyHost ? [gib(m.host)] : []),
+    ];
+  });
+  const width = head.map((h, c) => Math.max(h.length, ...body.map((row) => row[c].length)));
+  const line = (cells: readonly string[]) =>
+    cells.map((x, c) => (c === 0 ? x.padEnd(width[c]) : x.padStart(width[c]))).join('  ');
+  const more = memory.length - rows;
+  return [
+    `memory per rank, ${unit} (planned at the bounds of every size; host: pinned, offloaded activations):`,
+    `  ${line(head)}`,
+    ...body.map((row) => `  ${line(row)}`),
+    ...(more > 0 ? [`  … and ${more} program${more > 1 ? 's' : ''} more, smaller`] : []),
+  ];
+}
+
 /** The arguments and options of `lfc compile`, declared on `cmd`. */
 function defineCompileCommand(cmd: Command): Command {
   return cmd
@@ -441,9 +525,11 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       if (f.dumpAfter) return;
       const e = result.stats.emit;
       const t = result.plan.training;
+      const memory = memoryByProgram(result);
       if (f.json) {
         io.out(
-          JSON.stringify({ output: f.output, training: t, stats: result.stats }, null, 2) + '\n',
+          JSON.stringify({ output: f.output, training: t, stats: result.stats, memory }, null, 2) +
+            '\n',
         );
         return;
       }
@@ -460,6 +546,7 @@ export function addCompileCommand(program: Command, io: CliIO): void {
           ...(e.hostBytes
             ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
             : []),
+          ...describeMemory(memory).map((l) => `  ${l}`),
           '',
         ].join('\n'),
       );

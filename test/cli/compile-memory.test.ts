@@ -1,0 +1,84 @@
+// lfc compile's memory table: each distinct program's planned bytes per rank by kind, held to what
+// the model and the layout say they must be: one rank holds every parameter (f32) once, with a
+// gradient for each trainable one and AdamW's two moments; the distributed optimizer over dp 2
+// halves the optimizer state and leaves the parameters; pipeline stages split the parameters between them.
+import { describe, expect, it } from 'vitest';
+import { describeMemory, memoryByProgram } from '../../compiler/cli/compile.js';
+import { compile, type CompileOptions } from '../../compiler/pipeline.js';
+import { cli } from '../helpers.js';
+
+const BATCH = { microBatchSize: 1, globalBatchSize: 4 };
+const memoryOf = (o: Partial<CompileOptions>) => {
+  const result = compile({ model: 'tiny-vlm-moe', ...BATCH, ...o } as CompileOptions);
+  return { result, memory: memoryByProgram(result) };
+};
+const ALIGN = 64; // bytes each tensor may be padded to in its region
+
+describe('memory per rank', () => {
+  it('one rank: every parameter once, a gradient per trainable one, two AdamW moments', () => {
+    const { result, memory } = memoryOf({});
+    expect(memory).toHaveLength(1);
+    const [m] = memory;
+    const numel = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
+    const params = result.plan.params;
+    const all = params.reduce((a, p) => a + 4 * numel(p.shape), 0);
+    const trainable = params.filter((p) => p.trainable).reduce((a, p) => a + 4 * numel(p.shape), 0);
+    expect(m.parameters).toBeGreaterThanOrEqual(all);
+    expect(m.parameters).toBeLessThanOrEqual(all + ALIGN * params.length);
+    expect(m.gradients).toBeGreaterThanOrEqual(trainable);
+    expect(m.gradients).toBeLessThanOrEqual(trainable + ALIGN * params.length);
+    expect(m.optimizer).toBeGreaterThanOrEqual(2 * trainable);
+    expect(m.optimizer).toBeLessThanOrEqual(2 * (trainable + ALIGN * params.length));
+    expect(m.device).toBe(m.parameters + m.gradients + m.optimizer + m.batch + m.activations);
+    expect(m.activations).toBeGreaterThan(0);
+    expect(m.host).toBe(0);
+  });
+
+  it('the distributed optimizer over dp 2 halves the optimizer state, not the parameters', () => {
+    const plain = memoryOf({ nprocPerNode: 2 }).memory;
+    const sharded = memoryOf({ nprocPerNode: 2, distributedOptimizer: true }).memory;
+    expect(plain).toHaveLength(1);
+    expect(plain[0].ranks).toBe(2);
+    const [a, b] = [plain[0], sharded[0]];
+    expect(b.parameters).toBe(a.parameters);
+    const tensors = memoryOf({}).result.plan.params.length;
+    expect(Math.abs(b.optimizer - a.optimizer / 2)).toBeLessThanOrEqual(ALIGN * 2 * tensors);
+  });
+
+  it('pp 2: one program per stage, the two holding the parameters of one rank between them', () => {
+    const one = memoryOf({}).memory[0];
+    const { memory } = memoryOf({ nprocPerNode: 2, parallel: { pp: 2 } });
+    expect(memory.map((m) => m.stages).sort()).toEqual([[0], [1]]);
+    expect(memory.map((m) => m.ranks)).toEqual([1, 1]);
+    // tiny-vlm-moe ties no weights (its embedding and lm_head are tensors of their own): the
+    // stages hold disjoint parameters
+    expect(memory[0].parameters + memory[1].parameters).toBe(one.parameters);
+    expect(memory[0].device).toBeGreaterThanOrEqual(memory[1].device); // largest first
+  });
+
+  it('lfc compile prints the table, and --json carries it', async () => {
+    const argv = ['compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--pp', '2'];
+    const text = await cli(
+      ...argv,
+      '--global-batch-size',
+      '4',
+      '-o',
+      `${process.env.TMPDIR ?? '/tmp'}/mem-table`,
+    );
+    expect(text.code).toBe(0);
+    expect(text.out).toMatch(/memory per rank, MiB/);
+    expect(text.out).toMatch(/p0 \(1 rank, stage 0\)/);
+    expect(text.out).toMatch(/p1 \(1 rank, stage 1\)/);
+    const json = await cli(
+      ...argv,
+      '--global-batch-size',
+      '4',
+      '--json',
+      '-o',
+      `${process.env.TMPDIR ?? '/tmp'}/mem-json`,
+    );
+    const parsed = JSON.parse(json.out) as { memory: { program: string; device: number }[] };
+    expect(parsed.memory.map((m) => m.program).sort()).toEqual(['p0', 'p1']);
+    expect(describeMemory(parsed.memory as never, 1).at(-1)).toMatch(/… and 1 program more/);
+  });
+});
