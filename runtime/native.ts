@@ -126,6 +126,9 @@ export interface NativeStepResult {
   readonly stepMs: number;
   /** with options.timing: per instruction, ms since the step started */
   readonly perInstruction?: readonly { readonly start: number; readonly end: number }[];
+  /** with options.timing: the instant perInstruction counts from, ms since the epoch (system
+   * clock) */
+  readonly startWallMs?: number;
 }
 
 export interface NativeProgramInfo {

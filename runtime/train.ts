@@ -10,7 +10,7 @@
 // writes its share to a shared directory and rank 0 assembles them (gatherAtRank0).
 
 import { appendFileSync, existsSync, mkdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
@@ -44,6 +44,7 @@ import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
 import { RankState } from './state.js';
+import { rankTrace, traceFile, traceFragment, writeRankTrace } from './trace.js';
 
 export interface TrainOptions {
   readonly planDir: string;
@@ -74,6 +75,9 @@ export interface TrainOptions {
   /** each step's per-instruction start/end (ms since the step began, by instruction index), from
    * the runtime's timing option: set only when given (benchmarks) */
   readonly onTiming?: (step: number, perInstruction: NativeStepResult['perInstruction']) => void;
+  /** write the last step's timeline here as a Chrome trace (runtime/trace.ts); a rank of a
+   * multi-rank run writes its fragment beside it, for the launcher to merge */
+  readonly trace?: string;
 }
 
 export interface StepMetrics {
@@ -131,7 +135,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         patchSize: enc.patch_size,
         mergeSize: enc.spatial_merge_size,
         collectives: o.rank !== undefined,
-        timing: o.onTiming !== undefined,
+        timing: o.onTiming !== undefined || o.trace !== undefined,
         symbols: plan.symbols,
       }),
   );
@@ -279,6 +283,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const lr = lrAt(schedule, step);
     const r = await rt.step({ lr, step });
     o.onTiming?.(step, r.perInstruction);
+    if (o.trace && step === o.trainIters) {
+      mkdirSync(dirname(o.trace), { recursive: true });
+      const part = rankTrace(plan, program, rank, step, r.startWallMs!, r.perInstruction ?? []);
+      if (world === 1)
+        writeFileAtomic(o.trace, traceFile([part], { plan: o.planDir, model: plan.model.name }));
+      else writeRankTrace(traceFragment(o.trace, rank), part);
+    }
     // the ViT balance's count is the same on every rank of a balancing group, and rank 0's
     // groups see every image: rank 0 speaks for it
     const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss', 'vit_images_moved'];

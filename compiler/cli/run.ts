@@ -5,7 +5,7 @@
 
 import type { Command } from 'commander';
 import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { UserError } from '../errors.js';
 import type { PlanFile } from '../plan/format.js';
 import type { CliIO } from './index.js';
@@ -21,6 +21,7 @@ import {
 } from '../../runtime/launch-rank.js';
 import { StoreServer } from '../../runtime/store.js';
 import { readPlan } from '../../runtime/plan-io.js';
+import { mergeTrace, traceFragment } from '../../runtime/trace.js';
 import type { NativeCommunicatorInfo } from '../../runtime/native.js';
 
 export interface RunFlags {
@@ -47,6 +48,7 @@ export interface RunFlags {
   masterPort?: number;
   collectiveTimeout?: number;
   rdzvBackend?: string;
+  trace?: string;
   quiet?: boolean;
 }
 
@@ -67,10 +69,14 @@ export function trainingArgv(f: RunFlags): string[] {
     ['weights', '--weights'],
     ['batch', '--batch'],
     ['threads', '--threads'],
+    ['trace', '--trace'],
   ];
   const argv: string[] = [];
   for (const [key, flag] of valued) if (f[key] !== undefined) argv.push(flag, String(f[key]));
   if (f.shuffleImages) argv.push('--shuffle-images');
+  // a rank may start elsewhere than this process's directory
+  const at = argv.indexOf('--trace');
+  if (at >= 0) argv[at + 1] = resolve(argv[at + 1]);
   return [...argv, '--quiet'];
 }
 
@@ -103,6 +109,10 @@ export function addTrainingOptions(cmd: Command): Command {
     .option('--shuffle-images', 'control run: move every image to another sample of the batch')
     .option('--metrics <file>', 'metrics JSONL (default: DIR/metrics.jsonl)')
     .option('--threads <n>', 'BLAS threads (default: all cores)', positiveInt('--threads'))
+    .option(
+      '--trace <file>',
+      "the last step's timeline as a Chrome trace (open in Perfetto or chrome://tracing): a process per rank, a thread per stream",
+    )
     .option('--quiet', 'no progress bar');
 }
 
@@ -162,6 +172,7 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
     shuffleImages: f.shuffleImages,
     metricsPath: f.metrics ?? join(planDir, 'metrics.jsonl'),
     threads: f.threads,
+    trace: f.trace === undefined ? undefined : resolve(f.trace),
   };
 }
 
@@ -209,16 +220,25 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
       const last = r.steps[r.steps.length - 1];
       if (last)
         io.out(
-          `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n`,
+          `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n` +
+            (opts.trace ? `trace: ${opts.trace}\n` : ''),
         );
       return;
     }
     const steps = await launchTraining(dir, plan, opts, f, io, isTTY(), nnodes, nprocPerNode);
     const last = steps[steps.length - 1];
-    if (last && (f.nodeRank ?? 0) === 0)
-      io.out(
-        `trained ${plan.model.name} on ${plan.topology.worldSize} ranks to step ${last.step}: ${describeStep(last)}\n${describeRanks(last)}\nmetrics: ${opts.metricsPath}\nlogs: ${join(dir, 'logs')}\n`,
-      );
+    if (!last || (f.nodeRank ?? 0) !== 0) return;
+    io.out(
+      `trained ${plan.model.name} on ${plan.topology.worldSize} ranks to step ${last.step}: ${describeStep(last)}\n${describeRanks(last)}\nmetrics: ${opts.metricsPath}\nlogs: ${join(dir, 'logs')}\n`,
+    );
+    if (opts.trace) {
+      const about = { plan: dir, model: plan.model.name };
+      const missing = mergeTrace(opts.trace, plan.topology.worldSize, about);
+      const elsewhere = missing.length
+        ? ` (ranks ${missing.join(', ')} left theirs as ${traceFragment(opts.trace, missing[0])} … on their own nodes)`
+        : '';
+      io.out(`trace: ${opts.trace}${elsewhere}\n`);
+    }
   });
 }
 

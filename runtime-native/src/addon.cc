@@ -125,6 +125,7 @@ Napi::Object stepResultToJs(Napi::Env env, const lfc::StepResult& r, bool timing
   o.Set("instructionsRun", r.instructionsRun);
   o.Set("stepMs", r.stepMs);
   if (timing) {
+    o.Set("startWallMs", r.startWallMs);
     Napi::Array t = Napi::Array::New(env, r.timing.size());
     for (size_t i = 0; i < r.timing.size(); i++) {
       Napi::Object e = Napi::Object::New(env);

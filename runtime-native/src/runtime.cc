@@ -387,6 +387,7 @@ StepResult Runtime::runStep(const StepParams& params) {
   for (const auto& [name, id] : program_.scalars) r.scalars.emplace_back(name, scalar(name));
   r.instructionsRun = exec.instructionsRun;
   r.timing = std::move(exec.timing);
+  r.startWallMs = exec.startWallMs;
   r.stepMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -55,6 +55,7 @@ struct StepResult {
   int instructionsRun = 0;
   double stepMs = 0;
   std::vector<InstrTiming> timing;  // when options.timing
+  double startWallMs = 0;           // the instant timing starts from, ms since the epoch
 };
 
 class Runtime {

@@ -194,6 +194,9 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
   st->timed = timing;
   if (timing) st->timing.assign(p.instrs.size(), {});
   st->t0 = Clock::now();
+  // the same instant on the system clock, so that ranks' timings can be put on one time line
+  result.startWallMs =
+      std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::vector<std::thread> threads;
   for (int s = 0; s < kStreamCount; s++) {
     if (p.streamInstrs[size_t(s)].empty()) continue;

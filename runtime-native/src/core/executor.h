@@ -39,6 +39,7 @@ struct InstrTiming {
 struct ExecResult {
   int instructionsRun = 0;
   std::vector<InstrTiming> timing;  // per instruction when asked for
+  double startWallMs = 0;           // when timing starts: the system clock, ms since the epoch
   std::vector<int64_t> rows;        // per buffer: rows a variable-size collective wrote, or −1
   std::vector<SymbolSizes> sizes;   // per microbatch slot: every symbol's value at the step's end
 };
