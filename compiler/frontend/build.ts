@@ -116,6 +116,8 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
       ? b.input('window_segments', 'i32', [Np], 'attention window of each patch')
       : undefined;
   const windowPatches = (e.window_size / e.patch_size) ** 2;
+  // full attention is block-diagonal over images: no segment is longer than the largest image
+  const imagePatches = (e.max_image_size / e.patch_size) ** 2;
   return b.in('visual', () => {
     let x = b.in('patch_embed', () => {
       const w = b.param('visual.patch_embed.proj.weight', [hv, patchIn], {
@@ -172,7 +174,7 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
           const windowed = windowSeg !== undefined && !e.fullatt_block_indexes.includes(i);
           const attrs: Attrs = windowed
             ? { causal: false, scale: 1 / Math.sqrt(hd), max_segment: windowPatches }
-            : { causal: false, scale: 1 / Math.sqrt(hd) };
+            : { causal: false, scale: 1 / Math.sqrt(hd), max_segment: imagePatches };
           const [o] = b.op('attention', [q, k, v, windowed ? windowSeg : imageSeg], attrs);
           const flat = b.op1('reshape', [o], { shape: [formatDim(Np), String(hv)] });
           return linear(b, flat, `${p}.attn.proj`, hv, hv, e.add_bias_linear, trainable);
