@@ -68,7 +68,8 @@ export function countParams(g: Graph, cfg: ModelConfig): InspectReport['params']
 }
 
 /** Forward matmul FLOPs of the nodes of some modules, at given symbol sizes (a symbol not given,
- * such as the rows an expert capacity keeps, at its bound). */
+ * such as the rows an expert capacity keeps, at its bound). On a training graph, its forward
+ * nodes only. */
 export function forwardFlops(
   g: Graph,
   modules: readonly ModuleName[],
@@ -79,7 +80,7 @@ export function forwardFlops(
   const size = (s: string) => sizes[s] ?? bounds(s);
   let total = 0;
   for (const n of g.nodes) {
-    if (!modules.includes(paramModule(n.scope))) continue;
+    if (n.phase !== 'forward' || !modules.includes(paramModule(n.scope))) continue;
     const ins = n.inputs.map((i) => types.get(i)!);
     total += nodeFlops(
       n.op,

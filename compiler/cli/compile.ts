@@ -16,6 +16,12 @@ import { describeEncoder } from '../parallel/encoder.js';
 import { UserError } from '../errors.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
+import { loadHardware, listHardware } from '../sim/hardware.js';
+import { describeForecast, forecastStep, type StepForecast } from '../sim/report.js';
+import { rankTrace, traceFile } from '../../runtime/trace.js';
+import { writeFileAtomic } from '../../runtime/safetensors.js';
+import { mkdirSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 
 interface CompileFlags {
   modelName?: string;
@@ -31,6 +37,9 @@ interface CompileFlags {
   gpusPerNode?: number;
   dumpAfter?: string;
   json?: boolean;
+  hardware?: string;
+  simulate?: boolean;
+  trace?: string;
   tensorModelParallelSize?: number;
   tp?: number;
   pipelineModelParallelSize?: number;
@@ -146,6 +155,56 @@ export function describePlacement(result: CompileResult): string[] {
     describeEncoder(result.placement),
     ...balance,
   ];
+}
+
+/**
+ * The simulated step (compiler/sim) for the report, and the predicted timeline when asked for;
+ * a plan over SIMULATE_BUDGET rank-instructions only with --simulate.
+ */
+function simulateReport(
+  result: CompileResult,
+  f: CompileFlags,
+): { forecast?: StepForecast; lines: string[] } {
+  const hw = loadHardware(f.hardware ?? 'h800');
+  if (f.simulate === false) {
+    if (f.trace) throw new UserError('--trace needs the simulation; drop --no-simulate');
+    return { lines: [] };
+  }
+  const length = new Map(result.programs.map((p) => [p.id, p.instructions.length]));
+  const work = result.plan.rankPrograms.reduce((a, id) => a + (length.get(id) ?? 0), 0);
+  const forced = f.simulate === true || f.trace !== undefined;
+  if (work > SIMULATE_BUDGET && !forced)
+    return {
+      lines: [
+        `simulation skipped: ${(work / 1e6).toFixed(1)}M rank-instructions (over ${SIMULATE_BUDGET / 1e6}M); --simulate runs it`,
+      ],
+    };
+  const programs = new Map(result.programs.map((p) => [p.id, p]));
+  const { forecast, simulation } = forecastStep(result.graph, result.plan, programs, hw);
+  if (f.trace) {
+    const parts = simulation.ranks.map((r) =>
+      rankTrace(
+        result.plan,
+        programs.get(r.program)!,
+        r.rank,
+        1,
+        0,
+        Array.from(r.start, (s, i) => ({ start: s * 1e3, end: r.end[i] * 1e3 })),
+      ),
+    );
+    mkdirSync(dirname(resolve(f.trace)), { recursive: true });
+    writeFileAtomic(
+      f.trace,
+      traceFile(parts, { model: result.config.name, simulated: hw.name, output: f.output }),
+    );
+  }
+  return {
+    forecast,
+    lines: [
+      ...describeForecast(forecast, hw),
+      ...(f.trace ? [`trace: ${f.trace} (simulated)`] : []),
+    ],
+  };
 }
 
 /** One program's planned memory on each rank that runs it (bytes, from its regions). */
@@ -410,8 +469,24 @@ function defineCompileCommand(cmd: Command): Command {
       '--dump-after <pass>',
       `print the IR after a pass (${PASSES.map((p) => p.name).join(', ')})`,
     )
-    .option('--json', 'print the report as JSON');
+    .option('--json', 'print the report as JSON')
+    .option(
+      '--hardware <name|file>',
+      `the hardware profile the step is simulated on: ${listHardware().join(', ')}, or a YAML file (default h800)`,
+    )
+    .option(
+      '--simulate',
+      `simulate the step even when the plan has over ${SIMULATE_BUDGET / 1e6}M rank-instructions`,
+    )
+    .option('--no-simulate', 'skip the simulated step in the report')
+    .option(
+      '--trace <file>',
+      "the simulated step's timeline as a Chrome trace (the first rank of each distinct program)",
+    );
 }
+
+/** rank-instructions (Σ over ranks of their program's length) simulated without --simulate */
+export const SIMULATE_BUDGET = 4e6;
 
 /** The request of a parsed command line: flags → CompileOptions. Throws a UserError for a flag
  * that needs another; compile()'s layout rules check the combinations. */
@@ -526,10 +601,15 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       const e = result.stats.emit;
       const t = result.plan.training;
       const memory = memoryByProgram(result);
+      const simulated = simulateReport(result, f);
       if (f.json) {
+        const forecast = simulated.forecast;
         io.out(
-          JSON.stringify({ output: f.output, training: t, stats: result.stats, memory }, null, 2) +
-            '\n',
+          JSON.stringify(
+            { output: f.output, training: t, stats: result.stats, memory, forecast },
+            null,
+            2,
+          ) + '\n',
         );
         return;
       }
@@ -547,6 +627,7 @@ export function addCompileCommand(program: Command, io: CliIO): void {
             ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
             : []),
           ...describeMemory(memory).map((l) => `  ${l}`),
+          ...simulated.lines.map((l) => `  ${l}`),
           '',
         ].join('\n'),
       );

@@ -1,0 +1,89 @@
+// The simulated step as the report states it: step time, tokens per second, model FLOPs
+// utilization, and per distinct program how its step divides between compute, exposed
+// communication and idle time (pipeline bubbles and waits on peers).
+//
+// MFU follows the FLOP convention of `lfc inspect` (README "FLOP convention"): model FLOPs are
+// 3 × the forward matmul FLOPs of every microbatch of the global batch at the sequence's tokens and
+// the visual-token budget, whatever recompute repeats; over step time × ranks × the profile's
+// peak matmul rate.
+
+import type { Graph } from '../../ir/graph.js';
+import { forwardFlops } from '../inspect.js';
+import type { PlanFile, ProgramFile } from '../plan/format.js';
+import type { HardwareProfile } from './hardware.js';
+import { simulatePlan, type Simulation } from './simulate.js';
+
+export interface ProgramForecast {
+  readonly program: string;
+  /** the rank simulated for it */
+  readonly rank: number;
+  /** fractions of the step */
+  readonly compute: number;
+  readonly exposedComm: number;
+  readonly idle: number;
+}
+
+export interface StepForecast {
+  readonly hardware: string;
+  readonly stepSeconds: number;
+  readonly tokensPerStep: number;
+  readonly tokensPerSecond: number;
+  readonly modelFlopsPerStep: number;
+  /** model FLOPs per second over world × peak */
+  readonly mfu: number;
+  readonly programs: readonly ProgramForecast[];
+}
+
+/** Forward matmul FLOPs of one microbatch: every module, at the symbols' bounds. */
+export function microbatchForwardFlops(g: Graph): number {
+  return forwardFlops(g, ['image_encoder', 'image_projector', 'text_decoder'], {});
+}
+
+export function forecastStep(
+  graph: Graph,
+  plan: PlanFile,
+  programs: ReadonlyMap<string, ProgramFile>,
+  hw: HardwareProfile,
+): { forecast: StepForecast; simulation: Simulation } {
+  const simulation = simulatePlan(plan, programs, hw);
+  const t = plan.training;
+  const microbatches = t.globalBatchSize / t.microBatchSize;
+  const tokensPerStep = t.globalBatchSize * t.seqLength;
+  const modelFlopsPerStep = 3 * microbatchForwardFlops(graph) * microbatches;
+  const step = simulation.stepSeconds;
+  const world = plan.topology.worldSize;
+  const forecast: StepForecast = {
+    hardware: hw.name,
+    stepSeconds: step,
+    tokensPerStep,
+    tokensPerSecond: tokensPerStep / step,
+    modelFlopsPerStep,
+    mfu: modelFlopsPerStep / (step * world * hw.compute.matmulTflops * 1e12),
+    programs: simulation.ranks.map((r) => ({
+      program: r.program,
+      rank: r.rank,
+      compute: r.computeBusy / step,
+      exposedComm: r.exposedComm / step,
+      idle: 1 - (r.computeBusy + r.exposedComm) / step,
+    })),
+  };
+  return { forecast, simulation };
+}
+
+/** The report's lines. */
+export function describeForecast(f: StepForecast, hw: HardwareProfile): string[] {
+  const pct = (x: number) => `${(100 * x).toFixed(x > 0 && x < 0.001 ? 3 : 1)}%`;
+  const time =
+    f.stepSeconds >= 1 ? `${f.stepSeconds.toFixed(2)} s` : `${(f.stepSeconds * 1e3).toFixed(2)} ms`;
+  const rate =
+    f.tokensPerSecond >= 1e6
+      ? `${(f.tokensPerSecond / 1e6).toFixed(2)}M`
+      : `${(f.tokensPerSecond / 1e3).toFixed(1)}k`;
+  return [
+    `simulated on ${hw.name}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
+    ...f.programs.map(
+      (p) =>
+        `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}, idle ${pct(p.idle)}`,
+    ),
+  ];
+}

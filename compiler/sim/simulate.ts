@@ -1,0 +1,383 @@
+// The step simulator: every rank's program replayed as discrete events on one clock, with each
+// instruction's cost from cost.ts. The rules are the runtime's (runtime-native/src/core/executor.h)
+// and the progress check's (compiler/verify/check-progress.ts), with times:
+//   - a stream runs its instructions one at a time in issue order; an instruction starts when the
+//     stream is free and every event it waits for has been recorded, and records its events when
+//     it ends
+//   - a collective ends at the latest start among the members of its group, plus its cost: no
+//     member leaves before the last has arrived
+//   - a send and its recv end at the later of their starts plus the transfer (the larger of the
+//     two sides' costs)
+//   - consecutive sends and recvs of one stream with the same `batch` are posted one after another
+//     (each once its own events are recorded) and end at once, recording their events; the last
+//     of them ends when every transfer of the batch has, and records its events then
+// The plan is verified before it is simulated, so every stream runs to its end.
+//
+// Every rank is stepped through, but instruction times are kept only for the first rank of each
+// distinct program (ranks that share a program are alike): what it reports for those ranks is
+// when their last instruction ends, how long their compute stream is busy, and how long
+// communication or host copies run while compute is idle (exposed communication). The step is
+// the latest end over every rank.
+
+import { STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
+import {
+  buildPlanIndex,
+  GROUP,
+  LOCAL,
+  SEND,
+  type PlanIndex,
+  type ProgramIndex,
+} from '../verify/plan-index.js';
+import { expectedSizes, instructionCosts, type GroupShape } from './cost.js';
+import type { HardwareProfile } from './hardware.js';
+
+const S = STREAMS.length;
+const COMPUTE = STREAMS.indexOf('compute');
+
+export interface RankTimes {
+  readonly rank: number;
+  readonly program: string;
+  /** [instruction] start and end, seconds from the step's start */
+  readonly start: Float64Array;
+  readonly end: Float64Array;
+  /** the end of its last instruction */
+  readonly finish: number;
+  /** time its compute stream runs a kernel (a local instruction) */
+  readonly computeBusy: number;
+  /** time data moves or another stream runs a kernel while the compute stream runs none */
+  readonly exposedComm: number;
+}
+
+export interface Simulation {
+  readonly hardware: HardwareProfile;
+  /** the step: the last instruction's end over all ranks */
+  readonly stepSeconds: number;
+  /** the first rank of each distinct program, in program order */
+  readonly ranks: readonly RankTimes[];
+}
+
+/** Simulates one step of a plan on a hardware profile (costs: cost.ts, or given per program). */
+export function simulatePlan(
+  plan: PlanFile,
+  programs: ReadonlyMap<string, ProgramFile>,
+  hw: HardwareProfile,
+  costsOf?: (program: ProgramFile) => Float64Array,
+): Simulation {
+  const ix = buildPlanIndex(plan, programs);
+  const sizes = expectedSizes(plan, programs.values());
+  const costs = ix.programs.map((p) =>
+    costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
+  );
+  return run(ix, costs, hw);
+}
+
+/** A program's costs, its collectives priced on the groups of the first rank that runs it. */
+function defaultCosts(
+  ix: PlanIndex,
+  p: ProgramIndex,
+  sizes: ReadonlyMap<string, number>,
+  hw: HardwareProfile,
+): Float64Array {
+  const rank = p.ranks[0];
+  const perNode = ix.plan.topology.nprocPerNode;
+  const node = (r: number) => Math.floor(r / perNode);
+  const index = new Map(p.file.instructions.map((x, i) => [x, i]));
+  const groupOf = (x: (typeof p.file.instructions)[number]): GroupShape => {
+    const i = index.get(x)!;
+    if (p.kind[i] === GROUP) {
+      const c = ix.rankComm[rank][p.collRef[p.slot[i]]];
+      const ranks = c >= 0 ? [...ix.comms[c].ranks] : [rank];
+      return { size: ranks.length, crossesNodes: new Set(ranks.map(node)).size > 1 };
+    }
+    const peer = ix.peerOf(rank, p, p.slot[i]);
+    return { size: 2, crossesNodes: peer >= 0 && node(peer) !== node(rank) };
+  };
+  return instructionCosts(p.file, hw, sizes, groupOf);
+}
+
+function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile): Simulation {
+  const { world, programs, programOf, comms, pairs } = ix;
+  // instruction times of each program's first rank; other ranks' only as far as the step needs
+  const kept = programs.map((p) => ({
+    rank: p.ranks[0],
+    start: new Float64Array(p.n),
+    end: new Float64Array(p.n),
+  }));
+  const keptOf = new Int32Array(world).fill(-1);
+  kept.forEach((k, j) => (keptOf[k.rank] = j));
+  const NOWHERE = new Float64Array(0); // writes past its end are dropped
+  const start = Array.from({ length: world }, (_, r) =>
+    keptOf[r] >= 0 ? kept[keptOf[r]].start : NOWHERE,
+  );
+  const end = Array.from({ length: world }, (_, r) =>
+    keptOf[r] >= 0 ? kept[keptOf[r]].end : NOWHERE,
+  );
+  let stepEnd = 0;
+  const eventBase = new Int32Array(world + 1);
+  for (let r = 0; r < world; r++) eventBase[r + 1] = eventBase[r] + programs[programOf[r]].events;
+  const recordedAt = new Float64Array(eventBase[world]).fill(NaN);
+  const pc = new Int32Array(world * S);
+  const free = new Float64Array(world * S); // when the stream is next free
+  const arrived = new Uint8Array(world * S);
+  const blockedOn = new Int32Array(world * S).fill(-1);
+  const arrivals = comms.map((c) => {
+    let len = 0;
+    for (const m of c.ranks) len = Math.max(len, ix.seqOn(m, c.id)?.instrs.length ?? 0);
+    return { count: new Int32Array(len), latest: new Float64Array(len) };
+  });
+  const pairState = new Uint8Array(pairs.count);
+  const pairLatest = new Float64Array(pairs.count);
+  /** [rank × stream] the batch being posted: list positions [batchAt, batchEnd), the next to
+   * post, transfers not yet done, the latest transfer end so far */
+  const batchEnd = new Int32Array(world * S);
+  const batchNext = new Int32Array(world * S);
+  const batchOpen = new Int32Array(world * S);
+  const batchDone = new Float64Array(world * S);
+  const batchOf = (r: number, i: number): number => {
+    const b = programs[programOf[r]].file.instructions[i].attrs.batch;
+    return typeof b === 'number' ? b : -1;
+  };
+
+  const size = world * S;
+  const queue = new Int32Array(size);
+  const queued = new Uint8Array(size);
+  let head = 0;
+  let queuedCount = 0;
+  const push = (rs: number) => {
+    if (queued[rs]) return;
+    queued[rs] = 1;
+    queue[(head + queuedCount++) % size] = rs;
+  };
+  const record = (r: number, i: number, at: number) => {
+    const p = programs[programOf[r]];
+    for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) {
+      const e = p.recordEvents[k];
+      recordedAt[eventBase[r] + e] = at;
+      for (let t = r * S; t < r * S + S; t++)
+        if (blockedOn[t] === e) {
+          blockedOn[t] = -1;
+          push(t);
+        }
+    }
+  };
+  /** instruction i of rank r ends at `at`; its stream moves on to list position `next` */
+  const finish = (r: number, i: number, at: number, next: number) => {
+    const rs = r * S + programs[programOf[r]].stream[i];
+    end[r][i] = at;
+    if (at > stepEnd) stepEnd = at;
+    record(r, i, at);
+    free[rs] = at;
+    pc[rs] = next;
+    arrived[rs] = 0;
+    push(rs);
+  };
+  /** the last member of a batch ends once it is posted and every transfer of the batch is done */
+  const finishBatch = (rs: number) => {
+    if (batchNext[rs] < batchEnd[rs] || batchOpen[rs] > 0) return;
+    const r = (rs / S) | 0;
+    const list = programs[programOf[r]].streams[rs - r * S];
+    const last = list[batchEnd[rs] - 1];
+    finish(r, last, Math.max(batchDone[rs], free[rs]), batchEnd[rs]);
+  };
+  /** a transfer is done: an unbatched side ends; a batched side counts toward its batch */
+  const transferDone = (r: number, i: number, at: number) => {
+    const p = programs[programOf[r]];
+    const rs = r * S + p.stream[i];
+    if (batchOf(r, i) < 0) {
+      finish(r, i, at, pc[rs] + 1);
+      return;
+    }
+    batchDone[rs] = Math.max(batchDone[rs], at);
+    batchOpen[rs]--;
+    finishBatch(rs);
+  };
+  const post = (r: number, i: number, at: number) => {
+    const p = programs[programOf[r]];
+    start[r][i] = at;
+    const q = pairs.pairOf[r][p.slot[i]];
+    pairLatest[q] = Math.max(pairLatest[q], at);
+    if ((pairState[q] |= p.kind[i] === SEND ? 1 : 2) !== 3) return;
+    const [src, dst] = [pairs.src[q], pairs.dst[q]];
+    const cost = Math.max(
+      costs[programOf[src]][pairs.sendInstr[q]],
+      costs[programOf[dst]][pairs.recvInstr[q]],
+    );
+    const done = pairLatest[q] + cost;
+    transferDone(pairs.src[q], pairs.sendInstr[q], done);
+    transferDone(pairs.dst[q], pairs.recvInstr[q], done);
+  };
+  /** the time instruction i may start on its stream (free from `t`), NaN while an event it waits
+   * for is not recorded (the stream is then blocked on it) */
+  const ready = (rs: number, r: number, i: number, t: number): number => {
+    const p = programs[programOf[r]];
+    for (let k = p.waitStart[i]; k < p.waitStart[i + 1]; k++) {
+      const when = recordedAt[eventBase[r] + p.waitEvents[k]];
+      if (Number.isNaN(when)) {
+        blockedOn[rs] = p.waitEvents[k];
+        return NaN;
+      }
+      if (when > t) t = when;
+    }
+    return t;
+  };
+  /** posts the batch's members from batchNext on, each once its events are recorded */
+  const postBatch = (rs: number, r: number) => {
+    const list = programs[programOf[r]].streams[rs - r * S];
+    while (batchNext[rs] < batchEnd[rs]) {
+      const i = list[batchNext[rs]];
+      const t = ready(rs, r, i, free[rs]);
+      if (Number.isNaN(t)) return;
+      free[rs] = t;
+      batchNext[rs]++;
+      if (batchNext[rs] < batchEnd[rs]) {
+        // not the last: it ends once posted (the runtime records its events then)
+        end[r][i] = t;
+        record(r, i, t);
+      }
+      post(r, i, t);
+    }
+    arrived[rs] = 1;
+    finishBatch(rs);
+  };
+  const advance = (rs: number) => {
+    if (arrived[rs]) return;
+    const r = (rs / S) | 0;
+    if (batchNext[rs] < batchEnd[rs]) return postBatch(rs, r); // blocked in the middle of a batch
+    const p = programs[programOf[r]];
+    const cost = costs[programOf[r]];
+    const list = p.streams[rs - r * S];
+    for (let at = pc[rs]; at < list.length; at++) {
+      const i = list[at];
+      const t = ready(rs, r, i, free[rs]);
+      if (Number.isNaN(t)) {
+        pc[rs] = at;
+        return;
+      }
+      if (p.kind[i] === LOCAL) {
+        const done = t + cost[i];
+        start[r][i] = t;
+        end[r][i] = free[rs] = done;
+        if (done > stepEnd) stepEnd = done;
+        record(r, i, done);
+        continue;
+      }
+      pc[rs] = at;
+      arrived[rs] = 1;
+      if (p.kind[i] === GROUP) {
+        start[r][i] = t;
+        const j = p.collRef[p.slot[i]];
+        const c = ix.rankComm[r][j];
+        const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
+        const a = arrivals[c];
+        a.latest[k] = Math.max(a.latest[k], t);
+        if (++a.count[k] === comms[c].ranks.length) {
+          let longest = 0;
+          for (const m of comms[c].ranks) {
+            const seq = ix.seqOn(m, c)!;
+            longest = Math.max(longest, costs[programOf[m]][seq.instrs[k]]);
+          }
+          for (const m of comms[c].ranks) {
+            const mi = ix.seqOn(m, c)!.instrs[k];
+            finish(m, mi, a.latest[k] + longest, pc[m * S + programs[programOf[m]].stream[mi]] + 1);
+          }
+        }
+        return;
+      }
+      const batch = batchOf(r, i);
+      if (batch < 0) {
+        post(r, i, t);
+        return;
+      }
+      let last = at + 1;
+      while (last < list.length && batchOf(r, list[last]) === batch) last++;
+      arrived[rs] = 0;
+      batchNext[rs] = at;
+      batchEnd[rs] = last;
+      batchOpen[rs] = last - at;
+      batchDone[rs] = 0;
+      return postBatch(rs, r);
+    }
+    pc[rs] = list.length;
+  };
+
+  for (let rs = 0; rs < size; rs++) push(rs);
+  while (queuedCount > 0) {
+    const rs = queue[head];
+    head = (head + 1) % size;
+    queuedCount--;
+    queued[rs] = 0;
+    advance(rs);
+  }
+  for (let rs = 0; rs < size; rs++) {
+    const r = (rs / S) | 0;
+    const list = programs[programOf[r]].streams[rs - r * S];
+    if (pc[rs] < list.length)
+      throw new Error(
+        `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} (verify the plan first)`,
+      );
+  }
+
+  const ranks = kept.map(({ rank: r }) => {
+    const p = programs[programOf[r]];
+    let finishAt = 0;
+    for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[r][i]);
+    return {
+      rank: r,
+      program: p.id,
+      start: start[r],
+      end: end[r],
+      finish: finishAt,
+      ...divide(p, start[r], end[r], costs[programOf[r]]),
+    };
+  });
+  return {
+    hardware: hw,
+    stepSeconds: stepEnd,
+    ranks,
+  };
+}
+
+/**
+ * How a rank's step divides: `computeBusy`, the time the compute stream runs a kernel (a local
+ * instruction); `exposedComm`, the time data moves (a collective's or send/recv's transfer, the
+ * last `cost` of its interval: before that it waits for its peers, which is idle time) or another
+ * stream runs a kernel (host copies) while the compute stream runs none.
+ */
+function divide(
+  p: ProgramIndex,
+  start: Float64Array,
+  end: Float64Array,
+  cost: Float64Array,
+): { computeBusy: number; exposedComm: number } {
+  const compute: number[] = []; // local instructions of the compute stream, in time order
+  const others: [number, number][] = [];
+  let computeBusy = 0;
+  for (let i = 0; i < p.n; i++) {
+    const local = p.kind[i] === LOCAL;
+    if (local && p.stream[i] === COMPUTE) {
+      compute.push(i);
+      computeBusy += end[i] - start[i];
+      continue;
+    }
+    const from = local ? start[i] : Math.max(start[i], end[i] - cost[i]);
+    if (end[i] > from) others.push([from, end[i]]);
+  }
+  others.sort((a, b) => a[0] - b[0]);
+  let exposed = 0;
+  let c = 0; // first compute kernel that may still overlap
+  let covered = -Infinity; // other time already counted up to here
+  for (const [s0, e0] of others) {
+    let s = Math.max(s0, covered);
+    if (s >= e0) continue;
+    covered = e0;
+    while (c < compute.length && end[compute[c]] <= s) c++;
+    for (let k = c; k < compute.length && start[compute[k]] < e0; k++) {
+      const cs = start[compute[k]];
+      if (cs > s) exposed += cs - s;
+      s = Math.max(s, end[compute[k]]);
+      if (s >= e0) break;
+    }
+    if (s < e0) exposed += e0 - s;
+  }
+  return { computeBusy, exposedComm: exposed };
+}

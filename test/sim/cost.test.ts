@@ -1,0 +1,165 @@
+// The cost model (compiler/sim/cost.ts) by hand: collective formulas, a linear's price from its
+// shapes, the sizes costs are taken at; hardware profiles and their errors; lfc compile's
+// simulated-step report, its predicted trace and its flags.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { compile, type CompileOptions } from '../../compiler/pipeline.js';
+import { collectiveSeconds, expectedSizes, instructionCosts } from '../../compiler/sim/cost.js';
+import { listHardware, loadHardware } from '../../compiler/sim/hardware.js';
+import { microbatchForwardFlops } from '../../compiler/sim/report.js';
+import { cli } from '../helpers.js';
+
+const h800 = loadHardware('h800');
+const GiB = 2 ** 30;
+
+describe('collective formulas', () => {
+  const link = { gbps: 100, latencyUs: 10 };
+  it.each([
+    ['all_reduce', 8, 2 * 7 * 10e-6 + (2 * (7 / 8) * GiB) / 100e9],
+    ['all_gather', 8, 7 * 10e-6 + ((7 / 8) * GiB) / 100e9],
+    ['reduce_scatter', 4, 3 * 10e-6 + ((3 / 4) * GiB) / 100e9],
+    ['all_to_all_v', 2, 10e-6 + GiB / 2 / 100e9],
+    ['broadcast', 8, 3 * 10e-6 + GiB / 100e9],
+    ['send', 2, 10e-6 + GiB / 100e9],
+    ['all_reduce', 1, 0],
+  ] as const)('%s over %i ranks, 1 GiB', (op, P, want) => {
+    expect(collectiveSeconds(op, P, GiB, link)).toBeCloseTo(want, 12);
+  });
+});
+
+describe('instruction costs', () => {
+  const result = compile({ model: 'tiny-vlm', microBatchSize: 1, globalBatchSize: 1 });
+  const [program] = result.programs;
+  const sizes = expectedSizes(result.plan, result.programs);
+  const costs = instructionCosts(program, h800, sizes, () => ({ size: 1, crossesNodes: false }));
+
+  it('a linear: launch + max(2·m·n·k at the efficiency its size reaches, bytes at bandwidth)', () => {
+    const i = program.instructions.findIndex(
+      (x) => x.op === 'linear' && x.phase === 'forward' && x.scope.startsWith('model.layers.'),
+    );
+    const x = program.instructions[i];
+    const dims = (id: number) =>
+      program.buffers[id].shape.map((d) => (d === 'S' ? sizes.get('S')! : Number(d)));
+    expect(dims(x.inputs[0]).every(Number.isInteger)).toBe(true);
+    const [m, k] = dims(x.inputs[0]);
+    const [n] = dims(x.inputs[1]);
+    const flops = 2 * m * n * k;
+    const c = h800.compute;
+    const eff = (c.matmulEfficiency * flops) / 1e9 / (flops / 1e9 + c.matmulHalfGflop);
+    const bytes =
+      c.dtypeBytes *
+      [...x.inputs, ...x.outputs].reduce((a, id) => a + dims(id).reduce((p, d) => p * d, 1), 0);
+    const want =
+      c.launchUs * 1e-6 +
+      Math.max(
+        flops / (c.matmulTflops * 1e12 * eff),
+        bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency),
+      );
+    expect(costs[i]).toBeCloseTo(want, 15);
+  });
+
+  it('every instruction costs a finite, non-negative time; kernels at least the launch', () => {
+    program.instructions.forEach((x, i) => {
+      expect(Number.isFinite(costs[i])).toBe(true);
+      if (x.op !== 'reshape') expect(costs[i]).toBeGreaterThanOrEqual(h800.compute.launchUs * 1e-6);
+    });
+  });
+
+  it("an expert dispatch's received rows at their bound over the group (balanced routing)", () => {
+    const moe = compile({
+      model: 'tiny-vlm-moe',
+      nprocPerNode: 2,
+      parallel: { ep: 2 },
+      microBatchSize: 1,
+      globalBatchSize: 2,
+    } as CompileOptions);
+    const s = expectedSizes(moe.plan, moe.programs);
+    const rx = moe.plan.symbols.filter((x) => /^Rx\d+$/.test(x.name));
+    expect(rx.length).toBeGreaterThan(0);
+    for (const x of rx) expect(s.get(x.name)).toBe(Math.ceil(x.bound / 2));
+    expect(s.get('S')).toBe(moe.plan.symbols.find((x) => x.name === 'S')!.bound);
+  });
+
+  it('model FLOPs per microbatch: lfc inspect per text token × S + per image × the images Nv holds', async () => {
+    const inspect = await cli('inspect', 'tiny-vlm', '--image-size', '32', '--json');
+    const f = (
+      JSON.parse(inspect.out) as {
+        flops: { perTextToken: number; perImage: number; image: { visualTokens: number } };
+      }
+    ).flops;
+    const S = result.plan.training.seqLength;
+    const images = result.plan.training.maxVisualTokens / f.image.visualTokens;
+    expect(Number.isInteger(images)).toBe(true);
+    // inspect's figures are training FLOPs (3 × forward); one image is one attention segment
+    expect(microbatchForwardFlops(result.graph)).toBeCloseTo(
+      (f.perTextToken * S + f.perImage * images) / 3,
+      0,
+    );
+  });
+});
+
+describe('hardware profiles', () => {
+  it('ships h800, h100, a100, each loading', () => {
+    expect(listHardware()).toEqual(expect.arrayContaining(['a100', 'h100', 'h800']));
+    for (const name of listHardware()) expect(loadHardware(name).name).toBe(name);
+  });
+  it.each([
+    [
+      'an unknown name, with the nearest',
+      'h80',
+      /--hardware h80: no such profile \(did you mean 'h800'\?\)/,
+    ],
+    ['a missing file', '/nonexistent/x.yaml', /no such file/],
+  ])('refuses %s', (_what, arg, message) => {
+    expect(() => loadHardware(arg)).toThrow(message);
+  });
+  it('names the missing or bad key and the file', () => {
+    const text = readFileSync(loadHardware('h800').path, 'utf8');
+    const bad = join(tmpdir(), 'bad-hw.yaml');
+    writeFileSync(bad, text.replace(/matmul_tflops: \d+/, 'matmul_tflops: -1'));
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: compute\.matmul_tflops must be a number/,
+    );
+    writeFileSync(bad, text.replace(/ {2}inter_node:.*\n/, ''));
+    expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: links\.inter_node is missing/);
+  });
+});
+
+describe('lfc compile: the simulated step', () => {
+  const out = join(tmpdir(), 'sim-report');
+  const flags = ['--nproc-per-node', '2', '--pp', '2', '--global-batch-size', '4', '-o', out];
+  it('reports step time, tokens/s, MFU and each program’s split', async () => {
+    const r = await cli('compile', 'tiny-vlm-moe', ...flags);
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/simulated on h800: step [\d.]+ ms, [\d.]+k tokens\/s, MFU [\d.]+%/);
+    expect(r.out).toMatch(/p0 \(rank 0\): compute [\d.]+%, exposed communication [\d.]+%, idle/);
+    expect(r.out).toMatch(/p1 \(rank 1\): compute/);
+  });
+  it('--hardware a100 is slower than h100 for the same plan; --json carries the forecast', async () => {
+    const step = async (hw: string) => {
+      const r = await cli('compile', 'tiny-vlm-moe', ...flags, '--hardware', hw, '--json');
+      return (JSON.parse(r.out) as { forecast: { stepSeconds: number; mfu: number } }).forecast;
+    };
+    const [a, h] = [await step('a100'), await step('h100')];
+    expect(a.stepSeconds).toBeGreaterThan(h.stepSeconds);
+    expect(a.mfu).toBeGreaterThan(0);
+  });
+  it('--trace writes the predicted timeline: the first rank of each program', async () => {
+    const trace = join(out, 'predicted.json');
+    const r = await cli('compile', 'tiny-vlm-moe', ...flags, '--trace', trace);
+    expect(r.out).toMatch(/trace: .*predicted\.json \(simulated\)/);
+    const events = (
+      JSON.parse(readFileSync(trace, 'utf8')) as { traceEvents: { ph: string; pid: number }[] }
+    ).traceEvents.filter((e) => e.ph === 'X');
+    expect(new Set(events.map((e) => e.pid))).toEqual(new Set([0, 1]));
+  });
+  it('--no-simulate drops it; --hardware bogus is a user error', async () => {
+    const r = await cli('compile', 'tiny-vlm-moe', ...flags, '--no-simulate');
+    expect(r.out).not.toMatch(/simulated on/);
+    const bad = await cli('compile', 'tiny-vlm-moe', ...flags, '--hardware', 'h80');
+    expect(bad.code).toBe(2);
+    expect(bad.err).toMatch(/did you mean 'h800'/);
+  });
+});

@@ -1,0 +1,161 @@
+// The step simulator (compiler/sim/simulate.ts) against an independent solution of the same
+// timing equations. The simulator is event driven (a worklist of streams that may move); here the
+// equations are solved by sweeping every instruction of every rank until no time changes (the
+// least fixed point), with random instruction costs so that no schedule is special:
+//   post(i)  = max(end of the instruction before it on its stream, ends of its waited events'
+//              recorders)
+//   end(i)   = post + cost                                          a local instruction
+//            = max over the group of post + the largest member cost  a collective
+//            = max(post(send), post(recv)) + max of the two costs    an unbatched send or recv
+//            = post                                                  a batch member but the last
+//            = max(post, every transfer of the batch)                the last member of a batch
+// Every instruction's start and end on the first rank of each program, and the step, must agree.
+
+import { describe, expect, it } from 'vitest';
+import { compile, type CompileOptions } from '../../compiler/pipeline.js';
+import type { ProgramFile } from '../../compiler/plan/format.js';
+import { loadHardware } from '../../compiler/sim/hardware.js';
+import { simulatePlan } from '../../compiler/sim/simulate.js';
+import { buildPlanIndex, GROUP, LOCAL } from '../../compiler/verify/plan-index.js';
+
+const LAYOUTS: Record<string, Partial<CompileOptions>> = {
+  'one rank': {},
+  'dp 2, distributed optimizer': { nprocPerNode: 2, distributedOptimizer: true },
+  'tp 2, sequence parallel': { nprocPerNode: 2, parallel: { tp: 2 }, sequenceParallel: true },
+  'pp 2 × vpp 2, ep 2, full separation, A2A overlap, cpu offload': {
+    nprocPerNode: 4,
+    parallel: { pp: 2, vpp: 2, ep: 2 },
+    encoder: { fullHeteroDp: true, cpuOffload: true },
+    moeOverlap: { overlap: true, delayWgrad: true },
+  },
+  'pp 4 (1F1B), tp 2': { nprocPerNode: 8, parallel: { pp: 4, tp: 2 }, globalBatchSize: 8 },
+};
+
+/** deterministic costs in (0, 1]: a different schedule for every seed */
+function randomCosts(seed: number) {
+  return (p: ProgramFile) => {
+    let x = seed ^ p.id.length;
+    return Float64Array.from(p.instructions, (_, i) => {
+      x = (Math.imul(x ^ (i + 0x9e3779b9), 0x85ebca6b) + 0x6b43a9b5) | 0;
+      return ((x >>> 8) + 1) / 2 ** 24;
+    });
+  };
+}
+
+/** The equations of the header, solved by sweeping until nothing changes. */
+function fixedPoint(
+  plan: Parameters<typeof buildPlanIndex>[0],
+  programs: Parameters<typeof buildPlanIndex>[1],
+  costOf: (p: ProgramFile) => Float64Array,
+) {
+  const ix = buildPlanIndex(plan, programs);
+  const { world } = ix;
+  const prog = (r: number) => ix.programs[ix.programOf[r]];
+  const cost = ix.programs.map((p) => costOf(p.file));
+  const post = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
+  const end = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
+  const batchOf = (r: number, i: number) => {
+    const b = prog(r).file.instructions[i].attrs.batch;
+    return typeof b === 'number' ? b : -1;
+  };
+  /** [rank][instruction] the recorder of each waited event */
+  const recorder = Array.from({ length: world }, (_, r) => {
+    const p = prog(r);
+    const by = new Map<number, number>();
+    for (let i = 0; i < p.n; i++)
+      for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) by.set(p.recordEvents[k], i);
+    return by;
+  });
+  /** the members of collective i of rank r: [rank, instruction] */
+  const members = (r: number, i: number): [number, number][] => {
+    const p = prog(r);
+    const j = p.collRef[p.slot[i]];
+    const c = ix.rankComm[r][j];
+    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
+    return [...ix.comms[c].ranks].map((m) => [m, ix.seqOn(m, c)!.instrs[k]]);
+  };
+  /** a send or recv's transfer end: the pair's later post plus the larger cost */
+  const transfer = (r: number, i: number): number => {
+    const p = prog(r);
+    const q = ix.pairs.pairOf[r][p.slot[i]];
+    const [src, si, dst, di] = [
+      ix.pairs.src[q],
+      ix.pairs.sendInstr[q],
+      ix.pairs.dst[q],
+      ix.pairs.recvInstr[q],
+    ];
+    return (
+      Math.max(post[src][si], post[dst][di]) +
+      Math.max(cost[ix.programOf[src]][si], cost[ix.programOf[dst]][di])
+    );
+  };
+  for (let changed = true, rounds = 0; changed; rounds++) {
+    if (rounds > 100_000) throw new Error('no fixed point');
+    changed = false;
+    const set = (a: Float64Array, i: number, v: number) => {
+      if (a[i] !== v) {
+        a[i] = v;
+        changed = true;
+      }
+    };
+    for (let r = 0; r < world; r++) {
+      const p = prog(r);
+      for (const list of p.streams) {
+        let free = 0;
+        list.forEach((i, at) => {
+          let t = free;
+          for (let k = p.waitStart[i]; k < p.waitStart[i + 1]; k++)
+            t = Math.max(t, end[r][recorder[r].get(p.waitEvents[k])!]);
+          set(post[r], i, t);
+          let e: number;
+          if (p.kind[i] === LOCAL) e = t + cost[ix.programOf[r]][i];
+          else if (p.kind[i] === GROUP) {
+            const ms = members(r, i);
+            e =
+              Math.max(...ms.map(([m, mi]) => post[m][mi])) +
+              Math.max(...ms.map(([m, mi]) => cost[ix.programOf[m]][mi]));
+          } else if (batchOf(r, i) < 0) e = transfer(r, i);
+          else if (at + 1 < list.length && batchOf(r, list[at + 1]) === batchOf(r, i)) e = t;
+          else {
+            e = t;
+            for (let k = at; k >= 0 && batchOf(r, list[k]) === batchOf(r, i); k--)
+              e = Math.max(e, transfer(r, list[k]));
+          }
+          set(end[r], i, e);
+          free = e;
+        });
+      }
+    }
+  }
+  let step = 0;
+  for (let r = 0; r < world; r++) for (const e of end[r]) step = Math.max(step, e);
+  return { post, end, step };
+}
+
+describe('the step simulator solves the timing equations', () => {
+  const hw = loadHardware('h800');
+  it.each(Object.keys(LAYOUTS))('%s', (name) => {
+    const result = compile({
+      model: 'tiny-vlm-moe',
+      microBatchSize: 1,
+      globalBatchSize: 4,
+      ...LAYOUTS[name],
+    } as CompileOptions);
+    const programs = new Map(result.programs.map((p) => [p.id, p]));
+    for (const seed of [1, 2]) {
+      const costs = randomCosts(seed);
+      const sim = simulatePlan(result.plan, programs, hw, costs);
+      const want = fixedPoint(result.plan, programs, costs);
+      expect(sim.stepSeconds).toBeCloseTo(want.step, 9);
+      expect(sim.ranks.map((r) => r.program).sort()).toEqual([...programs.keys()].sort());
+      for (const r of sim.ranks) {
+        for (let i = 0; i < r.start.length; i++) {
+          expect(r.start[i]).toBeCloseTo(want.post[r.rank][i], 9);
+          expect(r.end[i]).toBeCloseTo(want.end[r.rank][i], 9);
+        }
+        expect(r.computeBusy).toBeGreaterThan(0);
+        expect(r.computeBusy + r.exposedComm).toBeLessThanOrEqual(sim.stepSeconds * (1 + 1e-12));
+      }
+    }
+  });
+});
