@@ -8,6 +8,7 @@ import { addInspectCommand } from './inspect.js';
 import { addDemoCommand } from './demo.js';
 import { addCompileCommand } from './compile.js';
 import { addRunCommand } from './run.js';
+import { addCalibrateCommand } from './calibrate.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -35,6 +36,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addCompileCommand(program, io);
   addRunCommand(program, io, isTTY);
   addDemoCommand(program, io, isTTY);
+  addCalibrateCommand(program, io);
   for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
   return program;
 }

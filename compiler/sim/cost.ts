@@ -20,7 +20,7 @@
 // sizes are the profile's: the plan's f32 buffers are priced at dtype_bytes (activations) or
 // grad_dtype_bytes (optimizer-phase collectives: gradient reduction, parameter gathering).
 
-import { OP_TABLE, type OpKind } from '../../ir/ops.js';
+import { OP_TABLE, type OpCategory, type OpKind } from '../../ir/ops.js';
 import { parseDim, resolveShape, type Dim } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
@@ -50,13 +50,26 @@ export function expectedSizes(
   return sizes;
 }
 
-/** Prices the instructions of one program; `groupOf` says how a collective's group lies. */
-export function instructionCosts(
+/** What one instruction moves and computes, at the sizes and element sizes given. */
+export interface Work {
+  readonly category: OpCategory;
+  /** matmul FLOPs (compute instructions) */
+  readonly flops: number;
+  /** compute: bytes read and written; collective: the larger of sent and received; memory: the
+   * bytes copied */
+  readonly bytes: number;
+}
+
+/**
+ * Each instruction's work: shapes at `sizes`, f32 buffers at `dtypeBytes` per element (the
+ * optimizer phase's collectives at `gradDtypeBytes`), other dtypes at their own size.
+ */
+export function instructionWork(
   program: ProgramFile,
-  hw: HardwareProfile,
   sizes: ReadonlyMap<string, number>,
-  groupOf: (x: PlanInstruction) => GroupShape,
-): Float64Array {
+  dtypeBytes: number,
+  gradDtypeBytes: number,
+): Work[] {
   const dimCache = new Map<string, Dim>();
   const size = (sym: string) => sizes.get(sym) ?? 0;
   const shapes = program.buffers.map((b) =>
@@ -70,61 +83,91 @@ export function instructionCosts(
     ),
   );
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
-  const f32 = (id: number) => program.buffers[id].dtype === 'f32';
-  const c = hw.compute;
-  const costs = new Float64Array(program.instructions.length);
-  program.instructions.forEach((x, i) => {
+  return program.instructions.map((x) => {
     const info = OP_TABLE[x.op as OpKind];
-    const scale = (id: number, dtypeBytes: number) =>
-      elems(id) * (f32(id) ? dtypeBytes : bytesOf(program.buffers[id].dtype));
-    const bytes = (ids: readonly number[], dtypeBytes = c.dtypeBytes) =>
-      ids.reduce((a, id) => a + scale(id, dtypeBytes), 0);
-    if (info.category === 'collective') {
-      const g = groupOf(x);
-      const dtypeBytes = x.phase === 'optimizer' ? c.gradDtypeBytes : c.dtypeBytes;
-      const n = Math.max(bytes(x.inputs, dtypeBytes), bytes(x.outputs, dtypeBytes));
-      const link = g.crossesNodes ? hw.links.interNode : hw.links.intraNode;
-      costs[i] = collectiveSeconds(x.op, g.size, n, link);
-      return;
-    }
-    if (info.category === 'memory') {
-      const link = hw.links.host;
-      costs[i] = link.latencyUs * 1e-6 + bytes(x.inputs) / (link.gbps * 1e9);
-      return;
-    }
+    const per =
+      info.category === 'collective' && x.phase === 'optimizer' ? gradDtypeBytes : dtypeBytes;
+    const bytes = (ids: readonly number[]) =>
+      ids.reduce((a, id) => {
+        const dtype = program.buffers[id].dtype;
+        return a + elems(id) * (dtype === 'f32' ? per : bytesOf(dtype));
+      }, 0);
+    if (info.category === 'collective')
+      return {
+        category: info.category,
+        flops: 0,
+        bytes: Math.max(bytes(x.inputs), bytes(x.outputs)),
+      };
+    if (info.category === 'memory')
+      return { category: info.category, flops: 0, bytes: bytes(x.inputs) };
     const flops = info.flops({
       inputs: x.inputs.map((id) => shapes[id]),
       outputs: x.outputs.map((id) => shapes[id]),
       attrs: x.attrs as Attrs, // the verifier checked them against the op table
     });
-    const traffic = bytes(x.inputs) + bytes(x.outputs);
-    const memory = traffic / (c.memoryGbps * 1e9 * c.memoryEfficiency);
-    const gflop = flops / 1e9;
-    const eff = gflop > 0 ? (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop) : 1;
-    const math = flops > 0 ? flops / (c.matmulTflops * 1e12 * eff) : 0;
-    // a view (reshape) moves nothing: no kernel
-    costs[i] = x.op === 'reshape' ? 0 : c.launchUs * 1e-6 + Math.max(math, memory);
+    // a view (reshape) moves nothing
+    const moved = x.op === 'reshape' ? 0 : bytes(x.inputs) + bytes(x.outputs);
+    return { category: info.category, flops, bytes: moved };
   });
-  return costs;
+}
+
+/** A kernel's seconds: launch + max(FLOPs at the efficiency its size reaches, bytes at bandwidth). */
+export function kernelSeconds(flops: number, bytes: number, c: HardwareProfile['compute']): number {
+  const memory = bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency);
+  const gflop = flops / 1e9;
+  const eff = gflop > 0 ? (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop) : 1;
+  const math = flops > 0 ? flops / (c.matmulTflops * 1e12 * eff) : 0;
+  return c.launchUs * 1e-6 + Math.max(math, memory);
+}
+
+/** Prices the instructions of one program; `groupOf` says how a collective's group lies. */
+export function instructionCosts(
+  program: ProgramFile,
+  hw: HardwareProfile,
+  sizes: ReadonlyMap<string, number>,
+  groupOf: (x: PlanInstruction) => GroupShape,
+): Float64Array {
+  const c = hw.compute;
+  const work = instructionWork(program, sizes, c.dtypeBytes, c.gradDtypeBytes);
+  return Float64Array.from(program.instructions, (x, i) => {
+    const w = work[i];
+    if (w.category === 'collective') {
+      const g = groupOf(x);
+      const link = g.crossesNodes ? hw.links.interNode : hw.links.intraNode;
+      return collectiveSeconds(x.op, g.size, w.bytes, link);
+    }
+    if (w.category === 'memory') {
+      const link = hw.links.host;
+      return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
+    }
+    return x.op === 'reshape' ? 0 : kernelSeconds(w.flops, w.bytes, c);
+  });
 }
 
 function bytesOf(dtype: string): number {
   return dtype === 'f64' || dtype === 'i64' ? 8 : dtype === 'f16' || dtype === 'bf16' ? 2 : 4;
 }
 
-/** One collective of `bytes` (the whole gathered or reduced size) over P ranks on `link`. */
-export function collectiveSeconds(op: string, P: number, bytes: number, link: Link): number {
-  if (op === 'send' || op === 'recv') return link.latencyUs * 1e-6 + bytes / (link.gbps * 1e9);
-  if (P <= 1) return 0;
-  const bw = link.gbps * 1e9;
-  const lat = link.latencyUs * 1e-6;
+/**
+ * A collective's latency steps and the factor of its size that crosses a rank's link (ring
+ * algorithms; a broadcast pipelined down a tree).
+ */
+export function collectiveSteps(op: string, P: number): { steps: number; factor: number } {
+  if (op === 'send' || op === 'recv') return { steps: 1, factor: 1 };
+  if (P <= 1) return { steps: 0, factor: 0 };
   const part = (P - 1) / P;
   switch (op) {
     case 'all_reduce':
-      return 2 * (P - 1) * lat + (2 * part * bytes) / bw;
+      return { steps: 2 * (P - 1), factor: 2 * part };
     case 'broadcast':
-      return Math.ceil(Math.log2(P)) * lat + bytes / bw;
+      return { steps: Math.ceil(Math.log2(P)), factor: 1 };
     default: // all_gather, reduce_scatter, all_to_all_v, gather_v, scatter_v
-      return (P - 1) * lat + (part * bytes) / bw;
+      return { steps: P - 1, factor: part };
   }
+}
+
+/** One collective of `bytes` (the whole gathered or reduced size) over P ranks on `link`. */
+export function collectiveSeconds(op: string, P: number, bytes: number, link: Link): number {
+  const { steps, factor } = collectiveSteps(op, P);
+  return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * 1e9);
 }

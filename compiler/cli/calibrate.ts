@@ -1,0 +1,176 @@
+// lfc calibrate: a hardware profile of this machine for the simulated step (compiler/sim), fitted
+// to the CPU runtime's own timings (compiler/sim/calibrate.ts says how): kernels from one-rank
+// steps of tiny-vlm-moe at two sequence lengths, the link from the collectives of a two-rank
+// tensor-parallel step. `lfc compile … --hardware FILE` then predicts what `lfc run` measures.
+
+import type { Command } from 'commander';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpus, tmpdir, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { compile, writePlan, type CompileOptions } from '../pipeline.js';
+import type { ProgramFile } from '../plan/format.js';
+import {
+  fitCompute,
+  fitLink,
+  profileYaml,
+  type KernelSample,
+  type TransferSample,
+} from '../sim/calibrate.js';
+import { collectiveSteps, instructionWork } from '../sim/cost.js';
+import type { HardwareProfile } from '../sim/hardware.js';
+import { train } from '../../runtime/train.js';
+import { mergeTrace, type TraceEvent } from '../../runtime/trace.js';
+import { writeFileAtomic } from '../../runtime/safetensors.js';
+import type { CliIO } from './index.js';
+import { positiveInt } from './options.js';
+import { launchTraining, trainOptions } from './run.js';
+
+const MODEL = 'tiny-vlm-moe';
+const SEQ_LENGTHS = [128, 512];
+
+interface CalibrateFlags {
+  output?: string;
+  steps: number;
+  threads?: number;
+}
+
+/** symbols a step's data decides (visual tokens, expert rows): their sizes are not the bounds */
+const DATA_SIZED = /Nv|Rx|Nk/;
+
+/** median seconds of each instruction over the steps after the first */
+function medianTimes(samples: number[][]): Float64Array {
+  return Float64Array.from(samples, (xs) => {
+    const s = [...xs].sort((a, b) => a - b);
+    return s[(s.length - 1) >> 1];
+  });
+}
+
+async function kernelSamples(
+  dir: string,
+  seqLength: number,
+  f: CalibrateFlags,
+): Promise<KernelSample[]> {
+  const options: CompileOptions = {
+    model: MODEL,
+    seqLength,
+    microBatchSize: 1,
+    globalBatchSize: 2,
+  };
+  const result = compile(options);
+  const plan = join(dir, `seq${seqLength}`);
+  writePlan(plan, result.plan, result.programs);
+  const program = result.programs[0];
+  const times: number[][] = program.instructions.map(() => []);
+  await train({
+    ...trainOptions(plan, { trainIters: f.steps, threads: f.threads }),
+    onTiming: (step, per) => {
+      if (step > 1) per?.forEach((t, i) => times[i].push((t.end - t.start) / 1e3));
+    },
+  });
+  const seconds = medianTimes(times);
+  const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
+  const work = instructionWork(program, sizes, 4, 4);
+  return program.instructions.flatMap((x, i) => {
+    const w = work[i];
+    if (x.stream !== 'compute' || x.op === 'reshape') return [];
+    if (w.category === 'collective' || w.category === 'memory') return [];
+    const shapes = [...x.inputs, ...x.outputs].flatMap((id) => program.buffers[id].shape);
+    if (shapes.some((d) => DATA_SIZED.test(d))) return [];
+    return [{ flops: w.flops, bytes: w.bytes, seconds: seconds[i] }];
+  });
+}
+
+async function transferSamples(
+  dir: string,
+  f: CalibrateFlags,
+  io: CliIO,
+): Promise<TransferSample[]> {
+  const options: CompileOptions = {
+    model: MODEL,
+    nprocPerNode: 2,
+    parallel: { tp: 2 },
+    microBatchSize: 1,
+    globalBatchSize: 2,
+  };
+  const result = compile(options);
+  const plan = join(dir, 'tp2');
+  writePlan(plan, result.plan, result.programs);
+  const trace = join(dir, 'tp2.trace.json');
+  const flags = { trainIters: f.steps, threads: f.threads, quiet: true, trace };
+  await launchTraining(plan, result.plan, trainOptions(plan, flags), flags, io, false, 1, 2);
+  mergeTrace(trace, 2, {});
+  const events = (
+    JSON.parse(readFileSync(trace, 'utf8')) as {
+      traceEvents: (TraceEvent & { dur: number; args: { index: number } })[];
+    }
+  ).traceEvents.filter((e) => e.ph === 'X');
+  // both ranks run p0 (tp 2): instruction i's shorter time is its transfer
+  const shortest = new Map<number, number>();
+  for (const e of events) {
+    const s = e.dur / 1e6;
+    shortest.set(e.args.index, Math.min(shortest.get(e.args.index) ?? Infinity, s));
+  }
+  const program: ProgramFile = result.programs[0];
+  const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
+  const work = instructionWork(program, sizes, 4, 4);
+  return program.instructions.flatMap((x, i) => {
+    if (work[i].category !== 'collective' || !shortest.has(i)) return [];
+    const shapes = [...x.inputs, ...x.outputs].flatMap((id) => program.buffers[id].shape);
+    if (shapes.some((d) => DATA_SIZED.test(d))) return [];
+    const { steps, factor } = collectiveSteps(x.op, 2);
+    return [{ steps, moved: factor * work[i].bytes, seconds: shortest.get(i)! }];
+  });
+}
+
+export function addCalibrateCommand(program: Command, io: CliIO): void {
+  program
+    .command('calibrate')
+    .description(
+      "measure this machine for the simulated step: a hardware profile fitted to the CPU runtime's own kernel and collective times",
+    )
+    .option('-o, --output <file>', 'write the profile here (default: print it)')
+    .option(
+      '--steps <n>',
+      'steps per measured run (the first is not counted)',
+      positiveInt('--steps'),
+      4,
+    )
+    .option('--threads <n>', 'BLAS threads (default: all cores)', positiveInt('--threads'))
+    .action(async (f: CalibrateFlags) => {
+      const dir = mkdtempSync(join(tmpdir(), 'lfc-calibrate-'));
+      try {
+        const kernels: KernelSample[] = [];
+        for (const seq of SEQ_LENGTHS) {
+          io.err(`lfc calibrate: kernels of ${MODEL}, one rank, sequence ${seq}…\n`);
+          kernels.push(...(await kernelSamples(dir, seq, f)));
+        }
+        io.err(`lfc calibrate: collectives of ${MODEL}, two ranks, tp 2…\n`);
+        const transfers = await transferSamples(dir, f, io);
+        const compute = fitCompute(kernels);
+        const link = fitLink(transfers);
+        const cpu = cpus()[0]?.model.trim() ?? 'unknown CPU';
+        const profile: Omit<HardwareProfile, 'path'> = {
+          name: 'local',
+          description: `this machine: ${cpu}, ${cpus().length} cores, f32 CPU runtime`,
+          gpusPerNode: cpus().length,
+          memoryGiB: Math.floor(totalmem() / 2 ** 30),
+          compute,
+          links: {
+            intraNode: link,
+            interNode: link,
+            host: { gbps: compute.memoryGbps, latencyUs: compute.launchUs },
+          },
+        };
+        const about = `measured by lfc calibrate on ${new Date().toISOString().slice(0, 10)} from ${kernels.length} kernels and ${transfers.length} collectives`;
+        const yaml = profileYaml(profile, about);
+        if (f.output) {
+          writeFileAtomic(f.output, yaml);
+          io.out(
+            `profile: ${f.output} (matmul ${compute.matmulTflops.toFixed(3)} TFLOP/s, half at ${compute.matmulHalfGflop.toFixed(4)} GFLOP; memory ${compute.memoryGbps.toFixed(1)} GB/s; launch ${compute.launchUs.toFixed(1)} us; link ${link.gbps.toFixed(2)} GB/s, ${link.latencyUs.toFixed(1)} us)\n`,
+          );
+        } else io.out(yaml);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+}
