@@ -45,11 +45,12 @@ function medianTimes(samples: number[][]): Float64Array {
   });
 }
 
+/** kernel samples, and the executor's time per instruction outside any kernel (seconds) */
 async function kernelSamples(
   dir: string,
   seqLength: number,
   f: CalibrateFlags,
-): Promise<KernelSample[]> {
+): Promise<{ samples: KernelSample[]; gap: number }> {
   const options: CompileOptions = {
     model: MODEL,
     seqLength,
@@ -61,16 +62,25 @@ async function kernelSamples(
   writePlan(plan, result.plan, result.programs);
   const program = result.programs[0];
   const times: number[][] = program.instructions.map(() => []);
-  await train({
+  const inKernels: number[] = [];
+  const run = await train({
     ...trainOptions(plan, { trainIters: f.steps, threads: f.threads }),
     onTiming: (step, per) => {
-      if (step > 1) per?.forEach((t, i) => times[i].push((t.end - t.start) / 1e3));
+      if (step === 1 || !per) return;
+      per.forEach((t, i) => times[i].push((t.end - t.start) / 1e3));
+      inKernels.push(per.reduce((a, t) => a + (t.end - t.start), 0) / 1e3);
     },
   });
+  // one stream: the step less its kernels is the executor's own time between them
+  const gaps = run.steps
+    .slice(1)
+    .map((m, k) => (m.stepMs / 1e3 - inKernels[k]) / program.instructions.length)
+    .sort((a, b) => a - b);
+  const gap = Math.max(0, gaps[(gaps.length - 1) >> 1] ?? 0);
   const seconds = medianTimes(times);
   const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
   const work = instructionWork(program, sizes, 4, 4);
-  return program.instructions.flatMap((x, i) => {
+  const samples = program.instructions.flatMap((x, i) => {
     const w = work[i];
     if (x.stream !== 'compute' || x.op === 'reshape') return [];
     if (w.category === 'collective' || w.category === 'memory') return [];
@@ -78,6 +88,7 @@ async function kernelSamples(
     if (shapes.some((d) => DATA_SIZED.test(d))) return [];
     return [{ flops: w.flops, bytes: w.bytes, seconds: seconds[i] }];
   });
+  return { samples, gap };
 }
 
 async function transferSamples(
@@ -140,13 +151,19 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
       const dir = mkdtempSync(join(tmpdir(), 'lfc-calibrate-'));
       try {
         const kernels: KernelSample[] = [];
+        const gaps: number[] = [];
         for (const seq of SEQ_LENGTHS) {
           io.err(`lfc calibrate: kernels of ${MODEL}, one rank, sequence ${seq}…\n`);
-          kernels.push(...(await kernelSamples(dir, seq, f)));
+          const { samples, gap } = await kernelSamples(dir, seq, f);
+          kernels.push(...samples);
+          gaps.push(gap);
         }
         io.err(`lfc calibrate: collectives of ${MODEL}, two ranks, tp 2…\n`);
         const transfers = await transferSamples(dir, f, io);
-        const compute = fitCompute(kernels);
+        // an instruction costs its kernel and the executor's time around it
+        const fitted = fitCompute(kernels);
+        const gapUs = (1e6 * gaps.reduce((a, b) => a + b, 0)) / gaps.length;
+        const compute = { ...fitted, launchUs: fitted.launchUs + gapUs };
         const link = fitLink(transfers);
         const cpu = cpus()[0]?.model.trim() ?? 'unknown CPU';
         const profile: Omit<HardwareProfile, 'path'> = {
@@ -166,7 +183,7 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
         if (f.output) {
           writeFileAtomic(f.output, yaml);
           io.out(
-            `profile: ${f.output} (matmul ${compute.matmulTflops.toFixed(3)} TFLOP/s, half at ${compute.matmulHalfGflop.toFixed(4)} GFLOP; memory ${compute.memoryGbps.toFixed(1)} GB/s; launch ${compute.launchUs.toFixed(1)} us; link ${link.gbps.toFixed(2)} GB/s, ${link.latencyUs.toFixed(1)} us)\n`,
+            `profile: ${f.output} (matmul ${compute.matmulTflops.toFixed(3)} TFLOP/s, half at ${compute.matmulHalfGflop.toFixed(4)} GFLOP; memory ${compute.memoryGbps.toFixed(1)} GB/s; launch ${compute.launchUs.toFixed(1)} us (${gapUs.toFixed(1)} of it the executor's between kernels); link ${link.gbps.toFixed(2)} GB/s, ${link.latencyUs.toFixed(1)} us)\n`,
           );
         } else io.out(yaml);
       } finally {
