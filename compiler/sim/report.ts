@@ -20,6 +20,8 @@ export interface ProgramForecast {
   /** fractions of the step */
   readonly compute: number;
   readonly exposedComm: number;
+  /** exposedComm by op, largest first */
+  readonly exposedByOp: readonly { readonly op: string; readonly share: number }[];
   readonly idle: number;
 }
 
@@ -64,6 +66,9 @@ export function forecastStep(
       rank: r.rank,
       compute: r.computeBusy / step,
       exposedComm: r.exposedComm / step,
+      exposedByOp: Object.entries(r.exposedByOp)
+        .map(([op, t]) => ({ op, share: t / step }))
+        .sort((a, b) => b.share - a.share),
       idle: 1 - (r.computeBusy + r.exposedComm) / step,
     })),
   };
@@ -79,11 +84,15 @@ export function describeForecast(f: StepForecast, hw: HardwareProfile): string[]
     f.tokensPerSecond >= 1e6
       ? `${(f.tokensPerSecond / 1e6).toFixed(2)}M`
       : `${(f.tokensPerSecond / 1e3).toFixed(1)}k`;
+  const ops = (by: ProgramForecast['exposedByOp']) => {
+    const top = by.filter((x) => x.share >= 0.0005).slice(0, 3);
+    return top.length ? ` (${top.map((x) => `${x.op} ${pct(x.share)}`).join(', ')})` : '';
+  };
   return [
     `simulated on ${hw.name}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
     ...f.programs.map(
       (p) =>
-        `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}, idle ${pct(p.idle)}`,
+        `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}${ops(p.exposedByOp)}, idle ${pct(p.idle)}`,
     ),
   ];
 }

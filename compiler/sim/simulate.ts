@@ -19,6 +19,7 @@
 // communication or host copies run while compute is idle (exposed communication). The step is
 // the latest end over every rank.
 
+import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
 import {
   buildPlanIndex,
@@ -46,6 +47,8 @@ export interface RankTimes {
   readonly computeBusy: number;
   /** time data moves or another stream runs a kernel while the compute stream runs none */
   readonly exposedComm: number;
+  /** exposedComm by op (time two ops overlap counts once, for the one that started first) */
+  readonly exposedByOp: Readonly<Record<string, number>>;
 }
 
 export interface Simulation {
@@ -338,46 +341,50 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
 }
 
 /**
- * How a rank's step divides: `computeBusy`, the time the compute stream runs a kernel (a local
- * instruction); `exposedComm`, the time data moves (a collective's or send/recv's transfer, the
- * last `cost` of its interval: before that it waits for its peers, which is idle time) or another
- * stream runs a kernel (host copies) while the compute stream runs none.
+ * How a rank's step divides. What an instruction runs is the last `cost` of its interval: a
+ * collective or send/recv waits for its peers before that, which is idle time. `computeBusy`: the
+ * time the compute stream runs a kernel (an op that is not a collective); `exposedComm`: the time
+ * data moves, or another stream runs a kernel (host copies), while the compute stream runs none.
  */
 function divide(
   p: ProgramIndex,
   start: Float64Array,
   end: Float64Array,
   cost: Float64Array,
-): { computeBusy: number; exposedComm: number } {
+): { computeBusy: number; exposedComm: number; exposedByOp: Record<string, number> } {
   const compute: number[] = []; // local instructions of the compute stream, in time order
-  const others: [number, number][] = [];
+  const others: [number, number, number][] = []; // from, to, instruction
+  const from = (i: number) => Math.max(start[i], end[i] - cost[i]);
   let computeBusy = 0;
   for (let i = 0; i < p.n; i++) {
-    const local = p.kind[i] === LOCAL;
-    if (local && p.stream[i] === COMPUTE) {
+    // what runs: the last `cost` of an instruction's interval (all of a local one's)
+    const at = from(i);
+    const kernel = OP_TABLE[p.file.instructions[i].op as OpKind].category !== 'collective';
+    if (kernel && p.stream[i] === COMPUTE) {
       compute.push(i);
-      computeBusy += end[i] - start[i];
-      continue;
-    }
-    const from = local ? start[i] : Math.max(start[i], end[i] - cost[i]);
-    if (end[i] > from) others.push([from, end[i]]);
+      computeBusy += end[i] - at;
+    } else if (end[i] > at) others.push([at, end[i], i]);
   }
   others.sort((a, b) => a[0] - b[0]);
   let exposed = 0;
+  const byOp: Record<string, number> = {};
   let c = 0; // first compute kernel that may still overlap
   let covered = -Infinity; // other time already counted up to here
-  for (const [s0, e0] of others) {
+  for (const [s0, e0, i] of others) {
     let s = Math.max(s0, covered);
     if (s >= e0) continue;
     covered = e0;
+    const before = exposed;
     while (c < compute.length && end[compute[c]] <= s) c++;
-    for (let k = c; k < compute.length && start[compute[k]] < e0; k++) {
-      const cs = start[compute[k]];
+    for (let k = c; k < compute.length && from(compute[k]) < e0; k++) {
+      const cs = from(compute[k]);
       if (cs > s) exposed += cs - s;
       s = Math.max(s, end[compute[k]]);
       if (s >= e0) break;
     }
     if (s < e0) exposed += e0 - s;
+    const op = p.file.instructions[i].op;
+    if (exposed > before) byOp[op] = (byOp[op] ?? 0) + exposed - before;
   }
-  return { computeBusy, exposedComm: exposed };
+  return { computeBusy, exposedComm: exposed, exposedByOp: byOp };
 }

@@ -17,6 +17,7 @@ import type { ProgramFile } from '../../compiler/plan/format.js';
 import { loadHardware } from '../../compiler/sim/hardware.js';
 import { simulatePlan } from '../../compiler/sim/simulate.js';
 import { buildPlanIndex, GROUP, LOCAL } from '../../compiler/verify/plan-index.js';
+import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 
 const LAYOUTS: Record<string, Partial<CompileOptions>> = {
   'one rank': {},
@@ -132,6 +133,33 @@ function fixedPoint(
   return { post, end, step };
 }
 
+/**
+ * Exposed communication by elementary segments: between consecutive interval endpoints, a
+ * segment counts when some transfer or non-compute kernel covers it and no compute kernel does.
+ */
+function exposedByBruteForce(
+  p: ProgramFile,
+  start: Float64Array,
+  end: Float64Array,
+  cost: Float64Array,
+): number {
+  const compute: [number, number][] = [];
+  const other: [number, number][] = [];
+  p.instructions.forEach((x, i) => {
+    const runs: [number, number] = [Math.max(start[i], end[i] - cost[i]), end[i]];
+    const kernel = OP_TABLE[x.op as OpKind].category !== 'collective';
+    (kernel && x.stream === 'compute' ? compute : other).push(runs);
+  });
+  const points = [...new Set([...compute, ...other].flat())].sort((a, b) => a - b);
+  let total = 0;
+  for (let k = 0; k + 1 < points.length; k++) {
+    const mid = (points[k] + points[k + 1]) / 2;
+    const inside = (xs: [number, number][]) => xs.some(([a, b]) => a <= mid && mid < b);
+    if (inside(other) && !inside(compute)) total += points[k + 1] - points[k];
+  }
+  return total;
+}
+
 describe('the step simulator solves the timing equations', () => {
   const hw = loadHardware('h800');
   it.each(Object.keys(LAYOUTS))('%s', (name) => {
@@ -155,6 +183,15 @@ describe('the step simulator solves the timing equations', () => {
         }
         expect(r.computeBusy).toBeGreaterThan(0);
         expect(r.computeBusy + r.exposedComm).toBeLessThanOrEqual(sim.stepSeconds * (1 + 1e-12));
+        const split = exposedByBruteForce(
+          programs.get(r.program)!,
+          r.start,
+          r.end,
+          costs(programs.get(r.program)!),
+        );
+        expect(r.exposedComm).toBeCloseTo(split, 9);
+        const byOp = Object.values(r.exposedByOp).reduce((a, b) => a + b, 0);
+        expect(byOp).toBeCloseTo(r.exposedComm, 9);
       }
     }
   });
