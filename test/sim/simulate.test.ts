@@ -32,13 +32,18 @@ const LAYOUTS: Record<string, Partial<CompileOptions>> = {
   'pp 4 (1F1B), tp 2': { nprocPerNode: 8, parallel: { pp: 4, tp: 2 }, globalBatchSize: 8 },
 };
 
-/** deterministic costs in (0, 1]: a different schedule for every seed */
-function randomCosts(seed: number) {
+/**
+ * deterministic costs in (0, 1], a different schedule for every seed; collectives and copies
+ * `slow` times that (long transfers that compute resumes under)
+ */
+function randomCosts(seed: number, slow = 1) {
   return (p: ProgramFile) => {
     let x = seed ^ p.id.length;
-    return Float64Array.from(p.instructions, (_, i) => {
+    return Float64Array.from(p.instructions, (ins, i) => {
       x = (Math.imul(x ^ (i + 0x9e3779b9), 0x85ebca6b) + 0x6b43a9b5) | 0;
-      return ((x >>> 8) + 1) / 2 ** 24;
+      const kernel = OP_TABLE[ins.op as OpKind].category;
+      const factor = kernel === 'collective' || kernel === 'memory' ? slow : 1;
+      return (factor * ((x >>> 8) + 1)) / 2 ** 24;
     });
   };
 }
@@ -170,8 +175,12 @@ describe('the step simulator solves the timing equations', () => {
       ...LAYOUTS[name],
     } as CompileOptions);
     const programs = new Map(result.programs.map((p) => [p.id, p]));
-    for (const seed of [1, 2]) {
-      const costs = randomCosts(seed);
+    for (const [seed, slow] of [
+      [1, 1],
+      [2, 1],
+      [3, 20],
+    ]) {
+      const costs = randomCosts(seed, slow);
       const sim = simulatePlan(result.plan, programs, hw, costs);
       const want = fixedPoint(result.plan, programs, costs);
       expect(sim.stepSeconds).toBeCloseTo(want.step, 9);
