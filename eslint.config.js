@@ -17,4 +17,9 @@ export default tseslint.config(
       'no-constant-condition': ['error', { checkLoops: false }],
     },
   },
+  {
+    // the visualizer's browser script
+    files: ['viz/client.js'],
+    languageOptions: { sourceType: 'script', globals: { document: 'readonly' } },
+  },
 );

@@ -226,7 +226,7 @@ export interface ProgramMemory {
 }
 
 /** Each distinct program's device and host memory per rank, the largest device total first. */
-export function memoryByProgram(result: CompileResult): ProgramMemory[] {
+export function memoryByProgram(result: Pick<CompileResult, 'plan' | 'programs'>): ProgramMemory[] {
   const { worldSize, sizes } = result.plan.topology;
   const perStage = worldSize / sizes.pp; // pp is the slowest dim of every rank grid
   const ranksOf = new Map<string, number[]>();

@@ -9,6 +9,7 @@ import { addDemoCommand } from './demo.js';
 import { addCompileCommand } from './compile.js';
 import { addRunCommand } from './run.js';
 import { addCalibrateCommand } from './calibrate.js';
+import { addVizCommand } from './viz.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -37,6 +38,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addRunCommand(program, io, isTTY);
   addDemoCommand(program, io, isTTY);
   addCalibrateCommand(program, io);
+  addVizCommand(program, io);
   for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
   return program;
 }
