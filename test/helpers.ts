@@ -6,6 +6,19 @@ import { run, type CliIO } from '../compiler/cli/index.js';
 
 export const PRESETS = listPresets().map((p) => p.name);
 
+/** lfc demo's layout (on 4 ranks): pp 2 × vpp 2, ep 2, full separation, the A2A overlap */
+export const DEMO_LAYOUT: readonly string[] = [
+  '--pp',
+  '2',
+  '--vpp',
+  '2',
+  '--ep',
+  '2',
+  '--enable-full-hetero-dp',
+  '--overlap-moe-expert-parallel-comm',
+  '--delay-wgrad-compute',
+];
+
 const cache = new Map<string, Graph>();
 export function presetGraph(name: string): Graph {
   let g = cache.get(name);

@@ -29,6 +29,7 @@ import {
   type PlanIndex,
   type ProgramIndex,
 } from '../verify/plan-index.js';
+import { Worklist } from '../verify/worklist.js';
 import { expectedSizes, instructionCosts, type GroupShape } from './cost.js';
 import type { HardwareProfile } from './hardware.js';
 
@@ -142,15 +143,8 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
   };
 
   const size = world * S;
-  const queue = new Int32Array(size);
-  const queued = new Uint8Array(size);
-  let head = 0;
-  let queuedCount = 0;
-  const push = (rs: number) => {
-    if (queued[rs]) return;
-    queued[rs] = 1;
-    queue[(head + queuedCount++) % size] = rs;
-  };
+  const work = new Worklist(size);
+  const push = (rs: number) => work.push(rs);
   const record = (r: number, i: number, at: number) => {
     const p = programs[programOf[r]];
     for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) {
@@ -304,13 +298,7 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
   };
 
   for (let rs = 0; rs < size; rs++) push(rs);
-  while (queuedCount > 0) {
-    const rs = queue[head];
-    head = (head + 1) % size;
-    queuedCount--;
-    queued[rs] = 0;
-    advance(rs);
-  }
+  work.drain(advance);
   for (let rs = 0; rs < size; rs++) {
     const r = (rs / S) | 0;
     const list = programs[programOf[r]].streams[rs - r * S];

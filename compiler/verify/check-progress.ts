@@ -25,6 +25,7 @@ import {
   type PlanIndex,
   type ProgramIndex,
 } from './plan-index.js';
+import { Worklist } from './worklist.js';
 import { formatRanks, type PlanProblem } from './problem.js';
 
 const RULE = 'progress';
@@ -86,15 +87,8 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
   );
 
   const size = world * S;
-  const queue = new Int32Array(size);
-  const queued = new Uint8Array(size);
-  let head = 0;
-  let queuedCount = 0;
-  const push = (rs: number) => {
-    if (queued[rs]) return;
-    queued[rs] = 1;
-    queue[(head + queuedCount++) % size] = rs;
-  };
+  const work = new Worklist(size);
+  const push = (rs: number) => work.push(rs);
 
   const recordEvents = (r: number, p: ProgramIndex, i: number) => {
     const base = eventBase[r];
@@ -185,13 +179,7 @@ export function simulateStep(ix: PlanIndex): StepSimulation {
   };
 
   for (let rs = 0; rs < size; rs++) push(rs);
-  while (queuedCount > 0) {
-    const rs = queue[head];
-    head = (head + 1) % size;
-    queuedCount--;
-    queued[rs] = 0;
-    advance(rs);
-  }
+  work.drain(advance);
   /** the instruction rank r's stream s is blocked at, -1 when the stream finished */
   const headOf = (r: number, s: number): number => {
     const list = programOf[r] >= 0 ? hot[programOf[r]][s] : undefined;

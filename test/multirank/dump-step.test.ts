@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { cli } from '../helpers.js';
+import { cli, DEMO_LAYOUT } from '../helpers.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-dump-'));
@@ -43,17 +43,7 @@ const LAYOUTS: readonly Layout[] = [
   {
     name: 'level3-a2a-overlap',
     ranks: 4,
-    flags: [
-      '--pp',
-      '2',
-      '--vpp',
-      '2',
-      '--ep',
-      '2',
-      '--enable-full-hetero-dp',
-      '--overlap-moe-expert-parallel-comm',
-      '--delay-wgrad-compute',
-    ],
+    flags: [...DEMO_LAYOUT],
   },
   // images encoded away from their microbatch's rank, their gradients brought back
   { name: 'vit-balance-dp2', ranks: 2, flags: ['--use-vit-dp-balance'] },

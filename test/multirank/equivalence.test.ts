@@ -15,7 +15,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { cli, relL2 } from '../helpers.js';
+import { cli, relL2, DEMO_LAYOUT } from '../helpers.js';
 import { iterDir } from '../../runtime/checkpoint.js';
 import { loadNative, type NativeRuntime } from '../../runtime/native.js';
 import { readPlan } from '../../runtime/plan-io.js';
@@ -183,17 +183,7 @@ const LAYOUTS: readonly Layout[] = [
     name: 'level3-a2a-overlap-pp2-vpp2-ep2',
     model: 'tiny-vlm-moe',
     ranks: 4,
-    flags: [
-      '--pp',
-      '2',
-      '--vpp',
-      '2',
-      '--ep',
-      '2',
-      '--enable-full-hetero-dp',
-      '--overlap-moe-expert-parallel-comm',
-      '--delay-wgrad-compute',
-    ],
+    flags: [...DEMO_LAYOUT],
   },
   // encoder freeze (LoongForge's +model.image_encoder.freeze=True) under levels 2 and 3
   {

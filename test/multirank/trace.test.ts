@@ -11,26 +11,14 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import type { PlanFile, ProgramFile } from '../../compiler/plan/format.js';
 import { readPlan } from '../../runtime/plan-io.js';
 import { traceFragment, type TraceEvent } from '../../runtime/trace.js';
-import { cli } from '../helpers.js';
+import { cli, DEMO_LAYOUT } from '../helpers.js';
 
 const dir = join(tmpdir(), 'trace');
 const LAYOUTS = {
   'one rank': ['tiny-vlm', []],
   'pp 2 × vpp 2, ep 2, full separation, A2A overlap (4 ranks)': [
     'tiny-vlm-moe',
-    [
-      '--nproc-per-node',
-      '4',
-      '--pp',
-      '2',
-      '--vpp',
-      '2',
-      '--ep',
-      '2',
-      '--enable-full-hetero-dp',
-      '--overlap-moe-expert-parallel-comm',
-      '--delay-wgrad-compute',
-    ],
+    ['--nproc-per-node', '4', ...DEMO_LAYOUT],
   ],
 } as const;
 
