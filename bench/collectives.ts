@@ -16,9 +16,8 @@
 // TCP as between machines.
 
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
@@ -30,6 +29,7 @@ import {
 } from '../compiler/plan/format.js';
 import { StoreServer } from '../runtime/store.js';
 import type { BenchSpec } from './collectives-rank.js';
+import { benchDir } from './temp-dir.js';
 
 const OPS = ['all_reduce', 'all_to_all_v', 'gather_v'] as const;
 type Op = (typeof OPS)[number];
@@ -145,7 +145,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
 async function runLfc(P: number, shm: boolean): Promise<Map<string, number>> {
   const { spec, order } = benchProgram(P);
   const server = await StoreServer.listen(0, '127.0.0.1');
-  const file = join(mkdtempSync(join(tmpdir(), 'lfc-bench-')), 'spec.json');
+  const file = join(benchDir('lfc-bench-'), 'spec.json');
   const full: BenchSpec = {
     ...spec,
     comm: {
@@ -249,7 +249,7 @@ function runMpi(P: number, exe: string | undefined): Map<string, number> | undef
 
 function buildMpi(): string | undefined {
   try {
-    const dir = mkdtempSync(join(tmpdir(), 'lfc-mpi-'));
+    const dir = benchDir('lfc-mpi-');
     writeFileSync(join(dir, 'bench.c'), MPI_SOURCE);
     execFileSync('mpicc', ['-O2', '-o', join(dir, 'bench'), join(dir, 'bench.c')]);
     return join(dir, 'bench');

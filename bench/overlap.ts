@@ -26,10 +26,9 @@
 // is about a fifth of the step with the overlap off.
 
 import { spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { benchDir } from './temp-dir.js';
+
 import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
 import { StoreServer } from '../runtime/store.js';
@@ -100,7 +99,7 @@ function planDir(overlap: boolean): string {
       moeOverlap: overlap ? { overlap: true, delayWgrad: true } : undefined,
     };
     const compiled = compile(options);
-    const dir = mkdtempSync(join(tmpdir(), `lfc-overlap-${overlap ? 'on' : 'off'}-`));
+    const dir = benchDir(`lfc-overlap-${overlap ? 'on' : 'off'}-`);
     writePlan(dir, compiled.plan, compiled.programs);
     dirs.set(overlap, dir);
   }

@@ -3,8 +3,6 @@
 //
 //   npx tsx bench/profile.ts [--model tiny-vlm-moe] [--steps 10] [--threads 2]
 
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { compile, writePlan } from '../compiler/pipeline.js';
 import { projectRoot } from '../compiler/paths.js';
@@ -13,6 +11,7 @@ import { loadNative } from '../runtime/native.js';
 import { readPlan } from '../runtime/plan-io.js';
 import { RankState } from '../runtime/state.js';
 import { loadWeights } from '../runtime/checkpoint.js';
+import { benchDir } from './temp-dir.js';
 
 const argOf = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -22,7 +21,7 @@ const model = argOf('model', 'tiny-vlm-moe');
 const steps = Number(argOf('steps', '10'));
 const threads = Number(argOf('threads', '2'));
 
-const dir = mkdtempSync(join(tmpdir(), 'lfc-profile-'));
+const dir = benchDir('lfc-profile-');
 const { plan, programs } = compile({ model, globalBatchSize: 3 });
 writePlan(dir, plan, programs);
 const loaded = readPlan(dir);

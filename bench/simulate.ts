@@ -8,20 +8,21 @@
 // Ranks beyond the machine's cores share them, which the simulator does not model (it gives
 // every rank its own device): only layouts with ranks ≤ cores are run.
 
-import { mkdtempSync, readFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { run as lfc, type CliIO } from '../compiler/cli/index.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
+import { benchDir } from './temp-dir.js';
 
 const argOf = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);
   return i > 0 ? process.argv[i + 1] : def;
 };
 const steps = Number(argOf('steps', '8'));
-const dir = mkdtempSync(join(tmpdir(), 'lfc-bench-sim-'));
+const dir = benchDir('lfc-bench-sim-');
 const quiet: CliIO = { out: () => {}, err: () => {} };
 const must = async (...argv: string[]) => {
   let err = '';

@@ -6,8 +6,8 @@
 //   npx tsx bench/step.ts [--steps 20] [--warmup 3] [--threads 2]
 
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { benchDir } from './temp-dir.js';
+
 import { join } from 'node:path';
 import { compile, writePlan } from '../compiler/pipeline.js';
 import { projectRoot } from '../compiler/paths.js';
@@ -29,7 +29,7 @@ const median = (xs: number[]) => {
 const rows: string[] = [];
 for (const model of ['tiny-vlm', 'tiny-vlm-moe']) {
   const fixtures = join(projectRoot(), 'test/fixtures', model);
-  const dir = mkdtempSync(join(tmpdir(), `lfc-bench-${model}-`));
+  const dir = benchDir(`lfc-bench-${model}-`);
   const { plan, programs } = compile({ model, globalBatchSize: 3 });
   writePlan(join(dir, 'plan'), plan, programs);
   const lfc = await train({
