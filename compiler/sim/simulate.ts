@@ -20,6 +20,7 @@
 // the latest end over every rank.
 
 import { OP_TABLE, type OpKind } from '../../ir/ops.js';
+import { UserError } from '../errors.js';
 import { STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
 import {
   buildPlanIndex,
@@ -44,7 +45,7 @@ export interface RankTimes {
   readonly end: Float64Array;
   /** the end of its last instruction */
   readonly finish: number;
-  /** time its compute stream runs a kernel (a local instruction) */
+  /** time its compute stream runs a kernel (an op that is not a collective) */
   readonly computeBusy: number;
   /** time data moves or another stream runs a kernel while the compute stream runs none */
   readonly exposedComm: number;
@@ -303,8 +304,9 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
     const r = (rs / S) | 0;
     const list = programs[programOf[r]].streams[rs - r * S];
     if (pc[rs] < list.length)
-      throw new Error(
-        `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} (verify the plan first)`,
+      // a plan the verifier would refuse (a hand-edited one): the user's file, not lfc
+      throw new UserError(
+        `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} of ${programs[programOf[r]].id}: the plan deadlocks (was it edited? recompile it)`,
       );
   }
 

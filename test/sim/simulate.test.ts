@@ -205,3 +205,23 @@ describe('the step simulator solves the timing equations', () => {
     }
   });
 });
+
+describe('a plan that deadlocks', () => {
+  it('is refused naming the rank, stream and instruction where it stops', () => {
+    const result = compile({
+      model: 'tiny-vlm-moe',
+      microBatchSize: 1,
+      globalBatchSize: 4,
+      nprocPerNode: 2,
+      parallel: { pp: 2 },
+    } as CompileOptions);
+    // a send whose tag no recv waits for: the pipeline never gets its activation
+    const programs = new Map(result.programs.map((p) => [p.id, structuredClone(p) as ProgramFile]));
+    const p0 = programs.get('p0')!;
+    const send = p0.instructions.find((x) => x.op === 'send')!;
+    (send.attrs as Record<string, unknown>).tag = 99_999;
+    expect(() => simulatePlan(result.plan, programs, loadHardware('h800'))).toThrow(
+      /simulation: rank \d's \w+ stream stops at instruction \d+ of p\d: the plan deadlocks/,
+    );
+  });
+});
