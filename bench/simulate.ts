@@ -12,6 +12,7 @@ import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { run as lfc, type CliIO } from '../compiler/cli/index.js';
+import { median } from '../compiler/sim/calibrate.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
@@ -86,9 +87,8 @@ for (const [name, argv] of LAYOUTS) {
     .trim()
     .split('\n')
     .map((l) => (JSON.parse(l) as { step_ms: number }).step_ms)
-    .slice(1)
-    .sort((a, b) => a - b);
-  const measured = times[(times.length - 1) >> 1];
+    .slice(1);
+  const measured = median(times);
   console.log(
     `| ${name} | ${predicted.toFixed(2)} | ${measured.toFixed(2)} | ${(predicted / measured).toFixed(2)} |`,
   );

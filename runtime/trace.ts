@@ -10,9 +10,15 @@
 // sync across nodes. A multi-rank run writes one
 // fragment per rank beside the trace file (traceFragment), which the launcher of node 0 merges.
 
-import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
-import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
+import {
+  batchSpans,
+  stageOfRank,
+  type PlanFile,
+  type ProgramFile,
+} from '../compiler/plan/format.js';
 import { writeFileAtomic } from './safetensors.js';
 
 /** One event of the Trace Event Format (complete 'X' or metadata 'M'). */
@@ -42,12 +48,6 @@ export function streamsOf(program: ProgramFile): string[] {
   return [...new Set(program.instructions.map((x) => x.stream))];
 }
 
-/** The pipeline stage of a rank (pp is the slowest dim of every rank grid). */
-export function stageOf(plan: PlanFile, rank: number): number {
-  const { worldSize, sizes } = plan.topology;
-  return Math.floor(rank / (worldSize / sizes.pp));
-}
-
 /**
  * One rank's events from the runtime's per-instruction times (ms since the step began); the
  * instructions the step did not run (none in a finished step) have no event.
@@ -68,7 +68,7 @@ export function rankTrace(
       ph: 'M',
       pid: rank,
       tid: 0,
-      args: { name: `rank ${rank} (${program.id}, stage ${stageOf(plan, rank)})` },
+      args: { name: `rank ${rank} (${program.id}, stage ${stageOfRank(plan, rank)})` },
     },
     { name: 'process_sort_index', ph: 'M', pid: rank, tid: 0, args: { sort_index: rank } },
     ...streams.map((s, i) => ({
@@ -79,13 +79,7 @@ export function rankTrace(
       args: { name: s },
     })),
   ];
-  // the last instruction of each batch of sends and recvs (a run of one stream's instructions)
-  const batchEnds = new Set<number>();
-  const lastOfBatch = new Map<string, number>();
-  program.instructions.forEach((x, index) => {
-    if (x.attrs.batch !== undefined) lastOfBatch.set(`${x.stream}/${String(x.attrs.batch)}`, index);
-  });
-  for (const index of lastOfBatch.values()) batchEnds.add(index);
+  const batches = batchSpans(program.instructions);
   program.instructions.forEach((x, index) => {
     const t = perInstruction[index];
     if (!t || !(t.end >= t.start)) return;
@@ -104,7 +98,7 @@ export function rankTrace(
         index,
         ...(x.attrs.batch === undefined
           ? {}
-          : { batch: x.attrs.batch, ...(batchEnds.has(index) ? { batchEnd: true } : {}) }),
+          : { batch: x.attrs.batch, ...(batches.last[index] === index ? { batchEnd: true } : {}) }),
       },
     });
   });
@@ -134,6 +128,16 @@ export function writeRankTrace(file: string, part: RankTrace): void {
   writeFileAtomic(file, JSON.stringify(part));
 }
 
+/** Writes the trace file of `parts` (traceFile), making its directory. */
+export function writeTrace(
+  file: string,
+  parts: readonly RankTrace[],
+  about: Record<string, unknown>,
+): void {
+  mkdirSync(dirname(resolve(file)), { recursive: true });
+  writeFileAtomic(file, traceFile(parts, about));
+}
+
 /**
  * Merges the fragments ranks 0..world-1 left beside `file` into it and removes them; returns the
  * ranks whose fragment is not on this machine (ranks of other nodes without a shared file system).
@@ -154,7 +158,7 @@ export function mergeTrace(file: string, world: number, about: Record<string, un
     }
   }
   if (parts.length === 0) return missing;
-  writeFileAtomic(file, traceFile(parts, about));
+  writeTrace(file, parts, about);
   for (const p of parts) rmSync(traceFragment(file, p.rank), { force: true });
   return missing;
 }

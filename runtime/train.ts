@@ -10,7 +10,7 @@
 // writes its share to a shared directory and rank 0 assembles them (gatherAtRank0).
 
 import { appendFileSync, existsSync, mkdirSync, rmSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
@@ -44,7 +44,7 @@ import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
 import { RankState } from './state.js';
-import { rankTrace, traceFile, traceFragment, writeRankTrace } from './trace.js';
+import { rankTrace, traceFragment, writeRankTrace, writeTrace } from './trace.js';
 
 export interface TrainOptions {
   readonly planDir: string;
@@ -284,10 +284,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const r = await rt.step({ lr, step });
     o.onTiming?.(step, r.perInstruction);
     if (o.trace && step === o.trainIters) {
-      mkdirSync(dirname(o.trace), { recursive: true });
       const part = rankTrace(plan, program, rank, step, r.startWallMs!, r.perInstruction ?? []);
-      if (world === 1)
-        writeFileAtomic(o.trace, traceFile([part], { plan: o.planDir, model: plan.model.name }));
+      if (world === 1) writeTrace(o.trace, [part], { plan: o.planDir, model: plan.model.name });
       else writeRankTrace(traceFragment(o.trace, rank), part);
     }
     // the ViT balance's count is the same on every rank of a balancing group, and rank 0's

@@ -6,11 +6,11 @@
 import { readFileSync } from 'node:fs';
 import { memoryByProgram, type ProgramMemory } from '../compiler/cli/compile.js';
 import { UserError } from '../compiler/errors.js';
-import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
+import { stageOfRank, type PlanFile, type ProgramFile } from '../compiler/plan/format.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
-import { stageOf, type TraceEvent } from '../runtime/trace.js';
+import type { TraceEvent } from '../runtime/trace.js';
 
 export interface VizLane {
   readonly rank: number;
@@ -184,7 +184,7 @@ export function vizData(planDir: string, o: { trace?: string; hardware?: string 
     ranks: plan.rankPrograms.map((program, rank) => ({
       rank,
       program,
-      stage: stageOf(plan, rank),
+      stage: stageOfRank(plan, rank),
       groups: groupsOf(rank),
     })),
     stages: stages(plan),

@@ -12,6 +12,7 @@ import type { ProgramFile } from '../plan/format.js';
 import {
   fitCompute,
   fitLink,
+  median,
   profileYaml,
   type KernelSample,
   type TransferSample,
@@ -37,12 +38,23 @@ interface CalibrateFlags {
 /** symbols a step's data decides (visual tokens, expert rows): their sizes are not the bounds */
 const DATA_SIZED = /Nv|Rx|Nk/;
 
-/** median seconds of each instruction over the steps after the first */
-function medianTimes(samples: number[][]): Float64Array {
-  return Float64Array.from(samples, (xs) => {
-    const s = [...xs].sort((a, b) => a - b);
-    return s[(s.length - 1) >> 1];
-  });
+/**
+ * A one-step layout of MODEL written to dir/name, its first program (every rank's, in the
+ * layouts measured here), and that program's work at its symbols' bounds and f32 (the runtime's).
+ */
+function measuredPlan(dir: string, name: string, options: Partial<CompileOptions>) {
+  const result = compile({ model: MODEL, microBatchSize: 1, globalBatchSize: 2, ...options });
+  const plan = join(dir, name);
+  writePlan(plan, result.plan, result.programs);
+  const program: ProgramFile = result.programs[0];
+  const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
+  const work = instructionWork(program, sizes, 4, 4);
+  /** an instruction whose sizes the data decides: its work at the bounds is not what ran */
+  const dataSized = (x: ProgramFile['instructions'][number]) =>
+    [...x.inputs, ...x.outputs].some((id) =>
+      program.buffers[id].shape.some((d) => DATA_SIZED.test(d)),
+    );
+  return { result, plan, program, work, dataSized };
 }
 
 /** kernel samples, and the executor's time per instruction outside any kernel (seconds) */
@@ -51,16 +63,7 @@ async function kernelSamples(
   seqLength: number,
   f: CalibrateFlags,
 ): Promise<{ samples: KernelSample[]; gap: number }> {
-  const options: CompileOptions = {
-    model: MODEL,
-    seqLength,
-    microBatchSize: 1,
-    globalBatchSize: 2,
-  };
-  const result = compile(options);
-  const plan = join(dir, `seq${seqLength}`);
-  writePlan(plan, result.plan, result.programs);
-  const program = result.programs[0];
+  const { plan, program, work, dataSized } = measuredPlan(dir, `seq${seqLength}`, { seqLength });
   const times: number[][] = program.instructions.map(() => []);
   const inKernels: number[] = [];
   const run = await train({
@@ -74,19 +77,13 @@ async function kernelSamples(
   // one stream: the step less its kernels is the executor's own time between them
   const gaps = run.steps
     .slice(1)
-    .map((m, k) => (m.stepMs / 1e3 - inKernels[k]) / program.instructions.length)
-    .sort((a, b) => a - b);
-  const gap = Math.max(0, gaps[(gaps.length - 1) >> 1] ?? 0);
-  const seconds = medianTimes(times);
-  const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
-  const work = instructionWork(program, sizes, 4, 4);
+    .map((m, k) => (m.stepMs / 1e3 - inKernels[k]) / program.instructions.length);
+  const gap = Math.max(0, median(gaps) || 0);
   const samples = program.instructions.flatMap((x, i) => {
     const w = work[i];
-    if (x.stream !== 'compute' || x.op === 'reshape') return [];
+    if (x.stream !== 'compute' || x.op === 'reshape' || dataSized(x)) return [];
     if (w.category === 'collective' || w.category === 'memory') return [];
-    const shapes = [...x.inputs, ...x.outputs].flatMap((id) => program.buffers[id].shape);
-    if (shapes.some((d) => DATA_SIZED.test(d))) return [];
-    return [{ flops: w.flops, bytes: w.bytes, seconds: seconds[i] }];
+    return [{ flops: w.flops, bytes: w.bytes, seconds: median(times[i]) }];
   });
   return { samples, gap };
 }
@@ -96,16 +93,10 @@ async function transferSamples(
   f: CalibrateFlags,
   io: CliIO,
 ): Promise<TransferSample[]> {
-  const options: CompileOptions = {
-    model: MODEL,
+  const { result, plan, program, work, dataSized } = measuredPlan(dir, 'tp2', {
     nprocPerNode: 2,
     parallel: { tp: 2 },
-    microBatchSize: 1,
-    globalBatchSize: 2,
-  };
-  const result = compile(options);
-  const plan = join(dir, 'tp2');
-  writePlan(plan, result.plan, result.programs);
+  });
   const trace = join(dir, 'tp2.trace.json');
   const flags = { trainIters: f.steps, threads: f.threads, quiet: true, trace };
   await launchTraining(plan, result.plan, trainOptions(plan, flags), flags, io, false, 1, 2);
@@ -121,13 +112,8 @@ async function transferSamples(
     const s = e.dur / 1e6;
     shortest.set(e.args.index, Math.min(shortest.get(e.args.index) ?? Infinity, s));
   }
-  const program: ProgramFile = result.programs[0];
-  const sizes = new Map(result.plan.symbols.map((s) => [s.name, s.bound]));
-  const work = instructionWork(program, sizes, 4, 4);
   return program.instructions.flatMap((x, i) => {
-    if (work[i].category !== 'collective' || !shortest.has(i)) return [];
-    const shapes = [...x.inputs, ...x.outputs].flatMap((id) => program.buffers[id].shape);
-    if (shapes.some((d) => DATA_SIZED.test(d))) return [];
+    if (work[i].category !== 'collective' || !shortest.has(i) || dataSized(x)) return [];
     const { steps, factor } = collectiveSteps(x.op, 2);
     return [{ steps, moved: factor * work[i].bytes, seconds: shortest.get(i)! }];
   });

@@ -11,6 +11,7 @@ import {
   type CompileOptions,
   type CompileResult,
 } from '../pipeline.js';
+import { stageOfRank } from '../plan/format.js';
 import { describeLayout } from '../schedule/partition.js';
 import { describeEncoder } from '../parallel/encoder.js';
 import { UserError } from '../errors.js';
@@ -18,10 +19,7 @@ import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
 import { loadHardware, listHardware } from '../sim/hardware.js';
 import { describeForecast, forecastStep, type StepForecast } from '../sim/report.js';
-import { rankTrace, traceFile } from '../../runtime/trace.js';
-import { writeFileAtomic } from '../../runtime/safetensors.js';
-import { mkdirSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { rankTrace, writeTrace } from '../../runtime/trace.js';
 
 interface CompileFlags {
   modelName?: string;
@@ -192,11 +190,7 @@ function simulateReport(
         Array.from(r.start, (s, i) => ({ start: s * 1e3, end: r.end[i] * 1e3 })),
       ),
     );
-    mkdirSync(dirname(resolve(f.trace)), { recursive: true });
-    writeFileAtomic(
-      f.trace,
-      traceFile(parts, { model: result.config.name, simulated: hw.name, output: f.output }),
-    );
+    writeTrace(f.trace, parts, { model: result.config.name, simulated: hw.name, output: f.output });
   }
   return {
     forecast,
@@ -227,8 +221,6 @@ export interface ProgramMemory {
 
 /** Each distinct program's device and host memory per rank, the largest device total first. */
 export function memoryByProgram(result: Pick<CompileResult, 'plan' | 'programs'>): ProgramMemory[] {
-  const { worldSize, sizes } = result.plan.topology;
-  const perStage = worldSize / sizes.pp; // pp is the slowest dim of every rank grid
   const ranksOf = new Map<string, number[]>();
   result.plan.rankPrograms.forEach((id, rank) => {
     ranksOf.set(id, [...(ranksOf.get(id) ?? []), rank]);
@@ -241,7 +233,7 @@ export function memoryByProgram(result: Pick<CompileResult, 'plan' | 'programs'>
       return {
         program: p.id,
         ranks: ranks.length,
-        stages: [...new Set(ranks.map((rank) => Math.floor(rank / perStage)))],
+        stages: [...new Set(ranks.map((rank) => stageOfRank(result.plan, rank)))],
         parameters: r.param,
         gradients: r.grad,
         optimizer: r.optim,

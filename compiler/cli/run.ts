@@ -69,14 +69,12 @@ export function trainingArgv(f: RunFlags): string[] {
     ['weights', '--weights'],
     ['batch', '--batch'],
     ['threads', '--threads'],
-    ['trace', '--trace'],
   ];
   const argv: string[] = [];
   for (const [key, flag] of valued) if (f[key] !== undefined) argv.push(flag, String(f[key]));
   if (f.shuffleImages) argv.push('--shuffle-images');
   // a rank may start elsewhere than this process's directory
-  const at = argv.indexOf('--trace');
-  if (at >= 0) argv[at + 1] = resolve(argv[at + 1]);
+  if (f.trace !== undefined) argv.push('--trace', resolve(f.trace));
   return [...argv, '--quiet'];
 }
 

@@ -213,6 +213,12 @@ export interface PlanFile {
   readonly rankPrograms: readonly string[];
 }
 
+/** The pipeline stage of a rank: pp is the slowest dim of every rank grid. */
+export function stageOfRank(plan: PlanFile, rank: number): number {
+  const { worldSize, sizes } = plan.topology;
+  return Math.floor(rank / (worldSize / sizes.pp));
+}
+
 /**
  * For each instruction, the first and last instruction of its batch (consecutive instructions of
  * one stream with the same `batch` attribute, posted together); itself when not batched.

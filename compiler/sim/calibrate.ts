@@ -28,7 +28,8 @@ export interface TransferSample {
   readonly seconds: number;
 }
 
-const median = (xs: readonly number[]): number => {
+/** the lower median (NaN for none) */
+export const median = (xs: readonly number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length ? s[(s.length - 1) >> 1] : NaN;
 };

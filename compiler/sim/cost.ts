@@ -37,15 +37,15 @@ export function expectedSizes(
   plan: PlanFile,
   programs: Iterable<ProgramFile>,
 ): Map<string, number> {
-  const sizes = new Map(plan.symbols.map((s) => [s.name, s.bound]));
+  const bounds = new Map(plan.symbols.map((s) => [s.name, s.bound]));
+  const sizes = new Map(bounds);
   for (const p of programs)
     for (const x of p.instructions) {
       if (x.op !== 'all_to_all_v') continue;
       const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
+      const bound = rows === undefined ? undefined : bounds.get(rows);
       const P = x.attrs.group_size as number | undefined;
-      if (rows === undefined || !P || !sizes.has(rows)) continue;
-      const bound = plan.symbols.find((s) => s.name === rows)!.bound;
-      sizes.set(rows, Math.ceil(bound / P));
+      if (bound !== undefined && P) sizes.set(rows!, Math.ceil(bound / P));
     }
   return sizes;
 }

@@ -21,7 +21,7 @@
 
 import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { UserError } from '../errors.js';
-import { STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
+import { batchSpans, STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
 import {
   buildPlanIndex,
   GROUP,
@@ -138,10 +138,12 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
   const batchNext = new Int32Array(world * S);
   const batchOpen = new Int32Array(world * S);
   const batchDone = new Float64Array(world * S);
-  const batchOf = (r: number, i: number): number => {
-    const b = programs[programOf[r]].file.instructions[i].attrs.batch;
-    return typeof b === 'number' ? b : -1;
-  };
+  // [program] each instruction's batch (format.ts batchSpans: its members are consecutive on
+  // their stream), and whether it has one
+  const spans = programs.map((p) => batchSpans(p.file.instructions));
+  const batched = programs.map((p) =>
+    Uint8Array.from(p.file.instructions, (x) => +(x.attrs.batch !== undefined)),
+  );
 
   const size = world * S;
   const work = new Worklist(size);
@@ -181,7 +183,7 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
   const transferDone = (r: number, i: number, at: number) => {
     const p = programs[programOf[r]];
     const rs = r * S + p.stream[i];
-    if (batchOf(r, i) < 0) {
+    if (!batched[programOf[r]][i]) {
       finish(r, i, at, pc[rs] + 1);
       return;
     }
@@ -269,25 +271,19 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
         const a = arrivals[c];
         a.latest[k] = Math.max(a.latest[k], t);
         if (++a.count[k] === comms[c].ranks.length) {
+          const members = Array.from(comms[c].ranks, (m) => [m, ix.seqOn(m, c)!.instrs[k]]);
           let longest = 0;
-          for (const m of comms[c].ranks) {
-            const seq = ix.seqOn(m, c)!;
-            longest = Math.max(longest, costs[programOf[m]][seq.instrs[k]]);
-          }
-          for (const m of comms[c].ranks) {
-            const mi = ix.seqOn(m, c)!.instrs[k];
+          for (const [m, mi] of members) longest = Math.max(longest, costs[programOf[m]][mi]);
+          for (const [m, mi] of members)
             finish(m, mi, a.latest[k] + longest, pc[m * S + programs[programOf[m]].stream[mi]] + 1);
-          }
         }
         return;
       }
-      const batch = batchOf(r, i);
-      if (batch < 0) {
+      if (!batched[programOf[r]][i]) {
         post(r, i, t);
         return;
       }
-      let last = at + 1;
-      while (last < list.length && batchOf(r, list[last]) === batch) last++;
+      const last = at + spans[programOf[r]].last[i] - i + 1;
       arrived[rs] = 0;
       batchNext[rs] = at;
       batchEnd[rs] = last;
