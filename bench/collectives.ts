@@ -6,8 +6,8 @@
 //
 // Each rank process runs one program holding every (op, size) REPEATS times in a row; the time of
 // one instance is the slowest rank's, the figure the median over the repeats. OpenMPI runs the
-// same schedule in a small C program (compiled here with mpicc, run with mpirun); it needs
-// `apt-get install -y libopenmpi-dev openmpi-bin`. Bus bandwidth as in nccl-tests, for S bytes
+// same schedule in a small C program (compiled here with mpicc, run with mpirun); the setup
+// installs libopenmpi-dev and openmpi-bin (scripts/setup.mjs, 'bench collectives'). Bus bandwidth as in nccl-tests, for S bytes
 // (all_reduce: the buffer; all_to_all_v: what one rank sends; gather_v: what the root receives):
 // all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
 //
@@ -30,6 +30,10 @@ import {
 import { StoreServer } from '../runtime/store.js';
 import type { BenchSpec } from './collectives-rank.js';
 import { benchDir } from './temp-dir.js';
+import { setupOrExit } from '../scripts/setup.mjs';
+
+// the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
+setupOrExit('bench collectives');
 
 const OPS = ['all_reduce', 'all_to_all_v', 'gather_v'] as const;
 type Op = (typeof OPS)[number];
@@ -254,9 +258,7 @@ function buildMpi(): string | undefined {
     execFileSync('mpicc', ['-O2', '-o', join(dir, 'bench'), join(dir, 'bench.c')]);
     return join(dir, 'bench');
   } catch {
-    process.stderr.write(
-      'OpenMPI not found (apt-get install -y libopenmpi-dev openmpi-bin): lfc only\n',
-    );
+    process.stderr.write('mpicc failed to build the OpenMPI yardstick: lfc only\n');
     return undefined;
   }
 }

@@ -16,8 +16,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { CompileOptions } from '../compiler/pipeline.js';
-// @ts-expect-error: a plain ES module without types
-import { ensureBuilt } from '../scripts/setup.mjs';
+import { setupOrExit } from '../scripts/setup.mjs';
 
 /** the Qwen3-VL-30B-A3B layouts: 4 nodes × 8, sequence 32768, global batch 64 */
 const Q30: CompileOptions = {
@@ -97,7 +96,7 @@ const median = (xs: number[]) => {
 if (process.argv.includes('--child')) {
   await child(arg('child', '235b'));
 } else {
-  await (ensureBuilt as (o: { quiet: boolean }) => Promise<void>)({ quiet: true });
+  setupOrExit('lfc'); // the children run the compiled CLI
   const runs = Number(arg('runs', '3'));
   const which = arg('layout', '235b');
   const names = which === 'all' ? Object.keys(LAYOUTS) : [which];

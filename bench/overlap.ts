@@ -33,6 +33,10 @@ import { fileURLToPath } from 'node:url';
 import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
 import { StoreServer } from '../runtime/store.js';
 import type { OverlapRankStep } from './overlap-rank.js';
+import { setupOrExit } from '../scripts/setup.mjs';
+
+// the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
+setupOrExit('bench native');
 
 const RANKS = 2;
 const DEFAULT_OVERRIDES = [

@@ -12,6 +12,10 @@ import { readPlan } from '../runtime/plan-io.js';
 import { RankState } from '../runtime/state.js';
 import { loadWeights } from '../runtime/checkpoint.js';
 import { benchDir } from './temp-dir.js';
+import { setupOrExit } from '../scripts/setup.mjs';
+
+// the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
+setupOrExit('bench native');
 
 const argOf = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);

@@ -17,6 +17,10 @@ import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
 import { benchDir } from './temp-dir.js';
+import { setupOrExit } from '../scripts/setup.mjs';
+
+// the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
+setupOrExit('bench native');
 
 const argOf = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);

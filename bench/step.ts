@@ -12,6 +12,10 @@ import { join } from 'node:path';
 import { compile, writePlan } from '../compiler/pipeline.js';
 import { projectRoot } from '../compiler/paths.js';
 import { train } from '../runtime/train.js';
+import { setupOrExit } from '../scripts/setup.mjs';
+
+// the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
+setupOrExit('bench step');
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);

@@ -1,7 +1,12 @@
-// Errors that are the user's to fix: printed as one line, exit code 2, never a stack trace.
+// Errors printed as one line, never a stack trace: a UserError is the user's input to fix (exit
+// code 2); an EnvironmentError is the machine's (a runtime not built, a package missing: exit 1).
 
 export class UserError extends Error {
   override readonly name = 'UserError';
+}
+
+export class EnvironmentError extends Error {
+  override readonly name = 'EnvironmentError';
 }
 
 /** Levenshtein distance, for "did you mean" suggestions. */

@@ -1,4 +1,5 @@
-// The typed loader of the native runtime (runtime-native/, a Node addon built with cmake-js).
+// The typed loader of the native runtime (runtime-native/, a Node addon built with cmake by
+// scripts/setup.mjs).
 //
 // The addon executes one rank's program (compiler/plan/format.ts: ProgramFile): it validates the
 // program when a Runtime is constructed, owns the memory of its regions, fills microbatch data
@@ -13,6 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import type { BufferRegion } from '../compiler/plan/format.js';
+import { EnvironmentError } from '../compiler/errors.js';
 
 export interface NativeRuntimeOptions {
   /** OpenBLAS threads (process-wide); unset keeps OpenBLAS's default */
@@ -226,7 +228,10 @@ export function loadNative(): NativeAddon {
   if (cached) return cached;
   const path = nativeAddonPath();
   if (!existsSync(path)) {
-    throw new Error(`native runtime not built: run npm run build:native (looked for ${path})`);
+    throw new EnvironmentError(
+      `the native runtime is not built (no ${path}): lfc run, lfc demo and npm test build it ` +
+        'on first use, or run npm run build:native',
+    );
   }
   const require = createRequire(import.meta.url);
   cached = require(path) as NativeAddon;

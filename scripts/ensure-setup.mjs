@@ -1,6 +1,5 @@
-// `npm test`'s pretest step: everything the tests need, installed on first use.
-import { ensureBuilt, ensureKernelCheck, ensureNative } from './setup.mjs';
+// `npm test`'s pretest step: everything the tests need, installed on first use (setup.mjs,
+// COMMANDS['npm test']), before any test worker starts.
+import { setupOrExit } from './setup.mjs';
 
-await ensureBuilt();
-ensureNative({ quiet: true });
-ensureKernelCheck({ quiet: true });
+setupOrExit('npm test');

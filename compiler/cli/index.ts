@@ -1,9 +1,9 @@
 // The CLI as a library call: run(argv) → exit code. The `lfc` binary only forwards to it, and
-// tests call it in-process. User errors print one line and return 2; internal errors print the
-// stack and return 1.
+// tests call it in-process. User errors print one line and return 2; environment errors (the
+// machine's: a runtime not built, a full disk) one line and 1; internal errors the stack and 1.
 
 import { Command, CommanderError } from 'commander';
-import { UserError } from '../errors.js';
+import { EnvironmentError, UserError } from '../errors.js';
 import { addInspectCommand } from './inspect.js';
 import { addDemoCommand } from './demo.js';
 import { addCompileCommand } from './compile.js';
@@ -69,7 +69,7 @@ export async function run(argv: readonly string[], io: CliIO = processIO): Promi
     }
     // the operating system refused a file or socket (a full disk, a missing permission): its
     // message names the call and the path, and a stack trace would add nothing for the user
-    if (isSystemError(e)) {
+    if (isSystemError(e) || e instanceof EnvironmentError) {
       io.err(`lfc: error: ${e.message}\n`);
       return 1;
     }

@@ -28,7 +28,7 @@ function renderedDom(file: string): string {
     );
   } catch (e) {
     throw new Error(
-      `chromium (apt-get install chromium) could not render ${file}: ${(e as Error).message}`,
+      `chromium (npm test's setup installs it) could not render ${file}: ${(e as Error).message}`,
       { cause: e },
     );
   }
