@@ -1,0 +1,228 @@
+// The layouts of the equivalence matrix (test/multirank/equivalence.test.ts: each trained against
+// one rank), shared with the plan digests (test/plan/digests.test.ts: each compiled byte for byte
+// as before a change).
+import { DEMO_LAYOUT } from './helpers.js';
+
+/** every layout's batch: 4 microbatches of one sample */
+export const BATCH = ['--global-batch-size', '4', '--micro-batch-size', '1'];
+
+export interface Layout {
+  readonly name: string;
+  readonly model: 'tiny-vlm-moe' | 'tiny-vlm';
+  readonly ranks: number;
+  readonly flags: readonly string[];
+  /** overrides the one-rank baseline is compiled with too (default: none) */
+  readonly baseline?: readonly string[];
+  /** both runs replay the imbalanced batch (IMBALANCED) every step instead of synthetic data */
+  readonly imbalanced?: boolean;
+}
+
+export const FROZEN = ['model.image_encoder.freeze=true'];
+export const SELECTIVE = ['--recompute-granularity', 'selective', '--recompute-modules'];
+export const OFFLOAD = ['--fine-grained-activation-offloading', '--offload-tensors'];
+export const A2A_OVERLAP = ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'];
+/** the article's combination at small scale */
+export const ARTICLE = [
+  ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp', ...A2A_OVERLAP],
+  ...[...SELECTIVE, 'a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
+  ...[...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
+];
+/**
+ * token dropping: each expert keeps 8 of a microbatch's 256 assignments (capacity ceil(256/8 ·
+ * 0.25)), which drops real tokens in every step (checked below). At 0.5 one element of
+ * visual.blocks.1.attn.proj.bias has a round-off-level gradient (−4.0e-7 against a max-abs of
+ * 0.06 at step 1, the two runs within 4%) that AdamW turns into steps of ±lr, so that tensor
+ * misses the 1e-4 parameter criterion while every gradient agrees within 1.4e-6 of its max-abs.
+ */
+export const CAPACITY = ['--moe-expert-capacity-factor', '0.25'];
+/** the same with the drop policy position (CAPACITY has Megatron's default, probs) */
+export const CAPACITY_POSITION = [...CAPACITY, '--moe-token-drop-policy', 'position'];
+
+export const LAYOUTS: readonly Layout[] = [
+  { name: 'dp2', model: 'tiny-vlm-moe', ranks: 2, flags: [] },
+  { name: 'tp2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--tp', '2'] },
+  {
+    name: 'tp2-sp',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', '--sequence-parallel'],
+  },
+  { name: 'pp2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--pp', '2'] },
+  {
+    name: 'pp2-vpp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--pp', '2', '--vpp', '2'],
+  },
+  { name: 'ep2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--ep', '2'] },
+  { name: 'ep4', model: 'tiny-vlm-moe', ranks: 4, flags: ['--ep', '4'] },
+  {
+    name: 'tp2-pp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2'],
+  },
+  { name: 'dist-opt-dp2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--use-distributed-optimizer'] },
+  {
+    name: 'dist-opt-dp2-tp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--use-distributed-optimizer'],
+  },
+  // the encoder levels (the tiny encoders' YAML says encoder TP 1, so tp 2 above is level 1)
+  {
+    name: 'tp2-encoder-tp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', 'model.image_encoder.tensor_model_parallel_size=2'],
+  },
+  {
+    name: 'level2-tp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'level2-tp4',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '4', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'level3-tp2-pp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
+  },
+  {
+    name: 'level3-tp2-pp2-offload',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--full-hetero-dp-cpu-offload'],
+  },
+  {
+    name: 'level3-tp2-pp2-recompute',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [
+      '--tp',
+      '2',
+      '--pp',
+      '2',
+      '--enable-full-hetero-dp',
+      '--full-hetero-dp-encoder-recompute',
+    ],
+  },
+  {
+    name: 'a2a-overlap-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', '--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'],
+  },
+  {
+    name: 'level3-a2a-overlap-pp2-vpp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [...DEMO_LAYOUT],
+  },
+  // encoder freeze (LoongForge's +model.image_encoder.freeze=True) under levels 2 and 3
+  {
+    name: 'level2-tp2-frozen',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp', '+model.image_encoder.freeze=True'],
+    baseline: FROZEN,
+  },
+  {
+    name: 'level3-tp2-pp2-frozen',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', ...FROZEN],
+    baseline: FROZEN,
+  },
+  // selective recompute and fine-grained activation offload
+  {
+    name: 'selective-recompute-tp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--ep', '2', ...SELECTIVE, 'core_attn', 'moe_act', 'layernorm'],
+  },
+  {
+    name: 'activation-offload-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', ...OFFLOAD, 'dispatched_input', 'pre_mlp_layernorm_output'],
+  },
+  // the article's combination at small scale: full separation, A2A overlap with delayed wgrad,
+  // selective recompute of the overlap's segments and activation offload
+  {
+    name: 'article-pp2-vpp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ARTICLE,
+  },
+  {
+    name: 'article-pp2-vpp2-ep2-cpu-offload',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [...ARTICLE, '--full-hetero-dp-cpu-offload'],
+  },
+  // ViT DP balance on a batch built to be imbalanced: over dp and over every rank (level 3)
+  {
+    name: 'vit-balance-dp2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--use-vit-dp-balance'],
+    imbalanced: true,
+  },
+  {
+    name: 'vit-balance-level3-tp2-pp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+    imbalanced: true,
+  },
+  {
+    // 2 microbatches per data-parallel rank over 4 encoding ranks: the mock slots encode too;
+    // with what the encoder leaves idle across the pipeline's peak on the host
+    name: 'vit-balance-level3-mock-slots-offload',
+    model: 'tiny-vlm-moe',
+    ranks: 8,
+    flags: [
+      ...['--tp', '2', '--pp', '2', '--enable-full-hetero-dp', '--use-vit-dp-balance'],
+      '--full-hetero-dp-cpu-offload',
+    ],
+    imbalanced: true,
+  },
+  // token dropping: the same assignments dropped on every layout, so the same losses as one rank
+  // with the same capacity factor
+  {
+    name: 'capacity-position-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', ...CAPACITY_POSITION],
+    baseline: CAPACITY_POSITION,
+  },
+  {
+    name: 'capacity-article-pp2-vpp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [...ARTICLE, ...CAPACITY],
+    baseline: CAPACITY,
+  },
+  { name: 'vlm-dp2', model: 'tiny-vlm', ranks: 2, flags: [] },
+  { name: 'vlm-tp2', model: 'tiny-vlm', ranks: 2, flags: ['--tp', '2'] },
+  { name: 'vlm-pp2', model: 'tiny-vlm', ranks: 2, flags: ['--pp', '2'] },
+  {
+    name: 'vlm-level2-tp2',
+    model: 'tiny-vlm',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'vlm-level3-pp2',
+    model: 'tiny-vlm',
+    ranks: 2,
+    flags: ['--pp', '2', '--enable-full-hetero-dp'],
+  },
+];
