@@ -34,7 +34,10 @@ const ROUTER_MARGIN = 1e-6;
  * (three 32×32 images, 64 patches each; three 32×16) meet light ones (one 8×8 image, 4 patches) in
  * every round, whether the ranks of a round hold microbatches 0 and 2, 1 and 3 (dp 2) or all four
  * (level 3 over 4 ranks). Samples follow reference/tiny-vlm.md: placeholders, three caption
- * tokens, filler text.
+ * tokens, filler text. The pixels' phase (0.41) keeps every routing decision clear of a tie: with
+ * 0.37, one token's top-k was within round-off of a tie on an AMD EPYC (Zen 4) under OpenBLAS's
+ * Prescott kernels, and the one-rank and layout runs routed it differently (one expert's weights
+ * 2.4e-3 apart after 3 steps, on the commit before this change too).
  */
 const IMBALANCED = join(dir, 'imbalanced.safetensors');
 function imbalancedBatch(): Microbatch[] {
@@ -50,7 +53,7 @@ function imbalancedBatch(): Microbatch[] {
         height,
         width,
         pixels: Float32Array.from({ length: 3 * height * width }, (_, i) =>
-          Math.sin(0.37 * i + 11 * k + 101 * seed),
+          Math.sin(0.41 * i + 11 * k + 101 * seed),
         ),
       })),
     };
