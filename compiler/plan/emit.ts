@@ -31,6 +31,7 @@ import type { Action } from '../schedule/pipeline.js';
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import { applyActivationPolicy, type ActivationPolicy } from './activations.js';
 import { offloadIdleEncoderBytes } from './encoder-offload.js';
+import { numberProgram } from './number.js';
 import { rootOf } from './rewrite.js';
 import { ALIGN, align, planArena, type Lifetime } from './memory.js';
 import {
@@ -824,7 +825,19 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     const ready = Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
     let wait = ready >= 0 ? [record(ready)] : [];
     const issue = (ins: Omit<PlanInstruction, 'wait' | 'record'>) => {
-      const full: PlanInstruction = { ...ins, wait, record: [] };
+      // in push()'s key order, like every other instruction (the program's text form assumes it)
+      const full: PlanInstruction = {
+        stream: ins.stream,
+        op: ins.op,
+        inputs: ins.inputs,
+        outputs: ins.outputs,
+        attrs: ins.attrs,
+        wait,
+        record: [],
+        microbatch: ins.microbatch,
+        phase: ins.phase,
+        scope: ins.scope,
+      };
       wait = [];
       syncs.push(full);
       const list = after.get(ready) ?? [];
@@ -1041,6 +1054,35 @@ export function emitProgram(g: Graph, opts: EmitOptions): ProgramFile {
     return out;
   }
 
+  // ids by first appearance (compiler/plan/number.ts), so the memory plan does not depend on the
+  // order buffers were made in
+  {
+    const r = numberProgram({
+      buffers,
+      instructions,
+      params,
+      inputs,
+      scalars,
+      outputs,
+      optimizerShards: shards,
+      keepUntilWait,
+      events,
+    });
+    const refill = <T>(list: T[], items: readonly T[]) => {
+      list.length = 0;
+      for (const x of items) list.push(x);
+    };
+    refill(buffers, r.buffers as typeof buffers);
+    refill(instructions, r.instructions);
+    refill(params, r.params);
+    refill(inputs, r.inputs);
+    refill(outputs, r.outputs);
+    refill(shards, r.optimizerShards);
+    for (const k of Object.keys(scalars)) scalars[k] = r.scalars[k];
+    keepUntilWait.clear();
+    for (const [e, ids] of r.keepUntilWait) keepUntilWait.set(e, [...ids]);
+    events = r.events;
+  }
   events = applyActivationPolicy({ instructions, buffers, events }, opts.activations);
   if (level === 3 && enc?.offload) {
     const { arena } = lifetimesOf(instructions, buffers, keepUntilWait);
