@@ -1,6 +1,26 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
+// The code's layers, bottom up: ir ← passes ← compiler ← runtime ← cli. A folder imports only the
+// folders below it; viz/ (the visualizer `lfc viz` writes) takes compiler/ and runtime/, never
+// cli/. Tests, benches and examples may import anything.
+const LAYERING =
+  'layering: ir ← passes ← compiler ← runtime ← cli; viz/ uses compiler/ and runtime/';
+
+/** The files of `folder` import none of `forbidden` (relative imports, at any depth). */
+function layer(folder, forbidden) {
+  const names = forbidden.map((f) => `${f}/`);
+  const list = names.length > 1 ? `${names.slice(0, -1).join(', ')} or ${names.at(-1)}` : names[0];
+  const pattern = {
+    regex: `^(\\.\\./)+(${forbidden.join('|')})(/|$)`,
+    message: `${folder}/ must not import ${list} (${LAYERING})`,
+  };
+  return {
+    files: [`${folder}/**`],
+    rules: { 'no-restricted-imports': ['error', { patterns: [pattern] }] },
+  };
+}
+
 export default tseslint.config(
   { ignores: ['node_modules/', 'dist/', 'build/', 'runtime-native/build/', 'test/reference/'] },
   js.configs.recommended,
@@ -22,4 +42,9 @@ export default tseslint.config(
     files: ['viz/client.js'],
     languageOptions: { sourceType: 'script', globals: { document: 'readonly' } },
   },
+  layer('ir', ['passes', 'compiler', 'runtime', 'cli', 'viz']),
+  layer('passes', ['compiler', 'runtime', 'cli', 'viz']),
+  layer('compiler', ['runtime', 'cli', 'viz']),
+  layer('runtime', ['cli', 'viz']),
+  layer('viz', ['cli']),
 );

@@ -12,7 +12,7 @@
 // host, the peak's drop against the line as written, and the compile time.
 
 import { performance } from 'node:perf_hooks';
-import { parseCompileArgs } from '../compiler/cli/compile.js';
+import { parseCompileArgs } from '../cli/compile.js';
 import { compile, type CompileOptions } from '../compiler/pipeline.js';
 import type { ProgramFile } from '../compiler/plan/format.js';
 import { ARTICLE_30B, argvOf } from '../examples/article-launch-lines.js';

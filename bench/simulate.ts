@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { run as lfc, type CliIO } from '../compiler/cli/index.js';
+import { run as lfc, type CliIO } from '../cli/index.js';
 import { median } from '../compiler/sim/calibrate.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';

@@ -5,4 +5,4 @@
 import { setupCommandOf, setupOrExit } from '../scripts/setup.mjs';
 
 setupOrExit(setupCommandOf(process.argv.slice(2)));
-await import('../dist/compiler/cli/main.js');
+await import('../dist/cli/main.js');

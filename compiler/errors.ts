@@ -9,6 +9,31 @@ export class EnvironmentError extends Error {
   override readonly name = 'EnvironmentError';
 }
 
+/**
+ * Prints the error that ends a command, as `lfc` and a rank process (runtime/rank-main.ts) do, and
+ * returns the exit code: a UserError one line and 2, or the code it carries (a failed rank of a
+ * launch: runtime/launch.ts RankFailure); an EnvironmentError, or the operating system refusing a
+ * file or socket (a full disk, a missing permission: its message names the call and the path, and
+ * a stack trace would add nothing), one line and 1; anything else, an internal error, its stack and 1.
+ */
+export function reportError(e: unknown, err: (text: string) => void): number {
+  if (e instanceof UserError) {
+    err(`lfc: error: ${e.message}\n`);
+    return (e as UserError & { exitCode?: number }).exitCode ?? 2;
+  }
+  if (isSystemError(e) || e instanceof EnvironmentError) {
+    err(`lfc: error: ${e.message}\n`);
+    return 1;
+  }
+  err(`lfc: internal error: ${(e as Error).stack ?? String(e)}\n`);
+  return 1;
+}
+
+function isSystemError(e: unknown): e is NodeJS.ErrnoException {
+  const x = e as NodeJS.ErrnoException;
+  return e instanceof Error && typeof x.code === 'string' && typeof x.syscall === 'string';
+}
+
 /** Levenshtein distance, for "did you mean" suggestions. */
 function distance(a: string, b: string): number {
   const dp = Array.from({ length: b.length + 1 }, (_, j) => j);

@@ -1,7 +1,8 @@
 // The launcher of `lfc run --nproc-per-node N`, torchrun-like: it hosts the rendezvous store (on
-// node 0), spawns this node's ranks (each an `lfc run` process that finds its place in the job in
-// its environment, launch-rank.ts), merges their step reports into one progress line and one
-// metrics file, and writes each rank's output to DIR/logs/rank-<r>.log.
+// node 0), spawns this node's ranks (each a rank-main.ts process that finds its place in the job
+// in its environment, launch-rank.ts, and trains with the options the launcher hands it), merges
+// their step reports into one progress line and one metrics file, and writes each rank's output
+// to DIR/logs/rank-<r>.log.
 //
 // Faults: a rank that exits before the end (an error, a signal, kill -9) ends the run — its
 // launcher posts the failure to the store, every launcher stops its ranks (SIGTERM, SIGKILL
@@ -18,7 +19,7 @@ import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import { DEFAULT_MASTER_PORT, localAddressToward } from './launch-rank.js';
 import { StoreClient, StoreServer } from './store.js';
-import type { StepMetrics } from './train.js';
+import type { StepMetrics, TrainOptions } from './train.js';
 
 /** How long a rank may take to end after SIGTERM before SIGKILL. */
 export const KILL_GRACE_MS = 3_000;
@@ -36,11 +37,20 @@ export interface LaunchOptions {
   readonly collectiveTimeoutS: number;
   /** tcp: the store this launcher hosts; file: Gloo's FileStore in a directory (one node) */
   readonly rendezvous: 'tcp' | 'file';
-  /** `lfc run` flags every rank gets (training flags) */
-  readonly rankArgv: readonly string[];
+  /** what every rank trains with (threads unset: this node's cores shared among its ranks) */
+  readonly rankOptions: RankTrainOptions;
   readonly logDir: string;
   readonly onStep?: (m: MergedStep) => void;
 }
+
+/**
+ * A rank's training options as its launcher hands them over (JSON, rank-main.ts): plain data. The
+ * plan directory is the launch's; the rank's place in the job comes from its environment.
+ */
+export type RankTrainOptions = Omit<
+  TrainOptions,
+  'planDir' | 'rank' | 'onStep' | 'onConnected' | 'onTiming'
+>;
 
 /** A step as the launcher reports it: the global figures, the slowest rank's time. */
 export interface MergedStep extends StepMetrics {
@@ -69,19 +79,19 @@ export interface RankMessage {
   readonly metrics: StepMetrics;
 }
 
-/** The `lfc` CLI entry a rank runs: this checkout's, compiled or through tsx. */
+/** The entry a rank runs (rank-main.ts): this checkout's, compiled or through tsx. */
 function rankCommand(): { execArgv: string[]; entry: string } {
   const here = fileURLToPath(import.meta.url);
   if (here.endsWith('.ts')) {
     const tsx = createRequire(import.meta.url).resolve('tsx');
     return {
       execArgv: ['--import', tsx],
-      entry: fileURLToPath(new URL('../compiler/cli/main.ts', import.meta.url)),
+      entry: fileURLToPath(new URL('./rank-main.ts', import.meta.url)),
     };
   }
   return {
     execArgv: [],
-    entry: fileURLToPath(new URL('../compiler/cli/main.js', import.meta.url)),
+    entry: fileURLToPath(new URL('./rank-main.js', import.meta.url)),
   };
 }
 
@@ -208,9 +218,12 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
 
   for (let i = 0; i < o.nprocPerNode; i++) {
     const rank = o.nodeRank * o.nprocPerNode + i;
-    const args = [...o.rankArgv];
-    if (!args.includes('--threads')) args.push('--threads', String(threads));
-    const child = spawn(process.execPath, [...execArgv, entry, 'run', o.planDir, ...args], {
+    const options: RankTrainOptions & { planDir: string } = {
+      ...o.rankOptions,
+      planDir: o.planDir,
+      threads: o.rankOptions.threads ?? threads,
+    };
+    const child = spawn(process.execPath, [...execArgv, entry, JSON.stringify(options)], {
       env: {
         ...process.env,
         RANK: String(rank),

@@ -1,4 +1,7 @@
-// A one-line progress bar on stderr (redrawn on a terminal; every ~5% of the run otherwise).
+// A one-line progress bar on stderr (redrawn on a terminal; every ~5% of the run otherwise), and
+// the line a training step shows in it.
+
+import type { StepMetrics } from './train.js';
 
 export interface Progress {
   update(step: number, text: string): void;
@@ -27,4 +30,11 @@ export function progressBar(
       if (isTTY && last) write('\n');
     },
   };
+}
+
+/** A step's figures as the progress line shows them: `loss 2.3026 caption 2.301 | 1.2k tok/s | 40 ms`. */
+export function describeStep(m: StepMetrics): string {
+  const caption = m.captionLoss === null ? '' : ` caption ${m.captionLoss.toFixed(3)}`;
+  const aux = m.auxLoss ? ` aux ${m.auxLoss.toFixed(4)}` : '';
+  return `loss ${m.loss.toFixed(4)}${caption}${aux} | ${(m.tokensPerSecond / 1000).toFixed(1)}k tok/s | ${m.stepMs.toFixed(0)} ms`;
 }

@@ -189,7 +189,7 @@ function builtSources(ctx) {
 export function buildIsStale(ctx = context()) {
   const info = join(ctx.root, 'dist', '.tsbuildinfo');
   const sources = builtSources(ctx);
-  if (!sources || !existsSync(join(ctx.root, 'dist/compiler/cli/main.js'))) return true;
+  if (!sources || !existsSync(join(ctx.root, 'dist/cli/main.js'))) return true;
   const built = statSync(info).mtimeMs;
   const inputs = [...sources, 'tsconfig.json', 'tsconfig.build.json', 'package-lock.json'];
   for (const f of inputs) {

@@ -2,7 +2,7 @@
 import { buildForwardGraph } from '../compiler/frontend/build.js';
 import { listPresets, loadModelConfig } from '../compiler/frontend/config.js';
 import type { Graph } from '../ir/graph.js';
-import { run, type CliIO } from '../compiler/cli/index.js';
+import { run, type CliIO } from '../cli/index.js';
 
 export const PRESETS = listPresets().map((p) => p.name);
 

@@ -4,7 +4,7 @@
 // (page.ts) embeds it as JSON; the browser script (client.js) draws it.
 
 import { readFileSync } from 'node:fs';
-import { memoryByProgram, type ProgramMemory } from '../compiler/cli/compile.js';
+import { memoryByProgram, type ProgramMemory } from '../compiler/report/memory.js';
 import { UserError } from '../compiler/errors.js';
 import { stageOfRank, type PlanFile, type ProgramFile } from '../compiler/plan/format.js';
 import { loadHardware } from '../compiler/sim/hardware.js';

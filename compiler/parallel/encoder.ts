@@ -19,25 +19,11 @@
 // Mock microbatches pad the count to a multiple of tp (level 2) or M (level 3): slots that encode
 // nothing and never reach the decoder.
 
-export type EncoderLevel = 0 | 1 | 2 | 3;
+import type { EncoderLevel, EncoderPlacement } from '../../passes/parallel/placement.js';
 
-export interface EncoderPlacement {
-  readonly level: EncoderLevel;
-  /** the encoder's TP size (1 at levels 2 and 3) */
-  readonly encoderTp: number;
-  /** microbatches per data-parallel rank (real ones) */
-  readonly microbatches: number;
-  /** slots, mock ones included: microbatches rounded up to a multiple of the encoding ranks */
-  readonly slots: number;
-  /** ranks of one model-parallel group that encode distinct microbatches (1, tp or tp·pp) */
-  readonly encoders: number;
-  /** the group kind encoder and projector gradients are summed over */
-  readonly gradGroup: 'dp' | 'tp_dp_cp' | 'world';
-  /** the decoder coordinates (tp index, pipeline stage) that encode slot k; undefined: all of stage 0 */
-  ownerOf(slot: number): { readonly tp: number; readonly pp: number } | undefined;
-  /** the slots the rank at (tp, pp) encodes, real and mock, in order */
-  slotsOf(tp: number, pp: number): readonly number[];
-}
+// declared beside the passes that read them (passes/ imports nothing from compiler/)
+export type { EncoderLevel, EncoderPlacement } from '../../passes/parallel/placement.js';
+export { isEncoderScope } from '../../passes/parallel/placement.js';
 
 export interface PlacementInput {
   readonly tp: number;
@@ -100,9 +86,4 @@ export function describeEncoder(p: EncoderPlacement): string {
     case 3:
       return `encoder: full separation (level 3), ${p.encoders === 1 ? 'the one rank of each model-parallel group encodes' : `${p.encoders} ranks of each model-parallel group encode in turn`}, gather_v to its rank 0, scatter_v back${pad}; gradients summed over every rank`;
   }
-}
-
-/** The encoder and its projector: `visual.*` parameters and node scopes. */
-export function isEncoderScope(name: string): boolean {
-  return name === 'visual' || name.startsWith('visual.');
 }

@@ -6,7 +6,7 @@
 // every rank at level 3. Parameters get a `dist` (whole tensors) where they had none.
 
 import type { Graph, ParamDist } from '../../ir/graph.js';
-import { isEncoderScope, type EncoderPlacement } from '../../compiler/parallel/encoder.js';
+import { isEncoderScope, type EncoderPlacement } from './placement.js';
 
 export function encoderDataParallel(g: Graph, placement: EncoderPlacement): Graph {
   if (placement.gradGroup === 'dp') return g;

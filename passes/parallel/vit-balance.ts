@@ -23,7 +23,7 @@
 import { GraphBuilder, valueTypes, type Graph, type Node } from '../../ir/graph.js';
 import { formatDim, isSym, parseDim, sym, type Dim } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
-import { isEncoderScope } from '../../compiler/parallel/encoder.js';
+import { isEncoderScope } from './placement.js';
 
 export interface VitBalanceOptions {
   /** the group kind that pools its images: the encoder's gradient group */

@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { makeProgram } from '../../compiler/cli/index.js';
+import { makeProgram } from '../../cli/index.js';
 import { cli } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-cli-'));

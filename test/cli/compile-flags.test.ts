@@ -1,7 +1,7 @@
 // lfc compile's flags → CompileOptions, parsed by the command's own declaration
 // (parseCompileArgs): the article's two launch lines, list flags followed by overrides and by -o.
 import { describe, expect, it } from 'vitest';
-import { parseCompileArgs } from '../../compiler/cli/compile.js';
+import { parseCompileArgs } from '../../cli/compile.js';
 import { compile } from '../../compiler/pipeline.js';
 import { ARTICLE_30B, ARTICLE_7B, argvOf as argv } from '../../examples/article-launch-lines.js';
 

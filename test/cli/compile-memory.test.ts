@@ -3,7 +3,8 @@
 // gradient for each trainable one and AdamW's two moments; the distributed optimizer over dp 2
 // halves the optimizer state and leaves the parameters; pipeline stages split the parameters between them.
 import { describe, expect, it } from 'vitest';
-import { describeMemory, memoryByProgram } from '../../compiler/cli/compile.js';
+import { describeMemory } from '../../cli/compile.js';
+import { memoryByProgram } from '../../compiler/report/memory.js';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
 import { cli } from '../helpers.js';
 

@@ -118,7 +118,7 @@ describe("a failed rank's message", () => {
       'step 1/4',
       'lfc: internal error: Error: ENOSPC: no space left on device, write',
       '    at writeSync (node:fs:939:3)',
-      '    at async <anonymous> (/work/compiler/cli/main.ts:11:20)',
+      '    at async <anonymous> (/work/runtime/rank-main.ts:41:3)',
       '',
     ].join('\n');
     expect(lastMessage(out)).toBe('internal error: Error: ENOSPC: no space left on device, write');

@@ -10,7 +10,7 @@
 // and the same two on the article's 30B launch line as written (stage 0's bound: 221.46 GiB; with
 // offload 202.71, with recompute 203.46; bench/encoder-memory.ts prints the figures).
 import { describe, expect, it } from 'vitest';
-import { parseCompileArgs } from '../../compiler/cli/compile.js';
+import { parseCompileArgs } from '../../cli/compile.js';
 import { compile, type CompileOptions, type EncoderOptions } from '../../compiler/pipeline.js';
 import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
 import { ARTICLE_30B, argvOf } from '../../examples/article-launch-lines.js';

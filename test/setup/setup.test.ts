@@ -101,7 +101,7 @@ function makeCheckout(dir: string): void {
     'runtime-native/src/runtime.cc': '',
     'runtime-native/test/CMakeLists.txt': '',
     'node_modules/.package-lock.json': '{}',
-    'dist/compiler/cli/main.js': '',
+    'dist/cli/main.js': '',
     'dist/.tsbuildinfo': JSON.stringify({ fileNames: ['../viz/page.ts'] }),
   };
   for (const [name, text] of Object.entries(files)) {

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { cli } from '../helpers.js';
-import { finalCaptionLoss } from '../../compiler/cli/demo.js';
+import { finalCaptionLoss } from '../../cli/demo.js';
 import { compile, writePlan } from '../../compiler/pipeline.js';
 import { train, type StepMetrics } from '../../runtime/train.js';
 

@@ -3,9 +3,9 @@
 
 import type { Command } from 'commander';
 import { join, resolve } from 'node:path';
-import { writeFileAtomic } from '../../runtime/safetensors.js';
-import { vizData } from '../../viz/data.js';
-import { renderPage } from '../../viz/page.js';
+import { writeFileAtomic } from '../runtime/safetensors.js';
+import { vizData } from '../viz/data.js';
+import { renderPage } from '../viz/page.js';
 import type { CliIO } from './index.js';
 
 export function addVizCommand(program: Command, io: CliIO): void {

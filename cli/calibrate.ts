@@ -7,8 +7,8 @@ import type { Command } from 'commander';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { compile, writePlan, type CompileOptions } from '../pipeline.js';
-import type { ProgramFile } from '../plan/format.js';
+import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
+import type { ProgramFile } from '../compiler/plan/format.js';
 import {
   fitCompute,
   fitLink,
@@ -16,12 +16,12 @@ import {
   profileYaml,
   type KernelSample,
   type TransferSample,
-} from '../sim/calibrate.js';
-import { collectiveSteps, instructionWork } from '../sim/cost.js';
-import type { HardwareProfile } from '../sim/hardware.js';
-import { train } from '../../runtime/train.js';
-import { mergeTrace, type TraceEvent } from '../../runtime/trace.js';
-import { writeFileAtomic } from '../../runtime/safetensors.js';
+} from '../compiler/sim/calibrate.js';
+import { collectiveSteps, instructionWork } from '../compiler/sim/cost.js';
+import type { HardwareProfile } from '../compiler/sim/hardware.js';
+import { train } from '../runtime/train.js';
+import { mergeTrace, type TraceEvent } from '../runtime/trace.js';
+import { writeFileAtomic } from '../runtime/safetensors.js';
 import type { CliIO } from './index.js';
 import { positiveInt } from './options.js';
 import { launchTraining, trainOptions } from './run.js';

@@ -1,12 +1,12 @@
 // lfc inspect <model> [overrides…]: parameters, FLOPs and memory by module.
 
 import type { Command } from 'commander';
-import { buildForwardGraph } from '../frontend/build.js';
-import { loadModelConfig, type ModelConfig } from '../frontend/config.js';
-import { formatInspect, inspectModel } from '../inspect.js';
-import { printGraph } from '../../ir/printer.js';
-import { assertValid } from '../../ir/verify.js';
-import { UserError } from '../errors.js';
+import { buildForwardGraph } from '../compiler/frontend/build.js';
+import { loadModelConfig, type ModelConfig } from '../compiler/frontend/config.js';
+import { formatInspect, inspectModel } from '../compiler/inspect.js';
+import { printGraph } from '../ir/printer.js';
+import { assertValid } from '../ir/verify.js';
+import { UserError } from '../compiler/errors.js';
 import type { CliIO } from './index.js';
 import { imageSize, positiveInt } from './options.js';
 

@@ -3,23 +3,23 @@
 // conversion on an argument list without compiling (the tests' view of the parser).
 
 import { Command, InvalidArgumentError, Option } from 'commander';
-import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../frontend/activation-names.js';
+import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../compiler/frontend/activation-names.js';
 import {
   PASSES,
   compile,
   writePlan,
   type CompileOptions,
   type CompileResult,
-} from '../pipeline.js';
-import { stageOfRank } from '../plan/format.js';
-import { describeLayout } from '../schedule/partition.js';
-import { describeEncoder } from '../parallel/encoder.js';
-import { UserError } from '../errors.js';
+} from '../compiler/pipeline.js';
+import { memoryByProgram, type ProgramMemory } from '../compiler/report/memory.js';
+import { describeLayout } from '../compiler/schedule/partition.js';
+import { describeEncoder } from '../compiler/parallel/encoder.js';
+import { UserError } from '../compiler/errors.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
-import { loadHardware, listHardware } from '../sim/hardware.js';
-import { describeForecast, forecastStep, type StepForecast } from '../sim/report.js';
-import { rankTrace, writeTrace } from '../../runtime/trace.js';
+import { loadHardware, listHardware } from '../compiler/sim/hardware.js';
+import { describeForecast, forecastStep, type StepForecast } from '../compiler/sim/report.js';
+import { rankTrace, writeTrace } from '../runtime/trace.js';
 
 interface CompileFlags {
   modelName?: string;
@@ -199,51 +199,6 @@ function simulateReport(
       ...(f.trace ? [`trace: ${f.trace} (simulated)`] : []),
     ],
   };
-}
-
-/** One program's planned memory on each rank that runs it (bytes, from its regions). */
-export interface ProgramMemory {
-  readonly program: string;
-  readonly ranks: number;
-  /** the pipeline stages its ranks are on */
-  readonly stages: readonly number[];
-  readonly parameters: number;
-  readonly gradients: number;
-  readonly optimizer: number;
-  /** the runtime-filled inputs of every microbatch slot, and the step scalars */
-  readonly batch: number;
-  readonly activations: number;
-  /** everything above: the device memory the plan asks of each of its ranks */
-  readonly device: number;
-  /** offloaded activations: pinned host memory */
-  readonly host: number;
-}
-
-/** Each distinct program's device and host memory per rank, the largest device total first. */
-export function memoryByProgram(result: Pick<CompileResult, 'plan' | 'programs'>): ProgramMemory[] {
-  const ranksOf = new Map<string, number[]>();
-  result.plan.rankPrograms.forEach((id, rank) => {
-    ranksOf.set(id, [...(ranksOf.get(id) ?? []), rank]);
-  });
-  return result.programs
-    .map((p) => {
-      const r = p.regions;
-      const ranks = ranksOf.get(p.id) ?? [];
-      const batch = r.data + r.scalar;
-      return {
-        program: p.id,
-        ranks: ranks.length,
-        stages: [...new Set(ranks.map((rank) => stageOfRank(result.plan, rank)))],
-        parameters: r.param,
-        gradients: r.grad,
-        optimizer: r.optim,
-        batch,
-        activations: r.arena,
-        device: r.param + r.grad + r.optim + batch + r.arena,
-        host: r.host,
-      };
-    })
-    .sort((a, b) => b.device - a.device || a.program.localeCompare(b.program));
 }
 
 /** The report's memory table: a row per program (at most `rows`), GiB per rank. */

@@ -1,28 +1,27 @@
 // lfc run DIR: execute a compiled plan, with the training flags. One rank runs in this process; a
 // multi-rank plan is launched (runtime/launch.ts): this process hosts the store and spawns the
-// ranks of its node, each an `lfc run` that finds its rank in its environment (set by the
-// launcher, torchrun-style, or by Slurm) and trains as that rank.
+// ranks of its node, each a rank process (runtime/rank-main.ts) that finds its rank in the
+// environment the launcher sets and trains as that rank. Under a cluster manager (torchrun-style
+// variables, or Slurm's), `lfc run DIR` is itself one rank (runtime/rank.ts).
 
 import type { Command } from 'commander';
 import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { UserError } from '../errors.js';
-import type { PlanFile } from '../plan/format.js';
+import { UserError } from '../compiler/errors.js';
+import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import { snake, train, type StepMetrics, type TrainOptions } from '../../runtime/train.js';
-import { progressBar } from '../../runtime/progress.js';
-import { launch, type MergedStep, type RankMessage } from '../../runtime/launch.js';
+import { snake, train, type TrainOptions } from '../runtime/train.js';
+import { describeStep, progressBar } from '../runtime/progress.js';
+import { launch, type MergedStep } from '../runtime/launch.js';
 import {
   DEFAULT_COLLECTIVE_TIMEOUT_S,
   DEFAULT_MASTER_PORT,
   rankFromEnv,
-  type RankContext,
-} from '../../runtime/launch-rank.js';
-import { StoreServer } from '../../runtime/store.js';
-import { readPlan } from '../../runtime/plan-io.js';
-import { mergeTrace, traceFragment } from '../../runtime/trace.js';
-import type { NativeCommunicatorInfo } from '../../runtime/native.js';
+} from '../runtime/launch-rank.js';
+import { runRank } from '../runtime/rank.js';
+import { readPlan } from '../runtime/plan-io.js';
+import { mergeTrace, traceFragment } from '../runtime/trace.js';
 
 export interface RunFlags {
   trainIters?: number;
@@ -50,32 +49,6 @@ export interface RunFlags {
   rdzvBackend?: string;
   trace?: string;
   quiet?: boolean;
-}
-
-/** The training flags as `lfc run` arguments, for the ranks a launcher spawns. */
-export function trainingArgv(f: RunFlags): string[] {
-  const valued: [keyof RunFlags, string][] = [
-    ['trainIters', '--train-iters'],
-    ['steps', '--steps'],
-    ['lr', '--lr'],
-    ['minLr', '--min-lr'],
-    ['lrWarmupIters', '--lr-warmup-iters'],
-    ['lrDecayStyle', '--lr-decay-style'],
-    ['seed', '--seed'],
-    ['save', '--save'],
-    ['saveInterval', '--save-interval'],
-    ['load', '--load'],
-    ['dumpStep', '--dump-step'],
-    ['weights', '--weights'],
-    ['batch', '--batch'],
-    ['threads', '--threads'],
-  ];
-  const argv: string[] = [];
-  for (const [key, flag] of valued) if (f[key] !== undefined) argv.push(flag, String(f[key]));
-  if (f.shuffleImages) argv.push('--shuffle-images');
-  // a rank may start elsewhere than this process's directory
-  if (f.trace !== undefined) argv.push('--trace', resolve(f.trace));
-  return [...argv, '--quiet'];
 }
 
 export function addTrainingOptions(cmd: Command): Command {
@@ -174,12 +147,6 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
   };
 }
 
-export function describeStep(m: StepMetrics): string {
-  const caption = m.captionLoss === null ? '' : ` caption ${m.captionLoss.toFixed(3)}`;
-  const aux = m.auxLoss ? ` aux ${m.auxLoss.toFixed(4)}` : '';
-  return `loss ${m.loss.toFixed(4)}${caption}${aux} | ${(m.tokensPerSecond / 1000).toFixed(1)}k tok/s | ${m.stepMs.toFixed(0)} ms`;
-}
-
 function describeRanks(m: MergedStep): string {
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)}`;
   return `peak memory per rank (MiB): ${m.ranks.map((r) => `r${r.rank} ${mib(r.peakRssBytes)}`).join(', ')}`;
@@ -241,7 +208,7 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
 }
 
 /**
- * A multi-rank plan's run from this node: launches its ranks with the training flags, shows one
+ * A multi-rank plan's run from this node: launches its ranks with the training options, shows one
  * progress line and writes the merged metrics (node 0). The steps as the launcher merged them.
  */
 export async function launchTraining(
@@ -270,7 +237,7 @@ export async function launchTraining(
     masterPort: f.masterPort,
     collectiveTimeoutS: f.collectiveTimeout ?? DEFAULT_COLLECTIVE_TIMEOUT_S,
     rendezvous: (f.rdzvBackend ?? 'tcp') as 'tcp' | 'file',
-    rankArgv: trainingArgv(f),
+    rankOptions: opts,
     logDir: join(dir, 'logs'),
     onStep: (m) => {
       if (nodeRank === 0) {
@@ -295,58 +262,5 @@ function readPlanJson(dir: string): PlanFile {
     return JSON.parse(readFileSync(join(dir, 'plan.json'), 'utf8')) as PlanFile;
   } catch {
     return readPlan(dir).plan; // its error names the problem
-  }
-}
-
-/** "world/control, dp[0]/comm over shared memory; pp[0]/compute over tcp" */
-export function describeTransports(comms: readonly NativeCommunicatorInfo[]): string {
-  const by = new Map<string, string[]>();
-  for (const c of comms) by.set(c.transport, [...(by.get(c.transport) ?? []), c.name]);
-  return [...by].map(([t, names]) => `${names.join(', ')} over ${t}`).join('; ') || 'none';
-}
-
-/** This process is one rank of a launched (or cluster-managed) run. */
-async function runRank(
-  opts: TrainOptions,
-  rank: RankContext,
-  io: CliIO,
-  quiet: boolean,
-  isTTY: boolean,
-): Promise<void> {
-  // the launcher gone: nothing will collect this rank's work, and a peer may wait forever
-  const orphaned = (): void => void process.kill(process.pid, 'SIGKILL');
-  if (rank.launched) process.on('disconnect', orphaned);
-  const port = Number(rank.store.split(':').pop());
-  const server = rank.hostsStore ? await StoreServer.listen(port) : undefined;
-  try {
-    const bar = progressBar(opts.trainIters, io.err, isTTY);
-    const talk = !rank.launched && rank.rank === 0 && !quiet;
-    const r = await train({
-      ...opts,
-      rank,
-      // under a launcher, it merges the metrics; otherwise rank 0 writes the global ones
-      metricsPath: rank.launched ? undefined : opts.metricsPath,
-      // into the rank's log under a launcher
-      onConnected: (comms) => {
-        if (rank.launched || talk)
-          io.err(`rank ${rank.rank} collectives: ${describeTransports(comms)}\n`);
-      },
-      onStep: (m) => {
-        if (rank.launched)
-          process.send!({ type: 'step', rank: rank.rank, metrics: m } satisfies RankMessage);
-        else if (talk) bar.update(m.step, describeStep(m));
-      },
-    });
-    if (talk) bar.done();
-    const last = r.steps[r.steps.length - 1];
-    if (last && talk)
-      io.out(`trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\n`);
-  } finally {
-    await server?.close();
-    if (rank.launched) {
-      // the IPC channel would keep this process alive
-      process.off('disconnect', orphaned);
-      process.disconnect();
-    }
   }
 }

@@ -3,7 +3,7 @@
 // machine's: a runtime not built, a full disk) one line and 1; internal errors the stack and 1.
 
 import { Command, CommanderError } from 'commander';
-import { EnvironmentError, UserError } from '../errors.js';
+import { reportError } from '../compiler/errors.js';
 import { addInspectCommand } from './inspect.js';
 import { addDemoCommand } from './demo.js';
 import { addCompileCommand } from './compile.js';
@@ -62,23 +62,6 @@ export async function run(argv: readonly string[], io: CliIO = processIO): Promi
         return 0;
       return 2; // commander already printed the one-line message
     }
-    if (e instanceof UserError) {
-      io.err(`lfc: error: ${e.message}\n`);
-      // a failed rank of a launch says its own code (launch.ts: RankFailure)
-      return (e as UserError & { exitCode?: number }).exitCode ?? 2;
-    }
-    // the operating system refused a file or socket (a full disk, a missing permission): its
-    // message names the call and the path, and a stack trace would add nothing for the user
-    if (isSystemError(e) || e instanceof EnvironmentError) {
-      io.err(`lfc: error: ${e.message}\n`);
-      return 1;
-    }
-    io.err(`lfc: internal error: ${(e as Error).stack ?? String(e)}\n`);
-    return 1;
+    return reportError(e, io.err);
   }
-}
-
-function isSystemError(e: unknown): e is NodeJS.ErrnoException {
-  const x = e as NodeJS.ErrnoException;
-  return e instanceof Error && typeof x.code === 'string' && typeof x.syscall === 'string';
 }

@@ -6,20 +6,20 @@
 
 import type { Command } from 'commander';
 import { join, resolve } from 'node:path';
-import { compile, writePlan, type CompileOptions } from '../pipeline.js';
-import { loadModelConfig } from '../frontend/config.js';
+import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
+import { loadModelConfig } from '../compiler/frontend/config.js';
 import type { CliIO } from './index.js';
 import { describePlacement, describeSizes } from './compile.js';
 import {
   addTrainingOptions,
-  describeStep,
   launchTraining,
   runTraining,
   trainOptions,
   type RunFlags,
 } from './run.js';
 import { positiveInt } from './options.js';
-import type { StepMetrics } from '../../runtime/train.js';
+import { describeStep } from '../runtime/progress.js';
+import type { StepMetrics } from '../runtime/train.js';
 
 interface DemoFlags extends RunFlags {
   model: string;

@@ -1,0 +1,71 @@
+// One rank of a multi-rank run, in this process: it trains as the rank its environment names
+// (launch-rank.ts). Under lfc's launcher (rank-main.ts, spawned by launch.ts) it reports each step
+// over IPC and writes only its collectives' transports, into its log; started by a cluster manager
+// (`lfc run DIR` under Slurm or torchrun), rank 0 hosts the store when no launcher does, and shows
+// the progress line and the final step.
+
+import { StoreServer } from './store.js';
+import { describeStep, progressBar } from './progress.js';
+import { train, type TrainOptions } from './train.js';
+import type { RankContext } from './launch-rank.js';
+import type { RankMessage } from './launch.js';
+import type { NativeCommunicatorInfo } from './native.js';
+
+/** Where a rank writes its output and its messages (the CLI's CliIO is one). */
+export interface RankIO {
+  readonly out: (text: string) => void;
+  readonly err: (text: string) => void;
+}
+
+/** "world/control, dp[0]/comm over shared memory; pp[0]/compute over tcp" */
+export function describeTransports(comms: readonly NativeCommunicatorInfo[]): string {
+  const by = new Map<string, string[]>();
+  for (const c of comms) by.set(c.transport, [...(by.get(c.transport) ?? []), c.name]);
+  return [...by].map(([t, names]) => `${names.join(', ')} over ${t}`).join('; ') || 'none';
+}
+
+/** This process is one rank of a launched (or cluster-managed) run. */
+export async function runRank(
+  opts: TrainOptions,
+  rank: RankContext,
+  io: RankIO,
+  quiet: boolean,
+  isTTY: boolean,
+): Promise<void> {
+  // the launcher gone: nothing will collect this rank's work, and a peer may wait forever
+  const orphaned = (): void => void process.kill(process.pid, 'SIGKILL');
+  if (rank.launched) process.on('disconnect', orphaned);
+  const port = Number(rank.store.split(':').pop());
+  const server = rank.hostsStore ? await StoreServer.listen(port) : undefined;
+  try {
+    const bar = progressBar(opts.trainIters, io.err, isTTY);
+    const talk = !rank.launched && rank.rank === 0 && !quiet;
+    const r = await train({
+      ...opts,
+      rank,
+      // under a launcher, it merges the metrics; otherwise rank 0 writes the global ones
+      metricsPath: rank.launched ? undefined : opts.metricsPath,
+      // into the rank's log under a launcher
+      onConnected: (comms) => {
+        if (rank.launched || talk)
+          io.err(`rank ${rank.rank} collectives: ${describeTransports(comms)}\n`);
+      },
+      onStep: (m) => {
+        if (rank.launched)
+          process.send!({ type: 'step', rank: rank.rank, metrics: m } satisfies RankMessage);
+        else if (talk) bar.update(m.step, describeStep(m));
+      },
+    });
+    if (talk) bar.done();
+    const last = r.steps[r.steps.length - 1];
+    if (last && talk)
+      io.out(`trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\n`);
+  } finally {
+    await server?.close();
+    if (rank.launched) {
+      // the IPC channel would keep this process alive
+      process.off('disconnect', orphaned);
+      process.disconnect();
+    }
+  }
+}
