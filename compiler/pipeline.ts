@@ -1,13 +1,14 @@
-// The compiler pipeline: the ordered list of passes, and compile() that runs them and emits the
-// plan. Each pass is a pure function of its input; with `dumpAfter` the IR after that pass is
-// printed. The verifier runs after every graph pass.
+// The compiler pipeline: the ordered list of passes (PASSES), and compile(), a short driver that
+// runs them and assembles the plan. Each pass is a pure function of its input with its invariants
+// in its header comment; `dumpAfter` prints the IR (graph passes) or one program (emission passes,
+// `dumpProgram`, default the first) after it, and the graph verifier runs after every graph pass.
 //
-//   1 build      forward graph of one microbatch from the model config
-//   2 autodiff   backward (dgrad/wgrad split), gradient accumulation, clipping + AdamW
-//   3 emit       one program per rank: schedule (forward then backward per microbatch, then the
-//                optimizer step), streams, buffers, memory plan
-//   4 verify     the emitted plan: memory reuse checker, then the plan verifier over all ranks
-//                (compiler/verify: collectives, send/recv, events, a symbolic run to the end)
+//   graph passes     build → expert-parallel → tensor-parallel → encoder-data-parallel →
+//                    vit-dp-balance → autodiff → pipeline          (ir/, passes/)
+//   emission passes  schedule → lower → grad-sync → optimizer → number → activations →
+//                    encoder-offload → memory-plan                 (compiler/emit/, per program)
+//   verify           the plan over all ranks (compiler/verify/): memory reuse, collectives,
+//                    sends and receives, events, a symbolic run of the step
 
 import { mkdirSync, renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
@@ -38,33 +39,75 @@ import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
-import { emitProgram } from './plan/emit.js';
+import { EMIT_PASSES, emitProgram, printSchedule } from './emit/passes.js';
+import { printProgram } from './plan/program-text.js';
 import { activationPolicyOf } from './plan/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
+import { programFileOf, type ProgramDraft } from './emit/draft.js';
+import type { ProgramSchedule } from './emit/schedule.js';
 
 export interface PassInfo {
   readonly name: string;
   readonly summary: string;
+  /** what --dump-after prints: the graph IR, one program, or nothing (the verifier) */
+  readonly dumps: 'graph' | 'program' | 'none';
 }
 
+/** Every pass compile() runs, in order (`lfc compile --list-passes`). */
 export const PASSES: readonly PassInfo[] = [
-  { name: 'build', summary: 'forward graph of one microbatch from the model config' },
-  { name: 'expert-parallel', summary: 'experts split over ep, all-to-all dispatch and combine' },
+  {
+    name: 'build',
+    summary: 'forward graph of one microbatch from the model config',
+    dumps: 'graph',
+  },
+  {
+    name: 'expert-parallel',
+    summary: 'experts split over ep, all-to-all dispatch and combine',
+    dumps: 'graph',
+  },
   {
     name: 'tensor-parallel',
     summary: 'column/row-parallel linears, heads, vocabulary-parallel embedding and loss, SP',
+    dumps: 'graph',
   },
   {
     name: 'encoder-data-parallel',
     summary: 'encoder gradients summed over the ranks that encode distinct data (levels 2, 3)',
+    dumps: 'graph',
   },
   {
     name: 'vit-dp-balance',
     summary: 'images pooled over the encoder gradient group, encoded by cost, tokens sent home',
+    dumps: 'graph',
   },
-  { name: 'autodiff', summary: 'backward graph, gradient accumulation, clipping and AdamW' },
-  { name: 'pipeline', summary: 'every node to its virtual stage; values that cross stages' },
+  {
+    name: 'autodiff',
+    summary: 'backward graph, gradient accumulation, clipping and AdamW',
+    dumps: 'graph',
+  },
+  {
+    name: 'pipeline',
+    summary: 'every node to its virtual stage; values that cross stages',
+    dumps: 'graph',
+  },
+  ...EMIT_PASSES.map((p) => ({ ...p, dumps: 'program' as const })),
+  {
+    name: 'verify',
+    summary:
+      'the plan over all ranks: memory reuse, collectives, send/recv, events, a symbolic run',
+    dumps: 'none',
+  },
 ];
+
+/** The pass list as `lfc compile --list-passes` prints it (and the README shows it). */
+export function describePasses(): string {
+  const width = Math.max(...PASSES.map((p) => p.name.length));
+  return (
+    PASSES.map(
+      (p, i) => `${String(i + 1).padStart(2)}. ${p.name.padEnd(width)}  ${p.summary}`,
+    ).join('\n') + '\n'
+  );
+}
 
 export interface EncoderOptions {
   /** --enable-encoder-hetero-dp (level 2) */
@@ -112,8 +155,10 @@ export interface CompileOptions {
   readonly moeExpertCapacityFactor?: number;
   /** --moe-token-drop-policy (default: model.text_decoder.moe_token_drop_policy) */
   readonly moeTokenDropPolicy?: DecoderConfig['moe_token_drop_policy'];
-  /** print the IR after this pass */
+  /** print the IR (or, after an emission pass, one program) after this pass */
   readonly dumpAfter?: string;
+  /** which program --dump-after prints after an emission pass (default: the first) */
+  readonly dumpProgram?: string;
   readonly onDump?: (text: string) => void;
 }
 
@@ -130,11 +175,86 @@ export interface CompileResult {
 }
 
 export function compile(o: CompileOptions): CompileResult {
-  if (o.dumpAfter !== undefined && !PASSES.some((p) => p.name === o.dumpAfter)) {
+  checkDumpRequest(o);
+  const layout = resolveLayout(o);
+  const { forward, sharded } = runShardingPasses(o, layout);
+  const { graph, stats: adStats } = autodiff(sharded, layout.optimizer);
+  assertValid(
+    graph,
+    'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
+  );
+  dumpGraph(o, 'autodiff', graph);
+  const pipeline = splitStages(o, layout, forward, graph);
+  const programs = emitPrograms(o, layout, graph, pipeline);
+  const plan = planFileOf(o, layout, forward, graph, pipeline.partition);
+  // the plan verifier: collectives match per group, sends meet receives, every cross-stream
+  // read is ordered by an event, and all ranks together finish the step
+  const verifyStart = performance.now();
+  assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
+  const verifyMs = performance.now() - verifyStart;
+  const most = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
+  return {
+    config: layout.cfg,
+    graph,
+    plan,
+    programs,
+    layout: pipeline.partition,
+    placement: layout.placement,
+    stats: {
+      autodiff: { ...adStats },
+      emit: {
+        programs: programs.length,
+        instructions: most((p) => p.instructions.length),
+        buffers: most((p) => p.buffers.length),
+        arenaBytes: most((p) => p.regions.arena),
+        arenaLowerBoundBytes: most((p) => p.arenaLowerBoundBytes),
+        /** host bytes of offloaded tensors (--offload-tensors, --full-hetero-dp-cpu-offload) */
+        hostBytes: most((p) => p.regions.host ?? 0),
+      },
+      verify: { ms: verifyMs },
+    },
+  };
+}
+
+function checkDumpRequest(o: CompileOptions): void {
+  if (
+    o.dumpAfter !== undefined &&
+    !PASSES.some((p) => p.name === o.dumpAfter && p.dumps !== 'none')
+  )
     throw new UserError(
-      `--dump-after ${o.dumpAfter}: no such pass; passes: ${PASSES.map((p) => p.name).join(', ')}`,
+      `--dump-after ${o.dumpAfter}: no such pass; passes: ${PASSES.filter((p) => p.dumps !== 'none')
+        .map((p) => p.name)
+        .join(', ')}`,
     );
-  }
+  if (
+    o.dumpProgram !== undefined &&
+    PASSES.find((p) => p.name === o.dumpAfter)?.dumps !== 'program'
+  )
+    throw new UserError(
+      `--dump-program ${o.dumpProgram} needs --dump-after with an emission pass (${EMIT_PASSES.map((p) => p.name).join(', ')})`,
+    );
+}
+
+const dumpGraph = (o: CompileOptions, pass: string, g: Graph) => {
+  if (o.dumpAfter === pass) o.onDump?.(printGraph(g));
+};
+
+/** The resolved model, sizes, topology and encoder placement of a compile request. */
+interface Layout {
+  readonly cfg: ModelConfig;
+  readonly seqLength: number;
+  readonly mbs: number;
+  readonly gbs: number;
+  readonly sizes: ParallelSizes;
+  readonly world: number;
+  readonly dp: number;
+  readonly numMicrobatches: number;
+  readonly topology: ReturnType<typeof buildTopology>;
+  readonly placement: EncoderPlacement;
+  readonly optimizer: OptimizerSettings;
+}
+
+function resolveLayout(o: CompileOptions): Layout {
   const cfg = withTokenDropping(loadModelConfig(o.model, o.overrides ?? []), o);
   const seqLength = o.seqLength ?? cfg.training.seq_length;
   const mbs = o.microBatchSize ?? 1;
@@ -171,8 +291,6 @@ export function compile(o: CompileOptions): CompileResult {
     throw new UserError(
       `--expert-tensor-parallel-size ${sizes.etp} differs from --tp ${sizes.tp}; only expert TP equal to TP is built`,
     );
-  const topology = buildTopology(sizes);
-  const ranks = Array.from({ length: world }, (_, r) => r);
   const numMicrobatches = gbs / (mbs * dp);
   // where the encoder runs and whose gradients it sums (compiler/parallel/encoder.ts)
   const placement = encoderPlacement({
@@ -184,63 +302,90 @@ export function compile(o: CompileOptions): CompileResult {
     microbatches: numMicrobatches,
   });
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
-  const dump = (pass: string, g: Graph) => {
-    if (o.dumpAfter === pass) o.onDump?.(printGraph(g));
+  const topology = buildTopology(sizes);
+  return {
+    cfg,
+    seqLength,
+    mbs,
+    gbs,
+    sizes,
+    world,
+    dp,
+    numMicrobatches,
+    topology,
+    placement,
+    optimizer,
   };
-  const passError = (e: unknown): never => {
-    if (
-      e instanceof TensorParallelError ||
-      e instanceof ExpertParallelError ||
-      e instanceof PipelineError
-    )
-      throw new UserError(e.message);
-    throw e;
-  };
+}
 
+/** build, then the parallel rewrites of the forward graph (a rewrite's refusal is a user error) */
+function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; sharded: Graph } {
+  const { cfg, sizes, placement } = l;
   // the auxiliary loss is a mean over every microbatch of the global batch (all replicas)
   const forward = buildForwardGraph(cfg, {
-    seqLength,
-    microBatchSize: mbs,
+    seqLength: l.seqLength,
+    microBatchSize: l.mbs,
     maxVisualTokens: o.maxVisualTokens,
-    numMicrobatches: gbs / mbs,
+    numMicrobatches: l.gbs / l.mbs,
   });
+  const passes: [string, (g: Graph) => Graph][] = [
+    ['expert-parallel', (g) => expertParallel(g, { ep: sizes.ep })],
+    [
+      'tensor-parallel',
+      (g) =>
+        tensorParallel(g, {
+          tp: sizes.tp,
+          sequenceParallel: o.sequenceParallel ?? false,
+          encoderTp: placement.encoderTp,
+        }),
+    ],
+    ['encoder-data-parallel', (g) => encoderDataParallel(g, placement)],
+    ['vit-dp-balance', (g) => (o.encoder?.vitDpBalance ? balanced(g, l) : g)],
+  ];
   assertValid(forward, 'after pass build');
-  dump('build', forward);
+  dumpGraph(o, 'build', forward);
   let sharded = forward;
-  try {
-    sharded = expertParallel(sharded, { ep: sizes.ep });
-    assertValid(sharded, 'after pass expert-parallel');
-    dump('expert-parallel', sharded);
-    sharded = tensorParallel(sharded, {
-      tp: sizes.tp,
-      sequenceParallel: o.sequenceParallel ?? false,
-      encoderTp: placement.encoderTp,
-    });
-    assertValid(sharded, 'after pass tensor-parallel');
-    dump('tensor-parallel', sharded);
-    sharded = encoderDataParallel(sharded, placement);
-    assertValid(sharded, 'after pass encoder-data-parallel');
-    dump('encoder-data-parallel', sharded);
-    if (o.encoder?.vitDpBalance) {
-      const group = placement.gradGroup;
-      const merge = cfg.model.image_encoder.spatial_merge_size ** 2;
-      const groupSize = { dp, tp_dp_cp: world / sizes.pp, world }[group];
-      sharded = vitDpBalance(sharded, { group, groupSize, merge });
-      assertValid(sharded, 'after pass vit-dp-balance');
+  for (const [name, pass] of passes) {
+    try {
+      const next = pass(sharded);
+      if (next !== sharded) assertValid(next, `after pass ${name}`);
+      sharded = next;
+    } catch (e) {
+      passError(e);
     }
-    dump('vit-dp-balance', sharded);
-  } catch (e) {
-    passError(e);
+    dumpGraph(o, name, sharded);
   }
-  const { graph, stats: adStats } = autodiff(sharded, optimizer);
-  assertValid(
-    graph,
-    'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
-  );
-  dump('autodiff', graph);
+  return { forward, sharded };
+}
 
-  // pipeline: stages from the partition, passes in the schedule's order
-  const layout =
+function balanced(g: Graph, l: Layout): Graph {
+  const group = l.placement.gradGroup;
+  const merge = l.cfg.model.image_encoder.spatial_merge_size ** 2;
+  const groupSize = { dp: l.dp, tp_dp_cp: l.world / l.sizes.pp, world: l.world }[group];
+  return vitDpBalance(g, { group, groupSize, merge });
+}
+
+const passError = (e: unknown): never => {
+  if (
+    e instanceof TensorParallelError ||
+    e instanceof ExpertParallelError ||
+    e instanceof PipelineError
+  )
+    throw new UserError(e.message);
+  throw e;
+};
+
+interface Stages {
+  /** the pipeline partition (pp > 1) */
+  readonly partition?: PipelineLayout;
+  readonly split?: PipelineSplit;
+  readonly schedule?: ReturnType<typeof schedule1F1B>;
+}
+
+/** pipeline: stages from the partition, passes in the schedule's order */
+function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph): Stages {
+  const { sizes, placement, numMicrobatches } = l;
+  const partition =
     sizes.pp > 1
       ? partitionPipeline(forwardCosts(forward), {
           pp: sizes.pp,
@@ -253,10 +398,10 @@ export function compile(o: CompileOptions): CompileResult {
       : undefined;
   let split: PipelineSplit | undefined;
   try {
-    split = layout
+    split = partition
       ? splitPipeline(
           graph,
-          { pp: sizes.pp, vpp: sizes.vpp, firstLayerOf: layout.virtualStageFirstLayer },
+          { pp: sizes.pp, vpp: sizes.vpp, firstLayerOf: partition.virtualStageFirstLayer },
           numMicrobatches,
         )
       : undefined;
@@ -281,11 +426,24 @@ export function compile(o: CompileOptions): CompileResult {
             { a2aOverlap },
           )
         : schedule1F1B(sizes.pp, numMicrobatches);
+  return { partition, split, schedule };
+}
 
+/** one program per pipeline stage; at levels 2 and 3 the ranks of a stage's TP group encode
+ * different microbatches, so those stages get one program per TP index */
+function programIdOf(l: Layout): (stage: number, tp: number) => string {
+  const perTpIndex = (stage: number) =>
+    l.sizes.tp > 1 && (l.placement.level === 3 || (l.placement.level === 2 && stage === 0));
+  return (stage, tp) => (perTpIndex(stage) ? `p${stage}.t${tp}` : `p${stage}`);
+}
+
+/** The emission passes for every distinct program, each checked for memory reuse. */
+function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): ProgramFile[] {
+  const { sizes, placement, world, dp } = l;
   const groupSizes: Record<string, number> = {
     tp: sizes.tp,
     dp,
-    edp: topology.edp,
+    edp: l.topology.edp,
     ep: sizes.ep,
     pp: sizes.pp,
     world,
@@ -293,60 +451,59 @@ export function compile(o: CompileOptions): CompileResult {
     enc_tp: placement.encoderTp,
     tp_dp_cp: world / sizes.pp,
   };
-  // copies of each gradient in the world after the sums (the gradient norm's weights)
-  const copies: Record<string, number> = {};
-  for (const p of graph.params) {
-    if (p.role !== 'param') continue;
-    const parts = (p.dist?.split ?? []).reduce((n, x) => n * (x ? x.parts : 1), 1);
-    const expertParts = p.dist?.expert ? sizes.ep : 1;
-    // the encoder at level 3 lives on every stage, its gradient summed over every rank
-    copies[p.name] =
-      placement.level === 3 && isEncoderScope(p.dist?.name ?? p.name)
-        ? world
-        : world / sizes.pp / parts / expertParts;
-  }
-  // one program per pipeline stage; at levels 2 and 3 the ranks of a stage's TP group encode
-  // different microbatches, so those stages get one program per TP index
-  const perTpIndex = (stage: number) =>
-    sizes.tp > 1 && (placement.level === 3 || (placement.level === 2 && stage === 0));
-  const programId = (stage: number, tp: number) =>
-    perTpIndex(stage) ? `p${stage}.t${tp}` : `p${stage}`;
-  const programs: ProgramFile[] = [];
+  const copies = gradientCopies(graph, l);
+  const programId = programIdOf(l);
   const activations = activationPolicyOf(o);
+  const programs: ProgramFile[] = [];
+  const dumpAt = PASSES.find((p) => p.name === o.dumpAfter)?.dumps === 'program';
   for (let stage = 0; stage < sizes.pp; stage++)
-    for (let tpIndex = 0; tpIndex < (perTpIndex(stage) ? sizes.tp : 1); tpIndex++) {
-      const program = emitProgram(graph, {
-        numMicrobatches,
-        id: programId(stage, tpIndex),
-        ...(placement.level >= 2
-          ? {
-              encoder: {
-                placement,
-                tp: tpIndex,
-                tpSize: sizes.tp,
-                offload: o.encoder?.cpuOffload,
-                recompute: o.encoder?.recompute,
-              },
-            }
-          : {}),
-        ...(schedule
-          ? {
-              pipeline: {
-                stage,
-                pp: sizes.pp,
-                ...(split ? { chunkOf: split.chunkOf, transfers: split.transfers } : {}),
-                actions: schedule.stages[stage].actions,
-                warmup: schedule.stages[stage].warmup,
-              },
-            }
-          : {}),
-        groupSizes,
-        copies,
-        worldSize: world,
-        delayWgrad: o.moeOverlap?.delayWgrad,
-        distributedOptimizer: o.distributedOptimizer,
-        activations,
-      });
+    for (
+      let tpIndex = 0;
+      tpIndex < (programId(stage, 0) === `p${stage}` ? 1 : sizes.tp);
+      tpIndex++
+    ) {
+      const id = programId(stage, tpIndex);
+      const dump =
+        dumpAt && (o.dumpProgram ?? (programs.length === 0 ? id : undefined)) === id
+          ? (pass: string, x: Parameters<typeof printStage>[0]) =>
+              pass === o.dumpAfter && o.onDump?.(printStage(x))
+          : undefined;
+      const program = emitProgram(
+        graph,
+        {
+          numMicrobatches: l.numMicrobatches,
+          id,
+          ...(placement.level >= 2
+            ? {
+                encoder: {
+                  placement,
+                  tp: tpIndex,
+                  tpSize: sizes.tp,
+                  offload: o.encoder?.cpuOffload,
+                  recompute: o.encoder?.recompute,
+                },
+              }
+            : {}),
+          ...(st.schedule
+            ? {
+                pipeline: {
+                  stage,
+                  pp: sizes.pp,
+                  ...(st.split ? { chunkOf: st.split.chunkOf, transfers: st.split.transfers } : {}),
+                  actions: st.schedule.stages[stage].actions,
+                  warmup: st.schedule.stages[stage].warmup,
+                },
+              }
+            : {}),
+          groupSizes,
+          copies,
+          worldSize: world,
+          delayWgrad: o.moeOverlap?.delayWgrad,
+          distributedOptimizer: o.distributedOptimizer,
+          activations,
+        },
+        dump,
+      );
       const clobbered = checkMemoryReuse(program);
       if (clobbered.length) {
         const c = clobbered[0];
@@ -356,19 +513,58 @@ export function compile(o: CompileOptions): CompileResult {
       }
       programs.push(program);
     }
+  if (o.dumpProgram !== undefined && !programs.some((p) => p.id === o.dumpProgram))
+    throw new UserError(
+      `--dump-program ${o.dumpProgram}: no such program; programs: ${programs.map((p) => p.id).join(', ')}`,
+    );
+  return programs;
+}
+
+function printStage(x: ProgramSchedule | ProgramDraft): string {
+  return 'steps' in x ? printSchedule(x) : printProgram(programFileOf(x));
+}
+
+/** copies of each gradient in the world after the sums (the gradient norm's weights) */
+function gradientCopies(graph: Graph, l: Layout): Record<string, number> {
+  const { sizes, world } = l;
+  const copies: Record<string, number> = {};
+  for (const p of graph.params) {
+    if (p.role !== 'param') continue;
+    const parts = (p.dist?.split ?? []).reduce((n, x) => n * (x ? x.parts : 1), 1);
+    const expertParts = p.dist?.expert ? sizes.ep : 1;
+    // the encoder at level 3 lives on every stage, its gradient summed over every rank
+    copies[p.name] =
+      l.placement.level === 3 && isEncoderScope(p.dist?.name ?? p.name)
+        ? world
+        : world / sizes.pp / parts / expertParts;
+  }
+  return copies;
+}
+
+/** plan.json: the model, training settings, topology, groups, parameters, program of each rank */
+function planFileOf(
+  o: CompileOptions,
+  l: Layout,
+  forward: Graph,
+  graph: Graph,
+  partition: PipelineLayout | undefined,
+): PlanFile {
+  const { cfg, sizes, topology, world } = l;
+  const ranks = Array.from({ length: world }, (_, r) => r);
   const counts = countParams(forward, cfg);
-  const plan: PlanFile = {
+  const programId = programIdOf(l);
+  return {
     format: PLAN_FORMAT,
     version: PLAN_VERSION,
     createdBy: 'lfc 0.1.0',
     model: { name: cfg.name, config: cfg.model, paramsTotal: counts.total.total },
     training: {
-      seqLength,
-      microBatchSize: mbs,
-      globalBatchSize: gbs,
-      numMicrobatches,
+      seqLength: l.seqLength,
+      microBatchSize: l.mbs,
+      globalBatchSize: l.gbs,
+      numMicrobatches: l.numMicrobatches,
       maxVisualTokens: forward.symbols.find((s) => s.name === 'Nv')!.bound,
-      optimizer,
+      optimizer: l.optimizer,
     },
     topology: {
       worldSize: world,
@@ -378,12 +574,12 @@ export function compile(o: CompileOptions): CompileResult {
         tp: sizes.tp,
         pp: sizes.pp,
         vpp: sizes.vpp,
-        dp,
+        dp: l.dp,
         ep: sizes.ep,
         edp: topology.edp,
         cp: sizes.cp,
       },
-      ...(layout ? { pipelineLayers: layout.virtualStageLayers } : {}),
+      ...(partition ? { pipelineLayers: partition.virtualStageLayers } : {}),
     },
     groups: topology.groups.map((g) => ({ name: g.names[0], ranks: g.ranks })),
     rankGroups: Object.fromEntries(
@@ -392,7 +588,7 @@ export function compile(o: CompileOptions): CompileResult {
         ranks.map((r) => topology.groupOf(k, r)!.id),
       ]),
     ),
-    dataParallel: { size: dp, rankIndex: ranks.map((r) => topology.coords(r).dp) },
+    dataParallel: { size: l.dp, rankIndex: ranks.map((r) => topology.coords(r).dp) },
     symbols: graph.symbols,
     params: forward.params.map((p) => ({
       name: p.name,
@@ -401,39 +597,12 @@ export function compile(o: CompileOptions): CompileResult {
       init: p.init,
       trainable: p.trainable,
       module: p.module,
-      weightDecay: p.trainable ? weightDecayOf(p, optimizer) : 0,
+      weightDecay: p.trainable ? weightDecayOf(p, l.optimizer) : 0,
     })),
     rankPrograms: ranks.map((r) => {
       const c = topology.coords(r);
       return programId(c.pp, c.tp);
     }),
-  };
-  // the plan verifier: collectives match per group, sends meet receives, every cross-stream
-  // read is ordered by an event, and all ranks together finish the step
-  const verifyStart = performance.now();
-  assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
-  const verifyMs = performance.now() - verifyStart;
-  const sum = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
-  return {
-    config: cfg,
-    graph,
-    plan,
-    programs,
-    layout,
-    placement,
-    stats: {
-      autodiff: { ...adStats },
-      emit: {
-        programs: programs.length,
-        instructions: sum((p) => p.instructions.length),
-        buffers: sum((p) => p.buffers.length),
-        arenaBytes: sum((p) => p.regions.arena),
-        arenaLowerBoundBytes: sum((p) => p.arenaLowerBoundBytes),
-        /** host bytes of offloaded tensors (--offload-tensors, --full-hetero-dp-cpu-offload) */
-        hostBytes: sum((p) => p.regions.host ?? 0),
-      },
-      verify: { ms: verifyMs },
-    },
   };
 }
 

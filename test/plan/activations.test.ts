@@ -16,7 +16,7 @@ import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { compile, writePlan, type CompileResult } from '../../compiler/pipeline.js';
 import { activationPolicyOf, type ActivationPolicy } from '../../compiler/plan/activations.js';
 import { checkMemoryReuse } from '../../compiler/plan/check-memory.js';
-import { emitProgram } from '../../compiler/plan/emit.js';
+import { emitProgram } from '../../compiler/emit/passes.js';
 import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
 import { align, livenessLowerBound, type Lifetime } from '../../compiler/plan/memory.js';
 import { formatPlanProblem, verifyPlan } from '../../compiler/verify/plan-verifier.js';

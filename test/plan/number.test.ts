@@ -1,10 +1,10 @@
-// compiler/plan/number.ts: the numbering of a program's buffers and events depends only on where
+// compiler/emit/number.ts: the numbering of a program's buffers and events depends only on where
 // they appear, never on the order they were made in. Each emitted program, its ids shuffled by a
 // random permutation (a consistent renaming), numbers back to the same program.
 import { describe, expect, it } from 'vitest';
 import { compile } from '../../compiler/pipeline.js';
 import type { PlanBuffer, ProgramFile } from '../../compiler/plan/format.js';
-import { numberProgram, type NumberedParts } from '../../compiler/plan/number.js';
+import { numberProgram, type NumberedParts } from '../../compiler/emit/number.js';
 
 const partsOf = (p: ProgramFile): NumberedParts => ({
   buffers: p.buffers,

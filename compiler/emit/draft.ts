@@ -1,0 +1,314 @@
+// The program IR between emission passes: one rank's program (compiler/plan/format.ts
+// ProgramFile) as the passes build it, with the little that later passes need and the file does
+// not hold. A pass takes a draft and returns a new one; it never changes the draft it was given
+// (its arrays are copied where it adds to them), so a dump after any pass stays true.
+//
+// ProgramBuilder is how a pass adds to a draft: buffers (persistent regions laid out in the order
+// they are made, arena and host ones placed later by the memory plan), instructions in issue
+// order, and events (an event is recorded by one instruction and waited for by others).
+
+import { DTYPE_BYTES } from '../../ir/dtype.js';
+import type { Graph, Node } from '../../ir/graph.js';
+import { OP_TABLE } from '../../ir/ops.js';
+import { formatDim, numel } from '../../ir/shape.js';
+import type { TensorType } from '../../ir/types.js';
+import {
+  PLAN_VERSION,
+  PROGRAM_FORMAT,
+  type BufferRegion,
+  type OptimizerShard,
+  type PlanBuffer,
+  type PlanInstruction,
+  type ProgramFile,
+  type ProgramInput,
+  type ProgramParam,
+  type StreamName,
+} from '../plan/format.js';
+import { align } from '../plan/memory.js';
+import { rootOf, type MutableBuffer } from '../plan/rewrite.js';
+
+export interface ProgramOutput {
+  readonly name: string;
+  readonly buffer: number;
+  readonly microbatch: number;
+}
+
+export interface ProgramDraft {
+  readonly id: string;
+  /** bytes of each region so far (arena and host: 0 until the memory plan) */
+  readonly regions: Readonly<Record<BufferRegion, number>>;
+  readonly arenaLowerBoundBytes: number;
+  readonly buffers: readonly PlanBuffer[];
+  readonly params: readonly ProgramParam[];
+  readonly inputs: readonly ProgramInput[];
+  readonly scalars: Readonly<Record<string, number>>;
+  readonly outputs: readonly ProgramOutput[];
+  readonly events: number;
+  readonly instructions: readonly PlanInstruction[];
+  readonly optimizerShards: readonly OptimizerShard[];
+  // ---- for later passes only (not written to the plan) ----
+  /** a comm unit's buffers stay allocated until an instruction waits for its event */
+  readonly keepUntilWait: ReadonlyMap<number, readonly number[]>;
+  /** events the next compute instruction must wait for, left open by lowering */
+  readonly openWaits: readonly number[];
+  /** distributed optimizer, by shard: this rank's slice of the summed bucket, the bucket's params */
+  readonly shardBuffers: readonly { readonly grad: number; readonly param: number }[];
+}
+
+/** The plan's program file of a finished draft. */
+export function programFileOf(d: ProgramDraft): ProgramFile {
+  return {
+    format: PROGRAM_FORMAT,
+    version: PLAN_VERSION,
+    id: d.id,
+    regions: d.regions,
+    arenaLowerBoundBytes: d.arenaLowerBoundBytes,
+    buffers: d.buffers,
+    params: d.params,
+    inputs: d.inputs,
+    scalars: d.scalars,
+    outputs: d.outputs,
+    events: d.events,
+    instructions: d.instructions,
+    ...(d.optimizerShards.length ? { optimizerShards: d.optimizerShards } : {}),
+  };
+}
+
+export const EMPTY_REGIONS: Readonly<Record<BufferRegion, number>> = {
+  arena: 0,
+  param: 0,
+  grad: 0,
+  optim: 0,
+  data: 0,
+  scalar: 0,
+  host: 0,
+};
+
+/** An instruction before its events: what push() is given. */
+export type Unscheduled = Omit<PlanInstruction, 'wait' | 'record'>;
+
+/** Adds buffers, instructions and events to (a copy of) a draft's lists. */
+export class ProgramBuilder {
+  readonly buffers: MutableBuffer[];
+  readonly instructions: PlanInstruction[];
+  readonly regionTop: Record<BufferRegion, number>;
+  events: number;
+  private readonly bound: Map<string, number>;
+  // a value's type object is shared by its buffers of every microbatch: size and shape text once
+  private readonly typeInfo = new WeakMap<TensorType, { bytes: number; shape: string[] }>();
+
+  constructor(g: Pick<Graph, 'symbols'>, from?: ProgramDraft) {
+    this.bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
+    this.buffers = from ? [...from.buffers] : [];
+    this.instructions = from ? [...from.instructions] : [];
+    this.regionTop = { ...(from?.regions ?? EMPTY_REGIONS) };
+    this.events = from?.events ?? 0;
+  }
+
+  private infoOf(t: TensorType) {
+    let i = this.typeInfo.get(t);
+    if (!i) {
+      i = {
+        bytes: numel(t.shape, (s) => this.bound.get(s)!) * DTYPE_BYTES[t.dtype],
+        shape: t.shape.map(formatDim),
+      };
+      this.typeInfo.set(t, i);
+    }
+    return i;
+  }
+
+  /** A buffer for a value; a view shares the bytes (and region) of the buffer it views. */
+  addBuffer(
+    name: string,
+    t: TensorType,
+    region: BufferRegion,
+    microbatch: number,
+    viewOf?: number,
+  ): number {
+    const id = this.buffers.length;
+    const { bytes, shape } = this.infoOf(t);
+    let offset = 0;
+    if (viewOf !== undefined) offset = this.buffers[viewOf].offset;
+    else if (region !== 'arena' && region !== 'host') {
+      offset = this.regionTop[region];
+      this.regionTop[region] += align(Math.max(bytes, 1));
+    }
+    this.buffers.push({
+      id,
+      name,
+      region: viewOf !== undefined ? this.buffers[viewOf].region : region,
+      space: t.space ?? 'device',
+      dtype: t.dtype,
+      shape,
+      offset,
+      bytes,
+      ...(viewOf !== undefined ? { viewOf } : {}),
+      microbatch,
+    });
+    return id;
+  }
+
+  /** A flat f32 buffer of a region at a given offset (gradient buckets and their shards). */
+  addFlat(name: string, region: BufferRegion, offset: number, bytes: number): number {
+    const id = this.buffers.length;
+    this.buffers.push({
+      id,
+      name,
+      region,
+      space: 'device',
+      dtype: 'f32',
+      shape: [String(bytes / 4)],
+      offset,
+      bytes,
+      microbatch: -1,
+    });
+    return id;
+  }
+
+  root(id: number): number {
+    return rootOf(this.buffers, id);
+  }
+
+  /** Appends an instruction waiting for `wait`; returns its index. */
+  push(ins: Unscheduled, wait: number[] = []): number {
+    this.instructions.push(scheduled(ins, wait));
+    return this.instructions.length - 1;
+  }
+
+  /** A new event recorded when instruction idx ends. */
+  record(idx: number): number {
+    const e = this.events++;
+    const x = this.instructions[idx];
+    this.instructions[idx] = { ...x, record: [...x.record, e] };
+    return e;
+  }
+
+  /** the index of the last instruction on a stream, -1 if none */
+  lastOn(stream: StreamName): number {
+    let k = this.instructions.length - 1;
+    while (k >= 0 && this.instructions[k].stream !== stream) k--;
+    return k;
+  }
+}
+
+/** An instruction with its events, in the key order every instruction of a program has. */
+export function scheduled(ins: Unscheduled, wait: readonly number[]): PlanInstruction {
+  return {
+    stream: ins.stream,
+    op: ins.op,
+    inputs: ins.inputs,
+    outputs: ins.outputs,
+    attrs: ins.attrs,
+    wait,
+    record: [],
+    microbatch: ins.microbatch,
+    phase: ins.phase,
+    scope: ins.scope,
+  };
+}
+
+/** Collectives that pass results between pipeline ranks or sum gradients run on the comm stream;
+ * those inside a pass run where their result is needed, on compute. */
+export function streamOf(node: Node): StreamName {
+  return OP_TABLE[node.op].category === 'memory' ? 'copy' : 'compute';
+}
+
+const VIEW_OPS = new Set(['reshape', 'copy_to_group']);
+
+/**
+ * Lowers graph nodes to instructions: each input from the microbatch's values or the program's
+ * persistent ones, each output a new buffer (a view for a reshape; a reported output or a step
+ * scalar in the scalar region).
+ */
+export class NodeLowering {
+  constructor(
+    readonly b: ProgramBuilder,
+    /** parameters, gradients, optimizer state and step scalars, by value name */
+    readonly global: ReadonlyMap<string, number>,
+    readonly outputs: ProgramOutput[],
+    readonly scalars: Record<string, number>,
+    /** graph outputs reported per microbatch / per step, by value: their label */
+    readonly mbOutputs: ReadonlyMap<string, string>,
+    readonly stepOutputs: ReadonlyMap<string, string>,
+  ) {}
+
+  /** For a draft's program; `global` (default: the draft's persistent values) may be shared. */
+  static of(
+    g: Graph,
+    b: ProgramBuilder,
+    d: Pick<ProgramDraft, 'params' | 'scalars' | 'outputs'>,
+    global: ReadonlyMap<string, number> = globalsOf(g, d),
+  ): NodeLowering {
+    const producedInStep = new Set(
+      g.nodes.filter((n) => n.phase === 'optimizer').flatMap((n) => n.outputs.map((o) => o.name)),
+    );
+    const label = (step: boolean) =>
+      new Map(
+        g.outputs
+          .filter((o) => producedInStep.has(o.value) === step)
+          .map((o) => [o.value, o.label]),
+      );
+    return new NodeLowering(b, global, [...d.outputs], { ...d.scalars }, label(false), label(true));
+  }
+
+  /** Emits node n for microbatch mb; returns the instruction's index. */
+  node(
+    n: Node,
+    mb: number,
+    local: Map<string, number>,
+    wait: number[],
+    stream: StreamName = streamOf(n),
+  ): number {
+    const lookup = (v: string) => {
+      const id = local.get(v) ?? this.global.get(v);
+      if (id === undefined)
+        throw new Error(`emit: value ${v} has no buffer (node ${n.op} in ${n.scope})`);
+      return id;
+    };
+    const ins = n.inputs.map(lookup);
+    const outs = n.outputs.map((o) => {
+      const id = this.outputBuffer(n, o.name, o.type, mb, ins);
+      local.set(o.name, id);
+      return id;
+    });
+    const { op, attrs, phase, scope } = n;
+    return this.b.push(
+      { stream, op, inputs: ins, outputs: outs, attrs, microbatch: mb, phase, scope },
+      wait,
+    );
+  }
+
+  private outputBuffer(n: Node, v: string, t: TensorType, mb: number, ins: number[]): number {
+    const b = this.b;
+    if (VIEW_OPS.has(n.op)) return b.addBuffer(v, t, 'arena', mb, b.root(ins[0]));
+    // a reported output once per microbatch: a recomputed forward (the encoder under
+    // --full-hetero-dp-encoder-recompute) writes a fresh buffer instead
+    const label = this.mbOutputs.get(v);
+    if (label !== undefined && !this.outputs.some((x) => x.name === label && x.microbatch === mb)) {
+      const id = b.addBuffer(`${label}.mb${mb}`, t, 'scalar', mb);
+      this.outputs.push({ name: label, buffer: id, microbatch: mb });
+      return id;
+    }
+    const step = this.stepOutputs.get(v);
+    if (step !== undefined) return (this.scalars[step] = b.addBuffer(step, t, 'scalar', -1));
+    return b.addBuffer(v, t, 'arena', mb);
+  }
+}
+
+/** The persistent values of a draft by name: parameters, gradients, AdamW state, step inputs. */
+export function globalsOf(
+  g: Pick<Graph, 'inputs'>,
+  d: Pick<ProgramDraft, 'params' | 'scalars'>,
+): Map<string, number> {
+  const global = new Map<string, number>();
+  for (const p of d.params) {
+    global.set(p.name, p.buffer);
+    if (p.grad !== undefined) global.set(`grad.${p.name}`, p.grad);
+    if (p.expAvg !== undefined) global.set(`exp_avg.${p.name}`, p.expAvg);
+    if (p.expAvgSq !== undefined) global.set(`exp_avg_sq.${p.name}`, p.expAvgSq);
+  }
+  const stepInputs = new Set(g.inputs.map((i) => i.name));
+  for (const [name, id] of Object.entries(d.scalars))
+    if (stepInputs.has(name)) global.set(name, id);
+  return global;
+}

@@ -1,0 +1,217 @@
+// Emission pass 3, grad-sync: gradient sums over the groups that hold copies, and the distributed
+// optimizer's shards.
+//
+// Holds before: the lowered program; gradient buffers are written only by grad_accumulate (in
+//   place, its second input).
+// Holds after: buckets of about 4 MiB of gradients that share their sum groups, in the order
+//   backward finishes them, each contiguous in the gradient region (the rest of the region after
+//   them); an all_reduce per group on the comm stream, issued right after the instruction that
+//   last writes the bucket (overlapping the rest of backward) and waiting for it. With
+//   --use-distributed-optimizer a bucket over a data-parallel group of more than one rank is
+//   reduce-scattered instead: it is padded to a multiple of the shard count, its parameters laid
+//   out in the same order in the parameter region, and this rank's slice of the sum and of the
+//   AdamW state get buffers of their own (optimizerShards, shardBuffers).
+
+import type { Graph, ParamDecl } from '../../ir/graph.js';
+import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
+import { ALIGN, align } from '../plan/memory.js';
+import type { MutableBuffer } from '../plan/rewrite.js';
+import { ProgramBuilder, scheduled, type ProgramDraft, type Unscheduled } from './draft.js';
+import { shardable } from './lower.js';
+import { DEFAULT_BUCKET_BYTES, type EmitOptions } from './options.js';
+
+interface Bucket {
+  /** group kinds summed over: an all_reduce each (a reduce_scatter for shardOver) */
+  readonly groups: string[];
+  readonly grads: { p: ParamDecl; buf: PlanBuffer }[];
+  /** distributed optimizer: the data-parallel kind it is sharded over, else undefined */
+  readonly shardOver?: string;
+}
+
+export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
+  const b = new ProgramBuilder(g, d);
+  // the bucket relayout moves gradient and parameter buffers: work on copies of them
+  for (let i = 0; i < b.buffers.length; i++) b.buffers[i] = { ...b.buffers[i] };
+  const groupSizes = opts.groupSizes ?? {};
+  const byName = new Map(g.params.map((p) => [p.name, p]));
+  const gradBuffers = d.params
+    .filter((p) => p.grad !== undefined)
+    .map((p) => ({ p: byName.get(p.name)!, buf: b.buffers[p.grad!] as PlanBuffer }));
+  const lastWrite = new Map<number, number>();
+  d.instructions.forEach((ins, i) => {
+    if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
+  });
+  const buckets = bucketsOf(gradBuffers, lastWrite, opts);
+  // buckets must be contiguous in the grad region (and, sharded, in the param region, padded to
+  // a multiple of the shard count): lay them out anew, bucket by bucket
+  const params = new Map(d.params.map((p) => [p.name, p.buffer]));
+  const spans = relayoutBuckets(b, buckets, params, groupSizes);
+  // sums go after the instruction that completes their bucket; the comm stream keeps that order
+  const after = new Map<number, PlanInstruction[]>();
+  const shards: OptimizerShard[] = [];
+  const shardBuffers: { grad: number; param: number }[] = [];
+  buckets.forEach((bucket, k) => {
+    const { lo, hi, paramLo } = spans[k];
+    const whole = b.addFlat(`grad_bucket${k}`, 'grad', lo, hi - lo);
+    const ready = Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
+    let wait = ready >= 0 ? [b.record(ready)] : [];
+    const issue = (ins: Omit<Unscheduled, 'stream' | 'microbatch' | 'phase' | 'scope'>) => {
+      const sync = { stream: 'comm' as const, microbatch: -1, phase: 'backward' as const };
+      const full = scheduled({ ...sync, ...ins, scope: 'gradient_sync' }, wait);
+      wait = [];
+      const list = after.get(ready) ?? [];
+      list.push(full);
+      after.set(ready, list);
+    };
+    for (const kind of bucket.groups) {
+      if (kind === bucket.shardOver) continue;
+      const attrs = { group: kind, group_size: groupSizes[kind] };
+      issue({ op: 'all_reduce', inputs: [whole], outputs: [whole], attrs });
+    }
+    if (!bucket.shardOver) return;
+    // distributed optimizer: this rank's shard of the summed bucket, its AdamW state
+    const n = groupSizes[bucket.shardOver];
+    const shardBytes = (hi - lo) / n;
+    const grad = b.addFlat(`grad_shard${k}`, 'grad', b.regionTop.grad, shardBytes);
+    b.regionTop.grad += shardBytes;
+    const attrs = { group: bucket.shardOver, group_size: n };
+    issue({ op: 'reduce_scatter', inputs: [whole], outputs: [grad], attrs });
+    const param = b.addFlat(`param_bucket${k}`, 'param', paramLo, hi - lo);
+    const m = b.addFlat(`exp_avg_shard${k}`, 'optim', b.regionTop.optim, shardBytes);
+    b.regionTop.optim += shardBytes;
+    const v = b.addFlat(`exp_avg_sq_shard${k}`, 'optim', b.regionTop.optim, shardBytes);
+    b.regionTop.optim += shardBytes;
+    shardBuffers.push({ grad, param });
+    shards.push({
+      group: bucket.shardOver,
+      parts: n,
+      elements: (hi - lo) / 4,
+      expAvg: m,
+      expAvgSq: v,
+      params: bucket.grads.map((x) => ({
+        name: x.p.name,
+        offset: (b.buffers[x.buf.id].offset - lo) / 4,
+        elements: x.buf.bytes / 4,
+      })),
+    });
+  });
+  return {
+    ...d,
+    regions: b.regionTop,
+    buffers: b.buffers,
+    events: b.events,
+    instructions: after.size ? merged(b.instructions, after) : b.instructions,
+    optimizerShards: shards,
+    shardBuffers,
+  };
+}
+
+/** each sum right after its ready instruction (or at the end when never written) */
+function merged(
+  instructions: readonly PlanInstruction[],
+  after: ReadonlyMap<number, PlanInstruction[]>,
+): PlanInstruction[] {
+  const out: PlanInstruction[] = [];
+  instructions.forEach((ins, i) => {
+    out.push(ins);
+    for (const s of after.get(i) ?? []) out.push(s);
+  });
+  out.push(...(after.get(-1) ?? []));
+  return out;
+}
+
+/** Buckets in the order backward finishes them: by last write, latest first. */
+function bucketsOf(
+  gradBuffers: readonly { p: ParamDecl; buf: PlanBuffer }[],
+  lastWrite: ReadonlyMap<number, number>,
+  opts: EmitOptions,
+): Bucket[] {
+  const groupSizes = opts.groupSizes ?? {};
+  const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
+  const sumGroups = (p: ParamDecl) =>
+    [...(p.dist?.gradSum ?? []), p.dist?.replicas ?? 'dp'].filter((k) => (groupSizes[k] ?? 1) > 1);
+  const buckets: Bucket[] = [];
+  const order = [...gradBuffers].sort(
+    (x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1),
+  );
+  const open = new Map<string, { bucket: Bucket; bytes: number }>();
+  for (const gb of order) {
+    const groups = sumGroups(gb.p);
+    if (!groups.length) continue;
+    const shardOver = shardable(opts, gb.p) ? (gb.p.dist?.replicas ?? 'dp') : undefined;
+    // a shard is updated by one AdamW and weighed once in the norm: its parameters share the
+    // weight decay and the copy count
+    const key = `${groups.join(',')}|${shardOver ? `${weightDecayKey(gb.p)}|${opts.copies?.[gb.p.name] ?? 1}` : ''}`;
+    let cur = open.get(key);
+    if (!cur) {
+      cur = { bucket: { groups, grads: [], shardOver }, bytes: 0 };
+      open.set(key, cur);
+      buckets.push(cur.bucket);
+    }
+    cur.bucket.grads.push(gb);
+    cur.bytes += align(gb.buf.bytes);
+    if (cur.bytes >= bucketBytes) open.delete(key);
+  }
+  return buckets;
+}
+
+function weightDecayKey(p: ParamDecl): string {
+  return p.type.shape.length >= 2 ? 'wd' : 'no-wd';
+}
+
+/**
+ * Lays the gradient region out bucket by bucket (each contiguous; a sharded bucket padded to a
+ * multiple of its shard count), and the parameters of sharded buckets in the same order in the
+ * parameter region. Returns each bucket's byte span in the grad region and, when sharded, where
+ * its parameters start.
+ */
+function relayoutBuckets(
+  b: ProgramBuilder,
+  list: readonly Bucket[],
+  params: ReadonlyMap<string, number>,
+  groupSizes: Readonly<Record<string, number>>,
+) {
+  const buffers: MutableBuffer[] = b.buffers;
+  let top = 0;
+  let paramTop = 0;
+  const placed = new Set<number>();
+  const placedParams = new Set<number>();
+  const out = list.map((bucket) => {
+    const lo = top;
+    const paramLo = paramTop;
+    for (const { p, buf } of bucket.grads) {
+      buffers[buf.id].offset = top;
+      if (bucket.shardOver) {
+        const pid = params.get(p.name)!;
+        buffers[pid].offset = paramLo + (top - lo);
+        placedParams.add(pid);
+      }
+      top += align(Math.max(buf.bytes, 1));
+      placed.add(buf.id);
+    }
+    if (bucket.shardOver) {
+      const unit = ALIGN * groupSizes[bucket.shardOver];
+      top = lo + Math.ceil((top - lo) / unit) * unit;
+      paramTop = paramLo + (top - lo);
+    }
+    return { lo, hi: top, paramLo };
+  });
+  for (const x of buffers)
+    if (x.region === 'grad' && x.viewOf === undefined && !placed.has(x.id)) {
+      x.offset = top;
+      top += align(Math.max(x.bytes, 1));
+    }
+  b.regionTop.grad = top;
+  if (placedParams.size) {
+    for (const x of buffers)
+      if (x.region === 'param' && x.viewOf === undefined && !placedParams.has(x.id)) {
+        x.offset = paramTop;
+        paramTop += align(Math.max(x.bytes, 1));
+      }
+    b.regionTop.param = paramTop;
+  }
+  // views (a reshaped bias, a bucket) follow the buffer they view
+  for (const x of buffers)
+    if (x.viewOf !== undefined && x.region !== 'arena') x.offset = buffers[x.viewOf].offset;
+  return out;
+}

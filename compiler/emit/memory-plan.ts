@@ -1,0 +1,72 @@
+// Emission pass 8, memory-plan: the arena, and the host region of offloaded activations, placed
+// from the buffers' lifetimes (compiler/plan/memory.ts).
+//
+// Holds before: every instruction is in its final place; arena and host buffers have offset 0.
+// Holds after: every arena and host buffer has its offset (a view its base's), no two buffers
+//   whose lifetimes overlap share bytes, and regions.arena / regions.host are the sizes; the
+//   arena's liveness lower bound is recorded for the report.
+
+import type { Graph } from '../../ir/graph.js';
+import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
+import { planArena, type Lifetime } from '../plan/memory.js';
+import { rootOf } from '../plan/rewrite.js';
+import type { ProgramDraft } from './draft.js';
+
+export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {
+  const lifetimes = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);
+  const buffers = d.buffers.map((b) => ({ ...b }));
+  const regions = { ...d.regions };
+  let lowerBound = 0;
+  for (const region of ['arena', 'host'] as const) {
+    const plan = planArena(lifetimes[region]);
+    for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
+    regions[region] = plan.sizeBytes;
+    if (region === 'arena') lowerBound = plan.lowerBoundBytes;
+  }
+  return { ...d, buffers, regions, arenaLowerBoundBytes: lowerBound };
+}
+
+/**
+ * The lifetimes of the planned regions' buffers (views count for the buffer they view), in issue
+ * order: a batched send/recv runs from its batch's first instruction to its last, so what it sends
+ * stays live to the end and what it receives is written from the start; a comm unit's bytes stay
+ * allocated until an instruction waits for its event (`keepUntilWait`).
+ */
+export function lifetimesOf(
+  instructions: readonly PlanInstruction[],
+  buffers: readonly PlanBuffer[],
+  keepUntilWait: ReadonlyMap<number, readonly number[]>,
+): Record<'arena' | 'host', Lifetime[]> {
+  const root = (id: number) => rootOf(buffers, id);
+  const span = batchSpans(instructions);
+  const firstDef = new Int32Array(buffers.length).fill(-1);
+  const lastUse = new Int32Array(buffers.length).fill(-1);
+  for (let idx = 0; idx < instructions.length; idx++) {
+    const ins = instructions[idx];
+    const last = span.last[idx];
+    for (const id of ins.inputs) {
+      const r = root(id);
+      if (lastUse[r] < last) lastUse[r] = last;
+    }
+    for (const e of ins.wait)
+      for (const id of keepUntilWait.get(e) ?? []) {
+        const r = root(id);
+        if (lastUse[r] < idx) lastUse[r] = idx;
+      }
+    for (const id of ins.outputs) {
+      const r = root(id);
+      if (firstDef[r] < 0) firstDef[r] = span.first[idx];
+      if (lastUse[r] < last) lastUse[r] = last;
+    }
+  }
+  const lifetimes: Record<'arena' | 'host', Lifetime[]> = { arena: [], host: [] };
+  for (const b of buffers)
+    if ((b.region === 'arena' || b.region === 'host') && b.viewOf === undefined)
+      lifetimes[b.region].push({
+        id: b.id,
+        bytes: b.bytes,
+        start: Math.max(firstDef[b.id], 0),
+        end: lastUse[b.id] >= 0 ? lastUse[b.id] : Math.max(firstDef[b.id], 0),
+      });
+  return lifetimes;
+}
