@@ -280,6 +280,31 @@ function permuteAttrs(b: GraphBuilder, d: DecoderConfig, maxTokens: number, laye
   };
 }
 
+/** The decoder's inputs: a microbatch's tokens, their labels, loss mask, positions and samples. */
+interface DecoderInputs {
+  readonly tokens: string;
+  readonly labels: string;
+  readonly mask: string;
+  readonly positions: string;
+  readonly segments: string;
+  readonly lossTokens: string;
+}
+
+/** What the decoder's layers and loss are built from. */
+interface DecoderContext {
+  readonly b: GraphBuilder;
+  readonly d: DecoderConfig;
+  readonly trainable: boolean;
+  readonly S: Dim;
+  /** the packed microbatch's tokens, S's bound */
+  readonly maxTokens: number;
+  readonly numMicrobatches: number;
+  readonly inputs: DecoderInputs;
+  /** the running sum of the MoE auxiliary losses after each MoE layer so far */
+  readonly auxLosses: string[];
+}
+
+/** The text decoder on the merged embeddings: its layers, final norm, lm_head and the loss. */
 function buildDecoder(
   b: GraphBuilder,
   d: DecoderConfig,
@@ -291,10 +316,43 @@ function buildDecoder(
   captionMetric: boolean,
 ): void {
   const trainable = !d.freeze;
-  const h = d.hidden_size;
-  const nh = d.num_attention_heads;
-  const nkv = d.num_query_groups;
-  const hd = d.kv_channels;
+  const inputs = decoderInputs(b, d, S);
+  const c: DecoderContext = {
+    b,
+    d,
+    trainable,
+    S,
+    maxTokens,
+    numMicrobatches,
+    inputs,
+    auxLosses: [],
+  };
+  const embedW = b.param('model.embed_tokens.weight', [d.vocab_size, d.hidden_size], {
+    init: INIT_WEIGHT,
+    trainable,
+  });
+  let x = b.in('model.embed_tokens', () => b.op1('embedding', [inputs.tokens, embedW]));
+  x = b.in('model.merge_visual', () =>
+    b.op1('merge_visual', [x, embeds, inputs.tokens], {
+      placeholder: PLACEHOLDER,
+      mode: 'replace',
+    }),
+  );
+  for (let i = 0; i < d.num_layers; i++) {
+    const layerIn = x;
+    x = b.in(`model.layers.${i}`, () => decoderLayer(c, i, layerIn, deepstack[i]));
+  }
+  const xn = b.in('model', () =>
+    norm(b, 'rmsnorm', x, 'model.norm', d.hidden_size, d.norm_epsilon, trainable),
+  );
+  const headW = d.untie_embeddings_and_output_weights
+    ? b.param('lm_head.weight', [d.vocab_size, d.hidden_size], { init: INIT_WEIGHT, trainable })
+    : embedW;
+  const logits = b.in('lm_head', () => b.op1('linear', [xn, headW]));
+  decoderLoss(c, logits, captionMetric);
+}
+
+function decoderInputs(b: GraphBuilder, d: DecoderConfig, S: Dim): DecoderInputs {
   const tokens = b.input('tokens', 'i32', [S], 'token ids (1 = image placeholder, 0 = padding)');
   const labels = b.input('labels', 'i32', [S], 'next token of the same sample, 0 where none');
   const mask = b.input('loss_mask', 'u8', [S], '1 where the label is a text token');
@@ -309,116 +367,110 @@ function buildDecoder(
         );
   const segments = b.input('segments', 'i32', [S], 'sample index of each token, -1 on padding');
   const lossTokens = b.input('loss_tokens', 'f32', [], 'loss tokens of the whole global batch');
-  const s = formatDim(S);
-  const auxLosses: string[] = [];
+  return { tokens, labels, mask, positions, segments, lossTokens };
+}
 
-  const embedW = b.param('model.embed_tokens.weight', [d.vocab_size, h], {
-    init: INIT_WEIGHT,
-    trainable,
-  });
-  let x = b.in('model.embed_tokens', () => b.op1('embedding', [tokens, embedW]));
-  x = b.in('model.merge_visual', () =>
-    b.op1('merge_visual', [x, embeds, tokens], { placeholder: PLACEHOLDER, mode: 'replace' }),
+/**
+ * Decoder layer i on the residual stream x: attention and MLP (dense or MoE), each after its norm
+ * and added back; then the deepstack merger's visual tokens added, where layer i has one.
+ */
+function decoderLayer(c: DecoderContext, i: number, x: string, deepstack?: string): string {
+  const { b, d, trainable } = c;
+  const h = d.hidden_size;
+  const p = `model.layers.${i}`;
+  const hn = norm(b, 'rmsnorm', x, `${p}.input_layernorm`, h, d.norm_epsilon, trainable);
+  const a = b.in('self_attn', () => selfAttention(c, p, hn));
+  const x1 = b.op1('add', [x, a]);
+  const h2 = norm(b, 'rmsnorm', x1, `${p}.post_attention_layernorm`, h, d.norm_epsilon, trainable);
+  const m = b.in('mlp', () =>
+    d.num_experts === 0
+      ? mlp(b, h2, `${p}.mlp`, 'swiglu', h, d.ffn_hidden_size, false, trainable)
+      : moeMlp(c, p, i, h2),
   );
+  const out = b.op1('add', [x1, m]);
+  if (deepstack === undefined) return out;
+  return b.in('deepstack', () =>
+    b.op1('merge_visual', [out, deepstack, c.inputs.tokens], {
+      placeholder: PLACEHOLDER,
+      mode: 'add',
+    }),
+  );
+}
 
-  for (let i = 0; i < d.num_layers; i++) {
-    const p = `model.layers.${i}`;
-    x = b.in(`model.layers.${i}`, () => {
-      const hn = norm(b, 'rmsnorm', x, `${p}.input_layernorm`, h, d.norm_epsilon, trainable);
-      const a = b.in('self_attn', () => {
-        const proj = (name: string, heads: number) => {
-          const y = linear(
-            b,
-            hn,
-            `${p}.self_attn.${name}`,
-            heads * hd,
-            h,
-            d.add_qkv_bias,
-            trainable,
-          );
-          return b.op1('reshape', [y], { shape: [s, String(heads), String(hd)] });
-        };
-        let q = proj('q_proj', nh);
-        let k = proj('k_proj', nkv);
-        const v = proj('v_proj', nkv);
-        if (d.qk_layernorm) {
-          q = norm(b, 'rmsnorm', q, `${p}.self_attn.q_norm`, hd, d.norm_epsilon, trainable);
-          k = norm(b, 'rmsnorm', k, `${p}.self_attn.k_norm`, hd, d.norm_epsilon, trainable);
-        }
-        const rope = { theta: d.rotary_base, sections: d.mrope_section };
-        q = b.op1('rope', [q, positions], rope);
-        k = b.op1('rope', [k, positions], rope);
-        const [o] = b.op('attention', [q, k, v, segments], {
-          causal: true,
-          scale: 1 / Math.sqrt(hd),
-        });
-        const flat = b.op1('reshape', [o], { shape: [s, String(nh * hd)] });
-        return linear(b, flat, `${p}.self_attn.o_proj`, h, nh * hd, false, trainable);
-      });
-      const x1 = b.op1('add', [x, a]);
-      const h2 = norm(
-        b,
-        'rmsnorm',
-        x1,
-        `${p}.post_attention_layernorm`,
-        h,
-        d.norm_epsilon,
-        trainable,
-      );
-      const m = b.in('mlp', () => {
-        if (d.num_experts === 0)
-          return mlp(b, h2, `${p}.mlp`, 'swiglu', h, d.ffn_hidden_size, false, trainable);
-        const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable);
-        const [probs, weights, experts] = b.op('router_topk', [logits], { k: d.moe_router_topk });
-        const aux = b.op1('moe_aux_loss', [probs, experts, segments], {
-          coeff: d.moe_aux_loss_coeff / numMicrobatches,
-        });
-        // a running sum, added in the layer itself: one scalar crosses each pipeline boundary
-        auxLosses.push(
-          auxLosses.length ? b.op1('add', [auxLosses[auxLosses.length - 1], aux]) : aux,
-        );
-        const permute = permuteAttrs(b, d, maxTokens, i);
-        // drop policy probs ranks an expert's assignments by their routing weights
-        const [rows, counts, rowOf] = b.op(
-          'moe_permute',
-          permute.drop_policy === 'probs' ? [h2, experts, weights] : [h2, experts],
-          permute,
-        );
-        const f = d.moe_ffn_hidden_size;
-        const expertW = (name: string, out: number, inp: number) =>
-          Array.from({ length: d.num_experts }, (_, e) =>
-            b.param(`${p}.mlp.experts.${e}.${name}.weight`, [out, inp], {
-              init: INIT_WEIGHT,
-              trainable,
-            }),
-          );
-        const gw = expertW('gate_proj', f, h);
-        const uw = expertW('up_proj', f, h);
-        const dw = expertW('down_proj', h, f);
-        const y = b.in('experts', () => {
-          const g = b.op1('grouped_linear', [rows, counts, ...gw]);
-          const u = b.op1('grouped_linear', [rows, counts, ...uw]);
-          return b.op1('grouped_linear', [b.op1('swiglu', [g, u]), counts, ...dw]);
-        });
-        return b.op1('moe_unpermute', [y, rowOf, weights]);
-      });
-      let out = b.op1('add', [x1, m]);
-      if (i < deepstack.length) {
-        out = b.in('deepstack', () =>
-          b.op1('merge_visual', [out, deepstack[i], tokens], {
-            placeholder: PLACEHOLDER,
-            mode: 'add',
-          }),
-        );
-      }
-      return out;
-    });
+/** Causal attention with grouped queries (qk norm optional, rotary positions) of layer p. */
+function selfAttention(c: DecoderContext, p: string, hn: string): string {
+  const { b, d, trainable } = c;
+  const h = d.hidden_size;
+  const nh = d.num_attention_heads;
+  const hd = d.kv_channels;
+  const s = formatDim(c.S);
+  const proj = (name: string, heads: number) => {
+    const y = linear(b, hn, `${p}.self_attn.${name}`, heads * hd, h, d.add_qkv_bias, trainable);
+    return b.op1('reshape', [y], { shape: [s, String(heads), String(hd)] });
+  };
+  let q = proj('q_proj', nh);
+  let k = proj('k_proj', d.num_query_groups);
+  const v = proj('v_proj', d.num_query_groups);
+  if (d.qk_layernorm) {
+    q = norm(b, 'rmsnorm', q, `${p}.self_attn.q_norm`, hd, d.norm_epsilon, trainable);
+    k = norm(b, 'rmsnorm', k, `${p}.self_attn.k_norm`, hd, d.norm_epsilon, trainable);
   }
-  const xn = b.in('model', () => norm(b, 'rmsnorm', x, 'model.norm', h, d.norm_epsilon, trainable));
-  const headW = d.untie_embeddings_and_output_weights
-    ? b.param('lm_head.weight', [d.vocab_size, h], { init: INIT_WEIGHT, trainable })
-    : embedW;
-  const logits = b.in('lm_head', () => b.op1('linear', [xn, headW]));
+  const rope = { theta: d.rotary_base, sections: d.mrope_section };
+  q = b.op1('rope', [q, c.inputs.positions], rope);
+  k = b.op1('rope', [k, c.inputs.positions], rope);
+  const [o] = b.op('attention', [q, k, v, c.inputs.segments], {
+    causal: true,
+    scale: 1 / Math.sqrt(hd),
+  });
+  const flat = b.op1('reshape', [o], { shape: [s, String(nh * hd)] });
+  return linear(b, flat, `${p}.self_attn.o_proj`, h, nh * hd, false, trainable);
+}
+
+/**
+ * The MoE MLP of layer i (scope p): the router's top-k, its auxiliary loss (added to the running
+ * sum), the tokens permuted by expert, the experts' SwiGLU as grouped linears, and the weighted
+ * combine.
+ */
+function moeMlp(c: DecoderContext, p: string, i: number, h2: string): string {
+  const { b, d, trainable, auxLosses } = c;
+  const h = d.hidden_size;
+  const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable);
+  const [probs, weights, experts] = b.op('router_topk', [logits], { k: d.moe_router_topk });
+  const aux = b.op1('moe_aux_loss', [probs, experts, c.inputs.segments], {
+    coeff: d.moe_aux_loss_coeff / c.numMicrobatches,
+  });
+  // a running sum, added in the layer itself: one scalar crosses each pipeline boundary
+  auxLosses.push(auxLosses.length ? b.op1('add', [auxLosses[auxLosses.length - 1], aux]) : aux);
+  const permute = permuteAttrs(b, d, c.maxTokens, i);
+  // drop policy probs ranks an expert's assignments by their routing weights
+  const [rows, counts, rowOf] = b.op(
+    'moe_permute',
+    permute.drop_policy === 'probs' ? [h2, experts, weights] : [h2, experts],
+    permute,
+  );
+  const f = d.moe_ffn_hidden_size;
+  const expertW = (name: string, out: number, inp: number) =>
+    Array.from({ length: d.num_experts }, (_, e) =>
+      b.param(`${p}.mlp.experts.${e}.${name}.weight`, [out, inp], {
+        init: INIT_WEIGHT,
+        trainable,
+      }),
+    );
+  const gw = expertW('gate_proj', f, h);
+  const uw = expertW('up_proj', f, h);
+  const dw = expertW('down_proj', h, f);
+  const y = b.in('experts', () => {
+    const g = b.op1('grouped_linear', [rows, counts, ...gw]);
+    const u = b.op1('grouped_linear', [rows, counts, ...uw]);
+    return b.op1('grouped_linear', [b.op1('swiglu', [g, u]), counts, ...dw]);
+  });
+  return b.op1('moe_unpermute', [y, rowOf, weights]);
+}
+
+/** The outputs: the loss (cross-entropy plus the auxiliary loss), the caption metric if asked */
+function decoderLoss(c: DecoderContext, logits: string, captionMetric: boolean): void {
+  const { b, auxLosses } = c;
+  const { labels, mask, lossTokens } = c.inputs;
   const ce = b.in('loss', () => b.op1('cross_entropy', [logits, labels, mask, lossTokens]));
   if (!auxLosses.length) {
     b.output('loss', ce);
@@ -432,7 +484,12 @@ function buildDecoder(
   }
   if (captionMetric) {
     // a metric, not part of the loss: cross-entropy over caption positions only
-    const captionMask = b.input('caption_mask', 'u8', [S], '1 where the label is a caption token');
+    const captionMask = b.input(
+      'caption_mask',
+      'u8',
+      [c.S],
+      '1 where the label is a caption token',
+    );
     const captionTokens = b.input(
       'caption_tokens',
       'f32',

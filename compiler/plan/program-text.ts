@@ -378,12 +378,256 @@ const isShard = (v: unknown): boolean =>
   v.every((d) => Array.isArray(d) && d.length === 2 && d.every((x) => typeof x === 'number'));
 const isObject = (v: unknown): boolean => typeof v === 'object' && v !== null && !Array.isArray(v);
 
-/**
- * The program of an unfiltered print. Throws a UserError naming the line (and `source`, a file
- * name, when given) for a text it cannot read.
- */
-export function parseProgram(text: string, source?: string): ProgramFile {
-  const where = source ? `${source}: ` : '';
+/** The state of one parse: the program's parts as the sections give them. */
+class ProgramParser {
+  id = '';
+  format = '';
+  version = 0;
+  readonly regions: Record<string, number> = {};
+  arenaLowerBoundBytes = 0;
+  events = 0;
+  nBuffers = 0;
+  readonly buffers: PlanBuffer[] = [];
+  readonly params: ProgramParam[] = [];
+  readonly inputs: ProgramInput[] = [];
+  readonly scalars: Record<string, number> = {};
+  readonly outputs: { name: string; buffer: number; microbatch: number }[] = [];
+  readonly instructions: PlanInstruction[] = [];
+  shards: OptimizerShard[] | undefined;
+
+  constructor(readonly where: string) {}
+
+  /** one indented line of a section (index: its place in the section) */
+  entry(top: string, t: Tokens, index: number, sub: Line[]): void {
+    if (top === 'buffers') this.buffer(t, index);
+    else if (top === 'params') this.param(t);
+    else if (top === 'inputs') this.input(t);
+    else if (top === 'scalars') this.scalar(t);
+    else if (top === 'outputs') this.output(t);
+    else if (top === 'optimizer-shards') this.shard(t, index, sub);
+    else this.instruction(t, index);
+  }
+
+  buffer(t: Tokens, index: number): void {
+    const bid = t.buffer('buffer', this.nBuffers);
+    if (bid !== index) t.fail(`buffer %${bid} out of order: expected %${index}`);
+    t.what = `buffer %${bid}`;
+    const region = t.oneOf('region', BUFFER_REGIONS);
+    const type = t.next('dtype[shape]');
+    const m = /^([a-z0-9]+)\[(.*)\]$/.exec(type);
+    if (!m) t.fail(`bad type '${type}' (expected dtype[dims])`);
+    if (!isDType(m[1])) t.fail(`unknown dtype '${m[1]}'`);
+    let shape: string[];
+    if (m[2].startsWith('"')) {
+      const v = parseJSON(`[${m[2]}]`, () => t.fail(`bad shape in '${type}'`));
+      if (!Array.isArray(v) || !v.every((d) => typeof d === 'string'))
+        t.fail(`bad shape in '${type}'`);
+      shape = v as string[];
+    } else {
+      shape = m[2] === '' ? [] : m[2].split(',');
+      for (const d of shape) if (!DIM.test(d)) t.fail(`bad dim '${d}' in '${type}'`);
+    }
+    const offset = t.number('offset', '@');
+    const bytes = t.number('bytes', '+');
+    t.keyword('mb');
+    const microbatch = t.int('microbatch');
+    const name = t.name('name');
+    const viewOf = t.accept('view') ? t.buffer('view', this.nBuffers) : undefined;
+    const space = t.accept('space') ? t.oneOf('space', ['device', 'host'] as const) : 'device';
+    t.end();
+    this.buffers.push({
+      id: bid,
+      name,
+      region,
+      space,
+      dtype: m[1],
+      shape,
+      offset,
+      bytes,
+      ...(viewOf !== undefined ? { viewOf } : {}),
+      microbatch,
+    });
+  }
+
+  param(t: Tokens): void {
+    const name = t.name('parameter name');
+    t.what = `parameter ${name}`;
+    const buffer = t.buffer('buffer', this.nBuffers);
+    const grad = t.accept('grad') ? t.buffer('grad', this.nBuffers) : undefined;
+    const expAvg = t.accept('exp_avg') ? t.buffer('exp_avg', this.nBuffers) : undefined;
+    const expAvgSq = t.accept('exp_avg_sq') ? t.buffer('exp_avg_sq', this.nBuffers) : undefined;
+    t.keyword('shard');
+    const shard = t.json('shard', isShard) as ProgramParam['shard'];
+    const dist = t.accept('dist')
+      ? (t.json('dist', isObject) as NonNullable<ProgramParam['dist']>)
+      : undefined;
+    t.end();
+    this.params.push({
+      name,
+      buffer,
+      ...(grad !== undefined ? { grad } : {}),
+      ...(expAvg !== undefined ? { expAvg } : {}),
+      ...(expAvgSq !== undefined ? { expAvgSq } : {}),
+      shard,
+      ...(dist !== undefined ? { dist } : {}),
+    });
+  }
+
+  input(t: Tokens): void {
+    const name = t.name('input name');
+    t.what = `input ${name}`;
+    const buffer = t.buffer('buffer', this.nBuffers);
+    t.keyword('mb');
+    const microbatch = t.int('microbatch');
+    t.end();
+    this.inputs.push({ name, buffer, microbatch });
+  }
+
+  scalar(t: Tokens): void {
+    const name = t.name('scalar name');
+    t.what = `scalar ${name}`;
+    if (Object.hasOwn(this.scalars, name)) t.fail('named twice');
+    this.scalars[name] = t.buffer('buffer', this.nBuffers);
+    t.end();
+  }
+
+  output(t: Tokens): void {
+    const name = t.name('output name');
+    t.what = `output ${name}`;
+    const buffer = t.buffer('buffer', this.nBuffers);
+    t.keyword('mb');
+    const microbatch = t.int('microbatch');
+    t.end();
+    this.outputs.push({ name, buffer, microbatch });
+  }
+
+  shard(t: Tokens, index: number, sub: Line[]): void {
+    t.what = `optimizer shard ${index}`;
+    const group = t.name('group');
+    t.keyword('parts');
+    const parts = t.int('parts', 0);
+    t.keyword('elements');
+    const elements = t.int('elements', 0);
+    t.keyword('exp_avg');
+    const expAvg = t.buffer('exp_avg', this.nBuffers);
+    t.keyword('exp_avg_sq');
+    const expAvgSq = t.buffer('exp_avg_sq', this.nBuffers);
+    t.keyword('params');
+    const count = t.int('params', 0);
+    t.end();
+    if (sub.length !== count) t.fail(`declares ${count} parameters, has ${sub.length}`);
+    const list = sub.map((line) => {
+      const q = new Tokens(line, this.where, `parameter of optimizer shard ${index}`);
+      const name = q.name('parameter name');
+      q.keyword('offset');
+      const offset = q.int('offset');
+      q.keyword('elements');
+      const n = q.int('elements', 0);
+      q.end();
+      return { name, offset, elements: n };
+    });
+    this.shards!.push({ group, parts, elements, expAvg, expAvgSq, params: list });
+  }
+
+  instruction(t: Tokens, index: number): void {
+    const head = t.next('#<index>');
+    if (head !== `#${index}`)
+      t.fail(
+        /^#\d+$/.test(head)
+          ? `instruction ${head} out of order: expected #${index}`
+          : `expected '#${index}', found '${head}'`,
+      );
+    t.what = `instruction ${head}`;
+    const stream: StreamName = t.oneOf('stream', STREAMS);
+    const phase = t.oneOf('phase', PHASES);
+    t.keyword('mb');
+    const microbatch = t.int('microbatch');
+    const op = t.next('op');
+    if (!isOpKind(op)) t.fail(`unknown op '${op}'${didYouMean(op, OP_KINDS)}`);
+    const ins: number[] = [];
+    while (!t.accept('->')) ins.push(t.buffer('input', this.nBuffers));
+    const outs: number[] = [];
+    while (t.peek()?.startsWith('%')) outs.push(t.buffer('output', this.nBuffers));
+    const attrs = t.peek()?.startsWith('{')
+      ? (t.json('attrs', isObject) as PlanInstruction['attrs'])
+      : {};
+    const wait: number[] = [];
+    if (t.accept('wait')) while (t.peek()?.startsWith('e')) wait.push(t.event(this.events));
+    const record: number[] = [];
+    if (t.accept('record')) while (t.peek()?.startsWith('e')) record.push(t.event(this.events));
+    t.keyword('@');
+    const scope = t.name('scope');
+    t.end();
+    // push()'s key order (compiler/emit/draft.ts: scheduled)
+    this.instructions.push({
+      stream,
+      op,
+      inputs: ins,
+      outputs: outs,
+      attrs,
+      wait,
+      record,
+      microbatch,
+      phase,
+      scope,
+    });
+  }
+
+  /** a one-line section (program, regions, arena-lower-bound, events); false for the others */
+  header(top: string, t0: Tokens): boolean {
+    switch (top) {
+      case 'program': {
+        this.id = t0.name('program id');
+        t0.keyword('format');
+        this.format = t0.name('format');
+        if (this.format !== PROGRAM_FORMAT) t0.fail(`not an lfc program: format '${this.format}'`);
+        t0.keyword('version');
+        this.version = t0.int('version');
+        if (t0.peek() === 'filtered')
+          t0.fail('a filtered print (instructions left out) cannot be parsed');
+        t0.end();
+        return true;
+      }
+      case 'regions':
+        while (t0.peek() !== undefined) {
+          const r = t0.oneOf('region', BUFFER_REGIONS);
+          if (Object.hasOwn(this.regions, r)) t0.fail(`region ${r} named twice`);
+          this.regions[r] = t0.number(`bytes of region ${r}`);
+        }
+        return true;
+      case 'arena-lower-bound':
+        this.arenaLowerBoundBytes = t0.number('bytes');
+        t0.end();
+        return true;
+      case 'events':
+        this.events = t0.int('events', 0);
+        t0.end();
+        return true;
+    }
+    return false;
+  }
+
+  result(): ProgramFile {
+    return {
+      format: this.format as typeof PROGRAM_FORMAT,
+      version: this.version,
+      id: this.id,
+      regions: this.regions as Record<BufferRegion, number>,
+      arenaLowerBoundBytes: this.arenaLowerBoundBytes,
+      buffers: this.buffers,
+      params: this.params,
+      inputs: this.inputs,
+      scalars: this.scalars,
+      outputs: this.outputs,
+      events: this.events,
+      instructions: this.instructions,
+      ...(this.shards !== undefined ? { optimizerShards: this.shards } : {}),
+    };
+  }
+}
+
+/** The text's non-blank lines with their indentation (0, 2 or 4 spaces). */
+function linesOf(text: string, where: string): Line[] {
   const lines: Line[] = [];
   text.split('\n').forEach((raw, k) => {
     const s = raw.endsWith('\r') ? raw.slice(0, -1) : raw;
@@ -397,184 +641,17 @@ export function parseProgram(text: string, source?: string): ProgramFile {
     lines.push({ n: k + 1, indent, body });
   });
   if (!lines.length) throw new UserError(`${where}empty text: no program`);
+  return lines;
+}
 
-  let id = '';
-  let format = '';
-  let version = 0;
-  const regions: Record<string, number> = {};
-  let arenaLowerBoundBytes = 0;
-  let events = 0;
-  let nBuffers = 0;
-  const buffers: PlanBuffer[] = [];
-  const params: ProgramParam[] = [];
-  const inputs: ProgramInput[] = [];
-  const scalars: Record<string, number> = {};
-  const outputs: { name: string; buffer: number; microbatch: number }[] = [];
-  const instructions: PlanInstruction[] = [];
-  let shards: OptimizerShard[] | undefined;
-
-  /** entry parsers of the sections: one indented line each (index: its place in the section) */
-  const entry: Record<string, (t: Tokens, index: number, sub: Line[]) => void> = {
-    buffers: (t: Tokens, index: number) => {
-      const bid = t.buffer('buffer', nBuffers);
-      if (bid !== index) t.fail(`buffer %${bid} out of order: expected %${index}`);
-      t.what = `buffer %${bid}`;
-      const region = t.oneOf('region', BUFFER_REGIONS);
-      const type = t.next('dtype[shape]');
-      const m = /^([a-z0-9]+)\[(.*)\]$/.exec(type);
-      if (!m) t.fail(`bad type '${type}' (expected dtype[dims])`);
-      if (!isDType(m[1])) t.fail(`unknown dtype '${m[1]}'`);
-      let shape: string[];
-      if (m[2].startsWith('"')) {
-        const v = parseJSON(`[${m[2]}]`, () => t.fail(`bad shape in '${type}'`));
-        if (!Array.isArray(v) || !v.every((d) => typeof d === 'string'))
-          t.fail(`bad shape in '${type}'`);
-        shape = v as string[];
-      } else {
-        shape = m[2] === '' ? [] : m[2].split(',');
-        for (const d of shape) if (!DIM.test(d)) t.fail(`bad dim '${d}' in '${type}'`);
-      }
-      const offset = t.number('offset', '@');
-      const bytes = t.number('bytes', '+');
-      t.keyword('mb');
-      const microbatch = t.int('microbatch');
-      const name = t.name('name');
-      const viewOf = t.accept('view') ? t.buffer('view', nBuffers) : undefined;
-      const space = t.accept('space') ? t.oneOf('space', ['device', 'host'] as const) : 'device';
-      t.end();
-      buffers.push({
-        id: bid,
-        name,
-        region,
-        space,
-        dtype: m[1],
-        shape,
-        offset,
-        bytes,
-        ...(viewOf !== undefined ? { viewOf } : {}),
-        microbatch,
-      });
-    },
-    params: (t) => {
-      const name = t.name('parameter name');
-      t.what = `parameter ${name}`;
-      const buffer = t.buffer('buffer', nBuffers);
-      const grad = t.accept('grad') ? t.buffer('grad', nBuffers) : undefined;
-      const expAvg = t.accept('exp_avg') ? t.buffer('exp_avg', nBuffers) : undefined;
-      const expAvgSq = t.accept('exp_avg_sq') ? t.buffer('exp_avg_sq', nBuffers) : undefined;
-      t.keyword('shard');
-      const shard = t.json('shard', isShard) as ProgramParam['shard'];
-      const dist = t.accept('dist')
-        ? (t.json('dist', isObject) as NonNullable<ProgramParam['dist']>)
-        : undefined;
-      t.end();
-      params.push({
-        name,
-        buffer,
-        ...(grad !== undefined ? { grad } : {}),
-        ...(expAvg !== undefined ? { expAvg } : {}),
-        ...(expAvgSq !== undefined ? { expAvgSq } : {}),
-        shard,
-        ...(dist !== undefined ? { dist } : {}),
-      });
-    },
-    inputs: (t) => {
-      const name = t.name('input name');
-      t.what = `input ${name}`;
-      const buffer = t.buffer('buffer', nBuffers);
-      t.keyword('mb');
-      const microbatch = t.int('microbatch');
-      t.end();
-      inputs.push({ name, buffer, microbatch });
-    },
-    scalars: (t) => {
-      const name = t.name('scalar name');
-      t.what = `scalar ${name}`;
-      if (Object.hasOwn(scalars, name)) t.fail('named twice');
-      scalars[name] = t.buffer('buffer', nBuffers);
-      t.end();
-    },
-    outputs: (t) => {
-      const name = t.name('output name');
-      t.what = `output ${name}`;
-      const buffer = t.buffer('buffer', nBuffers);
-      t.keyword('mb');
-      const microbatch = t.int('microbatch');
-      t.end();
-      outputs.push({ name, buffer, microbatch });
-    },
-    'optimizer-shards': (t, index, sub) => {
-      t.what = `optimizer shard ${index}`;
-      const group = t.name('group');
-      t.keyword('parts');
-      const parts = t.int('parts', 0);
-      t.keyword('elements');
-      const elements = t.int('elements', 0);
-      t.keyword('exp_avg');
-      const expAvg = t.buffer('exp_avg', nBuffers);
-      t.keyword('exp_avg_sq');
-      const expAvgSq = t.buffer('exp_avg_sq', nBuffers);
-      t.keyword('params');
-      const count = t.int('params', 0);
-      t.end();
-      if (sub.length !== count) t.fail(`declares ${count} parameters, has ${sub.length}`);
-      const list = sub.map((line) => {
-        const q = new Tokens(line, where, `parameter of optimizer shard ${index}`);
-        const name = q.name('parameter name');
-        q.keyword('offset');
-        const offset = q.int('offset');
-        q.keyword('elements');
-        const n = q.int('elements', 0);
-        q.end();
-        return { name, offset, elements: n };
-      });
-      shards!.push({ group, parts, elements, expAvg, expAvgSq, params: list });
-    },
-    instructions: (t, index) => {
-      const head = t.next('#<index>');
-      if (head !== `#${index}`)
-        t.fail(
-          /^#\d+$/.test(head)
-            ? `instruction ${head} out of order: expected #${index}`
-            : `expected '#${index}', found '${head}'`,
-        );
-      t.what = `instruction ${head}`;
-      const stream: StreamName = t.oneOf('stream', STREAMS);
-      const phase = t.oneOf('phase', PHASES);
-      t.keyword('mb');
-      const microbatch = t.int('microbatch');
-      const op = t.next('op');
-      if (!isOpKind(op)) t.fail(`unknown op '${op}'${didYouMean(op, OP_KINDS)}`);
-      const ins: number[] = [];
-      while (!t.accept('->')) ins.push(t.buffer('input', nBuffers));
-      const outs: number[] = [];
-      while (t.peek()?.startsWith('%')) outs.push(t.buffer('output', nBuffers));
-      const attrs = t.peek()?.startsWith('{')
-        ? (t.json('attrs', isObject) as PlanInstruction['attrs'])
-        : {};
-      const wait: number[] = [];
-      if (t.accept('wait')) while (t.peek()?.startsWith('e')) wait.push(t.event(events));
-      const record: number[] = [];
-      if (t.accept('record')) while (t.peek()?.startsWith('e')) record.push(t.event(events));
-      t.keyword('@');
-      const scope = t.name('scope');
-      t.end();
-      // the order of compiler/plan/emit.ts's push
-      instructions.push({
-        stream,
-        op,
-        inputs: ins,
-        outputs: outs,
-        attrs,
-        wait,
-        record,
-        microbatch,
-        phase,
-        scope,
-      });
-    },
-  };
-
+/**
+ * The program of an unfiltered print. Throws a UserError naming the line (and `source`, a file
+ * name, when given) for a text it cannot read.
+ */
+export function parseProgram(text: string, source?: string): ProgramFile {
+  const where = source ? `${source}: ` : '';
+  const lines = linesOf(text, where);
+  const p = new ProgramParser(where);
   let k = 0;
   let place = -1; // index in TOP of the last top-level line read
   while (k < lines.length) {
@@ -602,40 +679,12 @@ export function parseProgram(text: string, source?: string): ProgramFile {
     if (!SECTIONS.has(top)) {
       if (body.length) new Tokens(body[0], where, top).fail('an indented line outside a section');
     }
-    switch (top) {
-      case 'program': {
-        id = t0.name('program id');
-        t0.keyword('format');
-        format = t0.name('format');
-        if (format !== PROGRAM_FORMAT) t0.fail(`not an lfc program: format '${format}'`);
-        t0.keyword('version');
-        version = t0.int('version');
-        if (t0.peek() === 'filtered')
-          t0.fail('a filtered print (instructions left out) cannot be parsed');
-        t0.end();
-        continue;
-      }
-      case 'regions':
-        while (t0.peek() !== undefined) {
-          const r = t0.oneOf('region', BUFFER_REGIONS);
-          if (Object.hasOwn(regions, r)) t0.fail(`region ${r} named twice`);
-          regions[r] = t0.number(`bytes of region ${r}`);
-        }
-        continue;
-      case 'arena-lower-bound':
-        arenaLowerBoundBytes = t0.number('bytes');
-        t0.end();
-        continue;
-      case 'events':
-        events = t0.int('events', 0);
-        t0.end();
-        continue;
-    }
+    if (p.header(top, t0)) continue;
     const count = t0.int('count', 0);
     if (t0.peek() === 'of') t0.fail('a filtered print (entries left out) cannot be parsed');
     t0.end();
-    if (top === 'buffers') nBuffers = count;
-    if (top === 'optimizer-shards') shards = [];
+    if (top === 'buffers') p.nBuffers = count;
+    if (top === 'optimizer-shards') p.shards = [];
     // entries at indentation 2; an optimizer shard's parameters below it at 4
     const items: { line: Line; sub: Line[] }[] = [];
     for (const l of body) {
@@ -648,26 +697,12 @@ export function parseProgram(text: string, source?: string): ProgramFile {
         `declares ${count} entries, has ${items.length}` +
           (k >= lines.length ? ' (the text ends)' : ''),
       );
-    items.forEach((it, index) => entry[top](new Tokens(it.line, where, top), index, it.sub));
+    items.forEach((it, index) => p.entry(top, new Tokens(it.line, where, top), index, it.sub));
   }
   const missing = TOP.slice(place + 1).filter((x) => !OPTIONAL.has(x));
   if (missing.length)
     throw new UserError(
       `${where}line ${lines[lines.length - 1].n}: the text ends before '${missing[0]}'`,
     );
-  return {
-    format: format as typeof PROGRAM_FORMAT,
-    version,
-    id,
-    regions: regions as Record<BufferRegion, number>,
-    arenaLowerBoundBytes,
-    buffers,
-    params,
-    inputs,
-    scalars,
-    outputs,
-    events,
-    instructions,
-    ...(shards !== undefined ? { optimizerShards: shards } : {}),
-  };
+  return p.result();
 }

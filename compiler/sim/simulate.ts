@@ -101,229 +101,326 @@ function defaultCosts(
 }
 
 function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile): Simulation {
-  const { world, programs, programOf, comms, pairs } = ix;
-  // instruction times of each program's first rank; other ranks' only as far as the step needs
-  const kept = programs.map((p) => ({
-    rank: p.ranks[0],
-    start: new Float64Array(p.n),
-    end: new Float64Array(p.n),
-  }));
-  const keptOf = new Int32Array(world).fill(-1);
-  kept.forEach((k, j) => (keptOf[k.rank] = j));
-  const NOWHERE = new Float64Array(0); // writes past its end are dropped
-  const start = Array.from({ length: world }, (_, r) =>
-    keptOf[r] >= 0 ? kept[keptOf[r]].start : NOWHERE,
-  );
-  const end = Array.from({ length: world }, (_, r) =>
-    keptOf[r] >= 0 ? kept[keptOf[r]].end : NOWHERE,
-  );
-  let stepEnd = 0;
-  const eventBase = new Int32Array(world + 1);
-  for (let r = 0; r < world; r++) eventBase[r + 1] = eventBase[r] + programs[programOf[r]].events;
-  const recordedAt = new Float64Array(eventBase[world]).fill(NaN);
-  const pc = new Int32Array(world * S);
-  const free = new Float64Array(world * S); // when the stream is next free
-  const arrived = new Uint8Array(world * S);
-  const blockedOn = new Int32Array(world * S).fill(-1);
-  const arrivals = comms.map((c) => {
-    let len = 0;
-    for (const m of c.ranks) len = Math.max(len, ix.seqOn(m, c.id)?.instrs.length ?? 0);
-    return { count: new Int32Array(len), latest: new Float64Array(len) };
-  });
-  const pairState = new Uint8Array(pairs.count);
-  const pairLatest = new Float64Array(pairs.count);
+  const replay = new StepReplay(ix, costs);
+  replay.runAll();
+  replay.assertFinished();
+  return {
+    hardware: hw,
+    stepSeconds: replay.stepEnd,
+    ranks: replay.keptRanks(),
+  };
+}
+
+/**
+ * One replay of a step: the clock state of every rank's streams, events, collectives and
+ * send/recv pairs, moved on by a worklist of (rank × stream) that may advance.
+ */
+class StepReplay {
+  private readonly programs: readonly ProgramIndex[];
+  private readonly programOf: Int32Array;
+  private readonly comms: PlanIndex['comms'];
+  private readonly pairs: PlanIndex['pairs'];
+  /** instruction times of each program's first rank; other ranks' only as far as the step needs */
+  private readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
+  /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
+   * its end are dropped) */
+  private readonly start: Float64Array[];
+  private readonly end: Float64Array[];
+  /** the latest instruction end so far */
+  stepEnd = 0;
+  /** [rank] its first event's index in recordedAt */
+  private readonly eventBase: Int32Array;
+  /** [rank's event] when it was recorded, NaN before */
+  private readonly recordedAt: Float64Array;
+  /** [rank × stream] list position of the next instruction */
+  private readonly pc: Int32Array;
+  /** [rank × stream] when the stream is next free */
+  private readonly free: Float64Array;
+  /** [rank × stream] 1 while it waits in a collective, a send/recv or a batch */
+  private readonly arrived: Uint8Array;
+  /** [rank × stream] the event it is blocked on, -1 when none */
+  private readonly blockedOn: Int32Array;
+  /** [communicator] per collective of its sequence: members arrived and their latest start */
+  private readonly arrivals: readonly { count: Int32Array; latest: Float64Array }[];
+  /** [pair] bit 1: send posted, bit 2: recv posted; and the later post */
+  private readonly pairState: Uint8Array;
+  private readonly pairLatest: Float64Array;
   /** [rank × stream] the batch being posted: list positions [batchAt, batchEnd), the next to
    * post, transfers not yet done, the latest transfer end so far */
-  const batchEnd = new Int32Array(world * S);
-  const batchNext = new Int32Array(world * S);
-  const batchOpen = new Int32Array(world * S);
-  const batchDone = new Float64Array(world * S);
-  // [program] each instruction's batch (format.ts batchSpans: its members are consecutive on
-  // their stream), and whether it has one
-  const spans = programs.map((p) => batchSpans(p.file.instructions));
-  const batched = programs.map((p) =>
-    Uint8Array.from(p.file.instructions, (x) => +(x.attrs.batch !== undefined)),
-  );
+  private readonly batchEnd: Int32Array;
+  private readonly batchNext: Int32Array;
+  private readonly batchOpen: Int32Array;
+  private readonly batchDone: Float64Array;
+  /** [program] each instruction's batch (format.ts batchSpans: its members are consecutive on
+   * their stream), and whether it has one */
+  private readonly spans: readonly ReturnType<typeof batchSpans>[];
+  private readonly batched: readonly Uint8Array[];
+  private readonly work: Worklist;
 
-  const size = world * S;
-  const work = new Worklist(size);
-  const push = (rs: number) => work.push(rs);
-  const record = (r: number, i: number, at: number) => {
-    const p = programs[programOf[r]];
+  constructor(
+    private readonly ix: PlanIndex,
+    private readonly costs: readonly Float64Array[],
+  ) {
+    const { world, programs, programOf, comms, pairs } = ix;
+    this.programs = programs;
+    this.programOf = programOf;
+    this.comms = comms;
+    this.pairs = pairs;
+    const kept = programs.map((p) => ({
+      rank: p.ranks[0],
+      start: new Float64Array(p.n),
+      end: new Float64Array(p.n),
+    }));
+    this.kept = kept;
+    const keptOf = new Int32Array(world).fill(-1);
+    kept.forEach((k, j) => (keptOf[k.rank] = j));
+    const NOWHERE = new Float64Array(0);
+    this.start = Array.from({ length: world }, (_, r) =>
+      keptOf[r] >= 0 ? kept[keptOf[r]].start : NOWHERE,
+    );
+    this.end = Array.from({ length: world }, (_, r) =>
+      keptOf[r] >= 0 ? kept[keptOf[r]].end : NOWHERE,
+    );
+    const eventBase = new Int32Array(world + 1);
+    for (let r = 0; r < world; r++) eventBase[r + 1] = eventBase[r] + programs[programOf[r]].events;
+    this.eventBase = eventBase;
+    this.recordedAt = new Float64Array(eventBase[world]).fill(NaN);
+    this.pc = new Int32Array(world * S);
+    this.free = new Float64Array(world * S);
+    this.arrived = new Uint8Array(world * S);
+    this.blockedOn = new Int32Array(world * S).fill(-1);
+    this.arrivals = comms.map((c) => {
+      let len = 0;
+      for (const m of c.ranks) len = Math.max(len, ix.seqOn(m, c.id)?.instrs.length ?? 0);
+      return { count: new Int32Array(len), latest: new Float64Array(len) };
+    });
+    this.pairState = new Uint8Array(pairs.count);
+    this.pairLatest = new Float64Array(pairs.count);
+    this.batchEnd = new Int32Array(world * S);
+    this.batchNext = new Int32Array(world * S);
+    this.batchOpen = new Int32Array(world * S);
+    this.batchDone = new Float64Array(world * S);
+    this.spans = programs.map((p) => batchSpans(p.file.instructions));
+    this.batched = programs.map((p) =>
+      Uint8Array.from(p.file.instructions, (x) => +(x.attrs.batch !== undefined)),
+    );
+    this.work = new Worklist(world * S);
+  }
+
+  /** every stream moved until none can */
+  runAll(): void {
+    const size = this.ix.world * S;
+    for (let rs = 0; rs < size; rs++) this.work.push(rs);
+    this.work.drain((rs) => this.advance(rs));
+  }
+
+  /** a stream that stopped short is a plan the verifier would refuse (a hand-edited one) */
+  assertFinished(): void {
+    const { programs, programOf, pc } = this;
+    const size = this.ix.world * S;
+    for (let rs = 0; rs < size; rs++) {
+      const r = (rs / S) | 0;
+      const list = programs[programOf[r]].streams[rs - r * S];
+      if (pc[rs] < list.length)
+        // the user's file, not lfc
+        throw new UserError(
+          `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} of ${programs[programOf[r]].id}: the plan deadlocks (was it edited? recompile it)`,
+        );
+    }
+  }
+
+  /** the times of the first rank of each distinct program, and how its step divides */
+  keptRanks(): RankTimes[] {
+    const { programs, programOf, start, end } = this;
+    return this.kept.map(({ rank: r }) => {
+      const p = programs[programOf[r]];
+      let finishAt = 0;
+      for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[r][i]);
+      return {
+        rank: r,
+        program: p.id,
+        start: start[r],
+        end: end[r],
+        finish: finishAt,
+        ...divide(p, start[r], end[r], this.costs[programOf[r]]),
+      };
+    });
+  }
+
+  /** instruction i of rank r records its events at `at`, waking the streams blocked on them */
+  private record(r: number, i: number, at: number): void {
+    const { recordedAt, blockedOn, work } = this;
+    const p = this.programs[this.programOf[r]];
     for (let k = p.recordStart[i]; k < p.recordStart[i + 1]; k++) {
       const e = p.recordEvents[k];
-      recordedAt[eventBase[r] + e] = at;
+      recordedAt[this.eventBase[r] + e] = at;
       for (let t = r * S; t < r * S + S; t++)
         if (blockedOn[t] === e) {
           blockedOn[t] = -1;
-          push(t);
+          work.push(t);
         }
     }
-  };
+  }
+
   /** instruction i of rank r ends at `at`; its stream moves on to list position `next` */
-  const finish = (r: number, i: number, at: number, next: number) => {
-    const rs = r * S + programs[programOf[r]].stream[i];
-    end[r][i] = at;
-    if (at > stepEnd) stepEnd = at;
-    record(r, i, at);
-    free[rs] = at;
-    pc[rs] = next;
-    arrived[rs] = 0;
-    push(rs);
-  };
+  private finish(r: number, i: number, at: number, next: number): void {
+    const rs = r * S + this.programs[this.programOf[r]].stream[i];
+    this.end[r][i] = at;
+    if (at > this.stepEnd) this.stepEnd = at;
+    this.record(r, i, at);
+    this.free[rs] = at;
+    this.pc[rs] = next;
+    this.arrived[rs] = 0;
+    this.work.push(rs);
+  }
+
   /** the last member of a batch ends once it is posted and every transfer of the batch is done */
-  const finishBatch = (rs: number) => {
-    if (batchNext[rs] < batchEnd[rs] || batchOpen[rs] > 0) return;
+  private finishBatch(rs: number): void {
+    if (this.batchNext[rs] < this.batchEnd[rs] || this.batchOpen[rs] > 0) return;
     const r = (rs / S) | 0;
-    const list = programs[programOf[r]].streams[rs - r * S];
-    const last = list[batchEnd[rs] - 1];
-    finish(r, last, Math.max(batchDone[rs], free[rs]), batchEnd[rs]);
-  };
+    const list = this.programs[this.programOf[r]].streams[rs - r * S];
+    const last = list[this.batchEnd[rs] - 1];
+    this.finish(r, last, Math.max(this.batchDone[rs], this.free[rs]), this.batchEnd[rs]);
+  }
+
   /** a transfer is done: an unbatched side ends; a batched side counts toward its batch */
-  const transferDone = (r: number, i: number, at: number) => {
-    const p = programs[programOf[r]];
+  private transferDone(r: number, i: number, at: number): void {
+    const p = this.programs[this.programOf[r]];
     const rs = r * S + p.stream[i];
-    if (!batched[programOf[r]][i]) {
-      finish(r, i, at, pc[rs] + 1);
+    if (!this.batched[this.programOf[r]][i]) {
+      this.finish(r, i, at, this.pc[rs] + 1);
       return;
     }
-    batchDone[rs] = Math.max(batchDone[rs], at);
-    batchOpen[rs]--;
-    finishBatch(rs);
-  };
-  const post = (r: number, i: number, at: number) => {
-    const p = programs[programOf[r]];
-    start[r][i] = at;
+    this.batchDone[rs] = Math.max(this.batchDone[rs], at);
+    this.batchOpen[rs]--;
+    this.finishBatch(rs);
+  }
+
+  /** send or recv i of rank r is posted at `at`; once both sides are, the transfer runs */
+  private post(r: number, i: number, at: number): void {
+    const { pairs, pairLatest } = this;
+    const p = this.programs[this.programOf[r]];
+    this.start[r][i] = at;
     const q = pairs.pairOf[r][p.slot[i]];
     pairLatest[q] = Math.max(pairLatest[q], at);
-    if ((pairState[q] |= p.kind[i] === SEND ? 1 : 2) !== 3) return;
+    if ((this.pairState[q] |= p.kind[i] === SEND ? 1 : 2) !== 3) return;
     const [src, dst] = [pairs.src[q], pairs.dst[q]];
     const cost = Math.max(
-      costs[programOf[src]][pairs.sendInstr[q]],
-      costs[programOf[dst]][pairs.recvInstr[q]],
+      this.costs[this.programOf[src]][pairs.sendInstr[q]],
+      this.costs[this.programOf[dst]][pairs.recvInstr[q]],
     );
     const done = pairLatest[q] + cost;
-    transferDone(pairs.src[q], pairs.sendInstr[q], done);
-    transferDone(pairs.dst[q], pairs.recvInstr[q], done);
-  };
+    this.transferDone(pairs.src[q], pairs.sendInstr[q], done);
+    this.transferDone(pairs.dst[q], pairs.recvInstr[q], done);
+  }
+
   /** the time instruction i may start on its stream (free from `t`), NaN while an event it waits
    * for is not recorded (the stream is then blocked on it) */
-  const ready = (rs: number, r: number, i: number, t: number): number => {
-    const p = programs[programOf[r]];
+  private ready(rs: number, r: number, i: number, t: number): number {
+    const { recordedAt } = this;
+    const p = this.programs[this.programOf[r]];
+    const base = this.eventBase[r];
     for (let k = p.waitStart[i]; k < p.waitStart[i + 1]; k++) {
-      const when = recordedAt[eventBase[r] + p.waitEvents[k]];
+      const when = recordedAt[base + p.waitEvents[k]];
       if (Number.isNaN(when)) {
-        blockedOn[rs] = p.waitEvents[k];
+        this.blockedOn[rs] = p.waitEvents[k];
         return NaN;
       }
       if (when > t) t = when;
     }
     return t;
-  };
+  }
+
   /** posts the batch's members from batchNext on, each once its events are recorded */
-  const postBatch = (rs: number, r: number) => {
-    const list = programs[programOf[r]].streams[rs - r * S];
+  private postBatch(rs: number, r: number): void {
+    const { batchNext, batchEnd, free } = this;
+    const list = this.programs[this.programOf[r]].streams[rs - r * S];
     while (batchNext[rs] < batchEnd[rs]) {
       const i = list[batchNext[rs]];
-      const t = ready(rs, r, i, free[rs]);
+      const t = this.ready(rs, r, i, free[rs]);
       if (Number.isNaN(t)) return;
       free[rs] = t;
       batchNext[rs]++;
       if (batchNext[rs] < batchEnd[rs]) {
         // not the last: it ends once posted (the runtime records its events then)
-        end[r][i] = t;
-        record(r, i, t);
+        this.end[r][i] = t;
+        this.record(r, i, t);
       }
-      post(r, i, t);
+      this.post(r, i, t);
     }
-    arrived[rs] = 1;
-    finishBatch(rs);
-  };
-  const advance = (rs: number) => {
-    if (arrived[rs]) return;
+    this.arrived[rs] = 1;
+    this.finishBatch(rs);
+  }
+
+  /** runs stream rs's local instructions until one must wait: for an event, its group, its peer */
+  private advance(rs: number): void {
+    if (this.arrived[rs]) return;
     const r = (rs / S) | 0;
-    if (batchNext[rs] < batchEnd[rs]) return postBatch(rs, r); // blocked in the middle of a batch
-    const p = programs[programOf[r]];
-    const cost = costs[programOf[r]];
+    // blocked in the middle of a batch
+    if (this.batchNext[rs] < this.batchEnd[rs]) return this.postBatch(rs, r);
+    const { pc, free } = this;
+    const start = this.start[r];
+    const end = this.end[r];
+    const p = this.programs[this.programOf[r]];
+    const cost = this.costs[this.programOf[r]];
     const list = p.streams[rs - r * S];
     for (let at = pc[rs]; at < list.length; at++) {
       const i = list[at];
-      const t = ready(rs, r, i, free[rs]);
+      const t = this.ready(rs, r, i, free[rs]);
       if (Number.isNaN(t)) {
         pc[rs] = at;
         return;
       }
       if (p.kind[i] === LOCAL) {
         const done = t + cost[i];
-        start[r][i] = t;
-        end[r][i] = free[rs] = done;
-        if (done > stepEnd) stepEnd = done;
-        record(r, i, done);
+        start[i] = t;
+        end[i] = free[rs] = done;
+        if (done > this.stepEnd) this.stepEnd = done;
+        this.record(r, i, done);
         continue;
       }
       pc[rs] = at;
-      arrived[rs] = 1;
-      if (p.kind[i] === GROUP) {
-        start[r][i] = t;
-        const j = p.collRef[p.slot[i]];
-        const c = ix.rankComm[r][j];
-        const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-        const a = arrivals[c];
-        a.latest[k] = Math.max(a.latest[k], t);
-        if (++a.count[k] === comms[c].ranks.length) {
-          const members = Array.from(comms[c].ranks, (m) => [m, ix.seqOn(m, c)!.instrs[k]]);
-          let longest = 0;
-          for (const [m, mi] of members) longest = Math.max(longest, costs[programOf[m]][mi]);
-          for (const [m, mi] of members)
-            finish(m, mi, a.latest[k] + longest, pc[m * S + programs[programOf[m]].stream[mi]] + 1);
-        }
-        return;
-      }
-      if (!batched[programOf[r]][i]) {
-        post(r, i, t);
-        return;
-      }
-      const last = at + spans[programOf[r]].last[i] - i + 1;
-      arrived[rs] = 0;
-      batchNext[rs] = at;
-      batchEnd[rs] = last;
-      batchOpen[rs] = last - at;
-      batchDone[rs] = 0;
-      return postBatch(rs, r);
+      this.arrived[rs] = 1;
+      if (p.kind[i] === GROUP) return this.arriveAtCollective(r, p, i, t);
+      if (!this.batched[this.programOf[r]][i]) return this.post(r, i, t);
+      return this.openBatch(rs, r, at, i);
     }
     pc[rs] = list.length;
-  };
-
-  for (let rs = 0; rs < size; rs++) push(rs);
-  work.drain(advance);
-  for (let rs = 0; rs < size; rs++) {
-    const r = (rs / S) | 0;
-    const list = programs[programOf[r]].streams[rs - r * S];
-    if (pc[rs] < list.length)
-      // a plan the verifier would refuse (a hand-edited one): the user's file, not lfc
-      throw new UserError(
-        `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} of ${programs[programOf[r]].id}: the plan deadlocks (was it edited? recompile it)`,
-      );
   }
 
-  const ranks = kept.map(({ rank: r }) => {
-    const p = programs[programOf[r]];
-    let finishAt = 0;
-    for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[r][i]);
-    return {
-      rank: r,
-      program: p.id,
-      start: start[r],
-      end: end[r],
-      finish: finishAt,
-      ...divide(p, start[r], end[r], costs[programOf[r]]),
-    };
-  });
-  return {
-    hardware: hw,
-    stepSeconds: stepEnd,
-    ranks,
-  };
+  /** collective i of rank r starts at t; the last member to arrive ends it on every member */
+  private arriveAtCollective(r: number, p: ProgramIndex, i: number, t: number): void {
+    const { ix, comms, costs, programs, programOf } = this;
+    this.start[r][i] = t;
+    const j = p.collRef[p.slot[i]];
+    const c = ix.rankComm[r][j];
+    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
+    const a = this.arrivals[c];
+    a.latest[k] = Math.max(a.latest[k], t);
+    if (++a.count[k] === comms[c].ranks.length) {
+      const members = Array.from(comms[c].ranks, (m) => [m, ix.seqOn(m, c)!.instrs[k]]);
+      let longest = 0;
+      for (const [m, mi] of members) longest = Math.max(longest, costs[programOf[m]][mi]);
+      for (const [m, mi] of members)
+        this.finish(
+          m,
+          mi,
+          a.latest[k] + longest,
+          this.pc[m * S + programs[programOf[m]].stream[mi]] + 1,
+        );
+    }
+  }
+
+  /** the batch that instruction i (list position `at`) starts: its members posted in turn */
+  private openBatch(rs: number, r: number, at: number, i: number): void {
+    const last = at + this.spans[this.programOf[r]].last[i] - i + 1;
+    this.arrived[rs] = 0;
+    this.batchNext[rs] = at;
+    this.batchEnd[rs] = last;
+    this.batchOpen[rs] = last - at;
+    this.batchDone[rs] = 0;
+    this.postBatch(rs, r);
+  }
 }
 
 /**

@@ -12,7 +12,8 @@
 //
 // Parameters: column-parallel (q/k/v, gate/up, fc1, fused qkv) split their output dim, row-parallel
 // (o_proj, down_proj, fc2, attn.proj) their input dim, the embedding and lm_head their vocabulary;
-// everything else is replicated. Ops ask for the input states they need and conversions insert:
+// everything else is replicated. Ops ask for the input states they need (their rules: OP_RULES;
+// an op without one needs whole inputs) and conversions insert:
 //   P → R  all_reduce                      (gradient: identity)
 //   P → Q  reduce_scatter                  (gradient: all_gather)
 //   R → R  copy_to_group before a column-parallel op (gradient: all_reduce, the partial input
@@ -71,6 +72,7 @@ type State =
 const R: State = { k: 'R' };
 const P: State = { k: 'P' };
 const Q: State = { k: 'Q' };
+const stateText = (s: State) => (s.k === 'S' ? `split(dim ${s.dim})` : s.k);
 
 /** a region's TP context: the decoder's, or the encoder's under hetero TP */
 interface Context {
@@ -97,65 +99,83 @@ export function tensorParallelRole(name: string): ParamRole {
   return { kind: 'replicated' };
 }
 
-/**
- * ops linear in their first input that need no other float input's gradient through it: a partial
- * sum stays a partial sum through them (not moe_unpermute: its routing weights' gradient reads the
- * expert outputs, which must be whole, as Megatron-LM sums expert TP before the combine)
- */
-const LINEAR_OPS: ReadonlySet<OpKind> = new Set<OpKind>([
-  'reshape',
-  'moe_sort_chunks',
-  'all_to_all_v',
-]);
-/** ops that work row by row (per token): a sequence split passes through them */
-const ROW_WISE: ReadonlySet<OpKind> = new Set<OpKind>([
-  'layernorm',
-  'rmsnorm',
-  'add',
-  'gelu',
-  'swiglu',
-]);
-
 export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
   if (o.tp === 1) return g;
-  const decoder: Context = { tp: o.tp, group: 'tp' };
-  const encTp = o.encoderTp ?? o.tp;
-  const encoder: Context = encTp === o.tp ? decoder : { tp: encTp, group: 'enc_tp' };
-  const contextOf = (name: string) => (isEncoderName(name) ? encoder : decoder);
-  /** the context of the node being rewritten (the walk below sets it per node) */
-  let cur = decoder;
-  const b = new GraphBuilder(g.name);
-  for (const s of g.symbols) b.declareSymbol(s);
-  const name = new Map<string, string>(); // old value → new value
-  const state = new Map<string, State>(); // new value → state
-  const fail = (msg: string): never => {
-    throw new TensorParallelError(
-      `tensor parallelism (tp ${o.tp}${encoder !== decoder ? `, encoder tp ${encTp}` : ''}): ${msg}`,
-    );
-  };
-  for (const i of g.inputs) {
-    name.set(i.name, b.input(i.name, i.type.dtype, i.type.shape, i.doc));
-    state.set(i.name, R);
+  const t = new TensorParallelRewrite(g, o);
+  for (const i of g.inputs) t.replicatedInput(i.name, i.type, i.doc);
+  // parameters split by role, declared in order; gradSum gains tp once the walk knows which meet
+  // split values
+  const declared = new Map<string, ParamDecl>();
+  for (const p of g.params) declared.set(p.name, t.splitParam(p));
+  for (const p of declared.values()) t.b.declare(p);
+  for (const n of g.nodes) t.rewriteNode(n);
+  // the graph's outputs whole, gathered on the decoder's group
+  t.cur = t.decoder;
+  for (const out of g.outputs) t.b.output(out.label, t.convert(t.name.get(out.value)!, 'R'));
+  return t.build();
+}
+
+/** The state of one run of the pass: the graph being built and what it knows of each value. */
+class TensorParallelRewrite {
+  readonly decoder: Context;
+  readonly encoder: Context;
+  /** the context of the node being rewritten (the walk sets it per node) */
+  cur: Context;
+  readonly b: GraphBuilder;
+  readonly name = new Map<string, string>(); // old value → new value
+  readonly state = new Map<string, State>(); // new value → state
+  readonly role = new Map<string, ParamRole>(); // parameter → its role
+  /**
+   * replicated parameters applied to split values (sequence-split under SP, or head-split: the
+   * q/k norms): each rank's gradient covers its piece, so the gradient sums over tp
+   */
+  readonly gradOverSeq = new Set<string>();
+  readonly paramNames: ReadonlySet<string>;
+  /** conversions already made: value, wanted state, consumer kind, group → converted value */
+  private readonly cache = new Map<string, string>();
+
+  constructor(
+    g: Graph,
+    readonly o: TensorParallelOptions,
+  ) {
+    this.decoder = { tp: o.tp, group: 'tp' };
+    const encTp = o.encoderTp ?? o.tp;
+    this.encoder = encTp === o.tp ? this.decoder : { tp: encTp, group: 'enc_tp' };
+    this.cur = this.decoder;
+    this.b = new GraphBuilder(g.name);
+    for (const s of g.symbols) this.b.declareSymbol(s);
+    this.paramNames = new Set(g.params.map((p) => p.name));
   }
 
-  // ---- parameters: split by role ----------------------------------------------------------
-  const role = new Map<string, ParamRole>();
-  // replicated parameters applied to split values (sequence-split under SP, or head-split: the
-  // q/k norms): each rank's gradient covers its piece, so the gradient sums over tp
-  const gradOverSeq = new Set<string>();
-  const declared = new Map<string, ParamDecl>();
-  for (const p of g.params) {
-    const ctx = contextOf(p.dist?.name ?? p.name);
+  contextOf(name: string): Context {
+    return isEncoderName(name) ? this.encoder : this.decoder;
+  }
+
+  fail(msg: string): never {
+    const { o, encoder, decoder } = this;
+    throw new TensorParallelError(
+      `tensor parallelism (tp ${o.tp}${encoder !== decoder ? `, encoder tp ${encoder.tp}` : ''}): ${msg}`,
+    );
+  }
+
+  replicatedInput(name: string, type: TensorType, doc: string | undefined): void {
+    this.name.set(name, this.b.input(name, type.dtype, type.shape, doc));
+    this.state.set(name, R);
+  }
+
+  /** p as one rank declares it: its piece of the dim its role splits, `dist` saying which */
+  splitParam(p: ParamDecl): ParamDecl {
+    const ctx = this.contextOf(p.dist?.name ?? p.name);
     const tp = ctx.tp;
     const r: ParamRole =
       tp === 1 ? { kind: 'replicated' } : tensorParallelRole(p.dist?.name ?? p.name);
-    role.set(p.name, r);
+    this.role.set(p.name, r);
     const shape = p.type.shape as readonly number[];
     let split: ParamDist['split'] = p.dist?.split ?? shape.map(() => null);
     let local = shape;
     const splitDim = (dim: number, blocks: number) => {
       if (shape[dim] % (tp * blocks) !== 0)
-        fail(
+        this.fail(
           `${p.name} ${JSON.stringify(shape)}: dim ${dim} (${shape[dim]}) is not divisible by tp${blocks > 1 ? ` × ${blocks} blocks` : ''}`,
         );
       split = split.map((s, d) => (d === dim ? { group: ctx.group, parts: tp, blocks } : s));
@@ -172,299 +192,348 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
       gradSum: p.dist?.gradSum ?? [],
       replicas: p.dist?.replicas ?? 'dp',
     };
-    declared.set(p.name, { ...p, type: { ...p.type, shape: local }, dist });
-    name.set(p.name, p.name);
-    state.set(
+    this.name.set(p.name, p.name);
+    this.state.set(
       p.name,
       r.kind === 'replicated' || (r.kind === 'row' && shape.length === 1)
         ? R
         : { k: 'S', dim: r.kind === 'row' ? 1 : 0, blocks: r.kind === 'column' ? r.blocks : 1 },
     );
+    return { ...p, type: { ...p.type, shape: local }, dist };
   }
-  const paramNames = new Set(g.params.map((p) => p.name));
 
-  // ---- conversions ------------------------------------------------------------------------
-  const cache = new Map<string, string>();
-  const typeOf = (v: string): TensorType => b.typeOf(v);
-  const emit = (kind: OpKind, inputs: string[], attrs: Attrs, st: State[]): string[] => {
-    const outs = b.op(kind, inputs, attrs);
-    outs.forEach((v, i) => state.set(v, st[Math.min(i, st.length - 1)]));
+  /** n rewritten by its op's rule, in its own scope, phase and TP context */
+  rewriteNode(n: Node): void {
+    const ins = n.inputs.map((v) => {
+      const m = this.name.get(v);
+      if (m === undefined) throw new Error(`tensor parallelism: undefined value ${v}`);
+      return m;
+    });
+    this.cur = this.contextOf(n.scope);
+    this.b.at(n.scope, n.phase, () => {
+      const outs = (OP_RULES[n.op] ?? wholeRule)(this, n, ins);
+      n.outputs.forEach((o, i) => this.name.set(o.name, outs[i]));
+    });
+  }
+
+  stateOf(v: string): State {
+    return this.state.get(v)!;
+  }
+
+  typeOf(v: string): TensorType {
+    return this.b.typeOf(v);
+  }
+
+  isFloatValue(v: string): boolean {
+    return isFloat(this.typeOf(v).dtype);
+  }
+
+  /** a collective's attributes on the current context's group */
+  coll(): Attrs {
+    return { group: this.cur.group, group_size: this.cur.tp };
+  }
+
+  /** a node whose outputs take the states `st` (the last one repeats) */
+  emit(kind: OpKind, inputs: string[], attrs: Attrs, st: State[]): string[] {
+    const outs = this.b.op(kind, inputs, attrs);
+    outs.forEach((v, i) => this.state.set(v, st[Math.min(i, st.length - 1)]));
     return outs;
-  };
-  const collOf = () => ({ group: cur.group, group_size: cur.tp });
-  const stateText = (s: State) => (s.k === 'S' ? `split(dim ${s.dim})` : s.k);
+  }
+
+  /** n's own op on the rewritten inputs, its outputs in the states `st` */
+  emitNode(n: Node, inputs: string[], attrs: Attrs, st: State[]): string[] {
+    return this.emit(n.op, inputs, attrs, st);
+  }
+
   /** v converted to `want`; forColumn: the consumer is column-parallel (its input gradient is partial) */
-  const convert = (v: string, want: 'R' | 'Q', forColumn = false): string => {
-    const s = state.get(v)!;
-    const key = `${v}\u0000${want}${forColumn ? 'c' : ''}\u0000${cur.group}`;
-    const coll = collOf();
-    const hit = cache.get(key);
+  convert(v: string, want: 'R' | 'Q', forColumn = false): string {
+    const s = this.stateOf(v);
+    const key = `${v}\u0000${want}${forColumn ? 'c' : ''}\u0000${this.cur.group}`;
+    const coll = this.coll();
+    const hit = this.cache.get(key);
     if (hit) return hit;
     let out: string;
     if (want === 'Q') {
       if (s.k === 'Q') return v;
-      if (s.k === 'P') [out] = emit('reduce_scatter', [v], coll, [Q]);
-      else if (s.k === 'R') [out] = emit('group_slice', [v], coll, [Q]);
-      else return fail(`cannot sequence-split a ${stateText(s)} value ${formatType(typeOf(v))}`);
+      if (s.k === 'P') [out] = this.emit('reduce_scatter', [v], coll, [Q]);
+      else if (s.k === 'R') [out] = this.emit('group_slice', [v], coll, [Q]);
+      else
+        return this.fail(
+          `cannot sequence-split a ${stateText(s)} value ${formatType(this.typeOf(v))}`,
+        );
     } else if (s.k === 'R') {
       if (!forColumn) return v;
-      [out] = emit('copy_to_group', [v], coll, [R]);
+      [out] = this.emit('copy_to_group', [v], coll, [R]);
     } else if (s.k === 'P') {
-      [out] = emit('all_reduce', [v], coll, [R]);
-      if (forColumn) [out] = emit('copy_to_group', [out], coll, [R]);
+      [out] = this.emit('all_reduce', [v], coll, [R]);
+      if (forColumn) [out] = this.emit('copy_to_group', [out], coll, [R]);
     } else if (s.k === 'Q') {
-      [out] = emit('all_gather', [v], { ...coll, grad: forColumn ? 'reduce_scatter' : 'slice' }, [
-        R,
-      ]);
+      const grad = forColumn ? 'reduce_scatter' : 'slice';
+      [out] = this.emit('all_gather', [v], { ...coll, grad }, [R]);
     } else {
-      return fail(
-        `a value split along dim ${s.dim} ${formatType(typeOf(v))} cannot be gathered (only dim 0 can)`,
+      return this.fail(
+        `a value split along dim ${s.dim} ${formatType(this.typeOf(v))} cannot be gathered (only dim 0 can)`,
       );
     }
-    cache.set(key, out);
+    this.cache.set(key, out);
     return out;
-  };
-  const isFloatValue = (v: string) => isFloat(typeOf(v).dtype);
-
-  // ---- the walk ---------------------------------------------------------------------------
-  // parameters declared in order; gradSum gains tp once the walk knows which meet split values
-  for (const p of declared.values()) b.declare(p);
-  const decoderStream = (n: Node) =>
-    n.scope === 'model.merge_visual' || n.scope.endsWith('.deepstack');
-
-  for (const n of g.nodes) {
-    const ins = n.inputs.map((v) => {
-      const m = name.get(v);
-      if (m === undefined) throw new Error(`tensor parallelism: undefined value ${v}`);
-      return m;
-    });
-    const st = ins.map((v) => state.get(v)!);
-    const out = (outs: string[]) => n.outputs.forEach((o, i) => name.set(o.name, outs[i]));
-    cur = contextOf(n.scope);
-    const { tp, group: GROUP } = cur;
-    const coll = collOf();
-    b.at(n.scope, n.phase, () => {
-      const run = (inputs: string[], attrs: Attrs, states: State[]) =>
-        out(emit(n.op, inputs, attrs, states));
-      const noteSeqParams = (inputs: string[]) => {
-        const split = inputs.some((v) => {
-          const k = state.get(v)!.k;
-          return !paramNames.has(v) && (k === 'Q' || k === 'S');
-        });
-        if (split) for (const v of inputs) if (paramNames.has(v)) gradOverSeq.add(v);
-      };
-      switch (n.op) {
-        case 'linear':
-        case 'grouped_linear': {
-          const wAt = n.op === 'linear' ? 1 : 2;
-          const w = n.inputs[wAt];
-          const r = role.get(w) ?? { kind: 'replicated' };
-          if (r.kind === 'column' || r.kind === 'vocab') {
-            const x = convert(ins[0], 'R', true);
-            const blocks = r.kind === 'column' ? r.blocks : 1;
-            const last = typeOf(ins[0]).shape.length - 1;
-            return run([x, ...ins.slice(1)], n.attrs, [{ k: 'S', dim: last, blocks }]);
-          }
-          if (r.kind === 'row') {
-            const s = st[0];
-            const last = typeOf(ins[0]).shape.length - 1;
-            if (s.k !== 'S' || s.dim !== last || s.blocks !== 1)
-              fail(
-                `${n.scope}: a row-parallel ${n.op} needs its input split along the last dim, got ${stateText(s)}`,
-              );
-            const bias = n.op === 'linear' ? ins[2] : undefined;
-            if (bias === undefined) return run(ins, n.attrs, [P]);
-            // the bias once, after the sum: y = Σ_ranks x·Wᵀ + 1·biasᵀ
-            const [y] = emit('linear', [ins[0], ins[1]], n.attrs, [P]);
-            const sum = convert(y, 'R');
-            const rows = typeOf(sum).shape[0];
-            const [ones] = emit(
-              'constant',
-              [],
-              { value: 1, dtype: 'f32', shape: [formatDim(rows), '1'] },
-              [R],
-            );
-            const width = typeOf(bias).shape[0] as number;
-            const [b2] = emit('reshape', [bias], { shape: [String(width), '1'] }, [R]);
-            const [yb] = emit('linear', [ones, b2], {}, [R]);
-            return out(emit('add', [sum, yb], {}, [R]));
-          }
-          // replicated weight (router gate, patch projection): replicated input
-          return run([convert(ins[0], 'R'), ...ins.slice(1)], n.attrs, [R]);
-        }
-        case 'embedding': {
-          const r = role.get(n.inputs[1]);
-          if (r?.kind === 'vocab')
-            return run(ins, { ...n.attrs, shard_group: GROUP, group_size: tp }, [P]);
-          return run(ins, n.attrs, [R]);
-        }
-        case 'cross_entropy': {
-          const s = st[0];
-          if (s.k !== 'S')
-            return run(
-              ins.map((v) => convert(v, 'R')),
-              n.attrs,
-              [R],
-            );
-          const [logits, mask, count] = [ins[0], ins[2], ins[3]];
-          const labels = convert(ins[1], 'R');
-          const vocab = { shard_group: GROUP, group_size: tp };
-          const [lseLocal] = emit('vocab_logsumexp', [logits], {}, [R]);
-          const rows = typeOf(lseLocal).shape[0];
-          const [row] = emit('reshape', [lseLocal], { shape: ['1', formatDim(rows)] }, [R]);
-          const [all] = emit('all_gather', [row], { ...coll, grad: 'slice' }, [R]);
-          const [lse] = emit('lse_combine', [all], {}, [R]);
-          const [tLocal] = emit('vocab_target_logit', [logits, labels, convert(mask, 'R')], vocab, [
-            P,
-          ]);
-          const target = convert(tLocal, 'R');
-          return out(emit('ce_from_stats', [lse, target, convert(mask, 'R'), count], {}, [R]));
-        }
-        case 'merge_visual': {
-          const inputs = ins.map((v) => convert(v, 'R'));
-          const [y] = emit('merge_visual', inputs, n.attrs, [R]);
-          const z = o.sequenceParallel && decoderStream(n) ? convert(y, 'Q') : y;
-          return out([z]);
-        }
-        case 'split': {
-          const s = st[0];
-          if (s.k === 'R' || s.k === 'Q') return run(ins, n.attrs, [s, s, s]);
-          const parts = (n.attrs.sizes as number[]).length;
-          const last = typeOf(ins[0]).shape.length - 1;
-          if (s.k !== 'S' || s.dim !== last || s.blocks !== parts)
-            fail(`${n.scope}: split of a ${stateText(s)} value into ${parts} parts`);
-          const sizes = (n.attrs.sizes as number[]).map((x) => x / tp);
-          const piece: State = { k: 'S', dim: last, blocks: 1 };
-          return run(
-            ins,
-            { ...n.attrs, sizes },
-            sizes.map(() => piece),
-          );
-        }
-        case 'reshape': {
-          const s = st[0];
-          const target = (n.attrs.shape as string[]).map(parseDim);
-          const from = typeOf(ins[0]).shape;
-          if (s.k === 'R' || s.k === 'P') return run(ins, n.attrs, [s]);
-          if (s.k === 'Q') {
-            if (!dimEq(from[0], target[0]))
-              fail(`${n.scope}: reshape of a sequence-split value changes dim 0`);
-            return run(ins, { shape: [formatDim(from[0]), ...target.slice(1).map(formatDim)] }, [
-              Q,
-            ]);
-          }
-          // a split dim keeps its place when the dims before it are the same
-          const d = target.findIndex(
-            (_, i) => prefixText(target, i) === prefixText(globalShape(from, s, tp), s.dim),
-          );
-          if (d < 0 || (target[d] as number) % tp !== 0)
-            fail(
-              `${n.scope}: reshape ${formatShape(from)} → ${formatShape(target)} moves the split dim`,
-            );
-          const local = target.map((x, i) => (i === d ? dimDiv(x, tp) : x));
-          return run(ins, { shape: local.map(formatDim) }, [{ k: 'S', dim: d, blocks: s.blocks }]);
-        }
-        case 'attention': {
-          const [q, k, v, seg] = ins;
-          for (const [x, label] of [
-            [q, 'q'],
-            [k, 'k'],
-            [v, 'v'],
-          ] as const) {
-            const s = state.get(x)!;
-            if (!(s.k === 'S' && s.dim === 1) && s.k !== 'R')
-              fail(`${n.scope}: attention ${label} must be split by heads, got ${stateText(s)}`);
-          }
-          const sq = state.get(q)!;
-          if (sq.k === 'R') return run([q, k, v, convert(seg, 'R')], n.attrs, [R, R]);
-          return run([q, k, v, convert(seg, 'R')], n.attrs, [sq, sq]);
-        }
-        case 'rope':
-          return run([ins[0], convert(ins[1], 'R')], n.attrs, [st[0]]);
-        case 'moe_aux_loss':
-        case 'moe_permute':
-        case 'router_topk': {
-          const inputs = ins.map((v) => convert(v, 'R'));
-          return run(
-            inputs,
-            n.attrs,
-            n.outputs.map(() => R),
-          );
-        }
-        default:
-          break;
-      }
-      if (ROW_WISE.has(n.op)) {
-        // sequence-split wins; a sum of partials stays partial; pieces of one split stay split;
-        // anything else is replicated
-        const data = ins.filter((v) => !paramNames.has(v) && isFloatValue(v));
-        const ks = new Set(data.map((v) => state.get(v)!.k));
-        const split = data.map((v) => state.get(v)!).find((s) => s.k === 'S');
-        const target: State = ks.has('Q')
-          ? Q
-          : ks.size === 1 && ks.has('P') && n.op === 'add'
-            ? P
-            : split && ks.size === 1
-              ? split
-              : R;
-        if (split && target !== split)
-          fail(`${n.scope}: ${n.op} mixes a split value with ${[...ks].join(', ')} values`);
-        if (target.k === 'S') {
-          const last = typeOf(ins[0]).shape.length - 1;
-          for (const v of data) {
-            const s = state.get(v)!;
-            if (s.k !== 'S' || s.dim !== target.dim)
-              fail(`${n.scope}: ${n.op} of values split along different dims`);
-          }
-          if ((n.op === 'layernorm' || n.op === 'rmsnorm') && target.dim === last)
-            fail(`${n.scope}: ${n.op} over a split last dim`);
-        }
-        const inputs = ins.map((v) =>
-          paramNames.has(v) || !isFloatValue(v) || target.k === 'S' || target.k === 'P'
-            ? v
-            : convert(v, target.k),
-        );
-        noteSeqParams(inputs);
-        return run(
-          inputs,
-          n.attrs,
-          n.outputs.map(() => target),
-        );
-      }
-      if (LINEAR_OPS.has(n.op)) {
-        const s = st[0];
-        return run(
-          ins.map((v, i) => (i === 0 ? v : convert(v, 'R'))),
-          n.attrs,
-          n.outputs.map((_, i) => (i === 0 ? s : R)),
-        );
-      }
-      // anything else needs whole tensors
-      return run(
-        ins.map((v) => convert(v, 'R')),
-        n.attrs,
-        n.outputs.map(() => R),
-      );
-    });
   }
-  cur = decoder;
-  for (const out of g.outputs) {
-    const v = name.get(out.value)!;
-    b.output(out.label, convert(v, 'R'));
+
+  /** replicated parameters among `inputs` sum their gradient over tp when a data input is split */
+  noteSeqParams(inputs: string[]): void {
+    const split = inputs.some((v) => {
+      const k = this.stateOf(v).k;
+      return !this.paramNames.has(v) && (k === 'Q' || k === 'S');
+    });
+    if (split) for (const v of inputs) if (this.paramNames.has(v)) this.gradOverSeq.add(v);
   }
-  const built = b.build();
-  return {
-    ...built,
-    params: built.params.map((p) =>
-      gradOverSeq.has(p.name) && p.dist
-        ? {
-            ...p,
-            dist: { ...p.dist, gradSum: [...p.dist.gradSum, contextOf(p.dist.name).group] },
-          }
-        : p,
-    ),
-  };
+
+  /** the graph built, the parameters that met split values summing their gradient over tp */
+  build(): Graph {
+    const built = this.b.build();
+    return {
+      ...built,
+      params: built.params.map((p) =>
+        this.gradOverSeq.has(p.name) && p.dist
+          ? {
+              ...p,
+              dist: { ...p.dist, gradSum: [...p.dist.gradSum, this.contextOf(p.dist.name).group] },
+            }
+          : p,
+      ),
+    };
+  }
 }
+
+// ---- the rules: one per op, each n's new outputs from its rewritten inputs ----------------------
+
+type OpRule = (t: TensorParallelRewrite, n: Node, ins: string[]) => string[];
+
+/** linear and grouped_linear: column-, row-parallel or replicated by the weight's role */
+const linearRule: OpRule = (t, n, ins) => {
+  const w = n.inputs[n.op === 'linear' ? 1 : 2];
+  const r = t.role.get(w) ?? { kind: 'replicated' };
+  if (r.kind === 'column' || r.kind === 'vocab') {
+    const x = t.convert(ins[0], 'R', true);
+    const blocks = r.kind === 'column' ? r.blocks : 1;
+    const last = t.typeOf(ins[0]).shape.length - 1;
+    return t.emitNode(n, [x, ...ins.slice(1)], n.attrs, [{ k: 'S', dim: last, blocks }]);
+  }
+  if (r.kind === 'row') return rowParallelLinear(t, n, ins);
+  // replicated weight (router gate, patch projection): replicated input
+  return t.emitNode(n, [t.convert(ins[0], 'R'), ...ins.slice(1)], n.attrs, [R]);
+};
+
+function rowParallelLinear(t: TensorParallelRewrite, n: Node, ins: string[]): string[] {
+  const s = t.stateOf(ins[0]);
+  const last = t.typeOf(ins[0]).shape.length - 1;
+  if (s.k !== 'S' || s.dim !== last || s.blocks !== 1)
+    t.fail(
+      `${n.scope}: a row-parallel ${n.op} needs its input split along the last dim, got ${stateText(s)}`,
+    );
+  const bias = n.op === 'linear' ? ins[2] : undefined;
+  if (bias === undefined) return t.emitNode(n, ins, n.attrs, [P]);
+  // the bias once, after the sum: y = Σ_ranks x·Wᵀ + 1·biasᵀ
+  const [y] = t.emit('linear', [ins[0], ins[1]], n.attrs, [P]);
+  const sum = t.convert(y, 'R');
+  const rows = t.typeOf(sum).shape[0];
+  const [ones] = t.emit('constant', [], { value: 1, dtype: 'f32', shape: [formatDim(rows), '1'] }, [
+    R,
+  ]);
+  const width = t.typeOf(bias).shape[0] as number;
+  const [b2] = t.emit('reshape', [bias], { shape: [String(width), '1'] }, [R]);
+  const [yb] = t.emit('linear', [ones, b2], {}, [R]);
+  return t.emit('add', [sum, yb], {}, [R]);
+}
+
+const embeddingRule: OpRule = (t, n, ins) => {
+  const r = t.role.get(n.inputs[1]);
+  if (r?.kind === 'vocab')
+    return t.emitNode(n, ins, { ...n.attrs, shard_group: t.cur.group, group_size: t.cur.tp }, [P]);
+  return t.emitNode(n, ins, n.attrs, [R]);
+};
+
+/** over vocabulary-split logits: the local log-sum-exps gathered, the target logit summed */
+const crossEntropyRule: OpRule = (t, n, ins) => {
+  if (t.stateOf(ins[0]).k !== 'S')
+    return t.emitNode(
+      n,
+      ins.map((v) => t.convert(v, 'R')),
+      n.attrs,
+      [R],
+    );
+  const [logits, mask, count] = [ins[0], ins[2], ins[3]];
+  const labels = t.convert(ins[1], 'R');
+  const vocab = { shard_group: t.cur.group, group_size: t.cur.tp };
+  const [lseLocal] = t.emit('vocab_logsumexp', [logits], {}, [R]);
+  const rows = t.typeOf(lseLocal).shape[0];
+  const [row] = t.emit('reshape', [lseLocal], { shape: ['1', formatDim(rows)] }, [R]);
+  const [all] = t.emit('all_gather', [row], { ...t.coll(), grad: 'slice' }, [R]);
+  const [lse] = t.emit('lse_combine', [all], {}, [R]);
+  const [tLocal] = t.emit('vocab_target_logit', [logits, labels, t.convert(mask, 'R')], vocab, [P]);
+  const target = t.convert(tLocal, 'R');
+  return t.emit('ce_from_stats', [lse, target, t.convert(mask, 'R'), count], {}, [R]);
+};
+
+/** the decoder's residual stream: merge_visual into the embeddings and the deepstack merges */
+const decoderStream = (n: Node) =>
+  n.scope === 'model.merge_visual' || n.scope.endsWith('.deepstack');
+
+const mergeVisualRule: OpRule = (t, n, ins) => {
+  const inputs = ins.map((v) => t.convert(v, 'R'));
+  const [y] = t.emit('merge_visual', inputs, n.attrs, [R]);
+  return [t.o.sequenceParallel && decoderStream(n) ? t.convert(y, 'Q') : y];
+};
+
+const splitRule: OpRule = (t, n, ins) => {
+  const s = t.stateOf(ins[0]);
+  if (s.k === 'R' || s.k === 'Q') return t.emitNode(n, ins, n.attrs, [s, s, s]);
+  const parts = (n.attrs.sizes as number[]).length;
+  const last = t.typeOf(ins[0]).shape.length - 1;
+  if (s.k !== 'S' || s.dim !== last || s.blocks !== parts)
+    t.fail(`${n.scope}: split of a ${stateText(s)} value into ${parts} parts`);
+  const sizes = (n.attrs.sizes as number[]).map((x) => x / t.cur.tp);
+  const piece: State = { k: 'S', dim: last, blocks: 1 };
+  return t.emitNode(
+    n,
+    ins,
+    { ...n.attrs, sizes },
+    sizes.map(() => piece),
+  );
+};
+
+const reshapeRule: OpRule = (t, n, ins) => {
+  const s = t.stateOf(ins[0]);
+  const tp = t.cur.tp;
+  const target = (n.attrs.shape as string[]).map(parseDim);
+  const from = t.typeOf(ins[0]).shape;
+  if (s.k === 'R' || s.k === 'P') return t.emitNode(n, ins, n.attrs, [s]);
+  if (s.k === 'Q') {
+    if (!dimEq(from[0], target[0]))
+      t.fail(`${n.scope}: reshape of a sequence-split value changes dim 0`);
+    const shape = [formatDim(from[0]), ...target.slice(1).map(formatDim)];
+    return t.emitNode(n, ins, { shape }, [Q]);
+  }
+  // a split dim keeps its place when the dims before it are the same
+  const d = target.findIndex(
+    (_, i) => prefixText(target, i) === prefixText(globalShape(from, s, tp), s.dim),
+  );
+  if (d < 0 || (target[d] as number) % tp !== 0)
+    t.fail(`${n.scope}: reshape ${formatShape(from)} → ${formatShape(target)} moves the split dim`);
+  const local = target.map((x, i) => (i === d ? dimDiv(x, tp) : x));
+  return t.emitNode(n, ins, { shape: local.map(formatDim) }, [
+    { k: 'S', dim: d, blocks: s.blocks },
+  ]);
+};
+
+const attentionRule: OpRule = (t, n, ins) => {
+  const [q, k, v, seg] = ins;
+  for (const [x, label] of [
+    [q, 'q'],
+    [k, 'k'],
+    [v, 'v'],
+  ] as const) {
+    const s = t.stateOf(x);
+    if (!(s.k === 'S' && s.dim === 1) && s.k !== 'R')
+      t.fail(`${n.scope}: attention ${label} must be split by heads, got ${stateText(s)}`);
+  }
+  const sq = t.stateOf(q);
+  if (sq.k === 'R') return t.emitNode(n, [q, k, v, t.convert(seg, 'R')], n.attrs, [R, R]);
+  return t.emitNode(n, [q, k, v, t.convert(seg, 'R')], n.attrs, [sq, sq]);
+};
+
+const ropeRule: OpRule = (t, n, ins) =>
+  t.emitNode(n, [ins[0], t.convert(ins[1], 'R')], n.attrs, [t.stateOf(ins[0])]);
+
+/**
+ * ops that work row by row (per token): a sequence split passes through them. Sequence-split
+ * wins; a sum of partials stays partial; pieces of one split stay split; anything else is
+ * replicated
+ */
+const rowWiseRule: OpRule = (t, n, ins) => {
+  const data = ins.filter((v) => !t.paramNames.has(v) && t.isFloatValue(v));
+  const ks = new Set(data.map((v) => t.stateOf(v).k));
+  const split = data.map((v) => t.stateOf(v)).find((s) => s.k === 'S');
+  const target: State = ks.has('Q')
+    ? Q
+    : ks.size === 1 && ks.has('P') && n.op === 'add'
+      ? P
+      : split && ks.size === 1
+        ? split
+        : R;
+  if (split && target !== split)
+    t.fail(`${n.scope}: ${n.op} mixes a split value with ${[...ks].join(', ')} values`);
+  if (target.k === 'S') {
+    const last = t.typeOf(ins[0]).shape.length - 1;
+    for (const v of data) {
+      const s = t.stateOf(v);
+      if (s.k !== 'S' || s.dim !== target.dim)
+        t.fail(`${n.scope}: ${n.op} of values split along different dims`);
+    }
+    if ((n.op === 'layernorm' || n.op === 'rmsnorm') && target.dim === last)
+      t.fail(`${n.scope}: ${n.op} over a split last dim`);
+  }
+  const inputs = ins.map((v) =>
+    t.paramNames.has(v) || !t.isFloatValue(v) || target.k === 'S' || target.k === 'P'
+      ? v
+      : t.convert(v, target.k),
+  );
+  t.noteSeqParams(inputs);
+  return t.emitNode(
+    n,
+    inputs,
+    n.attrs,
+    n.outputs.map(() => target),
+  );
+};
+
+/**
+ * ops linear in their first input that need no other float input's gradient through it: a partial
+ * sum stays a partial sum through them (not moe_unpermute: its routing weights' gradient reads the
+ * expert outputs, which must be whole, as Megatron-LM sums expert TP before the combine)
+ */
+const linearInFirstRule: OpRule = (t, n, ins) => {
+  const s = t.stateOf(ins[0]);
+  return t.emitNode(
+    n,
+    ins.map((v, i) => (i === 0 ? v : t.convert(v, 'R'))),
+    n.attrs,
+    n.outputs.map((_, i) => (i === 0 ? s : R)),
+  );
+};
+
+/** anything else needs whole tensors */
+const wholeRule: OpRule = (t, n, ins) =>
+  t.emitNode(
+    n,
+    ins.map((v) => t.convert(v, 'R')),
+    n.attrs,
+    n.outputs.map(() => R),
+  );
+
+/** each op's rule; an op without one needs whole inputs (wholeRule) */
+const OP_RULES: { readonly [K in OpKind]?: OpRule } = {
+  linear: linearRule,
+  grouped_linear: linearRule,
+  embedding: embeddingRule,
+  cross_entropy: crossEntropyRule,
+  merge_visual: mergeVisualRule,
+  split: splitRule,
+  reshape: reshapeRule,
+  attention: attentionRule,
+  rope: ropeRule,
+  // the router and the token permutation need whole inputs
+  moe_aux_loss: wholeRule,
+  moe_permute: wholeRule,
+  router_topk: wholeRule,
+  layernorm: rowWiseRule,
+  rmsnorm: rowWiseRule,
+  add: rowWiseRule,
+  gelu: rowWiseRule,
+  swiglu: rowWiseRule,
+  moe_sort_chunks: linearInFirstRule,
+  all_to_all_v: linearInFirstRule,
+};
 
 function prefixText(s: Shape, upTo: number): string {
   return s.slice(0, upTo).map(formatDim).join('·');
