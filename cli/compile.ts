@@ -5,7 +5,7 @@
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../compiler/frontend/activation-names.js';
 import {
-  PASSES,
+  describePasses,
   compile,
   writePlan,
   type CompileOptions,
@@ -34,6 +34,8 @@ interface CompileFlags {
   nprocPerNode?: number;
   gpusPerNode?: number;
   dumpAfter?: string;
+  dumpProgram?: string;
+  listPasses?: boolean;
   json?: boolean;
   hardware?: string;
   simulate?: boolean;
@@ -414,8 +416,13 @@ function defineCompileCommand(cmd: Command): Command {
     )
     .option(
       '--dump-after <pass>',
-      `print the IR after a pass (${PASSES.map((p) => p.name).join(', ')})`,
+      `print the IR after a pass, or after an emission pass one program (--list-passes lists them)`,
     )
+    .option(
+      '--dump-program <id>',
+      'the program --dump-after prints after an emission pass (p0, p1.t0, …; default: the first)',
+    )
+    .option('--list-passes', 'print the passes compile runs, in order, and exit')
     .option('--json', 'print the report as JSON')
     .option(
       '--hardware <name|file>',
@@ -511,6 +518,7 @@ export function compileRequest(
       moeExpertCapacityFactor: f.moeExpertCapacityFactor,
       moeTokenDropPolicy: f.moeTokenDropPolicy,
       dumpAfter: f.dumpAfter,
+      dumpProgram: f.dumpProgram,
     },
     output: f.output,
     json: f.json,
@@ -539,6 +547,7 @@ export function parseCompileArgs(argv: readonly string[]): CompileRequest {
 export function addCompileCommand(program: Command, io: CliIO): void {
   defineCompileCommand(program.command('compile')).action(
     (model: string | undefined, overrides: string[], f: CompileFlags) => {
+      if (f.listPasses) return io.out(describePasses());
       const request = compileRequest(model, overrides, f);
       if (!f.output && !f.dumpAfter)
         throw new UserError('compile: say where to write the plan with -o DIR');
