@@ -2,7 +2,7 @@
 // FLOPs per text token and per image, and weight / gradient / optimizer bytes, all read off the
 // forward graph and the op table.
 //
-// FLOP convention (README): matmul FLOPs only (2·m·n·k); a training step is forward + backward =
+// FLOP convention (docs/design.md): matmul FLOPs only (2·m·n·k); a training step is forward + backward =
 // 3 × forward; causal attention counts half of the full S² work.
 
 import {

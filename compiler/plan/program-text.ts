@@ -1,7 +1,7 @@
 // The stable text form of a program (ProgramFile, compiler/plan/format.ts): what one rank runs, one
 // line per buffer and per instruction, for golden tests and for reading a schedule. The inverse of
 // an unfiltered print: JSON.stringify(parseProgram(printProgram(p))) === JSON.stringify(p), key
-// order included: every object is rebuilt in the key order compiler/plan/emit.ts makes it (an
+// order included: every object is rebuilt in the key order compiler/emit/draft.ts gives it (an
 // instruction in that of its `push`), attrs and dist are JSON, which keeps theirs, and every number
 // round-trips exactly. (emit.ts's gradient sums are built by a spread that puts stream, microbatch,
 // phase and scope first; they come back in push's order.)

@@ -2,7 +2,7 @@
 // utilization, and per distinct program how its step divides between compute, exposed
 // communication and idle time (pipeline bubbles and waits on peers).
 //
-// MFU follows the FLOP convention of `lfc inspect` (README "FLOP convention"): model FLOPs are
+// MFU follows the FLOP convention of `lfc inspect` (docs/design.md, "FLOP convention"): model FLOPs are
 // 3 × the forward matmul FLOPs of every microbatch of the global batch at the sequence's tokens and
 // the visual-token budget, whatever recompute repeats; over step time × ranks × the profile's
 // peak matmul rate.

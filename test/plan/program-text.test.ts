@@ -31,7 +31,7 @@ function programsOf(name: string): readonly ProgramFile[] {
   return list;
 }
 
-/** an instruction's keys in the order compiler/plan/emit.ts's push makes them */
+/** an instruction's keys in push()'s key order (compiler/emit/draft.ts: scheduled) */
 const PUSH_ORDER = [
   'stream',
   'op',
