@@ -5,8 +5,8 @@
 //
 //   graph passes     build → expert-parallel → tensor-parallel → encoder-data-parallel →
 //                    vit-dp-balance → autodiff → pipeline          (ir/, passes/)
-//   emission passes  schedule → lower → grad-sync → optimizer → number → activations →
-//                    encoder-offload → memory-plan                 (compiler/emit/, per program)
+//   emission passes  schedule → lower → encoder-handoff → p2p → grad-sync → optimizer → number →
+//                    activations → encoder-offload → memory-plan   (compiler/emit/, per program)
 //   verify           the plan over all ranks (compiler/verify/): memory reuse, collectives,
 //                    sends and receives, events, a symbolic run of the step
 

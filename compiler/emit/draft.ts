@@ -53,7 +53,101 @@ export interface ProgramDraft {
   readonly openWaits: readonly number[];
   /** distributed optimizer, by shard: this rank's slice of the summed bucket, the bucket's params */
   readonly shardBuffers: readonly { readonly grad: number; readonly param: number }[];
+  /** places between instructions where a later pass inserts (lowering's, in issue order) */
+  readonly marks: readonly Mark[];
+  /** buffers a pass reads that another rank's work fills (the encoder handoff resolves them) */
+  readonly imports: readonly Import[];
+  /** each microbatch slot's values at the end of lowering: buffer by value name */
+  readonly values: readonly ReadonlyMap<string, number>[];
 }
+
+/**
+ * A place in the instruction list: before instruction `pos`, after whatever earlier marks at the
+ * same place insert. `wait`: events the first instruction inserted there waits for (what the next
+ * compute instruction would have waited for; with nothing inserted, that one still does).
+ */
+export type Mark =
+  /** the p2p batch before schedule step `step` (steps.length: after the last): the sends of the
+   * step before, the recvs of this one (their buffers made by lowering) */
+  | {
+      readonly kind: 'p2p';
+      readonly pos: number;
+      readonly step: number;
+      readonly sends: readonly Unscheduled[];
+      readonly recvs: readonly Unscheduled[];
+    }
+  /** level 3 phase 1: after round `round`'s encoder run (`outputs`: this rank's, none for a mock
+   * slot that does not encode) */
+  | {
+      readonly kind: 'encoded';
+      readonly pos: number;
+      readonly round: number;
+      readonly outputs: ReadonlyMap<string, number>;
+      readonly wait: readonly number[];
+    }
+  /** levels 2 and 3, stage 0: before microbatch mb's first decoder forward */
+  | {
+      readonly kind: 'decoder-forward';
+      readonly pos: number;
+      readonly mb: number;
+      readonly wait: readonly number[];
+    }
+  /** level 3 phase 3: before round `round`'s encoder backward */
+  | {
+      readonly kind: 'encoder-backward';
+      readonly pos: number;
+      readonly round: number;
+      readonly wait: readonly number[];
+    };
+
+/** A buffer lowering made for a value that arrives from elsewhere (an encoder output or its
+ * gradient of microbatch slot mb); the handoff decides how it is filled, and names it so. */
+export interface Import {
+  readonly buffer: number;
+  readonly value: string;
+  readonly mb: number;
+}
+
+/**
+ * The instruction list with `inserts` (by index into `marks`) placed at their marks, and the marks
+ * moved to where their inserts begin.
+ */
+export function insertAtMarks(
+  instructions: readonly PlanInstruction[],
+  marks: readonly Mark[],
+  inserts: ReadonlyMap<number, readonly PlanInstruction[]>,
+): { instructions: PlanInstruction[]; marks: Mark[] } {
+  const out: PlanInstruction[] = [];
+  const moved: Mark[] = [];
+  let k = 0;
+  for (let i = 0; i <= instructions.length; i++) {
+    for (; k < marks.length && marks[k].pos === i; k++) {
+      moved.push({ ...marks[k], pos: out.length });
+      for (const x of inserts.get(k) ?? []) out.push(x);
+    }
+    if (i < instructions.length) out.push(instructions[i]);
+  }
+  return { instructions: out, marks: moved };
+}
+
+/**
+ * The first instruction at or after `pos` that is not on the comm stream (what lowering hands
+ * pending waits to: the comm stream's units wait on events of their own), -1 if none.
+ */
+export function nextNonComm(instructions: readonly PlanInstruction[], pos: number): number {
+  for (let i = pos; i < instructions.length; i++) if (instructions[i].stream !== 'comm') return i;
+  return -1;
+}
+
+/** The last instruction before `pos` that is not on the comm stream, -1 if none. */
+export function lastNonComm(instructions: readonly PlanInstruction[], pos: number): number {
+  for (let i = pos - 1; i >= 0; i--) if (instructions[i].stream !== 'comm') return i;
+  return -1;
+}
+
+/** A copy of instruction x that waits for `wait` before what it waited for. */
+export const waitingFirst = (x: PlanInstruction, wait: readonly number[]): PlanInstruction =>
+  wait.length ? { ...x, wait: [...wait, ...x.wait] } : x;
 
 /** The plan's program file of a finished draft. */
 export function programFileOf(d: ProgramDraft): ProgramFile {

@@ -1,67 +1,145 @@
-// The encoder apart (levels 2 and 3; compiler/parallel/encoder.ts), part of lowering: where the
-// encoder runs, and how its outputs reach the decoder and their gradients come back.
+// Emission pass 3, encoder-handoff: the data movement of encoder levels 2 and 3 (DESIGN.md
+// "Parallel topology"), as instructions on the compute stream, scope encoder_handoff.
 //
-//   level 2  stage 0, before the decoder's first forward of a TP group's microbatches: every TP
-//            rank encodes its own one of the group (microbatch g·tp + i on TP rank i); before
-//            each microbatch's decoder forward, a broadcast of its encoder outputs from the owner
-//            over tp. After the group's last decoder backward, the owner's encoder backward (the
-//            output gradients are whole on every TP rank; a mock slot's are empty blocks).
-//   level 3  phase 1, before the pipeline: round r encodes slot r·M + mpRank on every rank of
-//            the model-parallel group (M = tp·pp) and gathers the outputs to its rank 0
-//            (gather_v, mock slots as empty blocks); stage 0's TP ranks get each microbatch's
-//            outputs by broadcast from TP rank 0 before its decoder forward. Phase 3, after the
-//            pipeline: each round scatters the output gradients back from rank 0 (scatter_v) and
-//            runs the encoder backward (the forward again first under
-//            --full-hetero-dp-encoder-recompute).
+// Holds before: lowering's handoff marks (compiler/emit/encoder-runs.ts) and its imports: buffers
+//   the decoder reads for encoder outputs it did not make, and the encoder backward for output
+//   gradients it did not make.
+// Holds after: every import is filled and named for how:
+//   decoder-forward   a broadcast over tp of each encoder output of the microbatch, in place,
+//                     from its owner (level 2: TP rank mb mod tp; level 3: TP rank 0): `.broadcast`
+//   encoded           level 3, each round: a gather_v over the model-parallel group to its rank 0
+//                     of each output, a mock slot's part an empty block: `.gathered`
+//   encoder-backward  level 3, each round: a scatter_v of each output gradient from rank 0:
+//                     `.scattered`
+//   level 2's mock slots read empty gradients (`.mock`, zero rows). Each mark's first instruction
+//   waits for what lowering left pending there. No marks of these kinds and no imports remain.
 
-import { valueTypes } from '../../ir/graph.js';
+import { valueTypes, type Graph } from '../../ir/graph.js';
+import { formatDim } from '../../ir/shape.js';
+import type { TensorType } from '../../ir/types.js';
 import { isEncoderScope } from '../parallel/encoder.js';
-import type { EmitEncoder } from './options.js';
-import type { Lowering } from './lower.js';
+import type { PlanInstruction } from '../plan/format.js';
+import {
+  insertAtMarks,
+  nextNonComm,
+  ProgramBuilder,
+  scheduled,
+  waitingFirst,
+  type Mark,
+  type ProgramDraft,
+} from './draft.js';
+import type { EmitOptions } from './options.js';
 
-export class EncoderHandoff {
-  private readonly enc?: EmitEncoder;
+/** The values that cross between encoder and decoder, in graph order, with their types. */
+export function encoderBoundary(g: Graph): {
+  /** made by the encoder's forward, read by the decoder */
+  outputs: string[];
+  /** their gradients: made by the decoder's backward, read by the encoder's backward */
+  grads: string[];
+  types: ReadonlyMap<string, TensorType>;
+} {
+  const encoder = (phase: string) =>
+    g.nodes.filter((n) => n.phase === phase && isEncoderScope(n.scope));
+  const encoderMade = new Set(encoder('forward').flatMap((n) => n.outputs.map((o) => o.name)));
+  const outputs = new Set(
+    g.nodes
+      .filter((n) => n.phase === 'forward' && !isEncoderScope(n.scope))
+      .flatMap((n) => n.inputs.filter((v) => encoderMade.has(v))),
+  );
+  const decoderMade = new Set(
+    g.nodes.filter((n) => !isEncoderScope(n.scope)).flatMap((n) => n.outputs.map((o) => o.name)),
+  );
+  const grads = new Set(
+    encoder('backward').flatMap((n) => n.inputs.filter((v) => decoderMade.has(v))),
+  );
+  return { outputs: [...outputs], grads: [...grads], types: valueTypes(g) };
+}
+
+const HANDOFF_MARKS = new Set<Mark['kind']>(['encoded', 'decoder-forward', 'encoder-backward']);
+
+export function encoderHandoff(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
+  const enc = opts.encoder;
+  if (!enc || enc.placement.level < 2) return d;
+  const h = new Handoff(d, g, opts);
+  const inserts = new Map<number, PlanInstruction[]>();
+  d.marks.forEach((m, k) => {
+    if (m.kind === 'decoder-forward') inserts.set(k, h.broadcasts(m.mb));
+    else if (m.kind === 'encoded') inserts.set(k, h.gathers(m.round, m.outputs));
+    else if (m.kind === 'encoder-backward') inserts.set(k, h.scatters(m.round));
+  });
+  h.emptyMockGradients();
+  // each mark's first instruction waits for what was pending there
+  for (const [k, list] of inserts) {
+    const m = d.marks[k];
+    if (m.kind !== 'p2p' && list.length) list[0] = waitingFirst(list[0], m.wait);
+  }
+  const r = insertAtMarks(h.b.instructions, d.marks, inserts);
+  let openWaits = d.openWaits;
+  r.marks.forEach((m, k) => {
+    if (m.kind === 'p2p' || inserts.get(k)?.length || !m.wait.length) return;
+    const i = nextNonComm(r.instructions, m.pos);
+    if (i >= 0) r.instructions[i] = waitingFirst(r.instructions[i], m.wait);
+    else openWaits = [...m.wait, ...openWaits];
+  });
+  return {
+    ...d,
+    buffers: h.b.buffers,
+    regions: h.b.regionTop,
+    instructions: r.instructions,
+    marks: r.marks.filter((m) => !HANDOFF_MARKS.has(m.kind)),
+    imports: [],
+    values: [],
+    openWaits,
+  };
+}
+
+/** The handoff's instructions, and the imports named as they are filled. */
+class Handoff {
+  readonly b: ProgramBuilder;
   private readonly level: number;
-  /** decoder TP size */
   private readonly T: number;
-  /** encoding ranks of a level-3 round (the model-parallel group) */
   private readonly M: number;
-  /** model-parallel group rank (level 3's gather and scatter root is 0) */
   private readonly mpRank: number;
-  /** values the encoder's forward makes that the decoder reads */
-  private readonly encoderOutputs: string[];
-  /** their gradients: values the decoder's backward makes that the encoder's backward reads */
-  private readonly outputGrads: string[];
-  private readonly valueType;
+  private readonly m: number;
+  private readonly boundary;
+  /** import buffer → its value and slot */
+  private readonly importAt = new Map<number, { value: string; mb: number }>();
+  private readonly importOf = new Map<string, number>();
+  private readonly named = new Set<number>();
 
-  constructor(private readonly lo: Lowering) {
-    const { g, opts, s } = lo;
-    this.enc = opts.encoder;
-    this.level = this.enc?.placement.level ?? 0;
-    this.T = this.enc?.tpSize ?? 1;
-    this.M = this.enc?.placement.encoders ?? 1;
-    this.mpRank = s.pipe.stage * this.T + (this.enc?.tp ?? 0);
-    this.valueType = valueTypes(g);
-    const encoderMade = new Set(s.encoderForward.flatMap((n) => n.outputs.map((o) => o.name)));
-    this.encoderOutputs = [
-      ...new Set(
-        g.nodes
-          .filter((n) => n.phase === 'forward' && !isEncoderScope(n.scope))
-          .flatMap((n) => n.inputs.filter((v) => encoderMade.has(v))),
-      ),
-    ];
-    const decoderMade = new Set(
-      g.nodes.filter((n) => !isEncoderScope(n.scope)).flatMap((n) => n.outputs.map((o) => o.name)),
-    );
-    this.outputGrads = [
-      ...new Set(s.encoderBackward.flatMap((n) => n.inputs.filter((v) => decoderMade.has(v)))),
-    ];
+  constructor(
+    private readonly d: ProgramDraft,
+    g: Graph,
+    opts: EmitOptions,
+  ) {
+    const enc = opts.encoder!;
+    this.b = new ProgramBuilder(g, d);
+    this.level = enc.placement.level;
+    this.T = enc.tpSize;
+    this.M = enc.placement.encoders;
+    this.mpRank = (opts.pipeline?.stage ?? 0) * this.T + enc.tp;
+    this.m = opts.numMicrobatches;
+    this.boundary = encoderBoundary(g);
+    for (const i of d.imports) {
+      this.importAt.set(i.buffer, i);
+      this.importOf.set(`${i.value}|${i.mb}`, i.buffer);
+    }
+  }
+
+  /** names an import for how it is first filled (level 3's gathered outputs are broadcast too) */
+  private filled(id: number, suffix: string): number {
+    const i = this.importAt.get(id);
+    if (i && !this.named.has(id)) {
+      this.b.buffers[id] = { ...this.b.buffers[id], name: `${i.value}${suffix}` };
+      this.named.add(id);
+    }
+    return id;
   }
 
   /** a zero-row block of a value's width: a mock slot's part in gather_v / scatter_v */
   private mockRows(v: string): number {
-    const t = this.valueType.get(v)!;
-    return this.lo.b.addBuffer(`${v}.mock`, { ...t, shape: [0, t.shape[1]] }, 'arena', -1);
+    const t = this.boundary.types.get(v)!;
+    return this.b.addBuffer(`${v}.mock`, { ...t, shape: [0, t.shape[1]] }, 'arena', -1);
   }
 
   private collective(
@@ -71,113 +149,86 @@ export class EncoderHandoff {
     attrs: Record<string, unknown>,
     microbatch: number,
     phase: 'forward' | 'backward',
-  ): void {
-    this.lo.pushCompute({
-      stream: 'compute',
-      op,
-      inputs,
-      outputs,
-      attrs,
-      microbatch,
-      phase,
-      scope: 'encoder_handoff',
+  ): PlanInstruction {
+    const scope = 'encoder_handoff';
+    return scheduled(
+      { stream: 'compute', op, inputs, outputs, attrs, microbatch, phase, scope },
+      [],
+    );
+  }
+
+  /** before mb's decoder forward: each output from its owner over tp, in place */
+  broadcasts(mb: number): PlanInstruction[] {
+    const root = this.level === 2 ? mb % this.T : 0;
+    return this.boundary.outputs.map((v) => {
+      const id = this.filled(this.d.values[mb].get(v)!, '.broadcast');
+      const attrs = { group: 'tp', group_size: this.T, root };
+      return this.collective('broadcast', [id], [id], attrs, mb, 'forward');
     });
   }
 
-  /** stage 0, before microbatch mb's first decoder forward: encode (level 2), hand over */
-  beforeDecoderForward(mb: number): void {
-    const { enc, lo, T } = this;
-    if (!enc || this.level < 2) return;
-    if (this.level === 2 && mb % T === 0) {
-      // the group's first microbatch: every TP rank encodes its own one of the group
-      const j = mb + enc.tp;
-      if (j < lo.slots) lo.runNodes(lo.s.encoderForward, j, lo.locals[j]);
-    }
-    if (T === 1) return;
-    const root = this.level === 2 ? mb % T : 0;
-    for (const v of this.encoderOutputs) {
-      const own = lo.locals[mb].get(v);
-      const id = own ?? lo.b.addBuffer(`${v}.broadcast`, this.valueType.get(v)!, 'arena', mb);
-      lo.locals[mb].set(v, id);
-      this.collective('broadcast', [id], [id], { group: 'tp', group_size: T, root }, mb, 'forward');
-    }
-  }
-
-  /** stage 0, after microbatch mb's last decoder backward: level 2's deferred encoder backward */
-  afterDecoderBackward(mb: number): void {
-    const { enc, lo, T } = this;
-    if (!enc || this.level !== 2 || !lo.s.encoderBackward.length) return;
-    if (mb % T !== T - 1 && mb !== lo.m - 1) return;
-    const j = mb - (mb % T) + enc.tp;
-    if (j >= lo.slots) return;
-    // a mock slot's outputs reach no decoder: their gradients are empty
-    if (j >= lo.m) for (const v of this.outputGrads) lo.locals[j].set(v, this.mockRows(v));
-    lo.runNodes(lo.s.encoderBackward, j, lo.locals[j]);
-  }
-
-  /** level 3, phase 1: each round, encode this rank's slot, gather the outputs to rank 0 */
-  encoderPhase1(): void {
-    const { enc, lo, M, mpRank } = this;
-    if (!enc || this.level !== 3) return;
-    for (let r = 0; r < enc.placement.slots / M; r++) {
-      const slot = r * M + mpRank;
-      const encodes = slot < lo.slots; // a real slot, or a mock one under the ViT balance
-      if (encodes) lo.runNodes(lo.s.encoderForward, slot, lo.locals[slot]);
-      for (const v of this.encoderOutputs) {
-        const x = encodes ? lo.locals[slot].get(v)! : this.mockRows(v);
-        const outs = mpRank === 0 ? this.gathered(v, r) : [this.mockRows(v)];
-        const rows = outs.map((id) => lo.b.buffers[id].shape[0]);
-        const attrs = { group: 'mp', group_size: M, root: 0, out_rows: rows };
-        // its blocks are of different microbatches: each buffer's own sizes (microbatch -1)
-        this.collective('gather_v', [x], outs, attrs, -1, 'forward');
-      }
-    }
-  }
-
-  /** rank 0's buffers for round r's gathered outputs of v (mock slots: empty blocks) */
-  private gathered(v: string, r: number): number[] {
-    const { lo, M } = this;
-    return Array.from({ length: M }, (_, i) => {
-      const k = r * M + i;
-      if (k >= lo.m) return this.mockRows(v);
-      const id = lo.b.addBuffer(`${v}.gathered`, this.valueType.get(v)!, 'arena', k);
-      lo.locals[k].set(v, id);
-      return id;
+  /** level 3, after round r's encode: each output gathered to model-parallel rank 0 */
+  gathers(r: number, outputs: ReadonlyMap<string, number>): PlanInstruction[] {
+    const { M } = this;
+    return this.boundary.outputs.map((v) => {
+      const x = outputs.get(v) ?? this.mockRows(v);
+      const outs =
+        this.mpRank === 0
+          ? Array.from({ length: M }, (_, i) => {
+              const k = r * M + i;
+              return k < this.m
+                ? this.filled(this.d.values[k].get(v)!, '.gathered')
+                : this.mockRows(v);
+            })
+          : [this.mockRows(v)];
+      const rows = outs.map((id) => this.b.buffers[id].shape[0]);
+      const attrs = { group: 'mp', group_size: M, root: 0, out_rows: rows };
+      // its blocks are of different microbatches: each buffer's own sizes (microbatch -1)
+      return this.collective('gather_v', [x], outs, attrs, -1, 'forward');
     });
   }
 
-  /** level 3, phase 3: each round, scatter the output gradients back, run the encoder backward */
-  encoderPhase3(): void {
-    const { enc, lo, M, mpRank } = this;
-    if (!enc || this.level !== 3 || !lo.s.encoderBackward.length) return;
-    for (let r = 0; r < enc.placement.slots / M; r++) {
-      const slot = r * M + mpRank;
-      const encodes = slot < lo.slots;
-      const local = encodes ? lo.locals[slot] : undefined;
-      for (const v of this.outputGrads) {
-        const ins =
-          mpRank === 0
-            ? Array.from({ length: M }, (_, i) => {
-                const k = r * M + i;
-                return k < lo.m ? lo.locals[k].get(v)! : this.mockRows(v);
-              })
-            : [this.mockRows(v)];
-        const out = encodes
-          ? lo.b.addBuffer(`${v}.scattered`, this.valueType.get(v)!, 'arena', slot)
-          : this.mockRows(v);
-        const attrs = {
-          group: 'mp',
-          group_size: M,
-          root: 0,
-          out_rows: [lo.b.buffers[out].shape[0]],
-        };
-        this.collective('scatter_v', ins, [out], attrs, -1, 'backward');
-        local?.set(v, out);
-      }
-      if (!encodes) continue;
-      // --full-hetero-dp-encoder-recompute: phase 1's activations are gone; the forward again
-      if (enc.recompute) lo.runNodes(lo.s.encoderForward, slot, local!);
-      lo.runNodes(lo.s.encoderBackward, slot, local!);
+  /** level 3, before round r's encoder backward: each output gradient scattered from rank 0 */
+  scatters(r: number): PlanInstruction[] {
+    const { M } = this;
+    const slot = r * M + this.mpRank;
+    return this.boundary.grads.map((v) => {
+      const ins =
+        this.mpRank === 0
+          ? Array.from({ length: M }, (_, i) => {
+              const k = r * M + i;
+              return k < this.m ? this.d.values[k].get(v)! : this.mockRows(v);
+            })
+          : [this.mockRows(v)];
+      const into = this.importOf.get(`${v}|${slot}`);
+      const out = into !== undefined ? this.filled(into, '.scattered') : this.mockRows(v);
+      const attrs = {
+        group: 'mp',
+        group_size: M,
+        root: 0,
+        out_rows: [this.b.buffers[out].shape[0]],
+      };
+      return this.collective('scatter_v', ins, [out], attrs, -1, 'backward');
+    });
+  }
+
+  /** level 2: a mock slot's output gradients are empty blocks (the import becomes one) */
+  emptyMockGradients(): void {
+    if (this.level !== 2) return;
+    for (const i of this.d.imports) {
+      if (i.mb < this.m || !this.boundary.grads.includes(i.value)) continue;
+      const t = this.boundary.types.get(i.value)!;
+      this.b.buffers[i.buffer] = {
+        id: i.buffer,
+        name: `${i.value}.mock`,
+        region: 'arena',
+        space: t.space ?? 'device',
+        dtype: t.dtype,
+        shape: ['0', formatDim(t.shape[1])],
+        offset: 0,
+        bytes: 0,
+        microbatch: -1,
+      };
     }
   }
 }

@@ -1,4 +1,4 @@
-// Emission pass 3, grad-sync: gradient sums over the groups that hold copies, and the distributed
+// Emission pass 5, grad-sync: gradient sums over the groups that hold copies, and the distributed
 // optimizer's shards.
 //
 // Holds before: the lowered program; gradient buffers are written only by grad_accumulate (in
@@ -29,6 +29,7 @@ interface Bucket {
 }
 
 export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
+  if (d.marks.length) throw new Error(`grad-sync: ${d.marks.length} marks left by earlier passes`);
   const b = new ProgramBuilder(g, d);
   // the bucket relayout moves gradient and parameter buffers: work on copies of them
   for (let i = 0; i < b.buffers.length; i++) b.buffers[i] = { ...b.buffers[i] };

@@ -3,17 +3,16 @@
 // Holds before: the program's schedule (pass 1).
 // Holds after: persistent buffers (parameters, gradients, AdamW state unless the distributed
 //   optimizer shards it, step scalars), the data inputs of every microbatch slot this rank reads,
-//   and every step's instructions in issue order:
-//     p2p batch  on the comm stream: the previous step's sends and this step's recvs, posted
-//                together (Megatron's batched send/recv, so neighbours never wait on each other's
-//                order); it waits for the last compute instruction before it, and the step's first
-//                compute instruction waits for it
-//     the step's passes on the compute stream (tensor/expert collectives included: their results
-//     are needed at once); a combined step (A2A overlap) interleaves its two passes layer by layer,
-//     the expert all-to-alls on the comm stream (compiler/emit/combined.ts)
-//   and at encoder levels 2 and 3 the encoder's runs and the handoff of its outputs and their
-//   gradients (compiler/emit/encoder-handoff.ts). What the last step leaves for the next compute
-//   instruction to wait for is the draft's openWaits.
+//   and every step's instructions in issue order: its passes on the compute stream
+//   (tensor/expert collectives included: their results are needed at once); a combined step (A2A
+//   overlap) interleaves its two passes layer by layer, the expert all-to-alls on the comm stream
+//   (compiler/emit/combined.ts); at encoder levels 2 and 3 the encoder's runs where the level puts
+//   them (compiler/emit/encoder-runs.ts). What crosses ranks is left to later passes, at marks:
+//   a p2p mark before each step (and after the last) holds the sends of the step before and the
+//   recvs of this one, whose buffers the passes read (p2p batches them); the handoff marks say
+//   where encoder outputs and their gradients move, and the buffers they fill are imports (the
+//   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
+//   for is the draft's openWaits.
 
 import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
@@ -21,8 +20,15 @@ import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { PlanInstruction, ProgramInput, ProgramParam } from '../plan/format.js';
 import { emitCombined } from './combined.js';
-import { NodeLowering, ProgramBuilder, type ProgramDraft, type Unscheduled } from './draft.js';
-import { EncoderHandoff } from './encoder-handoff.js';
+import {
+  NodeLowering,
+  ProgramBuilder,
+  type Import,
+  type Mark,
+  type ProgramDraft,
+  type Unscheduled,
+} from './draft.js';
+import { EncoderRuns } from './encoder-runs.js';
 import type { EmitOptions } from './options.js';
 import { passesOf, passKey, type PassRef, type ProgramSchedule } from './schedule.js';
 
@@ -44,9 +50,9 @@ export class Lowering {
   readonly computeWait: number[] = [];
   /** the sends of the last step, posted with the next batch */
   pendingSends: Unscheduled[] = [];
-  /** p2p batches so far */
-  batches = 0;
-  readonly handoff: EncoderHandoff;
+  readonly marks: Mark[] = [];
+  readonly imports: Import[] = [];
+  readonly encoder: EncoderRuns;
 
   constructor(
     readonly g: Graph,
@@ -56,7 +62,7 @@ export class Lowering {
     this.b = new ProgramBuilder(g);
     this.nodes = NodeLowering.of(g, this.b, { params: [], scalars: {}, outputs: [] }, this.global);
     this.slots = opts.numMicrobatches;
-    this.handoff = new EncoderHandoff(this);
+    this.encoder = new EncoderRuns(this);
   }
 
   get m(): number {
@@ -69,9 +75,18 @@ export class Lowering {
       this.lastCompute = this.nodes.node(n, mb, local, this.computeWait.splice(0));
   }
 
-  /** Appends an instruction on compute that waits for what is pending. */
-  pushCompute(ins: Unscheduled): void {
-    this.lastCompute = this.b.push(ins, this.computeWait.splice(0));
+  /** A mark at the end of the instruction list (the p2p kind has no waits of its own). */
+  mark(
+    m: Mark extends infer M ? (M extends { pos: number } ? Omit<M, 'pos'> : never) : never,
+  ): void {
+    this.marks.push({ ...m, pos: this.b.instructions.length } as Mark);
+  }
+
+  /** A buffer for value v of slot mb that another rank's work fills (see Import). */
+  importOf(v: string, mb: number, t: TensorType): number {
+    const id = this.b.addBuffer(`${v}.import`, t, 'arena', mb);
+    this.imports.push({ buffer: id, value: v, mb });
+    return id;
   }
 }
 
@@ -80,16 +95,18 @@ export function lowerProgram(g: Graph, opts: EmitOptions, s: ProgramSchedule): P
   const lo = new Lowering(g, opts, s);
   persistentBuffers(lo);
   dataInputs(lo);
-  lo.handoff.encoderPhase1();
-  for (const step of s.steps)
+  lo.encoder.phase1();
+  s.steps.forEach((step, k) =>
     lowerStep(
       lo,
+      k,
       step.flatMap((a) => passesOf(s, a)),
       step,
-    );
-  // the last batch's sends; whatever runs on compute after them (level 3's phase 3) waits
-  lo.computeWait.push(...flushBatch(lo, [], []));
-  lo.handoff.encoderPhase3();
+    ),
+  );
+  // the last batch's sends
+  lo.mark({ kind: 'p2p', step: s.steps.length, sends: lo.pendingSends, recvs: [] });
+  lo.encoder.phase3();
   return {
     id: opts.id ?? 'p0',
     regions: lo.b.regionTop,
@@ -105,6 +122,9 @@ export function lowerProgram(g: Graph, opts: EmitOptions, s: ProgramSchedule): P
     keepUntilWait: lo.keepUntilWait,
     openWaits: lo.computeWait,
     shardBuffers: [],
+    marks: lo.marks,
+    imports: lo.imports,
+    values: lo.locals,
   };
 }
 
@@ -184,33 +204,35 @@ function dataInputs(lo: Lowering): void {
   });
 }
 
-/** One step: the batch before it, its passes (combined or one by one), the sends they make. */
-function lowerStep(lo: Lowering, passes: PassRef[], step: readonly { kind: string }[]): void {
+/** One step: its p2p mark, its passes (combined or one by one), the sends they make. */
+function lowerStep(
+  lo: Lowering,
+  k: number,
+  passes: PassRef[],
+  step: readonly { kind: string }[],
+): void {
   const { s } = lo;
   // recvs of every pass of the step, before its first pass
-  const recvsByPass = passes.map((x) =>
-    s.pipe.transfers.filter((t) => t.to.chunk === x.chunk && t.to.phase === x.phase),
+  const recvs = passes.flatMap((x) =>
+    s.pipe.transfers
+      .filter((t) => t.to.chunk === x.chunk && t.to.phase === x.phase)
+      .map((t) => recvOf(lo, t, x.mb)),
   );
-  lo.computeWait.push(
-    ...flushBatch(
-      lo,
-      recvsByPass,
-      passes.map((x) => x.mb),
-    ),
-  );
+  lo.mark({ kind: 'p2p', step: k, sends: lo.pendingSends, recvs });
+  lo.pendingSends = [];
   const combined = step.length === 1 && step[0].kind === 'FB';
   if (combined) {
     const [f, b] = passes;
-    if (f.chunk === 0) lo.handoff.beforeDecoderForward(f.mb);
+    if (f.chunk === 0) lo.encoder.beforeDecoderForward(f.mb);
     emitCombined(lo, f, b);
-    if (b.chunk === 0) lo.handoff.afterDecoderBackward(b.mb);
+    if (b.chunk === 0) lo.encoder.afterDecoderBackward(b.mb);
   }
   for (const x of passes) {
     const local = lo.locals[x.mb];
     if (!combined) {
-      if (x.chunk === 0 && x.phase === 'forward') lo.handoff.beforeDecoderForward(x.mb);
+      if (x.chunk === 0 && x.phase === 'forward') lo.encoder.beforeDecoderForward(x.mb);
       lo.runNodes(s.passNodes.get(passKey(x.chunk, x.phase)) ?? [], x.mb, local);
-      if (x.chunk === 0 && x.phase === 'backward') lo.handoff.afterDecoderBackward(x.mb);
+      if (x.chunk === 0 && x.phase === 'backward') lo.encoder.afterDecoderBackward(x.mb);
     }
     for (const t of s.pipe.transfers) {
       if (t.from.chunk !== x.chunk || t.from.phase !== x.phase) continue;
@@ -228,25 +250,8 @@ function lowerStep(lo: Lowering, passes: PassRef[], step: readonly { kind: strin
   }
 }
 
-/**
- * The batch before a step: the pending sends, and the recvs of each of its passes (mbs: their
- * microbatches). Returns the batch's completion event (none when the batch is empty).
- */
-function flushBatch(lo: Lowering, recvsByPass: Transfer[][], mbs: number[]): number[] {
-  const sends = lo.pendingSends;
-  if (!sends.length && !recvsByPass.some((r) => r.length)) return [];
-  const batch = lo.batches++;
-  const list: Unscheduled[] = sends.map((x) => ({ ...x, attrs: { ...x.attrs, batch } }));
-  for (const [k, recvs] of recvsByPass.entries())
-    for (const t of recvs) list.push(recvOf(lo, t, mbs[k], batch));
-  lo.pendingSends = [];
-  const wait = lo.lastCompute >= 0 ? [lo.b.record(lo.lastCompute)] : [];
-  let last = -1;
-  list.forEach((ins, i) => (last = lo.b.push(ins, i === 0 ? wait : [])));
-  return [lo.b.record(last)];
-}
-
-function recvOf(lo: Lowering, t: Transfer, mb: number, batch: number): Unscheduled {
+/** A recv of transfer t for microbatch mb into a new buffer, which the step's passes read. */
+function recvOf(lo: Lowering, t: Transfer, mb: number): Unscheduled {
   const id = lo.b.addBuffer(`${t.value}.recv`, t.type, 'arena', mb);
   lo.locals[mb].set(t.value, id);
   const attrs: PlanInstruction['attrs'] = {
@@ -255,7 +260,6 @@ function recvOf(lo: Lowering, t: Transfer, mb: number, batch: number): Unschedul
     tag: t.tag + mb,
     dtype: t.type.dtype,
     shape: t.type.shape.map(formatDim),
-    batch,
   };
   return {
     stream: 'comm',

@@ -1,4 +1,4 @@
-// Emission pass 8, memory-plan: the arena, and the host region of offloaded activations, placed
+// Emission pass 10, memory-plan: the arena, and the host region of offloaded activations, placed
 // from the buffers' lifetimes (compiler/plan/memory.ts).
 //
 // Holds before: every instruction is in its final place; arena and host buffers have offset 0.

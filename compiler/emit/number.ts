@@ -1,4 +1,4 @@
-// Emission pass 5, number: canonical numbering of a program's buffers and events: by first appearance, not by the order
+// Emission pass 7, number: canonical numbering of a program's buffers and events: by first appearance, not by the order
 // the emitter happened to create them. Emission passes may then add buffers and events in any
 // order (a handoff pass after lowering, a bucket pass after the passes) and still write the same
 // program, byte for byte: the memory planner, which places buffers in id order, sees the same list.

@@ -1,4 +1,4 @@
-// Emission pass 4, optimizer: the optimizer step after the last gradient sum.
+// Emission pass 6, optimizer: the optimizer step after the last gradient sum.
 //
 // Holds before: every pass and gradient sum is issued (grad-sync).
 // Holds after: the step's instructions on compute, the first waiting for the comm stream's last

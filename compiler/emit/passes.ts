@@ -7,7 +7,9 @@ import { applyActivationPolicy } from '../plan/activations.js';
 import { offloadIdleEncoderBytes } from '../plan/encoder-offload.js';
 import type { ProgramFile } from '../plan/format.js';
 import { programFileOf, type ProgramDraft } from './draft.js';
+import { encoderHandoff } from './encoder-handoff.js';
 import { syncGradients } from './grad-sync.js';
+import { batchTransfers } from './p2p.js';
 import { lowerProgram } from './lower.js';
 import { lifetimesOf, planMemory } from './memory-plan.js';
 import { numberProgram } from './number.js';
@@ -26,8 +28,13 @@ export const EMIT_PASSES: readonly EmitPass[] = [
   {
     name: 'lower',
     summary:
-      'buffers and instructions in issue order: p2p batches, passes, A2A-overlap steps, the encoder handoff',
+      "buffers and instructions in issue order: passes, A2A-overlap steps, the encoder's runs",
   },
+  {
+    name: 'encoder-handoff',
+    summary: 'levels 2, 3: broadcast, gather_v, scatter_v of encoder outputs and their gradients',
+  },
+  { name: 'p2p', summary: "the pipeline's sends and recvs, batched between schedule steps" },
   {
     name: 'grad-sync',
     summary: 'gradient buckets summed on the comm stream; distributed optimizer shards',
@@ -47,6 +54,8 @@ export function emitProgram(g: Graph, opts: EmitOptions, dump?: EmitDump): Progr
   const s = scheduleProgram(g, opts);
   dump?.('schedule', s);
   const steps: readonly [string, (d: ProgramDraft) => ProgramDraft][] = [
+    ['encoder-handoff', (d) => encoderHandoff(d, g, opts)],
+    ['p2p', batchTransfers],
     ['grad-sync', (d) => syncGradients(d, g, opts)],
     ['optimizer', (d) => lowerOptimizerStep(d, g, opts)],
     ['number', numbered],

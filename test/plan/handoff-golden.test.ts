@@ -1,4 +1,4 @@
-// The encoder handoff as the dump shows it: `lfc compile --dump-after lower` on tiny-vlm-moe over
+// The encoder handoff as the dump shows it: `lfc compile --dump-after encoder-handoff` on tiny-vlm-moe over
 // 4 ranks at levels 2 and 3, every program, filtered to the handoff instructions (broadcast,
 // gather_v, scatter_v) with their groups, roots, row counts and events. Goldens under
 // test/goldens/handoff.*.txt (UPDATE_GOLDENS=1 rewrites them).
@@ -11,7 +11,7 @@ import { expectGolden } from '../golden.js';
 const HANDOFF = new Set(['broadcast', 'gather_v', 'scatter_v']);
 const BATCH = ['--global-batch-size', '4', '--micro-batch-size', '1', '--nproc-per-node', '4'];
 
-describe('the encoder handoff after the lower pass', () => {
+describe('the program after the encoder-handoff pass', () => {
   it.each([
     ['level2-tp4', ['--tp', '4', '--enable-encoder-hetero-dp']],
     ['level2-tp2-pp2', ['--tp', '2', '--pp', '2', '--enable-encoder-hetero-dp']],
@@ -24,7 +24,7 @@ describe('the encoder handoff after the lower pass', () => {
       let dump = '';
       compile({
         ...options,
-        dumpAfter: 'lower',
+        dumpAfter: 'encoder-handoff',
         dumpProgram: id,
         onDump: (t) => (dump = t),
       });
