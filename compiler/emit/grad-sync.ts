@@ -31,8 +31,12 @@ interface Bucket {
 export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
   if (d.marks.length) throw new Error(`grad-sync: ${d.marks.length} marks left by earlier passes`);
   const b = new ProgramBuilder(g, d);
-  // the bucket relayout moves gradient and parameter buffers: work on copies of them
-  for (let i = 0; i < b.buffers.length; i++) b.buffers[i] = { ...b.buffers[i] };
+  // the bucket relayout moves gradient and parameter buffers (and views of persistent ones):
+  // work on copies of what it may move
+  for (let i = 0; i < b.buffers.length; i++) {
+    const x = b.buffers[i];
+    if (x.region !== 'arena' && x.region !== 'host') b.buffers[i] = { ...x };
+  }
   const groupSizes = opts.groupSizes ?? {};
   const byName = new Map(g.params.map((p) => [p.name, p]));
   const gradBuffers = d.params

@@ -14,12 +14,14 @@ import type { ProgramDraft } from './draft.js';
 
 export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {
   const lifetimes = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);
-  const buffers = d.buffers.map((b) => ({ ...b }));
+  const buffers = [...d.buffers];
   const regions = { ...d.regions };
   let lowerBound = 0;
   for (const region of ['arena', 'host'] as const) {
     const plan = planArena(lifetimes[region]);
-    for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
+    buffers.forEach((b, i) => {
+      if (b.region === region) buffers[i] = { ...b, offset: plan.offsets[b.viewOf ?? b.id] };
+    });
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }

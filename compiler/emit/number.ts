@@ -39,6 +39,83 @@ export interface NumberedParts {
 
 /** The parts renumbered canonically (see the header). */
 export function numberProgram(p: NumberedParts): NumberedParts {
+  const b = bufferOrder(p);
+  const ev = eventOrder(p);
+  const remap = (ids: readonly number[], table: Int32Array) => {
+    const out = new Array<number>(ids.length);
+    for (let i = 0; i < ids.length; i++) out[i] = table[ids[i]];
+    return out;
+  };
+  const buffers: PlanBuffer[] = new Array<PlanBuffer>(p.buffers.length);
+  // literals in the buffers' and instructions' own key order (every one has it here): a spread
+  // per object cost a second on the 235B layout's 400k instructions
+  for (const x of p.buffers) {
+    const id = b[x.id];
+    buffers[id] =
+      x.viewOf === undefined
+        ? {
+            id,
+            name: x.name,
+            region: x.region,
+            space: x.space,
+            dtype: x.dtype,
+            shape: x.shape,
+            offset: x.offset,
+            bytes: x.bytes,
+            microbatch: x.microbatch,
+          }
+        : {
+            id,
+            name: x.name,
+            region: x.region,
+            space: x.space,
+            dtype: x.dtype,
+            shape: x.shape,
+            offset: x.offset,
+            bytes: x.bytes,
+            viewOf: b[x.viewOf],
+            microbatch: x.microbatch,
+          };
+  }
+  const instructions = p.instructions.map((x): PlanInstruction => ({
+    stream: x.stream,
+    op: x.op,
+    inputs: remap(x.inputs, b),
+    outputs: remap(x.outputs, b),
+    attrs: x.attrs,
+    wait: remap(x.wait, ev.table),
+    record: remap(x.record, ev.table),
+    microbatch: x.microbatch,
+    phase: x.phase,
+    scope: x.scope,
+  }));
+  return {
+    buffers,
+    instructions,
+    params: p.params.map((q) => ({
+      ...q,
+      buffer: b[q.buffer],
+      ...(q.grad !== undefined ? { grad: b[q.grad] } : {}),
+      ...(q.expAvg !== undefined ? { expAvg: b[q.expAvg] } : {}),
+      ...(q.expAvgSq !== undefined ? { expAvgSq: b[q.expAvgSq] } : {}),
+    })),
+    inputs: p.inputs.map((i) => ({ ...i, buffer: b[i.buffer] })),
+    scalars: Object.fromEntries(Object.entries(p.scalars).map(([k, id]) => [k, b[id]])),
+    outputs: p.outputs.map((o) => ({ ...o, buffer: b[o.buffer] })),
+    optimizerShards: p.optimizerShards.map((s) => ({
+      ...s,
+      expAvg: b[s.expAvg],
+      expAvgSq: b[s.expAvgSq],
+    })),
+    keepUntilWait: new Map(
+      [...p.keepUntilWait].map(([e, ids]) => [ev.table[e], remap(ids, b)] as const),
+    ),
+    events: ev.count,
+  };
+}
+
+/** [old id] the new id of each buffer, by first appearance (a view right after its base) */
+function bufferOrder(p: NumberedParts): Int32Array {
   const n = p.buffers.length;
   const newId = new Int32Array(n).fill(-1);
   let next = 0;
@@ -53,8 +130,8 @@ export function numberProgram(p: NumberedParts): NumberedParts {
   for (const i of p.inputs) visit(i.buffer);
   for (const id of Object.values(p.scalars)) visit(id);
   for (const ins of p.instructions) {
-    for (const id of ins.inputs) visit(id);
-    for (const id of ins.outputs) visit(id);
+    for (let k = 0; k < ins.inputs.length; k++) visit(ins.inputs[k]);
+    for (let k = 0; k < ins.outputs.length; k++) visit(ins.outputs[k]);
   }
   for (const o of p.outputs) visit(o.buffer);
   for (const s of p.optimizerShards) {
@@ -62,54 +139,20 @@ export function numberProgram(p: NumberedParts): NumberedParts {
     visit(s.expAvgSq);
   }
   for (let id = 0; id < n; id++) visit(id);
+  return newId;
+}
 
-  const newEvent = new Map<number, number>();
+/** [old event] the new number of each event, by the first instruction that names it */
+function eventOrder(p: NumberedParts): { table: Int32Array; count: number } {
+  const table = new Int32Array(p.events).fill(-1);
+  let count = 0;
   const ev = (e: number) => {
-    let k = newEvent.get(e);
-    if (k === undefined) newEvent.set(e, (k = newEvent.size));
-    return k;
+    if (table[e] < 0) table[e] = count++;
   };
   for (const ins of p.instructions) {
-    for (const e of ins.wait) ev(e);
-    for (const e of ins.record) ev(e);
+    for (let k = 0; k < ins.wait.length; k++) ev(ins.wait[k]);
+    for (let k = 0; k < ins.record.length; k++) ev(ins.record[k]);
   }
   for (const e of p.keepUntilWait.keys()) ev(e);
-
-  const b = (id: number) => newId[id];
-  const buffers: PlanBuffer[] = new Array<PlanBuffer>(n);
-  for (const old of p.buffers) {
-    const id = b(old.id);
-    buffers[id] = {
-      ...old,
-      id,
-      ...(old.viewOf !== undefined ? { viewOf: b(old.viewOf) } : {}),
-    };
-  }
-  return {
-    buffers,
-    instructions: p.instructions.map((ins) => ({
-      ...ins,
-      inputs: ins.inputs.map(b),
-      outputs: ins.outputs.map(b),
-      wait: ins.wait.map(ev),
-      record: ins.record.map(ev),
-    })),
-    params: p.params.map((q) => ({
-      ...q,
-      buffer: b(q.buffer),
-      ...(q.grad !== undefined ? { grad: b(q.grad) } : {}),
-      ...(q.expAvg !== undefined ? { expAvg: b(q.expAvg) } : {}),
-      ...(q.expAvgSq !== undefined ? { expAvgSq: b(q.expAvgSq) } : {}),
-    })),
-    inputs: p.inputs.map((i) => ({ ...i, buffer: b(i.buffer) })),
-    scalars: Object.fromEntries(Object.entries(p.scalars).map(([k, id]) => [k, b(id)])),
-    outputs: p.outputs.map((o) => ({ ...o, buffer: b(o.buffer) })),
-    optimizerShards: p.optimizerShards.map((s) => ({
-      ...s,
-      expAvg: b(s.expAvg),
-      expAvgSq: b(s.expAvgSq),
-    })),
-    keepUntilWait: new Map([...p.keepUntilWait].map(([e, ids]) => [ev(e), ids.map(b)])),
-    events: newEvent.size,
-  };
+  return { table, count };
 }
