@@ -20,12 +20,20 @@ export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {
   for (const region of ['arena', 'host'] as const) {
     const plan = planArena(lifetimes[region]);
     buffers.forEach((b, i) => {
-      if (b.region === region) buffers[i] = { ...b, offset: plan.offsets[b.viewOf ?? b.id] };
+      if (b.region === region) buffers[i] = placed(b, plan.offsets[b.viewOf ?? b.id]);
     });
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
   return { ...d, buffers, regions, arenaLowerBoundBytes: lowerBound };
+}
+
+/** b at `offset`: a literal in the buffers' key order (a spread per buffer is slower) */
+function placed(b: PlanBuffer, offset: number): PlanBuffer {
+  const { id, name, region, space, dtype, shape, bytes, viewOf, microbatch } = b;
+  return viewOf === undefined
+    ? { id, name, region, space, dtype, shape, offset, bytes, microbatch }
+    : { id, name, region, space, dtype, shape, offset, bytes, viewOf, microbatch };
 }
 
 /**
