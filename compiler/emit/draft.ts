@@ -1,7 +1,9 @@
 // The program IR between emission passes: one rank's program (compiler/plan/format.ts
 // ProgramFile) as the passes build it, with the little that later passes need and the file does
-// not hold. A pass takes a draft and returns a new one; it never changes the draft it was given
-// (its arrays are copied where it adds to them), so a dump after any pass stays true.
+// not hold. A pass takes a draft and returns the next one. Drafts are linear: emitProgram hands
+// each to the dump, then to the next pass, and never reads it again. So a pass copies only what it
+// changes, and the two that change every buffer (number, memory-plan) do so in place: copying the
+// 235B layout's 400k instructions and 430k buffers cost a second of its compile and 0.2 GiB.
 //
 // ProgramBuilder is how a pass adds to a draft: buffers (persistent regions laid out in the order
 // they are made, arena and host ones placed later by the memory plan), instructions in issue

@@ -28,16 +28,20 @@ export class EncoderRuns {
   private readonly M: number;
   /** model-parallel group rank (level 3's gather and scatter root is 0) */
   private readonly mpRank: number;
-  private readonly boundary;
+  private boundaryOf?: ReturnType<typeof encoderBoundary>;
 
   constructor(private readonly lo: Lowering) {
-    const { g, opts, s } = lo;
+    const { opts, s } = lo;
     this.enc = opts.encoder;
     this.level = this.enc?.placement.level ?? 0;
     this.T = this.enc?.tpSize ?? 1;
     this.M = this.enc?.placement.encoders ?? 1;
     this.mpRank = s.pipe.stage * this.T + (this.enc?.tp ?? 0);
-    this.boundary = encoderBoundary(g);
+  }
+
+  /** the values that cross between encoder and decoder (only levels 2 and 3 ask) */
+  private get boundary(): ReturnType<typeof encoderBoundary> {
+    return (this.boundaryOf ??= encoderBoundary(this.lo.g));
   }
 
   /** v of slot mb, read from an import made now */

@@ -9,31 +9,22 @@
 import type { Graph } from '../../ir/graph.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { planArena, type Lifetime } from '../plan/memory.js';
-import { rootOf } from '../plan/rewrite.js';
+import { rootOf, type MutableBuffer } from '../plan/rewrite.js';
 import type { ProgramDraft } from './draft.js';
 
 export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {
   const lifetimes = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);
-  const buffers = [...d.buffers];
+  // offsets set in place (draft.ts: drafts are linear; a copy of every buffer is slower)
+  const buffers = d.buffers as MutableBuffer[];
   const regions = { ...d.regions };
   let lowerBound = 0;
   for (const region of ['arena', 'host'] as const) {
     const plan = planArena(lifetimes[region]);
-    buffers.forEach((b, i) => {
-      if (b.region === region) buffers[i] = placed(b, plan.offsets[b.viewOf ?? b.id]);
-    });
+    for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
   return { ...d, buffers, regions, arenaLowerBoundBytes: lowerBound };
-}
-
-/** b at `offset`: a literal in the buffers' key order (a spread per buffer is slower) */
-function placed(b: PlanBuffer, offset: number): PlanBuffer {
-  const { id, name, region, space, dtype, shape, bytes, viewOf, microbatch } = b;
-  return viewOf === undefined
-    ? { id, name, region, space, dtype, shape, offset, bytes, microbatch }
-    : { id, name, region, space, dtype, shape, offset, bytes, viewOf, microbatch };
 }
 
 /**

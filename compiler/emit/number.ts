@@ -9,9 +9,11 @@
 // order. A view is numbered right after the buffer it views, which keeps viewOf < id. Events are
 // numbered by the first instruction that names them (wait or record).
 //
-// Holds before: ids are dense (buffer i has id i), every reference names an existing buffer.
+// Holds before: ids are dense (buffer i has id i), every reference names an existing buffer, and
+//   no two instructions share an id list (each has its own arrays).
 // Holds after: the same, with ids renumbered; nothing else changes (offsets, names, order).
 
+import type { MutableBuffer } from '../plan/rewrite.js';
 import type {
   OptimizerShard,
   PlanBuffer,
@@ -37,69 +39,34 @@ export interface NumberedParts {
   readonly events: number;
 }
 
-/** The parts renumbered canonically (see the header). */
+/**
+ * The parts renumbered canonically (see the header). The buffers and instructions are renumbered
+ * in place (compiler/emit/draft.ts: drafts are linear): copying every one of them cost a second
+ * and 0.2 GiB on the 235B layout's 400k instructions.
+ */
 export function numberProgram(p: NumberedParts): NumberedParts {
   const b = bufferOrder(p);
   const ev = eventOrder(p);
-  const same = (ids: readonly number[], table: Int32Array) => {
-    for (let i = 0; i < ids.length; i++) if (table[ids[i]] !== ids[i]) return false;
-    return true;
-  };
-  const remap = (ids: readonly number[], table: Int32Array) =>
-    same(ids, table) ? ids : ids.map((id) => table[id]);
   const buffers: PlanBuffer[] = new Array<PlanBuffer>(p.buffers.length);
-  // an object whose ids do not move is kept; the others are literals in their own key order
-  // (every buffer and instruction has it here): a spread per object cost 0.9 s on the 235B
-  // layout's 400k instructions
-  for (const x of p.buffers) {
+  for (const x of p.buffers as MutableBuffer[]) {
     const id = b[x.id];
-    if (id === x.id && (x.viewOf === undefined || b[x.viewOf] === x.viewOf)) buffers[id] = x;
-    else
-      buffers[id] =
-        x.viewOf === undefined
-          ? {
-              id,
-              name: x.name,
-              region: x.region,
-              space: x.space,
-              dtype: x.dtype,
-              shape: x.shape,
-              offset: x.offset,
-              bytes: x.bytes,
-              microbatch: x.microbatch,
-            }
-          : {
-              id,
-              name: x.name,
-              region: x.region,
-              space: x.space,
-              dtype: x.dtype,
-              shape: x.shape,
-              offset: x.offset,
-              bytes: x.bytes,
-              viewOf: b[x.viewOf],
-              microbatch: x.microbatch,
-            };
+    x.id = id;
+    if (x.viewOf !== undefined) x.viewOf = b[x.viewOf];
+    buffers[id] = x;
   }
-  const instructions = p.instructions.map((x): PlanInstruction =>
-    same(x.inputs, b) && same(x.outputs, b) && same(x.wait, ev.table) && same(x.record, ev.table)
-      ? x
-      : {
-          stream: x.stream,
-          op: x.op,
-          inputs: remap(x.inputs, b),
-          outputs: remap(x.outputs, b),
-          attrs: x.attrs,
-          wait: remap(x.wait, ev.table),
-          record: remap(x.record, ev.table),
-          microbatch: x.microbatch,
-          phase: x.phase,
-          scope: x.scope,
-        },
-  );
+  const rename = (ids: readonly number[], table: Int32Array) => {
+    const list = ids as number[];
+    for (let i = 0; i < list.length; i++) list[i] = table[list[i]];
+  };
+  for (const x of p.instructions) {
+    rename(x.inputs, b);
+    rename(x.outputs, b);
+    rename(x.wait, ev.table);
+    rename(x.record, ev.table);
+  }
   return {
     buffers,
-    instructions,
+    instructions: p.instructions,
     params: p.params.map((q) => ({
       ...q,
       buffer: b[q.buffer],
@@ -116,7 +83,7 @@ export function numberProgram(p: NumberedParts): NumberedParts {
       expAvgSq: b[s.expAvgSq],
     })),
     keepUntilWait: new Map(
-      [...p.keepUntilWait].map(([e, ids]) => [ev.table[e], remap(ids, b)] as const),
+      [...p.keepUntilWait].map(([e, ids]) => [ev.table[e], ids.map((id) => b[id])] as const),
     ),
     events: ev.count,
   };

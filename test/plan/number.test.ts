@@ -6,17 +6,21 @@ import { compile } from '../../compiler/pipeline.js';
 import type { PlanBuffer, ProgramFile } from '../../compiler/plan/format.js';
 import { numberProgram, type NumberedParts } from '../../compiler/emit/number.js';
 
-const partsOf = (p: ProgramFile): NumberedParts => ({
-  buffers: p.buffers,
-  instructions: p.instructions,
-  params: p.params,
-  inputs: p.inputs,
-  scalars: p.scalars,
-  outputs: p.outputs,
-  optimizerShards: p.optimizerShards ?? [],
-  keepUntilWait: new Map(),
-  events: p.events,
-});
+/** the parts of a copy of p (numberProgram renumbers in place: each call gets its own) */
+const partsOf = (original: ProgramFile): NumberedParts => {
+  const p = structuredClone(original);
+  return {
+    buffers: p.buffers,
+    instructions: p.instructions,
+    params: p.params,
+    inputs: p.inputs,
+    scalars: p.scalars,
+    outputs: p.outputs,
+    optimizerShards: p.optimizerShards ?? [],
+    keepUntilWait: new Map(),
+    events: p.events,
+  };
+};
 
 /** a deterministic permutation of 0..n-1 */
 function shuffled(n: number, seed: number): Int32Array {
