@@ -31,11 +31,10 @@ interface Bucket {
 export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
   if (d.marks.length) throw new Error(`grad-sync: ${d.marks.length} marks left by earlier passes`);
   const b = new ProgramBuilder(g, d);
-  // the bucket relayout moves gradient and parameter buffers (and views of persistent ones):
-  // work on copies of what it may move
+  // the bucket relayout moves gradient and parameter buffers: work on copies of them
   for (let i = 0; i < b.buffers.length; i++) {
     const x = b.buffers[i];
-    if (x.region !== 'arena' && x.region !== 'host') b.buffers[i] = { ...x };
+    if (x.region === 'grad' || x.region === 'param') b.buffers[i] = { ...x };
   }
   const groupSizes = opts.groupSizes ?? {};
   const byName = new Map(g.params.map((p) => [p.name, p]));
@@ -217,6 +216,7 @@ function relayoutBuckets(
   }
   // views (a reshaped bias, a bucket) follow the buffer they view
   for (const x of buffers)
-    if (x.viewOf !== undefined && x.region !== 'arena') x.offset = buffers[x.viewOf].offset;
+    if (x.viewOf !== undefined && (x.region === 'grad' || x.region === 'param'))
+      x.offset = buffers[x.viewOf].offset;
   return out;
 }
