@@ -41,7 +41,7 @@ import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
 import { EMIT_PASSES, emitProgram, printSchedule } from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
-import { activationPolicyOf } from './plan/activations.js';
+import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 import { programFileOf, type ProgramDraft } from './emit/draft.js';
 import type { ProgramSchedule } from './emit/schedule.js';

@@ -27,7 +27,7 @@ import {
   type StreamName,
 } from '../plan/format.js';
 import { align } from '../plan/memory.js';
-import { rootOf, type MutableBuffer } from '../plan/rewrite.js';
+import { rootOf, type MutableBuffer } from './rewrite.js';
 
 export interface ProgramOutput {
   readonly name: string;

@@ -15,7 +15,7 @@
 import type { Graph, ParamDecl } from '../../ir/graph.js';
 import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
 import { ALIGN, align } from '../plan/memory.js';
-import type { MutableBuffer } from '../plan/rewrite.js';
+import type { MutableBuffer } from './rewrite.js';
 import { ProgramBuilder, scheduled, type ProgramDraft, type Unscheduled } from './draft.js';
 import { shardable } from './lower.js';
 import { DEFAULT_BUCKET_BYTES, type EmitOptions } from './options.js';

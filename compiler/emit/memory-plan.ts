@@ -9,7 +9,7 @@
 import type { Graph } from '../../ir/graph.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { planArena, type Lifetime } from '../plan/memory.js';
-import { rootOf, type MutableBuffer } from '../plan/rewrite.js';
+import { rootOf, type MutableBuffer } from './rewrite.js';
 import type { ProgramDraft } from './draft.js';
 
 export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {

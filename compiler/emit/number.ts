@@ -13,7 +13,7 @@
 //   no two instructions share an id list (each has its own arrays).
 // Holds after: the same, with ids renumbered; nothing else changes (offsets, names, order).
 
-import type { MutableBuffer } from '../plan/rewrite.js';
+import type { MutableBuffer } from './rewrite.js';
 import type {
   OptimizerShard,
   PlanBuffer,

@@ -2,7 +2,7 @@
 
 import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { EncoderPlacement } from '../parallel/encoder.js';
-import type { ActivationPolicy } from '../plan/activations.js';
+import type { ActivationPolicy } from './activations.js';
 import type { Action } from '../schedule/pipeline.js';
 
 export interface EmitPipeline {
@@ -52,7 +52,7 @@ export interface EmitOptions {
    * passes, on the ranks and at the times compiler/parallel/encoder.ts gives
    */
   readonly encoder?: EmitEncoder;
-  /** --recompute-granularity/--recompute-modules, --offload-tensors (compiler/plan/activations.ts) */
+  /** --recompute-granularity/--recompute-modules, --offload-tensors (compiler/emit/activations.ts) */
   readonly activations?: ActivationPolicy;
 }
 
@@ -62,7 +62,7 @@ export interface EmitEncoder {
   readonly tp: number;
   readonly tpSize: number;
   /** level 3, --full-hetero-dp-cpu-offload: what the encoder leaves on the device through the
-   * decoder's pipeline waits on the host (compiler/plan/encoder-offload.ts) */
+   * decoder's pipeline waits on the host (compiler/emit/encoder-offload.ts) */
   readonly offload?: boolean;
   /** level 3, --full-hetero-dp-encoder-recompute: the encoder forward runs again before backward */
   readonly recompute?: boolean;

@@ -3,8 +3,8 @@
 // after the graph passes; each states in its header what holds before and after it.
 
 import type { Graph } from '../../ir/graph.js';
-import { applyActivationPolicy } from '../plan/activations.js';
-import { offloadIdleEncoderBytes } from '../plan/encoder-offload.js';
+import { applyActivationPolicy } from './activations.js';
+import { offloadIdleEncoderBytes } from './encoder-offload.js';
 import type { ProgramFile } from '../plan/format.js';
 import { programFileOf, type ProgramDraft } from './draft.js';
 import { encoderHandoff } from './encoder-handoff.js';
@@ -78,7 +78,7 @@ function numbered(d: ProgramDraft): ProgramDraft {
   return { ...d, ...numberProgram(d) };
 }
 
-/** --recompute-*, --offload-tensors (compiler/plan/activations.ts) */
+/** --recompute-*, --offload-tensors (compiler/emit/activations.ts) */
 function withActivationPolicy(d: ProgramDraft, opts: EmitOptions): ProgramDraft {
   if (!opts.activations) return d;
   const instructions = [...d.instructions];
@@ -90,7 +90,7 @@ function withActivationPolicy(d: ProgramDraft, opts: EmitOptions): ProgramDraft 
   return { ...d, instructions, buffers, events };
 }
 
-/** --full-hetero-dp-cpu-offload at level 3 (compiler/plan/encoder-offload.ts) */
+/** --full-hetero-dp-cpu-offload at level 3 (compiler/emit/encoder-offload.ts) */
 function withEncoderOffload(d: ProgramDraft, opts: EmitOptions): ProgramDraft {
   if (opts.encoder?.placement.level !== 3 || !opts.encoder.offload) return d;
   const { arena } = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);

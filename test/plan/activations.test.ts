@@ -1,4 +1,4 @@
-// Activation memory policies (compiler/plan/activations.ts) on tiny-vlm-moe: selective recompute
+// Activation memory policies (compiler/emit/activations.ts) on tiny-vlm-moe: selective recompute
 // of each module, full recompute, and offload of each named tensor. Each plan is accepted by the
 // memory checker and the plan verifier (collectives issued again still match across the ranks of
 // their groups), keeps fewer bytes from forward to backward than the plan without the policy, and
@@ -14,7 +14,7 @@ import { describe, expect, it } from 'vitest';
 import { OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../../compiler/frontend/activation-names.js';
 import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { compile, writePlan, type CompileResult } from '../../compiler/pipeline.js';
-import { activationPolicyOf, type ActivationPolicy } from '../../compiler/plan/activations.js';
+import { activationPolicyOf, type ActivationPolicy } from '../../compiler/emit/activations.js';
 import { checkMemoryReuse } from '../../compiler/plan/check-memory.js';
 import { emitProgram } from '../../compiler/emit/passes.js';
 import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';

@@ -1,7 +1,11 @@
-// Activation memory: recompute and offload (DESIGN.md "Data flow": recompute / offload decisions).
-// A rewrite of one emitted program, run by the emitter once every instruction is in issue order
-// (passes, gradient sums, optimizer step) and before the arena is planned, so that the planner
-// sees the shorter lifetimes it makes. Names: compiler/frontend/activation-names.ts.
+// Emission pass 8, activations: recompute and offload (DESIGN.md "Data flow": recompute /
+// offload decisions), --recompute-granularity/--recompute-modules and --offload-tensors.
+//
+// Holds before: every instruction is in issue order (passes, gradient sums, optimizer step) and
+//   numbered (pass 7); the arena is not planned yet.
+// Holds after: the chosen forward values are recomputed in backward or copied to the host and
+//   back (below), with the events that order the copies; the arena is still unplanned, so the
+//   planner sees the shorter lifetimes this makes. Names: compiler/frontend/activation-names.ts.
 //
 //   pass 1  recompute (--recompute-granularity, --recompute-modules). Per microbatch and decoder
 //           layer (model.layers.<i>; the vision encoder is left alone), the chosen modules'
@@ -32,7 +36,7 @@ import {
   type OffloadTensor,
   type RecomputeModule,
 } from '../frontend/activation-names.js';
-import type { PlanBuffer, PlanInstruction } from './format.js';
+import type { PlanBuffer, PlanInstruction } from '../plan/format.js';
 import {
   addCopy,
   assemble,

@@ -1,6 +1,12 @@
-// --full-hetero-dp-cpu-offload (encoder level 3): what the encoder's phases leave idle on the
-// device across the peak of the decoder's pipeline waits on the host instead. A rewrite of one
-// emitted program, run after compiler/plan/activations.ts and before the arena is planned.
+// Emission pass 9, encoder-offload: --full-hetero-dp-cpu-offload (encoder level 3). What the
+// encoder's phases leave idle on the device across the peak of the decoder's pipeline waits on the
+// host instead.
+//
+// Holds before: the program after activations (pass 8), the arena unplanned.
+// Holds after: each chosen idle gap of an encoder buffer is an offload after its last use before
+//   the gap and a reload into a fresh device buffer before its first use after it, on the copy
+//   stream with their events; its bytes stay allocated until those events are waited for
+//   (keepUntilWait). The arena is still unplanned.
 //
 // Level 3 encodes every microbatch before the decoder's pipeline starts (phase 1) and runs the
 // encoder's backward after it ends (phase 3), so three kinds of bytes sit idle through decoder
@@ -33,9 +39,9 @@
 // bytes between its waiter and its reload, which is what the rewrite, done once at the end, makes.
 
 import { isEncoderScope } from '../parallel/encoder.js';
-import type { PlanInstruction } from './format.js';
+import type { PlanInstruction } from '../plan/format.js';
 import type { ActivationProgram } from './activations.js';
-import { align, type Lifetime } from './memory.js';
+import { align, type Lifetime } from '../plan/memory.js';
 import {
   addCopy,
   assemble,

@@ -1,8 +1,8 @@
-// Helpers for rewrites of one emitted program (compiler/plan/activations.ts,
-// compiler/plan/encoder-offload.ts): the program being rewritten, copies of its buffers, an index
+// Helpers for rewrites of one emitted program (compiler/emit/activations.ts,
+// compiler/emit/encoder-offload.ts): the program being rewritten, copies of its buffers, an index
 // of who writes and reads each buffer, and the assembly of the new instruction list.
 
-import type { PlanBuffer, PlanInstruction } from './format.js';
+import type { PlanBuffer, PlanInstruction } from '../plan/format.js';
 
 export interface Ctx {
   ins: PlanInstruction[];
