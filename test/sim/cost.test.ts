@@ -101,9 +101,16 @@ describe('instruction costs', () => {
 });
 
 describe('hardware profiles', () => {
-  it('ships h800, h100, a100, each loading', () => {
-    expect(listHardware()).toEqual(expect.arrayContaining(['a100', 'h100', 'h800']));
+  it("ships h800, h100, a100, a800 (the article's) and h200, each loading", () => {
+    expect(listHardware()).toEqual(
+      expect.arrayContaining(['a100', 'a800', 'h100', 'h200', 'h800']),
+    );
     for (const name of listHardware()) expect(loadHardware(name).name).toBe(name);
+    // the A800 is an A100 with NVLink cut to 400 GB/s; the H200 an H100 with more, faster HBM
+    const [a100, a800, h200] = ['a100', 'a800', 'h200'].map(loadHardware);
+    expect(a800.compute.matmulTflops).toBe(a100.compute.matmulTflops);
+    expect(a800.links.intraNode.gbps).toBeLessThan(a100.links.intraNode.gbps);
+    expect([h200.memoryGiB, h200.compute.memoryGbps]).toEqual([140, 4800]);
   });
   it.each([
     [
