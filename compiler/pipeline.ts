@@ -186,7 +186,7 @@ export function compile(o: CompileOptions): CompileResult {
   dumpGraph(o, 'autodiff', graph);
   const pipeline = splitStages(o, layout, forward, graph);
   const programs = emitPrograms(o, layout, graph, pipeline);
-  const plan = planFileOf(o, layout, forward, graph, pipeline.partition);
+  const plan = planFileOf(o, layout, forward, graph, pipeline);
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
@@ -380,6 +380,30 @@ interface Stages {
   readonly partition?: PipelineLayout;
   readonly split?: PipelineSplit;
   readonly schedule?: ReturnType<typeof schedule1F1B>;
+  /** decoder parameters read on more than one stage: the tied embedding and output weight */
+  readonly tied: readonly string[];
+}
+
+/**
+ * Parameters the decoder reads on two pipeline stages: with tied embeddings the first stage's
+ * embedding and the last stage's output layer share one weight, and each stage's gradient is a
+ * part of its gradient (summed over the embd group: first and last stage).
+ */
+function tiedAcrossStages(graph: Graph, split: PipelineSplit | undefined, pp: number): string[] {
+  if (!split) return [];
+  const params = new Set(graph.params.filter((p) => p.role === 'param').map((p) => p.name));
+  const stages = new Map<string, Set<number>>();
+  graph.nodes.forEach((n, i) => {
+    const chunk = split.chunkOf[i];
+    if (chunk < 0 || n.phase === 'optimizer' || isEncoderScope(n.scope)) return;
+    for (const v of n.inputs) {
+      if (!params.has(v)) continue;
+      let set = stages.get(v);
+      if (!set) stages.set(v, (set = new Set()));
+      set.add(chunk % pp);
+    }
+  });
+  return [...stages].filter(([, set]) => set.size > 1).map(([name]) => name);
 }
 
 /** pipeline: stages from the partition, passes in the schedule's order */
@@ -426,7 +450,7 @@ function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph)
             { a2aOverlap },
           )
         : schedule1F1B(sizes.pp, numMicrobatches);
-  return { partition, split, schedule };
+  return { partition, split, schedule, tied: tiedAcrossStages(graph, split, sizes.pp) };
 }
 
 /** one program per pipeline stage; at levels 2 and 3 the ranks of a stage's TP group encode
@@ -450,8 +474,10 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
     mp: world / dp,
     enc_tp: placement.encoderTp,
     tp_dp_cp: world / sizes.pp,
+    // the first and last stage: where a tied embedding's two gradients meet
+    ...(st.tied.length ? { embd: 2 } : {}),
   };
-  const copies = gradientCopies(graph, l);
+  const copies = gradientCopies(graph, l, st.tied);
   const programId = programIdOf(l);
   const activations = activationPolicyOf(o);
   const programs: ProgramFile[] = [];
@@ -501,6 +527,7 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
           delayWgrad: o.moeOverlap?.delayWgrad,
           distributedOptimizer: o.distributedOptimizer,
           activations,
+          ...(st.tied.length ? { tied: st.tied } : {}),
         },
         dump,
       );
@@ -525,7 +552,7 @@ function printStage(x: ProgramSchedule | ProgramDraft): string {
 }
 
 /** copies of each gradient in the world after the sums (the gradient norm's weights) */
-function gradientCopies(graph: Graph, l: Layout): Record<string, number> {
+function gradientCopies(graph: Graph, l: Layout, tied: readonly string[]): Record<string, number> {
   const { sizes, world } = l;
   const copies: Record<string, number> = {};
   for (const p of graph.params) {
@@ -536,7 +563,7 @@ function gradientCopies(graph: Graph, l: Layout): Record<string, number> {
     copies[p.name] =
       l.placement.level === 3 && isEncoderScope(p.dist?.name ?? p.name)
         ? world
-        : world / sizes.pp / parts / expertParts;
+        : (world / sizes.pp / parts / expertParts) * (tied.includes(p.name) ? 2 : 1);
   }
   return copies;
 }
@@ -547,7 +574,7 @@ function planFileOf(
   l: Layout,
   forward: Graph,
   graph: Graph,
-  partition: PipelineLayout | undefined,
+  { partition, tied }: Stages,
 ): PlanFile {
   const { cfg, sizes, topology, world } = l;
   const ranks = Array.from({ length: world }, (_, r) => r);
@@ -582,10 +609,13 @@ function planFileOf(
       ...(partition ? { pipelineLayers: partition.virtualStageLayers } : {}),
     },
     groups: topology.groups.map((g) => ({ name: g.names[0], ranks: g.ranks })),
+    // embd only where a tied weight spans stages (-1: a middle stage, in no embd group)
     rankGroups: Object.fromEntries(
-      GROUP_KINDS.filter((k) => k !== 'embd').map((k) => [
+      GROUP_KINDS.filter((k) => k !== 'embd' || tied.length).map((k) => [
         k,
-        ranks.map((r) => topology.groupOf(k, r)!.id),
+        ranks.map((r) =>
+          k === 'embd' ? (topology.groupOf(k, r)?.id ?? -1) : topology.groupOf(k, r).id,
+        ),
       ]),
     ),
     dataParallel: { size: l.dp, rankIndex: ranks.map((r) => topology.coords(r).dp) },

@@ -18,6 +18,8 @@ export interface Layout {
 }
 
 export const FROZEN = ['model.image_encoder.freeze=true'];
+/** tied input embedding and output weight (Qwen2.5-VL-3B's) */
+export const TIED = 'model.text_decoder.untie_embeddings_and_output_weights=false';
 export const SELECTIVE = ['--recompute-granularity', 'selective', '--recompute-modules'];
 export const OFFLOAD = ['--fine-grained-activation-offloading', '--offload-tensors'];
 export const A2A_OVERLAP = ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'];
@@ -218,6 +220,30 @@ export const LAYOUTS: readonly Layout[] = [
     model: 'tiny-vlm',
     ranks: 2,
     flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  // tied embeddings under pipeline parallelism: the first stage's embedding and the last
+  // stage's output layer share one weight, its two gradients summed over embd; pp 4 has middle
+  // stages in no embd group
+  {
+    name: 'vlm-pp2-tied',
+    model: 'tiny-vlm',
+    ranks: 2,
+    flags: ['--pp', '2', TIED],
+    baseline: [TIED],
+  },
+  {
+    name: 'vlm-pp2-dp2-tied-dist-opt',
+    model: 'tiny-vlm',
+    ranks: 4,
+    flags: ['--pp', '2', '--use-distributed-optimizer', TIED],
+    baseline: [TIED],
+  },
+  {
+    name: 'vlm-pp4-tied',
+    model: 'tiny-vlm',
+    ranks: 4,
+    flags: ['--pp', '4', TIED],
+    baseline: [TIED],
   },
   {
     name: 'vlm-level3-pp2',

@@ -3,7 +3,8 @@
 //
 // Holds before: the lowered program; gradient buffers are written only by grad_accumulate (in
 //   place, its second input).
-// Holds after: buckets of about 4 MiB of gradients that share their sum groups, in the order
+// Holds after: buckets of about 4 MiB of gradients that share their sum groups (a parameter's
+//   gradSum kinds, embd for a tied weight on two stages, and its replicas), in the order
 //   backward finishes them, each contiguous in the gradient region (the rest of the region after
 //   them); an all_reduce per group on the comm stream, issued right after the instruction that
 //   last writes the bucket (overlapping the rest of backward) and waiting for it. With
@@ -132,8 +133,13 @@ function bucketsOf(
 ): Bucket[] {
   const groupSizes = opts.groupSizes ?? {};
   const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
+  const tied = new Set(opts.tied ?? []);
   const sumGroups = (p: ParamDecl) =>
-    [...(p.dist?.gradSum ?? []), p.dist?.replicas ?? 'dp'].filter((k) => (groupSizes[k] ?? 1) > 1);
+    [
+      ...(p.dist?.gradSum ?? []),
+      ...(tied.has(p.name) ? ['embd'] : []),
+      p.dist?.replicas ?? 'dp',
+    ].filter((k) => (groupSizes[k] ?? 1) > 1);
   const buckets: Bucket[] = [];
   const order = [...gradBuffers].sort(
     (x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1),

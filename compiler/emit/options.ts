@@ -52,6 +52,8 @@ export interface EmitOptions {
    * passes, on the ranks and at the times compiler/parallel/encoder.ts gives
    */
   readonly encoder?: EmitEncoder;
+  /** parameters whose gradient is also summed over embd (a tied weight on two stages) */
+  readonly tied?: readonly string[];
   /** --recompute-granularity/--recompute-modules, --offload-tensors (compiler/emit/activations.ts) */
   readonly activations?: ActivationPolicy;
 }

@@ -470,7 +470,11 @@ function buildComms(plan: PlanFile, world: number, problems: PlanProblem[]) {
   return { comms: perStream, commOfName, commOfGroup };
 }
 
-/** plan.rankGroups: [kind][rank] → communicator (-1 when the entry is not a usable group) */
+/**
+ * plan.rankGroups: [kind][rank] → communicator (-1 when the entry is not a usable group). An entry
+ * of -1 says the rank is in no group of the kind (a middle pipeline stage has no embd group): a
+ * collective over that kind on such a rank is the collectives rule's problem, not a structure one.
+ */
 function buildKinds(
   plan: PlanFile,
   world: number,
@@ -486,7 +490,7 @@ function buildKinds(
       const g = Array.isArray(list) ? list[r] : undefined;
       if (isInt(g) && g >= 0 && g < commOfGroup.length && commOfGroup[g] >= 0)
         comm[r] = commOfGroup[g];
-      else bad.push(r);
+      else if (g !== -1) bad.push(r);
     }
     if (bad.length)
       problems.push(

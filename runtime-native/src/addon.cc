@@ -219,8 +219,9 @@ lfc::comm::Config commConfigOf(const Napi::Value& v) {
     if (int(list.size()) != c.worldSize)
       throw Napi::TypeError::New(v.Env(), cat("config.rankGroups.", kind, " has ", list.size(), " entries for ",
                                               c.worldSize, " ranks"));
+    // -1: the rank is in no group of this kind (a middle pipeline stage has no embd group)
     for (int g : list)
-      if (g < 0 || g >= int(c.groups.size()))
+      if (g < -1 || g >= int(c.groups.size()))
         throw Napi::TypeError::New(v.Env(), cat("config.rankGroups.", kind, " names group ", g, " of ", c.groups.size()));
     c.rankGroups[kind] = std::move(list);
   }

@@ -54,7 +54,9 @@ void Runtime::connect(const comm::Config& config) {
     throw RuntimeError(cat("connect (rank ", config.rank, " of ", config.worldSize, "): ", e.what()));
   }
   for (const auto& [kind, groupOfRank] : config.rankGroups) {
-    const auto& ranks = config.groups.at(size_t(groupOfRank.at(size_t(config.rank)))).ranks;
+    const int group = groupOfRank.at(size_t(config.rank));
+    if (group < 0) continue;  // in no group of this kind
+    const auto& ranks = config.groups.at(size_t(group)).ranks;
     groupRanks_.set(kind, int(std::find(ranks.begin(), ranks.end(), config.rank) - ranks.begin()));
   }
 }
