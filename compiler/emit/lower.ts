@@ -32,6 +32,9 @@ import { EncoderRuns } from './encoder-runs.js';
 import type { EmitOptions } from './options.js';
 import { passesOf, passKey, type PassRef, type ProgramSchedule } from './schedule.js';
 
+/** a mark of any kind before it has a place (distributes over the union) */
+type Unplaced<M> = M extends Mark ? Omit<M, 'pos'> : never;
+
 /** The lowering of one program: the builder, the values of each microbatch slot, the p2p state. */
 export class Lowering {
   readonly b: ProgramBuilder;
@@ -76,9 +79,7 @@ export class Lowering {
   }
 
   /** A mark at the end of the instruction list (the p2p kind has no waits of its own). */
-  mark(
-    m: Mark extends infer M ? (M extends { pos: number } ? Omit<M, 'pos'> : never) : never,
-  ): void {
+  mark(m: Unplaced<Mark>): void {
     this.marks.push({ ...m, pos: this.b.instructions.length } as Mark);
   }
 

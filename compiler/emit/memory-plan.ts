@@ -6,13 +6,12 @@
 //   whose lifetimes overlap share bytes, and regions.arena / regions.host are the sizes; the
 //   arena's liveness lower bound is recorded for the report.
 
-import type { Graph } from '../../ir/graph.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { planArena, type Lifetime } from '../plan/memory.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
 import type { ProgramDraft } from './draft.js';
 
-export function planMemory(d: ProgramDraft, _g?: Graph): ProgramDraft {
+export function planMemory(d: ProgramDraft): ProgramDraft {
   const lifetimes = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);
   // offsets set in place (draft.ts: drafts are linear; a copy of every buffer is slower)
   const buffers = d.buffers as MutableBuffer[];

@@ -9,11 +9,10 @@
 //   the first instruction after it off the comm stream waits for its last (the data it receives
 //   has come), or the optimizer step does when nothing follows. No p2p marks remain.
 
-import type { Graph } from '../../ir/graph.js';
 import type { PlanInstruction } from '../plan/format.js';
 import { insertAtMarks, lastNonComm, nextNonComm, scheduled, type ProgramDraft } from './draft.js';
 
-export function batchTransfers(d: ProgramDraft, _g?: Graph): ProgramDraft {
+export function batchTransfers(d: ProgramDraft): ProgramDraft {
   let events = d.events;
   let batches = 0;
   const instructions = [...d.instructions];

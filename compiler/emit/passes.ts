@@ -22,7 +22,47 @@ export interface EmitPass {
   readonly summary: string;
 }
 
-/** The emission passes in the order they run (schedule first: it makes the draft's plan). */
+/** A pass from one draft to the next (every emission pass after the first two). */
+interface DraftPass extends EmitPass {
+  readonly run: (d: ProgramDraft, g: Graph, opts: EmitOptions) => ProgramDraft;
+}
+
+const DRAFT_PASSES: readonly DraftPass[] = [
+  {
+    name: 'encoder-handoff',
+    summary: 'levels 2, 3: broadcast, gather_v, scatter_v of encoder outputs and their gradients',
+    run: encoderHandoff,
+  },
+  {
+    name: 'p2p',
+    summary: "the pipeline's sends and recvs, batched between schedule steps",
+    run: batchTransfers,
+  },
+  {
+    name: 'grad-sync',
+    summary: 'gradient buckets summed on the comm stream; distributed optimizer shards',
+    run: syncGradients,
+  },
+  {
+    name: 'optimizer',
+    summary: 'gradient norm, clipping and AdamW after the last sum',
+    run: lowerOptimizerStep,
+  },
+  { name: 'number', summary: 'buffers and events numbered by first appearance', run: numbered },
+  {
+    name: 'activations',
+    summary: 'selective/full recompute and activation offload to the host',
+    run: (d, _g, opts) => withActivationPolicy(d, opts),
+  },
+  {
+    name: 'encoder-offload',
+    summary: "level 3: the encoder's idle outputs wait on the host",
+    run: (d, _g, opts) => withEncoderOffload(d, opts),
+  },
+  { name: 'memory-plan', summary: 'arena and host offsets from buffer lifetimes', run: planMemory },
+];
+
+/** The emission passes in the order they run: the schedule, lowering, then the draft passes. */
 export const EMIT_PASSES: readonly EmitPass[] = [
   { name: 'schedule', summary: "the program's steps: warm-up, paired and cool-down passes" },
   {
@@ -30,44 +70,21 @@ export const EMIT_PASSES: readonly EmitPass[] = [
     summary:
       "buffers and instructions in issue order: passes, A2A-overlap steps, the encoder's runs",
   },
-  {
-    name: 'encoder-handoff',
-    summary: 'levels 2, 3: broadcast, gather_v, scatter_v of encoder outputs and their gradients',
-  },
-  { name: 'p2p', summary: "the pipeline's sends and recvs, batched between schedule steps" },
-  {
-    name: 'grad-sync',
-    summary: 'gradient buckets summed on the comm stream; distributed optimizer shards',
-  },
-  { name: 'optimizer', summary: 'gradient norm, clipping and AdamW after the last sum' },
-  { name: 'number', summary: 'buffers and events numbered by first appearance' },
-  { name: 'activations', summary: 'selective/full recompute and activation offload to the host' },
-  { name: 'encoder-offload', summary: "level 3: the encoder's idle outputs wait on the host" },
-  { name: 'memory-plan', summary: 'arena and host offsets from buffer lifetimes' },
+  ...DRAFT_PASSES.map(({ name, summary }) => ({ name, summary })),
 ];
 
 /** After a pass: its draft, or the schedule (the first pass). */
 export type EmitDump = (pass: string, stage: ProgramSchedule | ProgramDraft) => void;
 
-/** Runs the emission passes; `dump` sees each stage. */
+/** Runs the emission passes; `dump` sees each stage (drafts are linear: draft.ts). */
 export function emitProgram(g: Graph, opts: EmitOptions, dump?: EmitDump): ProgramFile {
   const s = scheduleProgram(g, opts);
   dump?.('schedule', s);
-  const steps: readonly [string, (d: ProgramDraft) => ProgramDraft][] = [
-    ['encoder-handoff', (d) => encoderHandoff(d, g, opts)],
-    ['p2p', batchTransfers],
-    ['grad-sync', (d) => syncGradients(d, g, opts)],
-    ['optimizer', (d) => lowerOptimizerStep(d, g, opts)],
-    ['number', numbered],
-    ['activations', (d) => withActivationPolicy(d, opts)],
-    ['encoder-offload', (d) => withEncoderOffload(d, opts)],
-    ['memory-plan', planMemory],
-  ];
   let d = lowerProgram(g, opts, s);
   dump?.('lower', d);
-  for (const [name, pass] of steps) {
-    d = pass(d);
-    dump?.(name, d);
+  for (const pass of DRAFT_PASSES) {
+    d = pass.run(d, g, opts);
+    dump?.(pass.name, d);
   }
   return programFileOf(d);
 }
