@@ -19,11 +19,8 @@ import {
   PROGRAM_FORMAT,
   type BufferRegion,
   type OptimizerShard,
-  type PlanBuffer,
   type PlanInstruction,
   type ProgramFile,
-  type ProgramInput,
-  type ProgramParam,
   type StreamName,
 } from '../plan/format.js';
 import { align } from '../plan/memory.js';
@@ -35,18 +32,8 @@ export interface ProgramOutput {
   readonly microbatch: number;
 }
 
-export interface ProgramDraft {
-  readonly id: string;
-  /** bytes of each region so far (arena and host: 0 until the memory plan) */
-  readonly regions: Readonly<Record<BufferRegion, number>>;
-  readonly arenaLowerBoundBytes: number;
-  readonly buffers: readonly PlanBuffer[];
-  readonly params: readonly ProgramParam[];
-  readonly inputs: readonly ProgramInput[];
-  readonly scalars: Readonly<Record<string, number>>;
-  readonly outputs: readonly ProgramOutput[];
-  readonly events: number;
-  readonly instructions: readonly PlanInstruction[];
+/** The program being built: the file's parts (arena and host regions 0 until the memory plan). */
+export interface ProgramDraft extends Omit<ProgramFile, 'format' | 'version' | 'optimizerShards'> {
   readonly optimizerShards: readonly OptimizerShard[];
   // ---- for later passes only (not written to the plan) ----
   /** a comm unit's buffers stay allocated until an instruction waits for its event */

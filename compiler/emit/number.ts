@@ -13,31 +13,23 @@
 //   no two instructions share an id list (each has its own arrays).
 // Holds after: the same, with ids renumbered; nothing else changes (offsets, names, order).
 
+import type { ProgramDraft } from './draft.js';
 import type { MutableBuffer } from './rewrite.js';
-import type {
-  OptimizerShard,
-  PlanBuffer,
-  PlanInstruction,
-  ProgramInput,
-  ProgramParam,
-} from '../plan/format.js';
+import type { PlanBuffer } from '../plan/format.js';
 
-export interface NumberedParts {
-  readonly buffers: readonly PlanBuffer[];
-  readonly instructions: readonly PlanInstruction[];
-  readonly params: readonly ProgramParam[];
-  readonly inputs: readonly ProgramInput[];
-  readonly scalars: Readonly<Record<string, number>>;
-  readonly outputs: readonly {
-    readonly name: string;
-    readonly buffer: number;
-    readonly microbatch: number;
-  }[];
-  readonly optimizerShards: readonly OptimizerShard[];
-  /** buffers kept allocated until an event is waited for (emit's comm units), by event */
-  readonly keepUntilWait: ReadonlyMap<number, readonly number[]>;
-  readonly events: number;
-}
+/** What numbering reads and rewrites of a draft. */
+export type NumberedParts = Pick<
+  ProgramDraft,
+  | 'buffers'
+  | 'instructions'
+  | 'params'
+  | 'inputs'
+  | 'scalars'
+  | 'outputs'
+  | 'optimizerShards'
+  | 'keepUntilWait'
+  | 'events'
+>;
 
 /**
  * The parts renumbered canonically (see the header). The buffers and instructions are renumbered
