@@ -241,7 +241,7 @@ export function ensurePackages(features, ctx = context()) {
   const what = features
     .filter((f) => featureRow(f).packages.some((p) => missing.includes(p)))
     .map((f) => featureRow(f).for)
-    .join(' and ');
+    .join(', and ');
   const install = `apt-get install -y --no-install-recommends ${missing.join(' ')}`;
   if (ctx.env.LFC_NO_INSTALL === '1')
     throw new SetupError(

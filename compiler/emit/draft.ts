@@ -15,6 +15,7 @@ import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import {
+  BUFFER_REGIONS,
   PLAN_VERSION,
   PROGRAM_FORMAT,
   type BufferRegion,
@@ -157,15 +158,9 @@ export function programFileOf(d: ProgramDraft): ProgramFile {
   };
 }
 
-export const EMPTY_REGIONS: Readonly<Record<BufferRegion, number>> = {
-  arena: 0,
-  param: 0,
-  grad: 0,
-  optim: 0,
-  data: 0,
-  scalar: 0,
-  host: 0,
-};
+const EMPTY_REGIONS = Object.fromEntries(BUFFER_REGIONS.map((r) => [r, 0])) as Readonly<
+  Record<BufferRegion, number>
+>;
 
 /** An instruction before its events: what push() is given. */
 export type Unscheduled = Omit<PlanInstruction, 'wait' | 'record'>;
@@ -292,7 +287,7 @@ export function scheduled(ins: Unscheduled, wait: readonly number[]): PlanInstru
 
 /** Collectives that pass results between pipeline ranks or sum gradients run on the comm stream;
  * those inside a pass run where their result is needed, on compute. */
-export function streamOf(node: Node): StreamName {
+function streamOf(node: Node): StreamName {
   return OP_TABLE[node.op].category === 'memory' ? 'copy' : 'compute';
 }
 
@@ -379,7 +374,7 @@ export class NodeLowering {
 }
 
 /** The persistent values of a draft by name: parameters, gradients, AdamW state, step inputs. */
-export function globalsOf(
+function globalsOf(
   g: Pick<Graph, 'inputs'>,
   d: Pick<ProgramDraft, 'params' | 'scalars'>,
 ): Map<string, number> {

@@ -30,14 +30,27 @@ import {
 } from './draft.js';
 import type { EmitOptions } from './options.js';
 
-/** The values that cross between encoder and decoder, in graph order, with their types. */
-export function encoderBoundary(g: Graph): {
+export interface EncoderBoundary {
   /** made by the encoder's forward, read by the decoder */
-  outputs: string[];
+  readonly outputs: readonly string[];
   /** their gradients: made by the decoder's backward, read by the encoder's backward */
-  grads: string[];
-  types: ReadonlyMap<string, TensorType>;
-} {
+  readonly grads: readonly string[];
+  readonly types: ReadonlyMap<string, TensorType>;
+}
+
+const boundaries = new WeakMap<Graph, EncoderBoundary>();
+
+/**
+ * The values that cross between encoder and decoder, in graph order, with their types: once per
+ * graph (lowering and the handoff of every program ask).
+ */
+export function encoderBoundary(g: Graph): EncoderBoundary {
+  let b = boundaries.get(g);
+  if (!b) boundaries.set(g, (b = boundaryOf(g)));
+  return b;
+}
+
+function boundaryOf(g: Graph): EncoderBoundary {
   const encoder = (phase: string) =>
     g.nodes.filter((n) => n.phase === phase && isEncoderScope(n.scope));
   const encoderMade = new Set(encoder('forward').flatMap((n) => n.outputs.map((o) => o.name)));

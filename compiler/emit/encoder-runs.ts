@@ -15,7 +15,7 @@
 //            mark, then the encoder backward reading its output gradients from imports (the
 //            scattered ones), the forward again first under --full-hetero-dp-encoder-recompute.
 
-import { encoderBoundary } from './encoder-handoff.js';
+import { encoderBoundary, type EncoderBoundary } from './encoder-handoff.js';
 import type { EmitEncoder } from './options.js';
 import type { Lowering } from './lower.js';
 
@@ -28,7 +28,6 @@ export class EncoderRuns {
   private readonly M: number;
   /** model-parallel group rank (level 3's gather and scatter root is 0) */
   private readonly mpRank: number;
-  private boundaryOf?: ReturnType<typeof encoderBoundary>;
 
   constructor(private readonly lo: Lowering) {
     const { opts, s } = lo;
@@ -40,8 +39,8 @@ export class EncoderRuns {
   }
 
   /** the values that cross between encoder and decoder (only levels 2 and 3 ask) */
-  private get boundary(): ReturnType<typeof encoderBoundary> {
-    return (this.boundaryOf ??= encoderBoundary(this.lo.g));
+  private get boundary(): EncoderBoundary {
+    return encoderBoundary(this.lo.g);
   }
 
   /** v of slot mb, read from an import made now */

@@ -18,8 +18,7 @@ import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format
 import { ALIGN, align } from '../plan/memory.js';
 import type { MutableBuffer } from './rewrite.js';
 import { ProgramBuilder, scheduled, type ProgramDraft, type Unscheduled } from './draft.js';
-import { shardable } from './lower.js';
-import { DEFAULT_BUCKET_BYTES, type EmitOptions } from './options.js';
+import { DEFAULT_BUCKET_BYTES, shardable, type EmitOptions } from './options.js';
 
 interface Bucket {
   /** group kinds summed over: an all_reduce each (a reduce_scatter for shardOver) */

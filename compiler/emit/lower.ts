@@ -14,7 +14,7 @@
 //   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
 //   for is the draft's openWaits.
 
-import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
+import type { Graph, Node } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
@@ -29,7 +29,7 @@ import {
   type Unscheduled,
 } from './draft.js';
 import { EncoderRuns } from './encoder-runs.js';
-import type { EmitOptions } from './options.js';
+import { shardable, type EmitOptions } from './options.js';
 import { passesOf, passKey, type PassRef, type ProgramSchedule } from './schedule.js';
 
 /** a mark of any kind before it has a place (distributes over the union) */
@@ -127,13 +127,6 @@ export function lowerProgram(g: Graph, opts: EmitOptions, s: ProgramSchedule): P
     imports: lo.imports,
     values: lo.locals,
   };
-}
-
-/** Whether the distributed optimizer shards a parameter's AdamW state (by its gradient group). */
-export function shardable(opts: EmitOptions, p: ParamDecl): boolean {
-  const groupSizes = opts.groupSizes ?? {};
-  const dist = opts.distributedOptimizer === true && (groupSizes.dp ?? 1) > 1;
-  return dist && (groupSizes[p.dist?.replicas ?? 'dp'] ?? 1) > 1;
 }
 
 /** Parameters this rank reads, their gradients and AdamW state, and the step scalars. */

@@ -1,5 +1,6 @@
 // What emission is given for one program: the options of compiler/emit's passes.
 
+import type { ParamDecl } from '../../ir/graph.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { EncoderPlacement } from '../parallel/encoder.js';
 import type { ActivationPolicy } from './activations.js';
@@ -71,3 +72,10 @@ export interface EmitEncoder {
 }
 
 export const DEFAULT_BUCKET_BYTES = 4 * 2 ** 20;
+
+/** Whether the distributed optimizer shards a parameter's AdamW state (by its gradient group). */
+export function shardable(opts: EmitOptions, p: ParamDecl): boolean {
+  const groupSizes = opts.groupSizes ?? {};
+  const dist = opts.distributedOptimizer === true && (groupSizes.dp ?? 1) > 1;
+  return dist && (groupSizes[p.dist?.replicas ?? 'dp'] ?? 1) > 1;
+}

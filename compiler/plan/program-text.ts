@@ -473,14 +473,19 @@ class ProgramParser {
     });
   }
 
-  input(t: Tokens): void {
-    const name = t.name('input name');
-    t.what = `input ${name}`;
+  /** an input or output entry: name, buffer, microbatch */
+  private slotted(t: Tokens, what: 'input' | 'output'): ProgramInput {
+    const name = t.name(`${what} name`);
+    t.what = `${what} ${name}`;
     const buffer = t.buffer('buffer', this.nBuffers);
     t.keyword('mb');
     const microbatch = t.int('microbatch');
     t.end();
-    this.inputs.push({ name, buffer, microbatch });
+    return { name, buffer, microbatch };
+  }
+
+  input(t: Tokens): void {
+    this.inputs.push(this.slotted(t, 'input'));
   }
 
   scalar(t: Tokens): void {
@@ -492,13 +497,7 @@ class ProgramParser {
   }
 
   output(t: Tokens): void {
-    const name = t.name('output name');
-    t.what = `output ${name}`;
-    const buffer = t.buffer('buffer', this.nBuffers);
-    t.keyword('mb');
-    const microbatch = t.int('microbatch');
-    t.end();
-    this.outputs.push({ name, buffer, microbatch });
+    this.outputs.push(this.slotted(t, 'output'));
   }
 
   shard(t: Tokens, index: number, sub: Line[]): void {
