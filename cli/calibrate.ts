@@ -157,6 +157,8 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
           description: `this machine: ${cpu}, ${cpus().length} cores, f32 CPU runtime`,
           gpusPerNode: cpus().length,
           memoryGiB: Math.floor(totalmem() / 2 ** 30),
+          // the operating system and Node: what a CPU plan cannot have of this machine's memory
+          memoryReserveGiB: 2,
           compute,
           links: {
             intraNode: link,

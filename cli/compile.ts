@@ -11,13 +11,20 @@ import {
   type CompileOptions,
   type CompileResult,
 } from '../compiler/pipeline.js';
-import { memoryByProgram, type ProgramMemory } from '../compiler/report/memory.js';
+import {
+  memoryByProgram,
+  type DeviceMemory,
+  type ProgramMemory,
+} from '../compiler/report/memory.js';
 import { describeLayout } from '../compiler/schedule/partition.js';
 import { describeEncoder } from '../compiler/parallel/encoder.js';
 import { UserError } from '../compiler/errors.js';
 import type { CliIO } from './index.js';
-import { positiveInt, positiveNumber } from './options.js';
-import { loadHardware, listHardware } from '../compiler/sim/hardware.js';
+import { atLeastOne, positiveInt, positiveNumber } from './options.js';
+import { loadHardware, listHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
+import { listDataProfiles } from '../compiler/frontend/data-profile.js';
+import { describePrecision } from '../compiler/frontend/precision.js';
+import { remediesFor } from '../compiler/report/advice.js';
 import { describeForecast, forecastStep, type StepForecast } from '../compiler/sim/report.js';
 import { rankTrace, writeTrace } from '../runtime/trace.js';
 
@@ -52,6 +59,10 @@ interface CompileFlags {
   contextParallelSize?: number;
   sequenceParallel?: boolean;
   useDistributedOptimizer?: boolean;
+  bf16?: boolean;
+  fp16?: boolean;
+  gradReduceInBf16?: boolean;
+  accumulateAllreduceGradsInFp32?: boolean;
   microbatchGroupSizePerVpStage?: number;
   decoderFirstPipelineNumLayers?: number;
   decoderLastPipelineNumLayers?: number;
@@ -71,6 +82,9 @@ interface CompileFlags {
   moeTokenDispatcherType?: 'alltoall';
   moeExpertCapacityFactor?: number;
   moeTokenDropPolicy?: TokenDropPolicy;
+  moeRoutingImbalance?: number;
+  dataProfile?: string;
+  advice?: boolean;
 }
 
 const TRAINING_PHASES = ['pretrain', 'sft'] as const;
@@ -203,13 +217,21 @@ function simulateReport(
   };
 }
 
-/** The report's memory table: a row per program (at most `rows`), GiB per rank. */
-export function describeMemory(memory: readonly ProgramMemory[], rows = 8): string[] {
+/**
+ * The report's memory table: a row per program (at most `rows`), GiB per rank, at the bounds, with
+ * the typical step's total and, against a device, whether it fits.
+ */
+export function describeMemory(
+  memory: readonly ProgramMemory[],
+  rows = 8,
+  device?: DeviceMemory,
+): string[] {
   // GiB, or MiB for a plan whose largest rank needs under 1 GiB (the tiny models)
   const [unit, shift] =
     Math.max(0, ...memory.map((m) => m.device)) >= 2 ** 30 ? ['GiB', 30] : ['MiB', 20];
   const gib = (b: number) => (b / 2 ** shift).toFixed(2);
   const anyHost = memory.some((m) => m.host > 0);
+  const anyExpected = memory.some((m) => m.expected.deviceBytes !== m.device);
   const head = [
     'program',
     'parameters',
@@ -218,22 +240,29 @@ export function describeMemory(memory: readonly ProgramMemory[], rows = 8): stri
     'batch',
     'activations',
     'device total',
+    ...(anyExpected ? ['expected'] : []),
     ...(anyHost ? ['host'] : []),
+    ...(device ? [`fits ${device.name}`] : []),
   ];
   const body = memory.slice(0, rows).map((m) => {
     const stages = m.stages.length === 1 ? `stage ${m.stages[0]}` : `${m.stages.length} stages`;
     return [
       `${m.program} (${m.ranks} rank${m.ranks > 1 ? 's' : ''}, ${stages})`,
       ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations, m.device].map(gib),
+      ...(anyExpected ? [gib(m.expected.deviceBytes)] : []),
       ...(anyHost ? [gib(m.host)] : []),
+      ...(device ? [m.fits ? 'yes' : 'NO'] : []),
     ];
   });
   const width = head.map((h, c) => Math.max(h.length, ...body.map((row) => row[c].length)));
   const line = (cells: readonly string[]) =>
     cells.map((x, c) => (c === 0 ? x.padEnd(width[c]) : x.padStart(width[c]))).join('  ');
   const more = memory.length - rows;
+  const fitsNote = device
+    ? `; fits: device total + ${(device.reserveBytes / 2 ** 30).toFixed(1)} GiB reserve ≤ ${(device.bytes / 2 ** 30).toFixed(0)} GiB`
+    : '';
   return [
-    `memory per rank, ${unit} (planned at the bounds of every size; host: pinned, offloaded activations):`,
+    `memory per rank, ${unit} (planned at the bounds of every size${anyExpected ? '; expected: a typical step' : ''}${anyHost ? '; host: pinned, offloaded activations' : ''}${fitsNote}):`,
     `  ${line(head)}`,
     ...body.map((row) => `  ${line(row)}`),
     ...(more > 0 ? [`  … and ${more} program${more > 1 ? 's' : ''} more, smaller`] : []),
@@ -270,8 +299,12 @@ function defineCompileCommand(cmd: Command): Command {
       positiveInt('--global-batch-size'),
     )
     .option(
+      '--data-profile <name|file>',
+      `what a packed microbatch holds (configs/data: ${listDataProfiles().join(', ')}, or a YAML file); memory is planned at its visual-token cap and reported at its expected sizes (default: the preset's training.data_profile)`,
+    )
+    .option(
       '--max-visual-tokens <n>',
-      'bound of visual tokens per microbatch (default: the token count)',
+      "bound of visual tokens per microbatch (default: the data profile's cap)",
       positiveInt('--max-visual-tokens'),
     )
     .option(
@@ -321,6 +354,16 @@ function defineCompileCommand(cmd: Command): Command {
       '--use-distributed-optimizer',
       'shard AdamW state over data-parallel ranks (reduce-scatter gradients, all-gather parameters)',
     )
+    .option(
+      '--bf16',
+      'mixed precision: bf16 activations and weights, fp32 main gradients, fp32 master weights and AdamW state',
+    )
+    .option('--fp16', 'fp16 mixed precision (not built: it needs loss scaling; use --bf16)')
+    .option(
+      '--accumulate-allreduce-grads-in-fp32',
+      "with --bf16: fp32 main gradients, accumulated and summed in fp32 (Megatron's default)",
+    )
+    .option('--grad-reduce-in-bf16', 'with --bf16: keep the main gradients and their sums in bf16')
     .option(
       '--sequence-parallel',
       'shard activations along the sequence between tensor-parallel regions',
@@ -408,6 +451,11 @@ function defineCompileCommand(cmd: Command): Command {
       "token dropping: each expert keeps at most ceil(C·T·k/E) of a microbatch's T·k assignments (default: model.text_decoder.moe_expert_capacity_factor, else none dropped)",
       positiveNumber('--moe-expert-capacity-factor'),
     )
+    .option(
+      '--moe-routing-imbalance <f>',
+      "without a capacity factor: plan each rank's expert dispatch for up to f × the rows balanced routing gives it, refused at run time beyond (default: model.text_decoder.moe_routing_imbalance, else the dropless worst case)",
+      atLeastOne('--moe-routing-imbalance'),
+    )
     .addOption(
       new Option(
         '--moe-token-drop-policy <policy>',
@@ -433,10 +481,51 @@ function defineCompileCommand(cmd: Command): Command {
       `simulate the step even when the plan has over ${SIMULATE_BUDGET / 1e6}M rank-instructions`,
     )
     .option('--no-simulate', 'skip the simulated step in the report')
+    .option('--no-advice', 'when the plan does not fit, skip planning the changes that would')
     .option(
       '--trace <file>',
       "the simulated step's timeline as a Chrome trace (the first rank of each distinct program)",
     );
+}
+
+/**
+ * When some program does not fit: the single changes that make it fit, each planned for its
+ * memory (compiler/report/advice.ts), or, with none, the closest three.
+ */
+function describeAdvice(
+  options: CompileOptions,
+  result: CompileResult,
+  memory: readonly ProgramMemory[],
+  device: DeviceMemory,
+  wanted: boolean,
+): string[] {
+  const over = memory.filter((m) => m.fits === false);
+  if (!over.length) return [];
+  const gib = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
+  const worst = over[0];
+  const head = `does not fit ${device.name}: ${over.map((m) => m.program).join(', ')} need${over.length > 1 ? '' : 's'} up to ${gib(worst.device)} + ${gib(device.reserveBytes)} reserve of ${gib(device.bytes)}`;
+  if (!wanted) return [head];
+  const started = performance.now();
+  const remedies = remediesFor(options, result.plan.topology.worldSize, device);
+  const fitting = remedies.filter((r) => r.fits);
+  const shown = fitting.length ? fitting : remedies.slice(0, 3);
+  return [
+    head,
+    fitting.length
+      ? 'single changes that fit (each planned; largest program at the bounds):'
+      : 'no single change fits; the closest (each planned; largest program at the bounds):',
+    ...shown.map((r) => `  ${r.change}: ${gib(r.deviceBytes)}${r.fits ? '' : ' (does not fit)'}`),
+    `  (planned ${remedies.length} alternatives in ${((performance.now() - started) / 1000).toFixed(1)} s; --no-advice skips them)`,
+  ];
+}
+
+/** what a hardware profile's device offers a plan */
+export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
+  return {
+    name: hw.name,
+    bytes: hw.memoryGiB * 2 ** 30,
+    reserveBytes: hw.memoryReserveGiB * 2 ** 30,
+  };
 }
 
 /** rank-instructions (Σ over ranks of their program's length) simulated without --simulate */
@@ -479,6 +568,12 @@ export function compileRequest(
     vitDpBalance: f.useVitDpBalance,
   };
   const moeOverlap = { overlap: f.overlapMoeExpertParallelComm, delayWgrad: f.delayWgradCompute };
+  const precision = {
+    bf16: f.bf16,
+    fp16: f.fp16,
+    gradReduceInBf16: f.gradReduceInBf16,
+    accumulateAllreduceGradsInFp32: f.accumulateAllreduceGradsInFp32,
+  };
   const anyGiven = (o: object): boolean => Object.values(o).some((v) => v !== undefined);
   return {
     options: {
@@ -505,6 +600,7 @@ export function compileRequest(
       },
       sequenceParallel: f.sequenceParallel,
       distributedOptimizer: f.useDistributedOptimizer,
+      precision: anyGiven(precision) ? precision : undefined,
       microbatchGroupSize: f.microbatchGroupSizePerVpStage,
       decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
       decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,
@@ -517,6 +613,8 @@ export function compileRequest(
       offloadTensors,
       moeExpertCapacityFactor: f.moeExpertCapacityFactor,
       moeTokenDropPolicy: f.moeTokenDropPolicy,
+      moeRoutingImbalance: f.moeRoutingImbalance,
+      dataProfile: f.dataProfile,
       dumpAfter: f.dumpAfter,
       dumpProgram: f.dumpProgram,
     },
@@ -556,13 +654,20 @@ export function addCompileCommand(program: Command, io: CliIO): void {
       if (f.dumpAfter) return;
       const e = result.stats.emit;
       const t = result.plan.training;
-      const memory = memoryByProgram(result);
+      const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
+      const memory = memoryByProgram(result, device);
       const simulated = simulateReport(result, f);
       if (f.json) {
         const forecast = simulated.forecast;
         io.out(
           JSON.stringify(
-            { output: f.output, training: t, stats: result.stats, memory, forecast },
+            {
+              output: f.output,
+              training: t,
+              stats: result.stats,
+              memory: { device, programs: memory },
+              forecast,
+            },
             null,
             2,
           ) + '\n',
@@ -575,14 +680,18 @@ export function addCompileCommand(program: Command, io: CliIO): void {
         [
           `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${describeSizes(result, request.options)}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
           ...describePlacement(result).map((l) => `  ${l}`),
-          `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each`,
+          `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each (data profile ${result.data.profile}: ${result.data.sizes.expected.visualTokens} expected)`,
+          `  precision: ${describePrecision(result.precision)}`,
           `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
           `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
           `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,
           ...(e.hostBytes
             ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
             : []),
-          ...describeMemory(memory).map((l) => `  ${l}`),
+          ...describeMemory(memory, 8, device).map((l) => `  ${l}`),
+          ...describeAdvice(request.options, result, memory, device, f.advice !== false).map(
+            (l) => `  ${l}`,
+          ),
           ...simulated.lines.map((l) => `  ${l}`),
           '',
         ].join('\n'),

@@ -50,3 +50,12 @@ export function nonNegativeNumber(flag: string) {
     return n;
   };
 }
+
+export function atLeastOne(flag: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (v.trim() === '' || !Number.isFinite(n) || n < 1)
+      throw new InvalidArgumentError(`${flag} must be a number ≥ 1, got '${v}'`);
+    return n;
+  };
+}

@@ -45,6 +45,13 @@ import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 import { programFileOf, type ProgramDraft } from './emit/draft.js';
 import type { ProgramSchedule } from './emit/schedule.js';
+import { resolvePrecision, type Precision, type PrecisionFlags } from './frontend/precision.js';
+import {
+  loadDataProfile,
+  profileSizes,
+  type DataProfile,
+  type ProfileSizes,
+} from './frontend/data-profile.js';
 
 export interface PassInfo {
   readonly name: string;
@@ -139,6 +146,8 @@ export interface CompileOptions {
   readonly decoderLastPipelineNumLayers?: number;
   /** --use-distributed-optimizer */
   readonly distributedOptimizer?: boolean;
+  /** --bf16, --grad-reduce-in-bf16, …: compiler/frontend/precision.ts */
+  readonly precision?: PrecisionFlags;
   readonly optimizer?: Partial<OptimizerSettings>;
   /** the encoder levels (DESIGN.md "Parallel topology"); level 1 follows from the encoder's TP */
   readonly encoder?: EncoderOptions;
@@ -153,6 +162,10 @@ export interface CompileOptions {
   readonly offloadTensors?: readonly string[];
   /** --moe-expert-capacity-factor (default: model.text_decoder.moe_expert_capacity_factor) */
   readonly moeExpertCapacityFactor?: number;
+  /** --moe-routing-imbalance (default: model.text_decoder.moe_routing_imbalance) */
+  readonly moeRoutingImbalance?: number;
+  /** --data-profile: a name under configs/data or a YAML file (default: training.data_profile) */
+  readonly dataProfile?: string;
   /** --moe-token-drop-policy (default: model.text_decoder.moe_token_drop_policy) */
   readonly moeTokenDropPolicy?: DecoderConfig['moe_token_drop_policy'];
   /** print the IR (or, after an emission pass, one program) after this pass */
@@ -160,6 +173,8 @@ export interface CompileOptions {
   /** which program --dump-after prints after an emission pass (default: the first) */
   readonly dumpProgram?: string;
   readonly onDump?: (text: string) => void;
+  /** skip the plan verifier (the fits advice plans alternatives only for their memory) */
+  readonly skipVerify?: boolean;
 }
 
 export interface CompileResult {
@@ -171,6 +186,9 @@ export interface CompileResult {
   readonly layout?: PipelineLayout;
   /** where the encoder runs (compiler/parallel/encoder.ts) */
   readonly placement: EncoderPlacement;
+  readonly precision: Precision;
+  /** the data profile planned for, and its sizes of one microbatch */
+  readonly data: { readonly profile: string; readonly sizes: ProfileSizes };
   readonly stats: Record<string, Record<string, number>>;
 }
 
@@ -178,7 +196,7 @@ export function compile(o: CompileOptions): CompileResult {
   checkDumpRequest(o);
   const layout = resolveLayout(o);
   const { forward, sharded } = runShardingPasses(o, layout);
-  const { graph, stats: adStats } = autodiff(sharded, layout.optimizer);
+  const { graph, stats: adStats } = autodiff(sharded, layout.optimizer, layout.precision.grad);
   assertValid(
     graph,
     'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
@@ -190,7 +208,7 @@ export function compile(o: CompileOptions): CompileResult {
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
-  assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
+  if (!o.skipVerify) assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
   const verifyMs = performance.now() - verifyStart;
   const most = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
   return {
@@ -200,6 +218,8 @@ export function compile(o: CompileOptions): CompileResult {
     programs,
     layout: pipeline.partition,
     placement: layout.placement,
+    precision: layout.precision,
+    data: { profile: layout.data.profile.name, sizes: layout.data.sizes },
     stats: {
       autodiff: { ...adStats },
       emit: {
@@ -252,6 +272,9 @@ interface Layout {
   readonly topology: ReturnType<typeof buildTopology>;
   readonly placement: EncoderPlacement;
   readonly optimizer: OptimizerSettings;
+  readonly precision: Precision;
+  /** the data profile's sizes of one microbatch (compiler/frontend/data-profile.ts) */
+  readonly data: { readonly profile: DataProfile; readonly sizes: ProfileSizes };
 }
 
 function resolveLayout(o: CompileOptions): Layout {
@@ -302,6 +325,9 @@ function resolveLayout(o: CompileOptions): Layout {
     microbatches: numMicrobatches,
   });
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
+  const precision = resolvePrecision(o.precision);
+  const profile = loadDataProfile(o.dataProfile ?? cfg.training.data_profile);
+  const data = { profile, sizes: profileSizes(profile, cfg.model.image_encoder, seqLength * mbs) };
   const topology = buildTopology(sizes);
   return {
     cfg,
@@ -315,6 +341,8 @@ function resolveLayout(o: CompileOptions): Layout {
     topology,
     placement,
     optimizer,
+    precision,
+    data,
   };
 }
 
@@ -325,11 +353,20 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
   const forward = buildForwardGraph(cfg, {
     seqLength: l.seqLength,
     microBatchSize: l.mbs,
-    maxVisualTokens: o.maxVisualTokens,
+    maxVisualTokens: o.maxVisualTokens ?? l.data.sizes.bound.visualTokens,
+    expectedVisualTokens: l.data.sizes.expected.visualTokens,
     numMicrobatches: l.gbs / l.mbs,
+    dtype: l.precision.compute,
   });
   const passes: [string, (g: Graph) => Graph][] = [
-    ['expert-parallel', (g) => expertParallel(g, { ep: sizes.ep })],
+    [
+      'expert-parallel',
+      (g) =>
+        expertParallel(g, {
+          ep: sizes.ep,
+          imbalance: cfg.model.text_decoder.moe_routing_imbalance,
+        }),
+    ],
     [
       'tensor-parallel',
       (g) =>
@@ -591,6 +628,7 @@ function planFileOf(
       globalBatchSize: l.gbs,
       numMicrobatches: l.numMicrobatches,
       maxVisualTokens: forward.symbols.find((s) => s.name === 'Nv')!.bound,
+      ...(l.precision.compute !== 'f32' ? { precision: l.precision } : {}),
       optimizer: l.optimizer,
     },
     topology: {
@@ -641,12 +679,18 @@ function planFileOf(
  * win over the keys of the same name, and the plan records what was compiled.
  */
 function withTokenDropping(cfg: ModelConfig, o: CompileOptions): ModelConfig {
-  if (o.moeExpertCapacityFactor === undefined && o.moeTokenDropPolicy === undefined) return cfg;
+  if (
+    o.moeExpertCapacityFactor === undefined &&
+    o.moeTokenDropPolicy === undefined &&
+    o.moeRoutingImbalance === undefined
+  )
+    return cfg;
   const d = cfg.model.text_decoder;
   const text_decoder: DecoderConfig = {
     ...d,
     moe_expert_capacity_factor: o.moeExpertCapacityFactor ?? d.moe_expert_capacity_factor,
     moe_token_drop_policy: o.moeTokenDropPolicy ?? d.moe_token_drop_policy,
+    moe_routing_imbalance: o.moeRoutingImbalance ?? d.moe_routing_imbalance,
   };
   return { ...cfg, model: { ...cfg.model, text_decoder } };
 }

@@ -126,7 +126,11 @@ export class GraphBuilder {
   private next = 0;
   private phase: Phase = 'forward';
 
-  constructor(private readonly name: string) {}
+  /** `paramDtype`: the element type of parameters declared without one (mixed precision) */
+  constructor(
+    private readonly name: string,
+    private readonly paramDtype: DType = 'f32',
+  ) {}
 
   /** A builder that continues an existing graph: same values, numbering after its last value. */
   static from(g: Graph): GraphBuilder {
@@ -183,10 +187,21 @@ export class GraphBuilder {
     }
   }
 
-  symbol(name: string, bound: number, doc: string): SymDim {
+  /** a symbolic size: at most `bound`, `expected` in a typical step (default: the bound) */
+  symbol(name: string, bound: number, doc: string, expected?: number): SymDim {
     if (!Number.isInteger(bound) || bound < 1)
       throw new Error(`symbol ${name}: bound ${bound} must be a positive integer`);
-    this.symbols.push({ name, bound, doc });
+    if (
+      expected !== undefined &&
+      !(Number.isInteger(expected) && expected >= 0 && expected <= bound)
+    )
+      throw new Error(`symbol ${name}: expected ${expected} must be an integer in 0 … ${bound}`);
+    this.symbols.push({
+      name,
+      bound,
+      doc,
+      ...(expected !== undefined && expected !== bound ? { expected } : {}),
+    });
     return sym(name);
   }
 
@@ -201,7 +216,7 @@ export class GraphBuilder {
     shape: Shape,
     opts: { init: string; trainable?: boolean; module?: ModuleName; dtype?: DType },
   ): string {
-    const type: TensorType = { dtype: opts.dtype ?? 'f32', shape };
+    const type: TensorType = { dtype: opts.dtype ?? this.paramDtype, shape };
     this.define(name, type);
     this.params.push({
       name,

@@ -186,6 +186,32 @@ function attr(type: AttrType, doc: string, required = true): AttrSpec {
   return { type, required, doc };
 }
 
+/**
+ * Mixed precision: an op whose output element type differs from its input's says so. `dtype` sets
+ * the output's (the fp32 MoE router's linear over bf16 inputs; the dgrad back to the input's
+ * type), `grad_dtype` the weight gradients' (fp32 main gradients of bf16 weights, as Megatron's
+ * gradient-accumulation fusion writes them). Kernels read any float input type and compute in f32.
+ */
+const outDtypeAttrs = {
+  dtype: attr('dtype', "element type of the output (default: the first input's)", false),
+};
+const gradDtypeAttrs = {
+  grad_dtype: attr(
+    'dtype',
+    "element type of the weight gradients (default: dy's / the weight's)",
+    false,
+  ),
+};
+
+/** per-row statistics of low-precision values (log-sum-exp, target logits) are kept in f32 */
+function statsDtype(d: DType): DType {
+  return d === 'f64' ? 'f64' : 'f32';
+}
+
+function dtypeOr(attrs: Attrs, key: 'dtype' | 'grad_dtype', fallback: DType): DType {
+  return (attrs[key] as DType | undefined) ?? fallback;
+}
+
 const collectiveAttrs = {
   group: attr('string', 'name of the process group'),
   group_size: attr('int', 'number of ranks in the group'),
@@ -281,7 +307,7 @@ export const OP_TABLE = {
     category: 'compute',
     inputs: [2, 3],
     attrs: {},
-    shape: ([x, w, b]) => linearShape(x, w, b),
+    shape: ([x, w, b], attrs) => linearShape(x, w, b, attrs),
     flops: linearFlops,
     pure: true,
     kernel: 'linear',
@@ -290,8 +316,8 @@ export const OP_TABLE = {
     summary: 'y = x·Wᵀ + b: x [..., in], W [out, in], b? [out] → [..., out]',
     category: 'compute',
     inputs: [2, 3],
-    attrs: {},
-    shape: ([x, w, b]) => linearShape(x, w, b),
+    attrs: outDtypeAttrs,
+    shape: ([x, w, b], attrs) => linearShape(x, w, b, attrs),
     flops: linearFlops,
     pure: true,
     kernel: 'linear',
@@ -649,7 +675,7 @@ export const OP_TABLE = {
     shape: ([logits]) => {
       floatT(logits, 'logits');
       rank(logits, 2, 'logits');
-      return [{ dtype: logits.dtype, shape: [logits.shape[0]] }];
+      return [{ dtype: statsDtype(logits.dtype), shape: [logits.shape[0]] }];
     },
     flops: noFlops,
     pure: true,
@@ -689,7 +715,7 @@ export const OP_TABLE = {
         rank(mask, 1, 'mask');
         sameDim(mask.shape[0], logits.shape[0], 'mask vs tokens');
       }
-      return [{ dtype: logits.dtype, shape: [logits.shape[0]] }];
+      return [{ dtype: statsDtype(logits.dtype), shape: [logits.shape[0]] }];
     },
     flops: noFlops,
     pure: true,
@@ -876,13 +902,18 @@ export const OP_TABLE = {
       "shard_group, at row ids[t] − r·rows for the ids of this rank's block only",
     category: 'compute',
     inputs: [2, 2],
-    attrs: { rows: attr('int', 'rows of the table'), ...optionalVocabShardAttrs },
+    attrs: {
+      rows: attr('int', 'rows of the table'),
+      ...optionalVocabShardAttrs,
+      ...gradDtypeAttrs,
+    },
     shape: ([dy, ids], attrs) => {
       shardAttrsTogether(attrs);
       floatT(dy, 'dy');
       intT(ids, 'ids');
       sameDim(ids.shape[0], dy.shape[0], 'ids vs tokens of dy');
-      return [{ dtype: dy.dtype, shape: [num(attrs, 'rows'), last(dy.shape)] }];
+      const dtype = dtypeOr(attrs, 'grad_dtype', dy.dtype);
+      return [{ dtype, shape: [num(attrs, 'rows'), last(dy.shape)] }];
     },
     flops: noFlops,
     pure: true,
@@ -912,12 +943,13 @@ export const OP_TABLE = {
     summary: 'dx = dy·W: dy [..., out], W [out, in] → [..., in]',
     category: 'compute',
     inputs: [2, 2],
-    attrs: {},
-    shape: ([dy, w]) => {
+    attrs: outDtypeAttrs,
+    shape: ([dy, w], attrs) => {
       floatT(dy, 'dy');
       rank(w, 2, 'weight');
       sameDim(last(dy.shape), w.shape[0], 'dy features vs weight out-features');
-      return [{ dtype: dy.dtype, shape: [...dy.shape.slice(0, -1), w.shape[1]] }];
+      const dtype = dtypeOr(attrs, 'dtype', dy.dtype);
+      return [{ dtype, shape: [...dy.shape.slice(0, -1), w.shape[1]] }];
     },
     flops: ({ inputs: [dy, w] }) => 2 * (elems(dy) / dy[dy.length - 1]) * w[0] * w[1],
     pure: true,
@@ -927,13 +959,14 @@ export const OP_TABLE = {
     summary: 'dW = dyᵀ·x [out, in] (and db = Σ dy [out] with bias): dy [..., out], x [..., in]',
     category: 'compute',
     inputs: [2, 2],
-    attrs: { bias: attr('bool', 'also give the bias gradient') },
+    attrs: { bias: attr('bool', 'also give the bias gradient'), ...gradDtypeAttrs },
     shape: ([dy, x], attrs) => {
       floatT(dy, 'dy');
       floatT(x, 'x');
       need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
-      const out: TensorType[] = [{ dtype: dy.dtype, shape: [last(dy.shape), last(x.shape)] }];
-      if (attrs.bias) out.push({ dtype: dy.dtype, shape: [last(dy.shape)] });
+      const dtype = dtypeOr(attrs, 'grad_dtype', dy.dtype);
+      const out: TensorType[] = [{ dtype, shape: [last(dy.shape), last(x.shape)] }];
+      if (attrs.bias) out.push({ dtype, shape: [last(dy.shape)] });
       return out;
     },
     flops: ({ inputs: [dy, x] }) =>
@@ -945,16 +978,17 @@ export const OP_TABLE = {
     summary: 'LayerNorm backward: dy, x, w → dx, dw, db',
     category: 'compute',
     inputs: [3, 3],
-    attrs: { eps: attr('number', 'as in the forward') },
-    shape: ([dy, x, w]) => {
+    attrs: { eps: attr('number', 'as in the forward'), ...gradDtypeAttrs },
+    shape: ([dy, x, w], attrs) => {
       need(
         shapeEq(dy.shape, x.shape),
         () => `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`,
       );
+      const dtype = dtypeOr(attrs, 'grad_dtype', w.dtype);
       return [
         { dtype: x.dtype, shape: x.shape },
-        { dtype: w.dtype, shape: w.shape },
-        { dtype: w.dtype, shape: w.shape },
+        { dtype, shape: w.shape },
+        { dtype, shape: w.shape },
       ];
     },
     flops: noFlops,
@@ -965,15 +999,15 @@ export const OP_TABLE = {
     summary: 'RMSNorm backward: dy, x, w → dx, dw',
     category: 'compute',
     inputs: [3, 3],
-    attrs: { eps: attr('number', 'as in the forward') },
-    shape: ([dy, x, w]) => {
+    attrs: { eps: attr('number', 'as in the forward'), ...gradDtypeAttrs },
+    shape: ([dy, x, w], attrs) => {
       need(
         shapeEq(dy.shape, x.shape),
         () => `dy ${formatShape(dy.shape)} vs x ${formatShape(x.shape)}`,
       );
       return [
         { dtype: x.dtype, shape: x.shape },
-        { dtype: w.dtype, shape: w.shape },
+        { dtype: dtypeOr(attrs, 'grad_dtype', w.dtype), shape: w.shape },
       ];
     },
     flops: noFlops,
@@ -1125,14 +1159,14 @@ export const OP_TABLE = {
       'grouped_linear backward for the weights: dy [N, out], x [N, in], counts [E] → dW_0 … dW_{E−1}',
     category: 'compute',
     inputs: [3, 3],
-    attrs: {},
-    shape: ([dy, x, counts]) => {
+    attrs: gradDtypeAttrs,
+    shape: ([dy, x, counts], attrs) => {
       floatT(dy, 'dy');
       sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
       const e = counts.shape[0];
       need(typeof e === 'number', 'expert count must be a number');
       return Array.from({ length: e }, () => ({
-        dtype: dy.dtype,
+        dtype: dtypeOr(attrs, 'grad_dtype', dy.dtype),
         shape: [dy.shape[1], x.shape[1]],
       }));
     },
@@ -1237,6 +1271,7 @@ export const OP_TABLE = {
     attrs: {
       ...vocabShardAttrs,
       columns: attr('int', "vocabulary columns Vl of the logits (this rank's block)"),
+      ...outDtypeAttrs,
     },
     shape: ([dy, labels], attrs) => {
       groupSize(attrs);
@@ -1244,7 +1279,8 @@ export const OP_TABLE = {
       rank(dy, 1, 'dy');
       intT(labels, 'labels');
       sameDim(labels.shape[0], dy.shape[0], 'labels vs tokens');
-      return [{ dtype: dy.dtype, shape: [dy.shape[0], num(attrs, 'columns')] }];
+      const dtype = dtypeOr(attrs, 'dtype', dy.dtype);
+      return [{ dtype, shape: [dy.shape[0], num(attrs, 'columns')] }];
     },
     flops: noFlops,
     pure: true,
@@ -1428,21 +1464,28 @@ export const OP_TABLE = {
   adamw: {
     summary:
       'AdamW in place with clipping: param, grad, m, v, clip_coef [] (g ← g·clip_coef); lr and step ' +
-      'come from the schedule at run time',
+      'come from the schedule at run time; with a sixth input, the fp32 master weights (mixed ' +
+      'precision): the update runs on master and param becomes master rounded to its type',
     category: 'optimizer',
-    inputs: [5, 5],
+    inputs: [5, 6],
     attrs: {
       beta1: attr('number', 'first-moment decay'),
       beta2: attr('number', 'second-moment decay'),
       eps: attr('number', 'added to √v̂'),
       weight_decay: attr('number', 'decoupled weight decay'),
     },
-    shape: ([p, g, m, v, c]) => {
+    shape: ([p, g, m, v, c, master]) => {
       floatT(p, 'param');
+      need(
+        master !== undefined || p.dtype === 'f32' || p.dtype === 'f64',
+        () => `a ${p.dtype} param needs its fp32 master weights (a sixth input)`,
+      );
+      if (master) need(master.dtype === 'f32', () => `master must be f32, got ${master.dtype}`);
       for (const [t, n] of [
         [g, 'grad'],
         [m, 'm'],
         [v, 'v'],
+        ...(master ? [[master, 'master'] as const] : []),
       ] as const) {
         need(
           shapeEq(t.shape, p.shape),
@@ -1698,7 +1741,12 @@ function ropeShape(x: TensorType, pos: TensorType, attrs: Attrs): TensorType[] {
   return [{ dtype: x.dtype, shape: x.shape }];
 }
 
-function linearShape(x: TensorType, w: TensorType, b: TensorType | undefined): TensorType[] {
+function linearShape(
+  x: TensorType,
+  w: TensorType,
+  b: TensorType | undefined,
+  attrs: Attrs,
+): TensorType[] {
   floatT(x, 'x');
   floatT(w, 'weight');
   rank(w, 2, 'weight');
@@ -1709,7 +1757,9 @@ function linearShape(x: TensorType, w: TensorType, b: TensorType | undefined): T
     rank(b, 1, 'bias');
     sameDim(b.shape[0], w.shape[0], 'bias size vs weight out-features');
   }
-  return [{ dtype: x.dtype, shape: [...x.shape.slice(0, -1), w.shape[0]] }];
+  return [
+    { dtype: dtypeOr(attrs, 'dtype', x.dtype), shape: [...x.shape.slice(0, -1), w.shape[0]] },
+  ];
 }
 
 function linearFlops({ inputs: [x, w] }: CostArgs): number {

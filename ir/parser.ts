@@ -96,7 +96,7 @@ function splitTop(s: string): string[] {
   return out.map((x) => x.trim());
 }
 
-const SYM_RE = /^sym ([A-Za-z_][A-Za-z0-9_]*) <= (\d+) (".*")$/;
+const SYM_RE = /^sym ([A-Za-z_][A-Za-z0-9_]*) <= (\d+)(?: ~ (\d+))? (".*")$/;
 const TYPE_TEXT = String.raw`[a-z0-9]+(?:@host)?\[[^\]]*\]`;
 const INPUT_RE = new RegExp(`^input %(${NAME}): (${TYPE_TEXT}) (".*")$`);
 const PARAM_RE = new RegExp(
@@ -134,7 +134,12 @@ export function parseGraph(text: string): Graph {
       }
       let m: RegExpExecArray | null;
       if ((m = SYM_RE.exec(line))) {
-        symbols.push({ name: m[1], bound: Number(m[2]), doc: JSON.parse(m[3]) as string });
+        symbols.push({
+          name: m[1],
+          bound: Number(m[2]),
+          ...(m[3] !== undefined ? { expected: Number(m[3]) } : {}),
+          doc: JSON.parse(m[4]) as string,
+        });
       } else if ((m = INPUT_RE.exec(line))) {
         inputs.push({ name: m[1], type: parseType(m[2]), doc: JSON.parse(m[3]) as string });
       } else if ((m = PARAM_RE.exec(line))) {

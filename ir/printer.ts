@@ -37,7 +37,10 @@ export function printGraph(g: Graph): string {
   const params = new Set(g.params.map((p) => p.name));
   const isParam = (n: string) => params.has(n);
   const lines = [`graph ${JSON.stringify(g.name)} {`];
-  for (const s of g.symbols) lines.push(`  sym ${s.name} <= ${s.bound} ${JSON.stringify(s.doc)}`);
+  for (const s of g.symbols) {
+    const expected = s.expected !== undefined ? ` ~ ${s.expected}` : '';
+    lines.push(`  sym ${s.name} <= ${s.bound}${expected} ${JSON.stringify(s.doc)}`);
+  }
   for (const i of g.inputs)
     lines.push(`  input %${i.name}: ${formatType(i.type)} ${JSON.stringify(i.doc)}`);
   for (const p of g.params) {

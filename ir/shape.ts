@@ -15,8 +15,11 @@ export type Shape = readonly Dim[];
 
 export interface SymbolDecl {
   readonly name: string;
+  /** the most it can be: buffers are planned at it, and the runtime refuses more */
   readonly bound: number;
   readonly doc: string;
+  /** what a typical step sees (a data profile's mean, balanced routing); absent: the bound */
+  readonly expected?: number;
 }
 
 export type SymbolTable = ReadonlyMap<string, SymbolDecl>;

@@ -4,7 +4,7 @@
 // no gradient, no optimizer state and no backward work that only they would need.
 
 import { GraphBuilder, type Graph, type Node, type ParamDecl } from '../ir/graph.js';
-import { isFloat } from '../ir/dtype.js';
+import { isFloat, type DType } from '../ir/dtype.js';
 import { GRAD_RULES, zerosLike, type GradCtx, type GradEntry } from './grad-rules.js';
 
 export interface OptimizerSettings {
@@ -42,9 +42,22 @@ export function weightDecayOf(p: ParamDecl, opt: OptimizerSettings): number {
   return p.type.shape.length >= 2 ? opt.weightDecay : 0;
 }
 
+/** The state a low-precision parameter's optimizer keeps: its fp32 master weights. */
+export function masterName(param: string): string {
+  return `master.${param}`;
+}
+
+/**
+ * `mainGrad` is the element type of the parameters' gradients (Megatron's main_grad): f32 by
+ * default, also for bf16 parameters, whose weight-gradient ops then write f32 directly (gradient
+ * accumulation fusion); bf16 with --grad-reduce-in-bf16. A parameter that is not f32 gets fp32
+ * master weights (`master.<name>`), which AdamW updates and rounds back into the parameter; the
+ * AdamW moments are f32 always.
+ */
 export function autodiff(
   g: Graph,
   opt: OptimizerSettings = DEFAULT_OPTIMIZER,
+  mainGrad: DType = 'f32',
 ): { graph: Graph; stats: AutodiffStats } {
   const loss = g.outputs.find((o) => o.label === 'loss')?.value;
   if (loss === undefined)
@@ -53,9 +66,10 @@ export function autodiff(
   const forwardCount = g.nodes.length;
 
   // values that depend on a trainable parameter through float data
-  const live = new Set(
+  const trainableNames = new Set(
     g.params.filter((p) => p.trainable && p.role === 'param').map((p) => p.name),
   );
+  const live = new Set(trainableNames);
   for (const n of g.nodes) {
     if (n.inputs.some((i) => live.has(i)))
       for (const o of n.outputs) if (isFloat(o.type.dtype)) live.add(o.name);
@@ -88,6 +102,8 @@ export function autodiff(
         dOut: (i) => grads.get(node.outputs[i].name),
         dOutOrZero: (i) => grads.get(node.outputs[i].name) ?? zerosLike(b, node.outputs[i].type),
         needs: (i) => live.has(node.inputs[i]),
+        gradType: (i) =>
+          trainableNames.has(node.inputs[i]) ? mainGrad : b.typeOf(node.inputs[i]).dtype,
       };
       const dIns = entry.rule(ctx);
       dIns.forEach((d, i) => {
@@ -106,7 +122,12 @@ export function autodiff(
       throw new AutodiffError(
         `autodiff: trainable parameter ${p.name} gets no gradient from the loss`,
       );
-    const buf = b.state(gradName(p.name), p.type, 'grad', p.module, 'zeros');
+    if (b.typeOf(d).dtype !== mainGrad)
+      throw new AutodiffError(
+        `autodiff: the gradient of ${p.name} is ${b.typeOf(d).dtype}, not the main-gradient type ${mainGrad}`,
+      );
+    const gradType = { dtype: mainGrad, shape: p.type.shape };
+    const buf = b.state(gradName(p.name), gradType, 'grad', p.module, 'zeros');
     gradBufs.push(buf);
     b.at(scopeOf(p.name), 'backward', () => b.op('grad_accumulate', [d, buf]));
   }
@@ -115,9 +136,14 @@ export function autodiff(
     const sumsq = b.op1('sum_squares', gradBufs);
     const coef = b.op1('clip_coef', [sumsq], { max_norm: opt.clipNorm });
     trainable.forEach((p, i) => {
-      const m = b.state(`exp_avg.${p.name}`, p.type, 'optimizer_state', p.module, 'zeros');
-      const v = b.state(`exp_avg_sq.${p.name}`, p.type, 'optimizer_state', p.module, 'zeros');
-      b.op('adamw', [p.name, gradBufs[i], m, v, coef], {
+      const f32 = { dtype: 'f32' as const, shape: p.type.shape };
+      const m = b.state(`exp_avg.${p.name}`, f32, 'optimizer_state', p.module, 'zeros');
+      const v = b.state(`exp_avg_sq.${p.name}`, f32, 'optimizer_state', p.module, 'zeros');
+      const master =
+        p.type.dtype === 'f32'
+          ? []
+          : [b.state(masterName(p.name), f32, 'optimizer_state', p.module, 'param')];
+      b.op('adamw', [p.name, gradBufs[i], m, v, coef, ...master], {
         beta1: opt.beta1,
         beta2: opt.beta2,
         eps: opt.eps,

@@ -8,6 +8,7 @@
 // all_to_all_v ↔ all_to_all_v with the received counts.
 
 import type { GraphBuilder, Node } from '../ir/graph.js';
+import type { DType } from '../ir/dtype.js';
 import type { OpKind } from '../ir/ops.js';
 import { formatDim } from '../ir/shape.js';
 import type { Attrs, TensorType } from '../ir/types.js';
@@ -21,6 +22,11 @@ export interface GradCtx {
   dOutOrZero(i: number): string;
   /** whether input i needs a gradient */
   needs(i: number): boolean;
+  /**
+   * the element type input i's gradient must have: a trainable parameter's is the main-gradient
+   * type (fp32 under bf16, as Megatron's main_grad), anything else's its own type
+   */
+  gradType(i: number): DType;
 }
 
 export type GradRule = (c: GradCtx) => (string | undefined)[];
@@ -41,32 +47,43 @@ export function zerosLike(b: GraphBuilder, t: TensorType): string {
   return b.op1('constant', [], { value: 0, dtype: t.dtype, shape: t.shape.map(formatDim) });
 }
 
+/** attrs with `key: want` added where want is not the type the op would give anyway */
+function typed(attrs: Attrs, key: 'dtype' | 'grad_dtype', want: DType, otherwise: DType): Attrs {
+  return want === otherwise ? attrs : { ...attrs, [key]: want };
+}
+
 function weightOp(c: GradCtx): (string | undefined)[] {
   const { b, node } = c;
   const [x, w, bias] = node.inputs;
   const dy = c.dOut(0)!;
-  const dx = c.needs(0) ? b.op1('linear_dgrad', [dy, w]) : undefined;
+  const dyType = b.typeOf(dy).dtype;
+  const dx = c.needs(0)
+    ? b.op1('linear_dgrad', [dy, w], typed({}, 'dtype', c.gradType(0), dyType))
+    : undefined;
   if (!c.needs(1) && !(bias && c.needs(2))) return [dx];
-  const [dw, db] = b.op('linear_wgrad', [dy, x], { bias: bias !== undefined });
+  const attrs = typed({ bias: bias !== undefined }, 'grad_dtype', c.gradType(1), dyType);
+  const [dw, db] = b.op('linear_wgrad', [dy, x], attrs);
   return [dx, dw, db];
 }
 
+/** a norm's backward, its weight gradients in the main-gradient type */
+function normGrad(c: GradCtx, op: 'layernorm_grad' | 'rmsnorm_grad'): string[] {
+  const [x, w] = c.node.inputs;
+  const attrs = typed(c.node.attrs, 'grad_dtype', c.gradType(1), c.b.typeOf(w).dtype);
+  return c.b.op(op, [c.dOut(0)!, x, w], attrs);
+}
+
 export const GRAD_RULES = {
-  embedding: rule((c) => [
-    undefined,
-    c.b.op1('embedding_grad', [c.dOut(0)!, c.node.inputs[0]], {
-      rows: rowsOf(c, 1),
-      ...pick(c.node.attrs, 'shard_group', 'group_size'),
-    }),
-  ]),
+  embedding: rule((c) => {
+    const dy = c.dOut(0)!;
+    const attrs = { rows: rowsOf(c, 1), ...pick(c.node.attrs, 'shard_group', 'group_size') };
+    const typedAttrs = typed(attrs, 'grad_dtype', c.gradType(1), c.b.typeOf(dy).dtype);
+    return [undefined, c.b.op1('embedding_grad', [dy, c.node.inputs[0]], typedAttrs)];
+  }),
   patch_embed: rule(weightOp),
   linear: rule(weightOp),
-  layernorm: rule((c) =>
-    c.b.op('layernorm_grad', [c.dOut(0)!, c.node.inputs[0], c.node.inputs[1]], c.node.attrs),
-  ),
-  rmsnorm: rule((c) =>
-    c.b.op('rmsnorm_grad', [c.dOut(0)!, c.node.inputs[0], c.node.inputs[1]], c.node.attrs),
-  ),
+  layernorm: rule((c) => normGrad(c, 'layernorm_grad')),
+  rmsnorm: rule((c) => normGrad(c, 'rmsnorm_grad')),
   rope: rule((c) => [c.b.op1('rope_grad', [c.dOut(0)!, c.node.inputs[1]], c.node.attrs)]),
   attention: rule((c) => {
     const [out, lse] = c.node.outputs.map((o) => o.name);
@@ -97,7 +114,10 @@ export const GRAD_RULES = {
     const dy = c.dOut(0)!;
     const dx = c.needs(0) ? c.b.op1('grouped_linear_dgrad', [dy, counts, ...ws]) : undefined;
     const wantW = ws.some((_, i) => c.needs(i + 2));
-    const dws = wantW ? c.b.op('grouped_linear_wgrad', [dy, x, counts]) : ws.map(() => undefined);
+    const attrs = typed({}, 'grad_dtype', c.gradType(2), c.b.typeOf(dy).dtype);
+    const dws = wantW
+      ? c.b.op('grouped_linear_wgrad', [dy, x, counts], attrs)
+      : ws.map(() => undefined);
     return [dx, undefined, ...dws];
   }),
   moe_unpermute: rule((c) => {
@@ -117,11 +137,9 @@ export const GRAD_RULES = {
   vocab_target_logit: rule((c) => {
     const [logits, ...labelsAndMask] = c.node.inputs;
     const columns = c.b.typeOf(logits).shape[1] as number;
-    const dlogits = c.b.op1('vocab_target_logit_grad', [c.dOut(0)!, ...labelsAndMask], {
-      ...c.node.attrs,
-      columns,
-    });
-    return [dlogits];
+    const dy = c.dOut(0)!;
+    const attrs = typed({ ...c.node.attrs, columns }, 'dtype', c.gradType(0), c.b.typeOf(dy).dtype);
+    return [c.b.op1('vocab_target_logit_grad', [dy, ...labelsAndMask], attrs)];
   }),
   ce_from_stats: rule((c) => {
     const [lse, , mask, count] = c.node.inputs;

@@ -42,7 +42,12 @@ export function captureWeights(state: RankState): DumpShare {
  * parameter and `shard<k>.grad` per distributed-optimizer bucket (whose parameters' own gradient
  * buffers hold the unsummed local gradient and are left out).
  */
-export function captureGrads(share: DumpShare, state: RankState, program: ProgramFile): void {
+export function captureGrads(
+  share: DumpShare,
+  state: RankState,
+  program: ProgramFile,
+  groupRank: (kind: string) => number,
+): void {
   const shards = program.optimizerShards ?? [];
   const bucketed = new Set(shards.flatMap((s) => s.params.map((p) => p.name)));
   for (const n of state.names()) {
@@ -51,21 +56,25 @@ export function captureGrads(share: DumpShare, state: RankState, program: Progra
   }
   shards.forEach((s, k) => {
     const length = s.elements / s.parts;
-    const slice = state.buffer(bucketGradSlice(program, k)).subarray(0, length);
+    const at = groupRank(s.group) * length;
+    const slice = state.buffer(bucketGradOf(program, k)).subarray(at, at + length);
     share.set(`shard${k}.grad`, f32(slice, [length]));
   });
 }
 
 /**
- * The buffer of bucket k's reduce-scattered gradient slice: the gradient input of the adamw that
- * updates the bucket's moments (inputs: param, grad, exp_avg, exp_avg_sq, clip_coef).
+ * The gradient bucket k was reduce-scattered in place into (its block of this rank holds the
+ * sum): what the group_slice reads that gives the gradient input of the adamw updating the
+ * bucket's moments (inputs: param, grad, exp_avg, exp_avg_sq, clip_coef[, master]).
  */
-function bucketGradSlice(program: ProgramFile, k: number): number {
+function bucketGradOf(program: ProgramFile, k: number): number {
   const s = program.optimizerShards![k];
   const adamw = program.instructions.find((i) => i.op === 'adamw' && i.inputs[2] === s.expAvg);
-  if (!adamw)
-    throw new Error(`program ${program.id}: no adamw updates optimizer bucket ${k}'s moments`);
-  return adamw.inputs[1];
+  const slice = adamw?.inputs[1];
+  const cut = program.instructions.find((i) => i.op === 'group_slice' && i.outputs[0] === slice);
+  if (!cut)
+    throw new Error(`program ${program.id}: no gradient slice feeds optimizer bucket ${k}'s adamw`);
+  return cut.inputs[0];
 }
 
 export interface StepDump {

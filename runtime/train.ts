@@ -319,7 +319,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     steps.push(metrics);
     if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
     if (dumpShare) {
-      captureGrads(dumpShare, state, program);
+      captureGrads(dumpShare, state, program, groupRanksOf(plan, rank));
       const share = { rank, dpIndex, dumpShare, mbs };
       await dumpGathered(o.dumpStep!, metrics, lossTokens, loaded.programs, plan, share, globalSum);
     }

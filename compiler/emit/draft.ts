@@ -9,7 +9,7 @@
 // they are made, arena and host ones placed later by the memory plan), instructions in issue
 // order, and events (an event is recorded by one instruction and waited for by others).
 
-import { DTYPE_BYTES } from '../../ir/dtype.js';
+import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import type { Graph, Node } from '../../ir/graph.js';
 import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
@@ -41,8 +41,9 @@ export interface ProgramDraft extends Omit<ProgramFile, 'format' | 'version' | '
   readonly keepUntilWait: ReadonlyMap<number, readonly number[]>;
   /** events the next compute instruction must wait for, left open by lowering */
   readonly openWaits: readonly number[];
-  /** distributed optimizer, by shard: this rank's slice of the summed bucket, the bucket's params */
-  readonly shardBuffers: readonly { readonly grad: number; readonly param: number }[];
+  /** distributed optimizer, by shard: the gradient bucket (reduce-scattered in place: this
+   * rank's block holds its block of the sum) and the bucket's parameters */
+  readonly shardBuffers: readonly { readonly bucket: number; readonly param: number }[];
   /** places between instructions where a later pass inserts (lowering's, in issue order) */
   readonly marks: readonly Mark[];
   /** buffers a pass reads that another rank's work fills (the encoder handoff resolves them) */
@@ -147,6 +148,7 @@ export function programFileOf(d: ProgramDraft): ProgramFile {
     id: d.id,
     regions: d.regions,
     arenaLowerBoundBytes: d.arenaLowerBoundBytes,
+    ...(d.expectedBytes ? { expectedBytes: d.expectedBytes } : {}),
     buffers: d.buffers,
     params: d.params,
     inputs: d.inputs,
@@ -227,15 +229,21 @@ export class ProgramBuilder {
   }
 
   /** A flat f32 buffer of a region at a given offset (gradient buckets and their shards). */
-  addFlat(name: string, region: BufferRegion, offset: number, bytes: number): number {
+  addFlat(
+    name: string,
+    region: BufferRegion,
+    offset: number,
+    bytes: number,
+    dtype: DType = 'f32',
+  ): number {
     const id = this.buffers.length;
     this.buffers.push({
       id,
       name,
       region,
       space: 'device',
-      dtype: 'f32',
-      shape: [String(bytes / 4)],
+      dtype,
+      shape: [String(bytes / DTYPE_BYTES[dtype])],
       offset,
       bytes,
       microbatch: -1,
@@ -384,6 +392,7 @@ function globalsOf(
     if (p.grad !== undefined) global.set(`grad.${p.name}`, p.grad);
     if (p.expAvg !== undefined) global.set(`exp_avg.${p.name}`, p.expAvg);
     if (p.expAvgSq !== undefined) global.set(`exp_avg_sq.${p.name}`, p.expAvgSq);
+    if (p.master !== undefined) global.set(`master.${p.name}`, p.master);
   }
   const stepInputs = new Set(g.inputs.map((i) => i.name));
   for (const [name, id] of Object.entries(d.scalars))

@@ -9,10 +9,13 @@
 //   them); an all_reduce per group on the comm stream, issued right after the instruction that
 //   last writes the bucket (overlapping the rest of backward) and waiting for it. With
 //   --use-distributed-optimizer a bucket over a data-parallel group of more than one rank is
-//   reduce-scattered instead: it is padded to a multiple of the shard count, its parameters laid
-//   out in the same order in the parameter region, and this rank's slice of the sum and of the
-//   AdamW state get buffers of their own (optimizerShards, shardBuffers).
+//   reduce-scattered in place instead (this rank's block of the bucket holds its block of the
+//   sum, as Megatron's): it is padded to a multiple of the shard count, its parameters laid out
+//   in the same order in the parameter region (at their own element size), and this rank's slice
+//   of the AdamW state, and under mixed precision of the fp32 master weights, get buffers of
+//   their own (optimizerShards, shardBuffers).
 
+import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import type { Graph, ParamDecl } from '../../ir/graph.js';
 import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
 import { ALIGN, align } from '../plan/memory.js';
@@ -53,7 +56,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   // sums go after the instruction that completes their bucket; the comm stream keeps that order
   const after = new Map<number, PlanInstruction[]>();
   const shards: OptimizerShard[] = [];
-  const shardBuffers: { grad: number; param: number }[] = [];
+  const shardBuffers: { bucket: number; param: number }[] = [];
   buckets.forEach((bucket, k) => {
     const { lo, hi, paramLo } = spans[k];
     const whole = b.addFlat(`grad_bucket${k}`, 'grad', lo, hi - lo);
@@ -73,29 +76,37 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
       issue({ op: 'all_reduce', inputs: [whole], outputs: [whole], attrs });
     }
     if (!bucket.shardOver) return;
-    // distributed optimizer: this rank's shard of the summed bucket, its AdamW state
+    // distributed optimizer: this rank's shard of the summed bucket, its AdamW state (f32), and
+    // under mixed precision its fp32 master weights
     const n = groupSizes[bucket.shardOver];
-    const shardBytes = (hi - lo) / n;
-    const grad = b.addFlat(`grad_shard${k}`, 'grad', b.regionTop.grad, shardBytes);
-    b.regionTop.grad += shardBytes;
+    const { grad: gradType, param: paramType } = elementTypes(bucket);
+    const elements = (hi - lo) / DTYPE_BYTES[gradType];
+    // in place, as Megatron's: this rank's block of the bucket holds its block of the sum (the
+    // optimizer step reads it from there); the gradient region holds no second copy
     const attrs = { group: bucket.shardOver, group_size: n };
-    issue({ op: 'reduce_scatter', inputs: [whole], outputs: [grad], attrs });
-    const param = b.addFlat(`param_bucket${k}`, 'param', paramLo, hi - lo);
-    const m = b.addFlat(`exp_avg_shard${k}`, 'optim', b.regionTop.optim, shardBytes);
-    b.regionTop.optim += shardBytes;
-    const v = b.addFlat(`exp_avg_sq_shard${k}`, 'optim', b.regionTop.optim, shardBytes);
-    b.regionTop.optim += shardBytes;
-    shardBuffers.push({ grad, param });
+    issue({ op: 'reduce_scatter', inputs: [whole], outputs: [whole], attrs });
+    const paramBytes = elements * DTYPE_BYTES[paramType];
+    const param = b.addFlat(`param_bucket${k}`, 'param', paramLo, paramBytes, paramType);
+    const f32Shard = (name: string) => {
+      const id = b.addFlat(name, 'optim', b.regionTop.optim, (elements / n) * 4);
+      b.regionTop.optim += (elements / n) * 4;
+      return id;
+    };
+    const m = f32Shard(`exp_avg_shard${k}`);
+    const v = f32Shard(`exp_avg_sq_shard${k}`);
+    const master = paramType === 'f32' ? undefined : f32Shard(`master_shard${k}`);
+    shardBuffers.push({ bucket: whole, param });
     shards.push({
       group: bucket.shardOver,
       parts: n,
-      elements: (hi - lo) / 4,
+      elements,
       expAvg: m,
       expAvgSq: v,
+      ...(master !== undefined ? { master } : {}),
       params: bucket.grads.map((x) => ({
         name: x.p.name,
-        offset: (b.buffers[x.buf.id].offset - lo) / 4,
-        elements: x.buf.bytes / 4,
+        offset: (b.buffers[x.buf.id].offset - lo) / DTYPE_BYTES[gradType],
+        elements: x.buf.bytes / DTYPE_BYTES[gradType],
       })),
     });
   });
@@ -164,6 +175,16 @@ function bucketsOf(
   return buckets;
 }
 
+/** the one gradient and parameter element type of a sharded bucket */
+function elementTypes(bucket: Bucket): { grad: DType; param: DType } {
+  const grad = bucket.grads[0].buf.dtype as DType;
+  const param = bucket.grads[0].p.type.dtype;
+  for (const x of bucket.grads)
+    if (x.buf.dtype !== grad || x.p.type.dtype !== param)
+      throw new Error(`grad-sync: a sharded bucket mixes element types (${x.p.name})`);
+  return { grad, param };
+}
+
 function weightDecayKey(p: ParamDecl): string {
   return p.type.shape.length >= 2 ? 'wd' : 'no-wd';
 }
@@ -188,11 +209,16 @@ function relayoutBuckets(
   const out = list.map((bucket) => {
     const lo = top;
     const paramLo = paramTop;
+    // a parameter's element may be smaller than its gradient's (bf16 weights, f32 gradients):
+    // its offset in the parameter bucket is the gradient's, scaled
+    const scale = bucket.shardOver
+      ? DTYPE_BYTES[bucket.grads[0].p.type.dtype] / DTYPE_BYTES[bucket.grads[0].buf.dtype as DType]
+      : 1;
     for (const { p, buf } of bucket.grads) {
       buffers[buf.id].offset = top;
       if (bucket.shardOver) {
         const pid = params.get(p.name)!;
-        buffers[pid].offset = paramLo + (top - lo);
+        buffers[pid].offset = paramLo + (top - lo) * scale;
         placedParams.add(pid);
       }
       top += align(Math.max(buf.bytes, 1));
@@ -201,7 +227,7 @@ function relayoutBuckets(
     if (bucket.shardOver) {
       const unit = ALIGN * groupSizes[bucket.shardOver];
       top = lo + Math.ceil((top - lo) / unit) * unit;
-      paramTop = paramLo + (top - lo);
+      paramTop = paramLo + (top - lo) * scale;
     }
     return { lo, hi: top, paramLo };
   });

@@ -142,7 +142,7 @@ function persistentBuffers(lo: Lowering): void {
   }
   // AdamW state per parameter; with the distributed optimizer, per bucket shard (grad-sync)
   for (const p of trainable.filter((q) => !shardable(lo.opts, q))) {
-    for (const s of [`exp_avg.${p.name}`, `exp_avg_sq.${p.name}`]) {
+    for (const s of [`exp_avg.${p.name}`, `exp_avg_sq.${p.name}`, `master.${p.name}`]) {
       const decl = byName.get(s);
       if (decl) global.set(s, b.addBuffer(s, decl.type, 'optim', -1));
     }
@@ -157,6 +157,7 @@ function persistentBuffers(lo: Lowering): void {
       ...(has(`exp_avg_sq.${p.name}`) !== undefined
         ? { expAvgSq: has(`exp_avg_sq.${p.name}`) }
         : {}),
+      ...(has(`master.${p.name}`) !== undefined ? { master: has(`master.${p.name}`) } : {}),
       shard: p.type.shape.map((d) => [0, d as number] as const),
       ...(p.dist ? { dist: p.dist } : {}),
     });

@@ -6,12 +6,15 @@
 //   whose lifetimes overlap share bytes, and regions.arena / regions.host are the sizes; the
 //   arena's liveness lower bound is recorded for the report.
 
+import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
+import type { Graph } from '../../ir/graph.js';
+import { numel, parseDim } from '../../ir/shape.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
-import { planArena, type Lifetime } from '../plan/memory.js';
+import { livenessLowerBound, planArena, type Lifetime } from '../plan/memory.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
 import type { ProgramDraft } from './draft.js';
 
-export function planMemory(d: ProgramDraft): ProgramDraft {
+export function planMemory(d: ProgramDraft, g: Graph): ProgramDraft {
   const lifetimes = lifetimesOf(d.instructions, d.buffers, d.keepUntilWait);
   // offsets set in place (draft.ts: drafts are linear; a copy of every buffer is slower)
   const buffers = d.buffers as MutableBuffer[];
@@ -23,7 +26,37 @@ export function planMemory(d: ProgramDraft): ProgramDraft {
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
-  return { ...d, buffers, regions, arenaLowerBoundBytes: lowerBound };
+  const expectedBytes = atExpectedSizes(g, buffers, lifetimes.arena);
+  return {
+    ...d,
+    buffers,
+    regions,
+    arenaLowerBoundBytes: lowerBound,
+    ...(expectedBytes ? { expectedBytes } : {}),
+  };
+}
+
+/**
+ * The arena's most bytes live at once and the data region's bytes, with every symbol at its
+ * expected size; undefined when no symbol has one that differs from its bound (the figures would
+ * be the planned ones).
+ */
+function atExpectedSizes(
+  g: Graph,
+  buffers: readonly PlanBuffer[],
+  arena: readonly Lifetime[],
+): { arena: number; data: number } | undefined {
+  if (!g.symbols.some((s) => s.expected !== undefined)) return undefined;
+  const size = new Map(g.symbols.map((s) => [s.name, s.expected ?? s.bound]));
+  const sizes = (name: string) => size.get(name) ?? 0;
+  const bytes = (b: PlanBuffer) =>
+    b.shape.some((x) => /[A-Za-z]/.test(x))
+      ? numel(b.shape.map(parseDim), sizes) * DTYPE_BYTES[b.dtype as DType]
+      : b.bytes;
+  const expectedArena = arena.map((l) => ({ ...l, bytes: bytes(buffers[l.id]) }));
+  let data = 0;
+  for (const b of buffers) if (b.region === 'data' && b.viewOf === undefined) data += bytes(b);
+  return { arena: livenessLowerBound(expectedArena), data };
 }
 
 /**

@@ -65,6 +65,7 @@ export function numberProgram(p: NumberedParts): NumberedParts {
       ...(q.grad !== undefined ? { grad: b[q.grad] } : {}),
       ...(q.expAvg !== undefined ? { expAvg: b[q.expAvg] } : {}),
       ...(q.expAvgSq !== undefined ? { expAvgSq: b[q.expAvgSq] } : {}),
+      ...(q.master !== undefined ? { master: b[q.master] } : {}),
     })),
     inputs: p.inputs.map((i) => ({ ...i, buffer: b[i.buffer] })),
     scalars: Object.fromEntries(Object.entries(p.scalars).map(([k, id]) => [k, b[id]])),
@@ -73,6 +74,7 @@ export function numberProgram(p: NumberedParts): NumberedParts {
       ...s,
       expAvg: b[s.expAvg],
       expAvgSq: b[s.expAvgSq],
+      ...(s.master !== undefined ? { master: b[s.master] } : {}),
     })),
     keepUntilWait: new Map(
       [...p.keepUntilWait].map(([e, ids]) => [ev.table[e], ids.map((id) => b[id])] as const),
@@ -93,7 +95,8 @@ function bufferOrder(p: NumberedParts): Int32Array {
     newId[id] = next++;
   };
   for (const q of p.params)
-    for (const id of [q.buffer, q.grad, q.expAvg, q.expAvgSq]) if (id !== undefined) visit(id);
+    for (const id of [q.buffer, q.grad, q.expAvg, q.expAvgSq, q.master])
+      if (id !== undefined) visit(id);
   for (const i of p.inputs) visit(i.buffer);
   for (const id of Object.values(p.scalars)) visit(id);
   for (const ins of p.instructions) {
@@ -104,6 +107,7 @@ function bufferOrder(p: NumberedParts): Int32Array {
   for (const s of p.optimizerShards) {
     visit(s.expAvg);
     visit(s.expAvgSq);
+    if (s.master !== undefined) visit(s.master);
   }
   for (let id = 0; id < n; id++) visit(id);
   return newId;

@@ -4,9 +4,12 @@
 // Holds after: the step's instructions on compute, the first waiting for the comm stream's last
 //   instruction (sums and sends): the weighted sum of squares of the local gradients and this
 //   rank's shards (each weighed by 1 / the ranks that hold a copy of it), summed over the world,
-//   the clipping factor, AdamW per parameter; with the distributed optimizer, AdamW per bucket
-//   shard on this rank's slice of the parameters, then an all_gather of the updated slices.
+//   the clipping factor, AdamW per parameter; with the distributed optimizer, first this rank's
+//   block of each reduce-scattered gradient bucket sliced out, then AdamW per bucket shard on this
+//   rank's slice of the parameters (from the fp32 master slice under mixed precision), then an
+//   all_gather of the updated slices.
 
+import type { DType } from '../../ir/dtype.js';
 import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
 import { NodeLowering, ProgramBuilder, type ProgramDraft } from './draft.js';
 import type { EmitOptions } from './options.js';
@@ -20,6 +23,8 @@ export function lowerOptimizerStep(d: ProgramDraft, g: Graph, opts: EmitOptions)
   let stepWait = [...d.openWaits];
   const lastComm = b.lastOn('comm');
   if (lastComm >= 0) stepWait = [b.record(lastComm)];
+  const gradSlices = sliceGradients(b, d, opts, stepWait);
+  if (gradSlices.length) stepWait = [];
   const stepLocal = new Map<string, number>();
   const localNames = new Set(d.params.map((p) => p.name));
   const sharded = new Set(d.optimizerShards.flatMap((s) => s.params.map((p) => p.name)));
@@ -27,7 +32,8 @@ export function lowerOptimizerStep(d: ProgramDraft, g: Graph, opts: EmitOptions)
   let coef = -1;
   for (const n of stepNodes) {
     if (n.op === 'sum_squares') {
-      sumOfSquares(n, { g, b, nodes, d, opts, stepLocal, localNames, sharded }, stepWait);
+      const c = { g, b, nodes, d, opts, stepLocal, localNames, sharded, gradSlices };
+      sumOfSquares(n, c, stepWait);
       stepWait = [];
       continue;
     }
@@ -36,7 +42,7 @@ export function lowerOptimizerStep(d: ProgramDraft, g: Graph, opts: EmitOptions)
     if (n.op === 'clip_coef') coef = b.instructions[at].outputs[0];
     stepWait = [];
   }
-  shardedAdamW(b, d, opts, stepNodes, coef);
+  shardedAdamW(b, d, opts, stepNodes, coef, gradSlices);
   return {
     ...d,
     regions: b.regionTop,
@@ -58,6 +64,38 @@ interface StepContext {
   readonly stepLocal: Map<string, number>;
   readonly localNames: ReadonlySet<string>;
   readonly sharded: ReadonlySet<string>;
+  /** distributed optimizer: this rank's block of each summed gradient bucket */
+  readonly gradSlices: readonly number[];
+}
+
+/**
+ * distributed optimizer: each bucket's block of the sum, out of the bucket it was reduce-scattered
+ * into (a step temporary: the gradient region keeps no second copy)
+ */
+function sliceGradients(
+  b: ProgramBuilder,
+  d: ProgramDraft,
+  opts: EmitOptions,
+  wait: number[],
+): number[] {
+  return d.optimizerShards.map((s, k) => {
+    const bucket = d.shardBuffers[k].bucket;
+    const n = (opts.groupSizes ?? {})[s.group];
+    const type = { dtype: b.buffers[bucket].dtype as DType, shape: [s.elements / n] };
+    const slice = b.addBuffer(`grad_shard${k}`, type, 'arena', -1);
+    b.push(
+      {
+        stream: 'compute',
+        op: 'group_slice',
+        inputs: [bucket],
+        outputs: [slice],
+        attrs: { group: s.group, group_size: n },
+        ...STEP,
+      },
+      k === 0 ? wait : [],
+    );
+    return slice;
+  });
 }
 
 /** the norm: whole local gradients and this rank's shards, each weighed by 1 / its copies */
@@ -71,7 +109,7 @@ function sumOfSquares(n: Node, c: StepContext, wait: number[]): void {
   });
   const weight = (p: ParamDecl) => 1 / (opts.copies?.[p.name] ?? 1);
   const scales = ins.map((v) => weight(byName.get(v.replace(/^grad\./, ''))!));
-  const shardIns = d.shardBuffers.map((x) => x.grad);
+  const shardIns = c.gradSlices;
   const shardScales = d.optimizerShards.map(
     (s) => weight(byName.get(s.params[0].name)!) * groupSizes[s.group],
   );
@@ -113,30 +151,35 @@ function shardedAdamW(
   opts: EmitOptions,
   stepNodes: readonly Node[],
   coef: number,
+  gradSlices: readonly number[],
 ): void {
   d.optimizerShards.forEach((s, k) => {
     const x = d.shardBuffers[k];
     const n = (opts.groupSizes ?? {})[s.group];
+    const dtype = b.buffers[x.param].dtype as DType;
     const slice = b.addBuffer(
       `param_shard${x.param}`,
-      { dtype: 'f32', shape: [b.buffers[x.grad].bytes / 4] },
+      { dtype, shape: [s.elements / n] },
       'arena',
       -1,
     );
     const coll = { group: s.group, group_size: n };
-    b.push({
-      stream: 'compute',
-      op: 'group_slice',
-      inputs: [x.param],
-      outputs: [slice],
-      attrs: coll,
-      ...STEP,
-    });
+    // with master weights AdamW writes the whole slice from them: nothing to read first
+    if (s.master === undefined)
+      b.push({
+        stream: 'compute',
+        op: 'group_slice',
+        inputs: [x.param],
+        outputs: [slice],
+        attrs: coll,
+        ...STEP,
+      });
     const adamw = stepNodes.find((t) => t.op === 'adamw' && t.inputs[0] === s.params[0].name)!;
+    const master = s.master !== undefined ? [s.master] : [];
     b.push({
       stream: 'compute',
       op: 'adamw',
-      inputs: [slice, x.grad, s.expAvg, s.expAvgSq, coef],
+      inputs: [slice, gradSlices[k], s.expAvg, s.expAvgSq, coef, ...master],
       outputs: [],
       attrs: adamw.attrs,
       ...STEP,

@@ -59,7 +59,11 @@ const DRAFT_PASSES: readonly DraftPass[] = [
     summary: "level 3: the encoder's idle outputs wait on the host",
     run: (d, _g, opts) => withEncoderOffload(d, opts),
   },
-  { name: 'memory-plan', summary: 'arena and host offsets from buffer lifetimes', run: planMemory },
+  {
+    name: 'memory-plan',
+    summary: 'arena and host offsets from buffer lifetimes',
+    run: (d, g) => planMemory(d, g),
+  },
 ];
 
 /** The emission passes in the order they run: the schedule, lowering, then the draft passes. */

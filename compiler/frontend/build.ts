@@ -10,6 +10,7 @@
 import { GraphBuilder, type Graph } from '../../ir/graph.js';
 import { dimDiv, dimMul, formatDim, type Dim } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
+import type { DType } from '../../ir/dtype.js';
 import type { DecoderConfig, EncoderConfig, ModelConfig, ProjectorConfig } from './config.js';
 import { UserError } from '../errors.js';
 
@@ -19,8 +20,12 @@ export interface BuildOptions {
   microBatchSize?: number;
   /** bound of Nv; default the token count S (every position could be visual) */
   maxVisualTokens?: number;
+  /** Nv in a typical microbatch (a data profile's expectation); default its bound */
+  expectedVisualTokens?: number;
   /** microbatches in the global batch: the auxiliary loss is their mean */
   numMicrobatches?: number;
+  /** element type of activations and parameters (mixed precision: bf16); default f32 */
+  dtype?: DType;
 }
 
 const INIT_WEIGHT = 'normal(0.02)';
@@ -38,14 +43,23 @@ export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Gr
     if (!Number.isInteger(v) || v < 1)
       throw new UserError(`${k} must be a positive integer, got ${v}`);
   }
-  const b = new GraphBuilder(cfg.name);
+  const dtype = opts.dtype ?? 'f32';
+  const b = new GraphBuilder(cfg.name, dtype);
   const S = b.symbol('S', seq * mbs, 'tokens of a microbatch (packed sequences)');
-  const Nv = b.symbol('Nv', opts.maxVisualTokens ?? seq * mbs, 'visual tokens of a microbatch');
+  const nvBound = opts.maxVisualTokens ?? seq * mbs;
+  const Nv = b.symbol(
+    'Nv',
+    nvBound,
+    'visual tokens of a microbatch',
+    opts.expectedVisualTokens !== undefined
+      ? Math.min(opts.expectedVisualTokens, nvBound)
+      : undefined,
+  );
   const enc = cfg.model.image_encoder;
   const merge = enc.spatial_merge_size * enc.spatial_merge_size;
   const Np = dimMul(Nv, merge);
 
-  const visual = buildEncoder(b, enc, Np);
+  const visual = buildEncoder(b, enc, Np, dtype);
   const { embeds, deepstack } = buildProjector(
     b,
     cfg.model.image_projector,
@@ -90,15 +104,16 @@ function linear(
   inp: number,
   bias: boolean,
   trainable: boolean,
+  attrs: Attrs = {},
 ): string {
   const w = b.param(`${name}.weight`, [out, inp], { init: INIT_WEIGHT, trainable });
   const args = [x, w];
   if (bias) args.push(b.param(`${name}.bias`, [out], { init: 'zeros', trainable }));
-  return b.in(name.split('.').pop()!, () => b.op1('linear', args));
+  return b.in(name.split('.').pop()!, () => b.op1('linear', args, attrs));
 }
 
 /** The vision encoder over the patches of a microbatch; returns the hidden states after each block. */
-function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
+function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim, dtype: DType): string[] {
   const trainable = !e.freeze;
   const hv = e.hidden_size;
   const heads = e.num_attention_heads;
@@ -106,7 +121,7 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim): string[] {
   const patchIn = e.in_channels * e.temporal_patch_size * e.patch_size * e.patch_size;
   const patches = b.input(
     'patches',
-    'f32',
+    dtype,
     [Np, patchIn],
     'flattened patches in merge-block order',
   );
@@ -434,7 +449,10 @@ function selfAttention(c: DecoderContext, p: string, hn: string): string {
 function moeMlp(c: DecoderContext, p: string, i: number, h2: string): string {
   const { b, d, trainable, auxLosses } = c;
   const h = d.hidden_size;
-  const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable);
+  // the router computes in f32 under bf16, as Megatron's (stable routing): bf16 products are
+  // exact in f32, so an f32 output of the bf16 GEMM is the upcast router's
+  const fp32: Attrs = b.typeOf(h2).dtype === 'f32' ? {} : { dtype: 'f32' };
+  const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable, fp32);
   const [probs, weights, experts] = b.op('router_topk', [logits], { k: d.moe_router_topk });
   const aux = b.op1('moe_aux_loss', [probs, experts, c.inputs.segments], {
     coeff: d.moe_aux_loss_coeff / c.numMicrobatches,

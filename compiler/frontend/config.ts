@@ -68,6 +68,12 @@ export interface DecoderConfig {
   moe_expert_capacity_factor?: number;
   /** Megatron's --moe-token-drop-policy: which assignments an expert over capacity keeps (default probs, as Megatron) */
   moe_token_drop_policy: 'position' | 'probs';
+  /**
+   * without a capacity: each rank's expert dispatch is planned for at most this multiple of the
+   * rows balanced routing gives it, and the runtime refuses more (--moe-routing-imbalance);
+   * absent, the dropless worst case (every token of the group on one rank)
+   */
+  moe_routing_imbalance?: number;
   freeze: boolean;
 }
 
@@ -75,6 +81,8 @@ export interface TrainingConfig {
   seq_length: number;
   /** report the cross-entropy of caption tokens (the synthetic task's 2–25) as a metric */
   caption_metric: boolean;
+  /** the data profile (configs/data) memory is planned for when --data-profile names none */
+  data_profile: string;
 }
 
 export interface ModelConfig {
@@ -95,7 +103,15 @@ export interface ModelConfig {
 /** def: the value when the key is absent; optional: absent stays absent (no default, not required) */
 type FieldSpec =
   | {
-      t: 'posint' | 'nonnegint' | 'posnumber' | 'nonnegnumber' | 'bool' | 'nonnegints' | 'posints';
+      t:
+        | 'posint'
+        | 'nonnegint'
+        | 'posnumber'
+        | 'nonnegnumber'
+        | 'bool'
+        | 'nonnegints'
+        | 'posints'
+        | 'string';
       def?: unknown;
       optional?: boolean;
     }
@@ -160,12 +176,14 @@ const DECODER_SCHEMA: Schema = {
   moe_expert_capacity_factor: { t: 'posnumber', optional: true },
   // Megatron's default, probs
   moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'probs' },
+  moe_routing_imbalance: { t: 'posnumber', optional: true },
   freeze: { t: 'bool', def: false },
 };
 
 const TRAINING_SCHEMA: Schema = {
   seq_length: { t: 'posint' },
   caption_metric: { t: 'bool', def: false },
+  data_profile: { t: 'string', def: 'default' },
 };
 
 const SECTIONS = {
@@ -360,6 +378,9 @@ function checkField(where: string, spec: FieldSpec, v: unknown): unknown {
       return v;
     case 'bool':
       if (typeof v !== 'boolean') throw bad('true or false');
+      return v;
+    case 'string':
+      if (typeof v !== 'string' || v === '') throw bad('a non-empty string');
       return v;
     case 'nonnegints':
     case 'posints': {

@@ -99,6 +99,8 @@ export interface ProgramParam {
   readonly grad?: number;
   readonly expAvg?: number;
   readonly expAvgSq?: number;
+  /** mixed precision: the fp32 master weights AdamW updates (the parameter is their rounding) */
+  readonly master?: number;
   /** this rank's slice of the global tensor: per dim [start, length] (without dist) */
   readonly shard: readonly (readonly [number, number])[];
   /**
@@ -124,6 +126,11 @@ export interface ProgramFile {
   readonly regions: Readonly<Record<BufferRegion, number>>;
   /** the most bytes of the arena live at once at declared bounds, for the planner's report */
   readonly arenaLowerBoundBytes: number;
+  /**
+   * at the symbols' expected sizes (a data profile's means, balanced routing), where some differs
+   * from its bound: the most arena bytes live at once, and the data region's bytes
+   */
+  readonly expectedBytes?: { readonly arena: number; readonly data: number };
   readonly buffers: readonly PlanBuffer[];
   readonly params: readonly ProgramParam[];
   readonly inputs: readonly ProgramInput[];
@@ -153,6 +160,8 @@ export interface OptimizerShard {
   /** buffers of this rank's slice of exp_avg and exp_avg_sq */
   readonly expAvg: number;
   readonly expAvgSq: number;
+  /** mixed precision: this rank's slice of the fp32 master weights */
+  readonly master?: number;
   /** the parameters laid out in the bucket: element offset and count */
   readonly params: readonly {
     readonly name: string;
@@ -178,6 +187,11 @@ export interface PlanFile {
     /** microbatches per step on one data-parallel rank */
     readonly numMicrobatches: number;
     readonly maxVisualTokens: number;
+    /**
+     * mixed precision (--bf16): the element type of activations and parameters, and of the main
+     * gradients; absent: f32 throughout
+     */
+    readonly precision?: { readonly compute: string; readonly grad: string };
     readonly optimizer: {
       readonly lr: number;
       readonly beta1: number;

@@ -95,6 +95,7 @@ function paramLine(p: ProgramParam): string {
   if (p.grad !== undefined) s += ` grad ${ref(p.grad)}`;
   if (p.expAvg !== undefined) s += ` exp_avg ${ref(p.expAvg)}`;
   if (p.expAvgSq !== undefined) s += ` exp_avg_sq ${ref(p.expAvgSq)}`;
+  if (p.master !== undefined) s += ` master ${ref(p.master)}`;
   s += ` shard ${JSON.stringify(p.shard)}`;
   if (p.dist !== undefined) s += ` dist ${JSON.stringify(p.dist)}`;
   return s;
@@ -140,6 +141,9 @@ export function printProgram(p: ProgramFile, options: PrintProgramOptions = {}):
       .map(([r, bytes]) => `${word(r)} ${bytes}`)
       .join(' ')}`,
     `arena-lower-bound ${p.arenaLowerBoundBytes}`,
+    ...(p.expectedBytes
+      ? [`expected-bytes arena ${p.expectedBytes.arena} data ${p.expectedBytes.data}`]
+      : []),
     `events ${p.events}`,
   ];
   /** a section line and its entries; `of`: the whole count, in a filtered print */
@@ -180,7 +184,9 @@ export function printProgram(p: ProgramFile, options: PrintProgramOptions = {}):
     for (const s of p.optimizerShards) {
       lines.push(
         `  ${word(s.group)} parts ${s.parts} elements ${s.elements} exp_avg ${ref(s.expAvg)} ` +
-          `exp_avg_sq ${ref(s.expAvgSq)} params ${s.params.length}`,
+          `exp_avg_sq ${ref(s.expAvgSq)}` +
+          (s.master !== undefined ? ` master ${ref(s.master)}` : '') +
+          ` params ${s.params.length}`,
       );
       for (const q of s.params)
         lines.push(`    ${word(q.name)} offset ${q.offset} elements ${q.elements}`);
@@ -352,6 +358,7 @@ const TOP = [
   'program',
   'regions',
   'arena-lower-bound',
+  'expected-bytes',
   'events',
   'buffers',
   'params',
@@ -362,7 +369,7 @@ const TOP = [
   'instructions',
 ] as const;
 type Top = (typeof TOP)[number];
-const OPTIONAL: ReadonlySet<Top> = new Set(['optimizer-shards']);
+const OPTIONAL: ReadonlySet<Top> = new Set(['expected-bytes', 'optimizer-shards']);
 const SECTIONS: ReadonlySet<Top> = new Set([
   'buffers',
   'params',
@@ -385,6 +392,7 @@ class ProgramParser {
   version = 0;
   readonly regions: Record<string, number> = {};
   arenaLowerBoundBytes = 0;
+  expectedBytes: ProgramFile['expectedBytes'];
   events = 0;
   nBuffers = 0;
   readonly buffers: PlanBuffer[] = [];
@@ -456,6 +464,7 @@ class ProgramParser {
     const grad = t.accept('grad') ? t.buffer('grad', this.nBuffers) : undefined;
     const expAvg = t.accept('exp_avg') ? t.buffer('exp_avg', this.nBuffers) : undefined;
     const expAvgSq = t.accept('exp_avg_sq') ? t.buffer('exp_avg_sq', this.nBuffers) : undefined;
+    const master = t.accept('master') ? t.buffer('master', this.nBuffers) : undefined;
     t.keyword('shard');
     const shard = t.json('shard', isShard) as ProgramParam['shard'];
     const dist = t.accept('dist')
@@ -468,6 +477,7 @@ class ProgramParser {
       ...(grad !== undefined ? { grad } : {}),
       ...(expAvg !== undefined ? { expAvg } : {}),
       ...(expAvgSq !== undefined ? { expAvgSq } : {}),
+      ...(master !== undefined ? { master } : {}),
       shard,
       ...(dist !== undefined ? { dist } : {}),
     });
@@ -511,6 +521,7 @@ class ProgramParser {
     const expAvg = t.buffer('exp_avg', this.nBuffers);
     t.keyword('exp_avg_sq');
     const expAvgSq = t.buffer('exp_avg_sq', this.nBuffers);
+    const master = t.accept('master') ? t.buffer('master', this.nBuffers) : undefined;
     t.keyword('params');
     const count = t.int('params', 0);
     t.end();
@@ -525,7 +536,15 @@ class ProgramParser {
       q.end();
       return { name, offset, elements: n };
     });
-    this.shards!.push({ group, parts, elements, expAvg, expAvgSq, params: list });
+    this.shards!.push({
+      group,
+      parts,
+      elements,
+      expAvg,
+      expAvgSq,
+      ...(master !== undefined ? { master } : {}),
+      params: list,
+    });
   }
 
   instruction(t: Tokens, index: number): void {
@@ -598,6 +617,14 @@ class ProgramParser {
         this.arenaLowerBoundBytes = t0.number('bytes');
         t0.end();
         return true;
+      case 'expected-bytes': {
+        t0.keyword('arena');
+        const arena = t0.number('expected arena bytes');
+        t0.keyword('data');
+        this.expectedBytes = { arena, data: t0.number('expected data bytes') };
+        t0.end();
+        return true;
+      }
       case 'events':
         this.events = t0.int('events', 0);
         t0.end();
@@ -613,6 +640,7 @@ class ProgramParser {
       id: this.id,
       regions: this.regions as Record<BufferRegion, number>,
       arenaLowerBoundBytes: this.arenaLowerBoundBytes,
+      ...(this.expectedBytes ? { expectedBytes: this.expectedBytes } : {}),
       buffers: this.buffers,
       params: this.params,
       inputs: this.inputs,

@@ -1,5 +1,14 @@
-// Each program's planned memory per rank, from its regions: what `lfc compile`'s report tabulates
-// and `lfc viz` draws.
+// Each program's planned memory per rank, from its regions: what `lfc compile`'s report tabulates,
+// its fits check reads and `lfc viz` draws.
+//
+// Two figures per program:
+//   bound     every buffer at the bound of its sizes: the visual-token cap of the data profile,
+//             an expert dispatch at its planned bound (capacity, or the routing imbalance). The
+//             runtime refuses a microbatch over them, so the bound is what a rank can need.
+//   expected  the arena's most bytes live at once and the batch, with every size at its expected
+//             value (the data profile's means, balanced routing): a typical step.
+// A program fits a device when its bound plus the hardware profile's reserve (CUDA context,
+// communication buffers, fragmentation) is at most the device's memory.
 
 import { stageOfRank, type PlanFile, type ProgramFile } from '../plan/format.js';
 
@@ -19,13 +28,33 @@ export interface ProgramMemory {
   readonly device: number;
   /** offloaded activations: pinned host memory */
   readonly host: number;
+  readonly bound: { readonly deviceBytes: number };
+  /** at expected sizes: the activations and batch of a typical step, and the device total */
+  readonly expected: {
+    readonly deviceBytes: number;
+    readonly activations: number;
+    readonly batch: number;
+  };
+  readonly hostBytes: number;
+  /** against a device (fitsOn): whether bound + reserve ≤ the device's memory */
+  readonly fits?: boolean;
+}
+
+/** What a device offers a plan: its memory and the part of it a plan cannot use. */
+export interface DeviceMemory {
+  readonly name: string;
+  readonly bytes: number;
+  readonly reserveBytes: number;
 }
 
 /** Each distinct program's device and host memory per rank, the largest device total first. */
-export function memoryByProgram(result: {
-  readonly plan: PlanFile;
-  readonly programs: readonly ProgramFile[];
-}): ProgramMemory[] {
+export function memoryByProgram(
+  result: {
+    readonly plan: PlanFile;
+    readonly programs: readonly ProgramFile[];
+  },
+  device?: DeviceMemory,
+): ProgramMemory[] {
   const ranksOf = new Map<string, number[]>();
   result.plan.rankPrograms.forEach((id, rank) => {
     ranksOf.set(id, [...(ranksOf.get(id) ?? []), rank]);
@@ -35,6 +64,10 @@ export function memoryByProgram(result: {
       const r = p.regions;
       const ranks = ranksOf.get(p.id) ?? [];
       const batch = r.data + r.scalar;
+      const fixed = r.param + r.grad + r.optim;
+      const total = fixed + batch + r.arena;
+      const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
+      const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
       return {
         program: p.id,
         ranks: ranks.length,
@@ -44,9 +77,22 @@ export function memoryByProgram(result: {
         optimizer: r.optim,
         batch,
         activations: r.arena,
-        device: r.param + r.grad + r.optim + batch + r.arena,
+        device: total,
         host: r.host,
+        bound: { deviceBytes: total },
+        expected: {
+          deviceBytes: fixed + expectedBatch + activations,
+          activations,
+          batch: expectedBatch,
+        },
+        hostBytes: r.host,
       };
     })
+    .map((m) => (device ? { ...m, fits: fitsOn(m.bound.deviceBytes, device) } : m))
     .sort((a, b) => b.device - a.device || a.program.localeCompare(b.program));
+}
+
+/** bound + reserve ≤ the device's memory */
+export function fitsOn(deviceBytes: number, device: DeviceMemory): boolean {
+  return deviceBytes + device.reserveBytes <= device.bytes;
 }

@@ -23,6 +23,11 @@ export interface HardwareProfile {
   readonly path: string;
   readonly gpusPerNode: number;
   readonly memoryGiB: number;
+  /**
+   * device memory a plan cannot use (CUDA context, communication buffers, the allocator's
+   * fragmentation): a plan fits when its device bytes plus this are at most memoryGiB
+   */
+  readonly memoryReserveGiB: number;
   readonly compute: {
     readonly matmulTflops: number;
     /** the fraction of the peak a large GEMM reaches */
@@ -105,6 +110,7 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
     path,
     gpusPerNode,
     memoryGiB: positive('memory_gib'),
+    memoryReserveGiB: nonNegative('memory_reserve_gib'),
     compute: {
       matmulTflops: positive('compute.matmul_tflops'),
       matmulEfficiency: positive('compute.matmul_efficiency', 1),

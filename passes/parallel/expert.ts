@@ -24,6 +24,11 @@ import { formatDim, isSym } from '../../ir/shape.js';
 export interface ExpertParallelOptions {
   /** expert-parallel size */
   readonly ep: number;
+  /**
+   * without an expert capacity: plan each rank's dispatch for at most this multiple of the rows
+   * balanced routing gives it (the runtime refuses more); absent, the dropless worst case
+   */
+  readonly imbalance?: number;
 }
 
 export class ExpertParallelError extends Error {}
@@ -45,8 +50,34 @@ interface LayerExchange {
  * `sent` rows, and under an expert capacity at most `capacity` rows for each of its L local
  * experts.
  */
-export function receivedRowsBound(ep: number, sent: number, L: number, capacity?: number): number {
-  return capacity === undefined ? ep * sent : Math.min(ep * sent, ep * L * capacity);
+export function receivedRowsBound(
+  ep: number,
+  sent: number,
+  L: number,
+  capacity?: number,
+  imbalance?: number,
+): number {
+  if (capacity !== undefined) return Math.min(ep * sent, ep * L * capacity);
+  if (imbalance !== undefined) return Math.min(ep * sent, Math.ceil(imbalance * sent));
+  return ep * sent;
+}
+
+/** Rows a rank's dispatch receives under balanced routing: what it sends, less what capacity drops. */
+export function balancedReceivedRows(
+  ep: number,
+  sent: number,
+  L: number,
+  capacity?: number,
+): number {
+  return capacity === undefined ? sent : Math.min(sent, ep * L * capacity);
+}
+
+function receivedRowsDoc(scope: string, capacity: unknown, imbalance: number | undefined): string {
+  const what = `rows ${scope}'s expert dispatch receives`;
+  if (capacity !== undefined) return `${what} (at most ep × E/ep × capacity)`;
+  if (imbalance !== undefined)
+    return `${what} (planned for ${imbalance}× balanced routing: raise --moe-routing-imbalance for more)`;
+  return `${what} (at most ep × the rows it sends: the dropless worst case)`;
 }
 
 export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
@@ -120,13 +151,17 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
         });
         const send = b.op1('moe_rank_counts', [counts], { group_size: ep });
         const rowsDim = b.typeOf(rows).shape[0];
-        const bound = isSym(rowsDim)
-          ? (g.symbols.find((s) => s.name === rowsDim.sym)!.bound * rowsDim.num) / rowsDim.den
-          : rowsDim;
+        const decl = isSym(rowsDim) ? g.symbols.find((s) => s.name === rowsDim.sym)! : undefined;
+        const scaled = (v: number) => (isSym(rowsDim) ? (v * rowsDim.num) / rowsDim.den : v);
+        const bound = decl ? scaled(decl.bound) : (rowsDim as number);
+        const sentExpected = decl ? scaled(decl.expected ?? decl.bound) : bound;
+        const capacity = n.attrs.capacity as number | undefined;
+        const rxBound = receivedRowsBound(ep, bound, perRank, capacity, o.imbalance);
         const sym = b.symbol(
           `Rx${layerIndex++}`,
-          receivedRowsBound(ep, bound, perRank, n.attrs.capacity as number | undefined),
-          `rows ${n.scope}'s expert dispatch receives (at most ep × the rows it sends${n.attrs.capacity === undefined ? '' : ', and ep × E/ep × capacity'})`,
+          rxBound,
+          receivedRowsDoc(n.scope, capacity, o.imbalance),
+          Math.min(rxBound, Math.round(balancedReceivedRows(ep, sentExpected, perRank, capacity))),
         );
         const [rowsIn, countsBack] = b.op('all_to_all_v', [rows, send], {
           ...coll,

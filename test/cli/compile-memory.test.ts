@@ -78,8 +78,29 @@ describe('memory per rank', () => {
       '-o',
       `${process.env.TMPDIR ?? '/tmp'}/mem-json`,
     );
-    const parsed = JSON.parse(json.out) as { memory: { program: string; device: number }[] };
-    expect(parsed.memory.map((m) => m.program).sort()).toEqual(['p0', 'p1']);
-    expect(describeMemory(parsed.memory as never, 1).at(-1)).toMatch(/… and 1 program more/);
+    const parsed = JSON.parse(json.out) as {
+      memory: {
+        device: { name: string; bytes: number; reserveBytes: number };
+        programs: {
+          program: string;
+          device: number;
+          bound: { deviceBytes: number };
+          expected: { deviceBytes: number };
+          hostBytes: number;
+          fits: boolean;
+        }[];
+      };
+    };
+    const { device, programs } = parsed.memory;
+    expect(device.name).toBe('h800'); // the default --hardware
+    expect(programs.map((m) => m.program).sort()).toEqual(['p0', 'p1']);
+    for (const m of programs) {
+      expect(m.bound.deviceBytes).toBe(m.device);
+      // the synthetic profile expects fewer visual tokens than its bound (the sequence)
+      expect(m.expected.deviceBytes).toBeLessThanOrEqual(m.bound.deviceBytes);
+      expect(m.hostBytes).toBe(0);
+      expect(m.fits).toBe(m.bound.deviceBytes + device.reserveBytes <= device.bytes);
+    }
+    expect(describeMemory(programs as never, 1).at(-1)).toMatch(/… and 1 program more/);
   });
 });

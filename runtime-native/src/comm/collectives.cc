@@ -75,11 +75,17 @@ int64_t run_all_gather(const Instr&, StepCtx& c, Group& g) {
   return -1;
 }
 
-int64_t run_reduce_scatter(const Instr&, StepCtx& c, Group& g) {
+int64_t run_reduce_scatter(const Instr& in, StepCtx& c, Group& g) {
   const Tensor &x = c.in(0), &y = c.out(0);
   requireFloatOrInt(x, "input 0");
-  requireSameType(y, x, x.numel / g.P, "output 0 (one block of the sum)");
   if (x.numel % g.P != 0) throw OpError(cat("input 0 ", formatShape(x.shape), " does not split in ", g.P, " blocks"));
+  if (y.numel == x.numel && y.numel % g.P == 0 && g.P > 1 && y.data == x.data) {
+    // in place (the distributed optimizer's gradient buckets): block r of x becomes block r of
+    // the sum; the other blocks are left undefined
+    g.comm.allReduce(y.data, y.dtype, y.numel, in.commOrdinal);
+    return -1;
+  }
+  requireSameType(y, x, x.numel / g.P, "output 0 (one block of the sum)");
   // the sum of the whole input in scratch, then this rank's block
   std::byte* sum = c.scratch().get<std::byte>(0, x.bytes());
   std::memcpy(sum, x.data, size_t(x.bytes()));
@@ -259,7 +265,7 @@ const CollectiveEntry* entryOf(Op op) {
   static const CollectiveEntry allReduce{1, 1, 1, 1, kGroup, true, run_all_reduce};
   static const CollectiveEntry allGather{1, 1, 1, 1, "group:string,group_size:int,grad?:string", false,
                                          run_all_gather};
-  static const CollectiveEntry reduceScatter{1, 1, 1, 1, kGroup, false, run_reduce_scatter};
+  static const CollectiveEntry reduceScatter{1, 1, 1, 1, kGroup, true, run_reduce_scatter};
   static const CollectiveEntry broadcast{1, 1, 1, 1, "group:string,group_size:int,root:int", true, run_broadcast};
   static const CollectiveEntry allToAllV{2, 2, 2, 2, "group:string,group_size:int,out_rows:dims", false,
                                          run_all_to_all_v};

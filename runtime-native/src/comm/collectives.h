@@ -5,7 +5,8 @@
 // instruction's stream. Semantics, P the group size and r this rank's group rank:
 //   all_reduce      y = Σ x                                       (f32, f64, i32, i64; in place)
 //   all_gather      y = x_0 ‖ … ‖ x_{P−1} along dim 0
-//   reduce_scatter  y = block r of Σ x along dim 0
+//   reduce_scatter  y = block r of Σ x along dim 0; in place (y is x): block r of x becomes
+//                   block r of Σ x, the other blocks are undefined (the distributed optimizer)
 //   broadcast       y = x of group rank `root`                    (in place)
 //   all_to_all_v    rows x [N, H] go in consecutive blocks of send_counts i32 [P] to each rank;
 //                   counts are exchanged first; y [out_rows, H] = the received blocks in group
