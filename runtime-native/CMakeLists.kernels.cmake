@@ -11,7 +11,7 @@
 set(LFC_CPU_KERNEL_DIR ${CMAKE_CURRENT_LIST_DIR}/src/kernels/cpu)
 set(LFC_CPU_KERNEL_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/src)
 set(LFC_CPU_KERNEL_FAMILIES
-  linear norm embedding activation rope attention moe loss optimizer merge balance)
+  storage linear norm embedding activation rope attention moe loss optimizer merge balance)
 
 set(LFC_CPU_KERNEL_SOURCES "")
 set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h)
