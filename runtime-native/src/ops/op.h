@@ -5,7 +5,8 @@
 // the registry). It reads attributes through the typed getters below (present and well-typed:
 // the loader checked them against the registry's attribute list), checks what the plan cannot
 // have checked (dtypes the kernels take, sizes that must agree after resolution), and calls the
-// kernels' entry points with dtype-tagged operands (src, dst below). It throws OpError on a problem; the executor adds the instruction index, op and scope.
+// kernels' entry points with dtype-tagged operands (src, dst below). It throws OpError on a
+// problem; the executor adds the instruction index, op and scope.
 //
 // Output semantics follow the IR: every output is OVERWRITTEN. Kernels that accumulate into a
 // weight gradient (d<param> += …) get a zeroed output first; grad_accumulate and adamw are the ops
@@ -137,7 +138,7 @@ void requireRank(const Tensor& t, int rank, const char* what);
 
 // ---- operands of the kernels' entry points (kernels/cpu/storage.h) ------------------------------
 //
-// An op hands the kernels dtype-tagged pointers and never branches on a float dtype itself: each
+// An op hands the kernels dtype-tagged pointers and never dispatches on a float dtype itself: each
 // float operand may be f32 or bf16 independently (or every one f64), and the kernel family's entry
 // point dispatches (by_dtype, or a fast path for its dtypes). Statistics an op keeps in scratch
 // (norm mean and rstd, a log-sum-exp) take computeDType: f32, or f64 on the f64 path.
