@@ -4,17 +4,20 @@
 #   LFC_CPU_KERNEL_SOURCES       the .cc files (absolute paths)
 #   LFC_CPU_KERNEL_HEADERS       the public headers (absolute paths)
 #   LFC_CPU_KERNEL_INCLUDE_DIR   add to the include path; headers are "kernels/cpu/<family>.h"
+#                                (they use the header-only core/dtype.h and core/bf16.h)
 #   target lfc_cpu_kernels       a static library of the above, linked to CBLAS (OpenBLAS),
 #                                unless a target of that name exists already
 # Needs a C++17 compiler and OpenBLAS (Debian: apt-get install libopenblas-dev).
 
 set(LFC_CPU_KERNEL_DIR ${CMAKE_CURRENT_LIST_DIR}/src/kernels/cpu)
 set(LFC_CPU_KERNEL_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/src)
+# storage: the dtype-tagged operands and dispatch every family's entry points use (not an op family)
 set(LFC_CPU_KERNEL_FAMILIES
-  linear norm embedding activation rope attention moe loss optimizer merge balance)
+  storage linear norm embedding activation rope attention moe loss optimizer merge balance)
 
 set(LFC_CPU_KERNEL_SOURCES "")
-set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h)
+set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/bf16.h
+  ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/dtype.h)
 foreach(family IN LISTS LFC_CPU_KERNEL_FAMILIES)
   list(APPEND LFC_CPU_KERNEL_SOURCES ${LFC_CPU_KERNEL_DIR}/${family}.cc)
   list(APPEND LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/${family}.h)

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "data/init.h"
+#include "kernels/cpu/storage.h"
 #include "ops/registry.h"
 
 namespace lfc {
@@ -23,11 +26,17 @@ template <typename T>
 void writeField(std::byte* dst, const Buffer& b, const std::vector<T>& values, int64_t columns = 1) {
   // values (n) written into a buffer of rows × columns: a rank-2 buffer [n, P] of positions gets
   // the value in each of its P columns
+  // a float field (patches) in a bf16 buffer: each value rounded to nearest even
+  const bool toBf16Buffer = std::is_same_v<T, float> && b.dtype == DType::bf16;
   const int64_t n = int64_t(values.size());
   T* out = reinterpret_cast<T*>(dst);
+  bf16* outBf16 = reinterpret_cast<bf16*>(dst);
   for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < columns; j++) out[i * columns + j] = values[size_t(i)];
-  const int64_t used = n * columns * int64_t(sizeof(T));
+    for (int64_t j = 0; j < columns; j++) {
+      if (toBf16Buffer) outBf16[i * columns + j] = toBf16(float(values[size_t(i)]));
+      else out[i * columns + j] = values[size_t(i)];
+    }
+  const int64_t used = n * columns * (toBf16Buffer ? int64_t(sizeof(bf16)) : int64_t(sizeof(T)));
   if (b.bytes > used) std::memset(dst + used, 0, size_t(b.bytes - used));
 }
 
@@ -122,6 +131,19 @@ void Runtime::initParams(uint64_t seed, const std::vector<ParamInit>& params) {
     initParam(memory_->buffer(program_, pp.buffer), b.dtype, seed, pp.name, spec->init, spec->shape, shard);
   }
   std::memset(memory_->region(Region::optim), 0, size_t(memory_->regionSize(Region::optim)));
+  // Mixed precision: an fp32 master weight (adamw's input 5) in the optimizer region starts as its
+  // parameter's values upcast (exact from bf16), as Megatron's optimizer copies its bf16 params
+  for (const Instr& in : program_.instrs) {
+    if (in.op != Op::adamw || in.inputs.size() < 6) continue;
+    const Buffer &param = program_.buffers[size_t(in.inputs[0])], &master = program_.buffers[size_t(in.inputs[5])];
+    if (master.region != Region::optim) continue;
+    const int64_t n = numel(resolveShape(param.shape, SymbolSizes{}));
+    if (numel(resolveShape(master.shape, SymbolSizes{})) != n)
+      throw RuntimeError(cat("initParams: ", describeInstr(in), ": master ", formatShape(master.shape),
+                             " and param ", formatShape(param.shape), " differ in size"));
+    cpu::convert(cpu::Dst{memory_->buffer(program_, master.id), master.dtype},
+                 cpu::Src{memory_->buffer(program_, param.id), param.dtype}, n);
+  }
 }
 
 void Runtime::setMicrobatch(int slot, Microbatch mb) {
@@ -257,6 +279,7 @@ void Runtime::setScalar(const std::string& name, double value) {
   switch (b.dtype) {
     case DType::f32: *reinterpret_cast<float*>(p) = float(value); break;
     case DType::f64: *reinterpret_cast<double*>(p) = value; break;
+    case DType::bf16: *reinterpret_cast<bf16*>(p) = toBf16(float(value)); break;
     case DType::i32: *reinterpret_cast<int32_t*>(p) = int32_t(value); break;
     case DType::i64: *reinterpret_cast<int64_t*>(p) = int64_t(value); break;
     default: throw RuntimeError(cat("setScalar: scalar ", name, " has dtype ", dtypeName(b.dtype)));

@@ -29,8 +29,9 @@ struct CollectiveEntry {
 // ---- the ops --------------------------------------------------------------------------------
 
 void requireFloatOrInt(const Tensor& t, const char* what) {
-  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::i32 && t.dtype != DType::i64)
-    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; collectives sum f32, f64, i32 or i64"));
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::bf16 && t.dtype != DType::i32 &&
+      t.dtype != DType::i64)
+    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; collectives sum f32, f64, bf16, i32 or i64"));
 }
 
 void requireSameType(const Tensor& y, const Tensor& x, int64_t numel, const char* what) {

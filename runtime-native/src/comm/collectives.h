@@ -3,10 +3,12 @@
 // Each op resolves its group through the instruction's `group` attribute (a group kind such as
 // dp, tp, pp), looked up in this rank's rankGroups, and runs on that group's communicator of the
 // instruction's stream. Semantics, P the group size and r this rank's group rank:
-//   all_reduce      y = Σ x                                       (f32, f64, i32, i64; in place)
+//   all_reduce      y = Σ x                          (f32, f64, bf16, i32, i64; in place; bf16 is
+//                   summed in f32 and rounded once per element, see the backends in comm.h)
 //   all_gather      y = x_0 ‖ … ‖ x_{P−1} along dim 0
-//   reduce_scatter  y = block r of Σ x along dim 0; in place (y is x): block r of x becomes
-//                   block r of Σ x, the other blocks are undefined (the distributed optimizer)
+//   reduce_scatter  y = block r of Σ x along dim 0 (an all_reduce, then the block); in place (y is
+//                   x): block r of x becomes block r of Σ x, the others are undefined (the
+//                   distributed optimizer's gradient buckets)
 //   broadcast       y = x of group rank `root`                    (in place)
 //   all_to_all_v    rows x [N, H] go in consecutive blocks of send_counts i32 [P] to each rank;
 //                   counts are exchanged first; y [out_rows, H] = the received blocks in group

@@ -73,7 +73,9 @@ class Communicator {
   // decided when the communicator opens; send/recv stay on TCP)
   virtual std::string transport() const = 0;
 
-  // data[0:count] ← sum over the group (f32, f64, i32, i64). key ≥ 0 names the call the same way on
+  // data[0:count] ← sum over the group (f32, f64, bf16, i32, i64; bf16 summed in f32 and rounded to
+  // nearest even once per element: the shared-memory path sums bf16 slots in f32, Gloo over TCP
+  // all-reduces an f32 copy). key ≥ 0 names the call the same way on
   // every member (the instruction's ordinal on its group and stream), so a backend may keep state
   // per call (buffers bound to algorithms) and every member decides alike whether it has some;
   // -1: no such name (the data's address may change from call to call)

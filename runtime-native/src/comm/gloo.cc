@@ -28,6 +28,7 @@
 #include "comm/comm.h"
 #include "comm/shm.h"
 #include "comm/store.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "generated/schema.h"
 
@@ -181,6 +182,7 @@ class GlooComm : public Communicator {
 
  private:
   void glooAllReduce(void* data, DType dtype, int64_t count, int64_t key) {
+    if (dtype == DType::bf16) return bf16AllReduce(static_cast<bf16*>(data), count, key);
     if (key >= 0 && dtype == DType::f32) return halvingDoubling(static_cast<float*>(data), count, key);
     if (key >= 0 && dtype == DType::f64) return halvingDoubling(static_cast<double*>(data), count, key);
     gloo::AllreduceOptions o(ctx_);
@@ -193,7 +195,7 @@ class GlooComm : public Communicator {
       case DType::f64: setup<double>(o, data, count); break;
       case DType::i32: setup<int32_t>(o, data, count); break;
       case DType::i64: setup<int64_t>(o, data, count); break;
-      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, i32, i64)"));
+      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, bf16, i32, i64)"));
     }
     guard([&] { gloo::allreduce(o); });
   }
@@ -216,6 +218,19 @@ class GlooComm : public Communicator {
       b.count = count;
     }
     guard([&] { b.algorithm->run(); });
+  }
+
+  // bf16 over TCP: the f32 all-reduce on an f32 copy, rounded to bf16 once at the end (a bf16
+  // sum inside Gloo's algorithms would round at every step of the exchange); the wire carries f32.
+  // A key's copy keeps its address while its count does not grow, so the halving-doubling bound
+  // to it is rebuilt exactly when the count changes, alike on every member.
+  void bf16AllReduce(bf16* data, int64_t count, int64_t key) {
+    std::vector<float> local;
+    std::vector<float>& sum = key >= 0 ? bf16Sums_[key] : local;
+    if (sum.size() < size_t(count)) sum.resize(size_t(count));
+    floatFromBf16(sum.data(), data, count);
+    glooAllReduce(sum.data(), DType::f32, count, key);
+    bf16FromFloat(data, sum.data(), count);
   }
 
   template <typename T>
@@ -253,6 +268,7 @@ class GlooComm : public Communicator {
     std::unique_ptr<gloo::Algorithm> algorithm;
   };
   std::map<int64_t, Bound> bound_;
+  std::map<int64_t, std::vector<float>> bf16Sums_;  // per call key: the f32 copy of a bf16 all-reduce
   std::unique_ptr<ShmGroup> shm_;
 };
 

@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 
+#include "core/bf16.h"
 #include "core/error.h"
 
 namespace lfc::comm {
@@ -218,25 +219,53 @@ void ShmGroup::requirePeers() const {
   }
 }
 
+namespace {
+
+// A chunk's sum runs in SumOf<T>: T itself, f32 for bf16 (widened on load, rounded to nearest
+// even once, when the sum is written back to the slot).
+template <typename T>
+struct SumOf {
+  using type = T;
+};
+template <>
+struct SumOf<bf16> {
+  using type = float;
+};
+
+template <typename T>
+T widen(T v) {
+  return v;
+}
+float widen(bf16 v) { return toFloat(v); }
+
+template <typename T>
+void storeSum(T* out, const T* sum, int64_t m) {
+  std::memcpy(out, sum, size_t(m) * sizeof(T));
+}
+void storeSum(bf16* out, const float* sum, int64_t m) { bf16FromFloat(out, sum, m); }
+
+}  // namespace
+
 template <typename T>
 void ShmGroup::reduceChunk(T* data, int64_t n) {
+  using Sum = typename SumOf<T>::type;
   const int set = nextSet();
   std::memcpy(slot(set, rank_), data, size_t(n) * sizeof(T));
   barrier();
   // part `rank_` of every slot, summed in group order a block at a time, into this rank's slot
   const auto [lo, hi] = partOf<T>(n, rank_, size_);
   constexpr int64_t kBlock = 2048;
-  alignas(64) T acc[kBlock];
+  alignas(64) Sum acc[kBlock];
   T* out = reinterpret_cast<T*>(slot(set, rank_));
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t m = std::min(kBlock, hi - b);
     const T* first = reinterpret_cast<const T*>(slot(set, 0)) + b;
-    for (int64_t i = 0; i < m; i++) acc[i] = first[i];
+    for (int64_t i = 0; i < m; i++) acc[i] = widen(first[i]);
     for (int j = 1; j < size_; j++) {
       const T* s = reinterpret_cast<const T*>(slot(set, j)) + b;
-      for (int64_t i = 0; i < m; i++) acc[i] += s[i];
+      for (int64_t i = 0; i < m; i++) acc[i] += widen(s[i]);
     }
-    std::memcpy(out + b, acc, size_t(m) * sizeof(T));
+    storeSum(out + b, acc, m);
   }
   barrier();
   for (int j = 0; j < size_; j++) {
@@ -254,9 +283,10 @@ void ShmGroup::allReduce(void* data, DType dtype, int64_t count) {
     switch (dtype) {
       case DType::f32: reduceChunk(reinterpret_cast<float*>(at), n); break;
       case DType::f64: reduceChunk(reinterpret_cast<double*>(at), n); break;
+      case DType::bf16: reduceChunk(reinterpret_cast<bf16*>(at), n); break;
       case DType::i32: reduceChunk(reinterpret_cast<int32_t*>(at), n); break;
       case DType::i64: reduceChunk(reinterpret_cast<int64_t*>(at), n); break;
-      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, i32, i64)"));
+      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, bf16, i32, i64)"));
     }
   }
 }

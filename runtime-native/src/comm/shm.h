@@ -12,7 +12,8 @@
 //
 //   all_reduce   a chunk of one slot per round, in two halves: copy in, barrier, rank r sums part r
 //                of every slot in group order into its own slot, barrier, copy every part out.
-//                Every element is summed once in one fixed order, so every rank gets the same bits
+//                Every element is summed once in one fixed order, so every rank gets the same bits;
+//                bf16 is summed in f32 and rounded once, when its part is written back
 //   all_gather   each rank's block, a slot's worth per round
 //   broadcast    the root's data, a slot's worth per round
 //   all_to_all_v a slot is P lanes, one per destination; a round moves a lane's worth of every

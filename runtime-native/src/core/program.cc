@@ -224,9 +224,11 @@ void parseInputs(const Ctx& c, const json& j, Program& p) {
       c.fail(cat(here, ": ", bufferText(p, b.id), " is in region ", regionName(b.region), ", not data"));
     if (b.microbatch != in.microbatch)
       c.fail(cat(here, ": ", bufferText(p, b.id), " belongs to microbatch ", b.microbatch));
-    if (b.dtype != kDataFieldTypes[f])
+    // a float field (patches) may also be stored in bf16: the values are rounded when written
+    const bool floatField = kDataFieldTypes[f] == DType::f32;
+    if (b.dtype != kDataFieldTypes[f] && !(floatField && b.dtype == DType::bf16))
       c.fail(cat(here, ": ", bufferText(p, b.id), " has dtype ", dtypeName(b.dtype), ", expected ",
-                 dtypeName(kDataFieldTypes[f])));
+                 dtypeName(kDataFieldTypes[f]), floatField ? " or bf16" : ""));
     for (const auto& other : p.inputs)
       if (other.name == in.name && other.microbatch == in.microbatch) c.fail(here + " is listed twice");
     p.inputs.push_back(std::move(in));

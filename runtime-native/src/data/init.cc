@@ -2,7 +2,9 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <type_traits>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/hash.h"
 
@@ -34,6 +36,14 @@ InitSpec parseInit(const std::string& name, const std::string& raw) {
                          "' (this runtime knows normal(std), zeros, ones)"));
 }
 
+// An element of Real from the f32 or f64 value v: a bf16 element is the f32 value rounded to
+// nearest even, so a bf16 parameter starts as its f32 twin rounded.
+template <typename Real>
+Real element(double v) {
+  if constexpr (std::is_same_v<Real, bf16>) return toBf16(float(v));
+  else return Real(v);
+}
+
 template <typename Real>
 void fill(Real* dst, const InitSpec& spec, uint64_t key, const std::vector<int64_t>& shape,
           const std::vector<std::vector<int64_t>>& index) {
@@ -44,12 +54,12 @@ void fill(Real* dst, const InitSpec& spec, uint64_t key, const std::vector<int64
   for (const auto& ix : index) n *= int64_t(ix.size());
   std::vector<size_t> idx(rank, 0);  // local multi-index
   for (int64_t i = 0; i < n; i++) {
-    if (spec.kind == InitSpec::zeros) dst[i] = Real(0);
-    else if (spec.kind == InitSpec::ones) dst[i] = Real(1);
+    if (spec.kind == InitSpec::zeros) dst[i] = element<Real>(0);
+    else if (spec.kind == InitSpec::ones) dst[i] = element<Real>(1);
     else {
       int64_t g = 0;
       for (size_t d = 0; d < rank; d++) g += index[d][idx[d]] * stride[d];
-      dst[i] = Real(spec.std * hash::normal(key, uint64_t(g)));
+      dst[i] = element<Real>(spec.std * hash::normal(key, uint64_t(g)));
     }
     for (size_t d = rank; d-- > 0;) {  // next local index, row-major
       if (++idx[d] < index[d].size()) break;
@@ -75,9 +85,10 @@ void initParamAt(std::byte* dst, DType dtype, uint64_t seed, const std::string& 
   const uint64_t key = hash::combine(hash::combine(hash::splitmix64(kInitTag), seed), hash::ofString(name));
   if (dtype == DType::f32) fill(reinterpret_cast<float*>(dst), spec, key, globalShape, index);
   else if (dtype == DType::f64) fill(reinterpret_cast<double*>(dst), spec, key, globalShape, index);
+  else if (dtype == DType::bf16) fill(reinterpret_cast<bf16*>(dst), spec, key, globalShape, index);
   else
     throw RuntimeError(cat("param ", name, ": dtype ", dtypeName(dtype),
-                           " cannot be initialized here (f32 or f64)"));
+                           " cannot be initialized here (f32, bf16 or f64)"));
 }
 
 void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,

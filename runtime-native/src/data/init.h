@@ -16,7 +16,8 @@
 
 namespace lfc {
 
-// Fills dst (the shard, row-major, dtype f32 or f64) with its slice of the global tensor.
+// Fills dst (the shard, row-major, dtype f32, bf16 or f64) with its slice of the global tensor; a
+// bf16 element is the f32 value rounded to nearest even.
 // shard: per dim [start, length] (empty: the whole tensor). Throws RuntimeError naming the
 // parameter on a bad init string, a shard outside the global shape or an unsupported dtype.
 void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& name,

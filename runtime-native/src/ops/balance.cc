@@ -53,12 +53,10 @@ void run_scatter_rows(const Instr&, StepCtx& c) {
   requireDType(index, DType::i32, "input 1 (index)");
   const int64_t M = index.numel, N = dx.dim(0), H = N > 0 ? dx.numel / N : 0;
   requireDim(dy.dim(0), M, "input 0 (dy) rows vs index");
-  requireDType(dx, dy.dtype, "output 0");
+  requireFloat(dy, "input 0 (dy)");
+  requireFloat(dx, "output 0");
   if (M > 0) requireNumel(dy, M * H, "input 0 (dy)");
-  withReal(dy, "input 0 (dy)", [&](auto z) {
-    using Real = decltype(z);
-    cpu::scatter_rows<Real>(dx.as<Real>(), dy.as<Real>(), index.as<int32_t>(), M, N, H);
-  });
+  cpu::scatter_rows(dst(dx), src(dy), index.as<int32_t>(), M, N, H);
 }
 
 }  // namespace lfc::ops

@@ -1,5 +1,5 @@
 // Small kernels the ops need beyond the CPU kernel library (kernels/cpu/): layout moves along the
-// last dim, the block of a rank, fill, accumulate, and the clipping factor. Same conventions as kernels/cpu/common.h:
+// last dim, the block of a rank, fill, and the clipping factor. Same conventions as kernels/cpu/common.h:
 // raw row-major pointers, outputs first, then inputs, then sizes.
 #pragma once
 
@@ -22,12 +22,6 @@ inline void take_block(void* y, const void* x, int64_t blockBytes, int64_t index
 template <typename T>
 void fill(T* y, T value, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = value;
-}
-
-// acc (n) += g (n)
-template <typename Real>
-void accumulate(Real* acc, const Real* g, int64_t n) {
-  for (int64_t i = 0; i < n; i++) acc[i] += g[i];
 }
 
 // min(1, max_norm / (√sumsq + 1e-6)): torch.nn.utils.clip_grad_norm_'s clamped coefficient.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/bf16.h"
 #include "ops/basic_kernels.h"
 #include "ops/ops.h"
 #include "ops/shared.h"
@@ -67,6 +68,7 @@ void run_constant(const Instr&, StepCtx& c) {
   switch (y.dtype) {
     case DType::f32: basic::fill(y.as<float>(), float(v), y.numel); return;
     case DType::f64: basic::fill(y.as<double>(), v, y.numel); return;
+    case DType::bf16: basic::fill(y.as<bf16>(), toBf16(float(v)), y.numel); return;
     case DType::i32: basic::fill(y.as<int32_t>(), int32_t(v), y.numel); return;
     case DType::i64: basic::fill(y.as<int64_t>(), int64_t(v), y.numel); return;
     case DType::u8: basic::fill(y.as<uint8_t>(), uint8_t(v), y.numel); return;

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/bf16.h"
+
 namespace lfc {
 
 namespace {
@@ -46,6 +48,16 @@ void requireDType(const Tensor& t, DType want, const char* what) {
     throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), ", expected ", dtypeName(want)));
 }
 
+void requireFloat(const Tensor& t, const char* what) {
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f64)
+    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; the CPU kernels take f32, bf16 or f64"));
+}
+
+void requireFloat(const Tensor& t, int64_t n, const char* what) {
+  requireFloat(t, what);
+  requireNumel(t, n, what);
+}
+
 void requireNumel(const Tensor& t, int64_t want, const char* what) {
   if (t.numel != want)
     throw OpError(cat(what, " ", formatShape(t.shape), " holds ", t.numel, " elements, expected ", want));
@@ -61,6 +73,7 @@ double scalarValue(const Tensor& t, const char* what) {
   switch (t.dtype) {
     case DType::f32: return *t.as<float>();
     case DType::f64: return *t.as<double>();
+    case DType::bf16: return toFloat(*t.as<bf16>());
     case DType::i32: return *t.as<int32_t>();
     case DType::i64: return double(*t.as<int64_t>());
     case DType::u8: return *t.as<uint8_t>();
@@ -73,7 +86,8 @@ void setScalarValue(const Tensor& t, double v, const char* what) {
   switch (t.dtype) {
     case DType::f32: *t.as<float>() = float(v); return;
     case DType::f64: *t.as<double>() = v; return;
-    default: throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; a scalar result is f32 or f64"));
+    case DType::bf16: *t.as<bf16>() = toBf16(float(v)); return;
+    default: throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; a scalar result is f32, bf16 or f64"));
   }
 }
 

@@ -5,7 +5,8 @@
 // the registry). It reads attributes through the typed getters below (present and well-typed:
 // the loader checked them against the registry's attribute list), checks what the plan cannot
 // have checked (dtypes the kernels take, sizes that must agree after resolution), and calls the
-// kernels. It throws OpError on a problem; the executor adds the instruction index, op and scope.
+// kernels' entry points with dtype-tagged operands (src, dst below). It throws OpError on a
+// problem; the executor adds the instruction index, op and scope.
 //
 // Output semantics follow the IR: every output is OVERWRITTEN. Kernels that accumulate into a
 // weight gradient (d<param> += …) get a zeroed output first; grad_accumulate and adamw are the ops
@@ -22,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/program.h"
+#include "kernels/cpu/storage.h"
 
 namespace lfc {
 
@@ -134,13 +136,24 @@ void requireDType(const Tensor& t, DType want, const char* what);
 void requireNumel(const Tensor& t, int64_t want, const char* what);
 void requireRank(const Tensor& t, int rank, const char* what);
 
-// Calls f(Real{}) with Real = float for f32 and double for f64; other dtypes throw.
-template <typename F>
-void withReal(const Tensor& t, const char* what, F&& f) {
-  if (t.dtype == DType::f32) f(float{});
-  else if (t.dtype == DType::f64) f(double{});
-  else
-    throw OpError(cat(what, " has dtype ", dtypeName(t.dtype), "; the CPU kernels take f32 or f64"));
+// ---- operands of the kernels' entry points (kernels/cpu/storage.h) ------------------------------
+//
+// An op hands the kernels dtype-tagged pointers and never dispatches on a float dtype itself: each
+// float operand may be f32 or bf16 independently (or every one f64), and the kernel family's entry
+// point dispatches (by_dtype, or a fast path for its dtypes). Statistics an op keeps in scratch
+// (norm mean and rstd, a log-sum-exp) take computeDType: f32, or f64 on the f64 path.
+
+inline cpu::Src src(const Tensor& t) { return {t.data, t.dtype}; }
+inline cpu::Dst dst(const Tensor& t) { return {t.data, t.dtype}; }
+// t is a float operand the kernels store: f32, bf16 or f64 (they check f64 is all or none)
+void requireFloat(const Tensor& t, const char* what);
+// … holding n elements
+void requireFloat(const Tensor& t, int64_t n, const char* what);
+// the compute dtype of a kernel over the float operand t
+inline DType computeDType(const Tensor& t) { return t.dtype == DType::f64 ? DType::f64 : DType::f32; }
+// slot-th scratch array of n elements of dtype (contents undefined), as a kernel operand
+inline cpu::Dst scratchOf(Scratch& s, int slot, int64_t n, DType dtype) {
+  return {s.get<std::byte>(slot, n * dtypeBytes(dtype)), dtype};
 }
 
 // Reads a scalar tensor (one element, any float or int dtype) as double.

@@ -7,26 +7,24 @@
 namespace lfc::ops {
 
 void run_grad_accumulate(const Instr&, StepCtx& c) {
-  const Tensor &g = c.in(0), &acc = c.in(1);  // acc += g
-  requireSame(g, acc, "input 0 (gradient)");
-  withReal(acc, "input 1 (accumulator)", [&](auto z) {
-    using Real = decltype(z);
-    basic::accumulate<Real>(acc.as<Real>(), g.as<Real>(), acc.numel);
-  });
+  const Tensor &g = c.in(0), &acc = c.in(1);  // acc += g, in f32, written in acc's dtype
+  requireFloat(acc, "input 1 (accumulator)");
+  requireFloat(g, acc.numel, "input 0 (gradient)");
+  cpu::grad_accumulate(dst(acc), src(g), acc.numel);
 }
 
 void run_sum_squares(const Instr&, StepCtx& c) {
-  // Σ over every element of every input, in double; input i weighed by scales[i] when given
+  // Σ over every element of every input (each any float dtype), in double; input i weighed by
+  // scales[i] when given
   std::vector<double> scales = c.has("scales") ? c.numbers("scales") : std::vector<double>();
   if (!scales.empty() && int(scales.size()) != c.numIn())
     throw OpError(cat("scales has ", scales.size(), " entries for ", c.numIn(), " inputs"));
   double total = 0;
-  for (int i = 0; i < c.numIn(); i++)
-    withReal(c.in(i), "input", [&](auto z) {
-      using Real = decltype(z);
-      const double s = cpu::sum_squares<Real>(c.in(i).as<Real>(), c.in(i).numel);
-      total += scales.empty() ? s : scales[size_t(i)] * s;
-    });
+  for (int i = 0; i < c.numIn(); i++) {
+    requireFloat(c.in(i), "input");
+    const double s = cpu::sum_squares(src(c.in(i)), c.in(i).numel);
+    total += scales.empty() ? s : scales[size_t(i)] * s;
+  }
   setScalarValue(c.out(0), total, "output 0");
 }
 
@@ -36,12 +34,18 @@ void run_clip_coef(const Instr&, StepCtx& c) {
 }
 
 void run_adamw(const Instr&, StepCtx& c) {
-  // param, grad, m, v (same shape), clip_coef []: the step on g·clip_coef; the grad buffer keeps
-  // the unclipped gradient (dumps report gradients before clipping)
+  // param, grad, m, v (same numel), clip_coef [], master? (same numel): the step on g·clip_coef;
+  // the grad buffer keeps the unclipped gradient (dumps report gradients before clipping). With
+  // master (mixed precision: a bf16 param), the step runs on master and param = master rounded.
   const Tensor &p = c.in(0), &g = c.in(1), &m = c.in(2), &v = c.in(3);
-  requireSame(g, p, "input 1 (grad)");
-  requireSame(m, p, "input 2 (m)");
-  requireSame(v, p, "input 3 (v)");
+  const Tensor* master = c.numIn() > 5 ? &c.in(5) : nullptr;
+  requireFloat(p, "input 0 (param)");
+  requireFloat(g, p.numel, "input 1 (grad)");
+  requireFloat(m, p.numel, "input 2 (m)");
+  requireFloat(v, p.numel, "input 3 (v)");
+  if (master) requireFloat(*master, p.numel, "input 5 (master)");
+  else if (p.dtype == DType::bf16)
+    throw OpError("input 0 (param) is bf16: a bf16 parameter needs its fp32 master (6th input)");
   const double coef = scalarValue(c.in(4), "input 4 (clip_coef)");
   cpu::AdamWParams hp;
   hp.lr = c.params().lr;
@@ -50,11 +54,10 @@ void run_adamw(const Instr&, StepCtx& c) {
   hp.eps = c.num("eps");
   hp.weight_decay = c.num("weight_decay");
   hp.grad_scale = coef;
-  withReal(p, "input 0 (param)", [&](auto z) {
-    using Real = decltype(z);
-    cpu::adamw_step<Real>(p.as<Real>(), g.as<Real>(), m.as<Real>(), v.as<Real>(), p.numel, hp,
-                          c.params().step);
-  });
+  if (master)
+    cpu::adamw_step_master(dst(p), dst(*master), src(g), dst(m), dst(v), p.numel, hp, c.params().step);
+  else
+    cpu::adamw_step(dst(p), src(g), dst(m), dst(v), p.numel, hp, c.params().step);
 }
 
 }  // namespace lfc::ops

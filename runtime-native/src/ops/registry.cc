@@ -37,6 +37,9 @@ constexpr OpEntry collective() {
 
 constexpr int V = kVariadic;
 
+// The optional attributes of every compute op: the output's and the weight gradient's element type.
+constexpr const char* kComputeDTypeAttrs = "dtype?:dtype,grad_dtype?:dtype";
+
 // One line per op kind: operand counts (inputs min..max, outputs min..max), attributes, function.
 constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   std::array<OpEntry, kOpCount> r{};
@@ -110,7 +113,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::grad_accumulate, entry(OpClass::optimizer, 2, 2, 0, 0, "", run_grad_accumulate));
   set(Op::sum_squares, entry(OpClass::optimizer, 1, V, 1, 1, "scales?:numbers", run_sum_squares));
   set(Op::clip_coef, entry(OpClass::optimizer, 1, 1, 1, 1, "max_norm:number", run_clip_coef));
-  set(Op::adamw, entry(OpClass::optimizer, 5, 5, 0, 0, "beta1:number,beta2:number,eps:number,weight_decay:number",
+  set(Op::adamw, entry(OpClass::optimizer, 5, 6, 0, 0, "beta1:number,beta2:number,eps:number,weight_decay:number",
                        run_adamw));
   // collectives: need a backend this runtime does not have yet
   set(Op::all_reduce, collective());
@@ -211,9 +214,10 @@ std::string checkInstrAgainstRegistry(const Instr& in, const SymbolTable& symbol
     return cat(opName(in.op), " takes ", countText(e.minIn, e.maxIn), " inputs, got ", ni);
   if (no < e.minOut || (e.maxOut != kVariadic && no > e.maxOut))
     return cat(opName(in.op), " gives ", countText(e.minOut, e.maxOut), " outputs, got ", no);
-  // attributes: "name:type" or "name?:type", comma separated
+  // attributes: "name:type" or "name?:type", comma separated; every compute op also takes the
+  // element types the compiler records (informational: the buffers' dtypes are authoritative)
   std::vector<std::string> known;
-  const std::string spec = e.attrs;
+  const std::string spec = e.cls == OpClass::compute ? cat(e.attrs, *e.attrs ? "," : "", kComputeDTypeAttrs) : e.attrs;
   size_t pos = 0;
   while (pos < spec.size()) {
     size_t end = spec.find(',', pos);

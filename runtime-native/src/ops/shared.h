@@ -22,7 +22,7 @@ inline void requireDim(int64_t got, int64_t want, const char* what) {
   if (got != want) throw OpError(cat(what, ": ", got, " ≠ ", want));
 }
 
-// same dtype and element count as ref
+// same dtype and element count as ref (layout moves; float kernel operands only share the count)
 inline void requireSame(const Tensor& t, const Tensor& ref, const char* what) {
   requireDType(t, ref.dtype, what);
   requireNumel(t, ref.numel, what);
@@ -92,8 +92,9 @@ struct AttnArgs {
 inline AttnArgs attnArgs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg) {
   requireRank(q, 3, "q");
   requireRank(k, 3, "k");
-  requireSame(v, k, "v");
-  requireDType(k, q.dtype, "k");
+  requireFloat(q, "q");
+  requireFloat(k, "k");
+  requireFloat(v, k.numel, "v");
   requireDType(seg, DType::i32, "segments");
   const AttnArgs a{q.dim(0), q.dim(1), k.dim(1), q.dim(2)};
   requireDim(k.dim(0), a.T, "tokens of k vs q");
@@ -124,18 +125,16 @@ inline GroupedArgs groupedArgs(const StepCtx& c, const Tensor& x, const Tensor& 
   requireRank(w0, 2, "expert weight 0");
   g.out = w0.dim(0);
   g.in = w0.dim(1);
-  for (int i = firstW; i < c.numIn(); i++) {
-    requireDType(c.in(i), x.dtype, "expert weight");
-    requireNumel(c.in(i), g.out * g.in, "expert weight");
-  }
+  requireFloat(x, "input 0");
+  for (int i = firstW; i < c.numIn(); i++) requireFloat(c.in(i), g.out * g.in, "expert weight");
   requireDim(x.dim(1), xIsOut ? g.out : g.in, "features of the rows vs the expert weights");
   return g;
 }
 
-template <typename Real>
-std::vector<const Real*> weightPointers(const StepCtx& c, int firstW) {
-  std::vector<const Real*> w;
-  for (int i = firstW; i < c.numIn(); i++) w.push_back(c.in(i).as<Real>());
+// the expert weights, inputs firstW … as kernel operands
+inline std::vector<cpu::Src> weightSrcs(const StepCtx& c, int firstW) {
+  std::vector<cpu::Src> w;
+  for (int i = firstW; i < c.numIn(); i++) w.push_back(src(c.in(i)));
   return w;
 }
 
@@ -145,6 +144,7 @@ struct AuxArgs {
 // probs [T, E], experts i32 [T, k], segments i32 [T]
 inline AuxArgs auxArgs(const Tensor& probs, const Tensor& experts, const Tensor& seg) {
   requireRank(probs, 2, "probs");
+  requireFloat(probs, "probs");
   requireRank(experts, 2, "experts");
   requireDType(experts, DType::i32, "experts");
   requireDType(seg, DType::i32, "segments");
@@ -160,6 +160,7 @@ struct CeArgs {
 // logits [T, V], labels i32 [T], mask u8 [T]
 inline CeArgs ceArgs(const Tensor& logits, const Tensor& labels, const Tensor& mask) {
   requireRank(logits, 2, "logits");
+  requireFloat(logits, "logits");
   requireDType(labels, DType::i32, "labels");
   requireDType(mask, DType::u8, "mask");
   const CeArgs a{logits.dim(0), logits.dim(1)};

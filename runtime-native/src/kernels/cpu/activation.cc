@@ -73,4 +73,33 @@ void add_backward(Real* da, Real* db, const Real* dy, int64_t n) {
 LFC_INSTANTIATE_ACTIVATION(float)
 LFC_INSTANTIATE_ACTIVATION(double)
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void gelu_forward(Dst y, Src x, int64_t n) {
+  by_dtype("gelu_forward", {y, x}, [&](auto& s) { gelu_forward(s.out(y, n), s.in(x, n), n); });
+}
+
+void gelu_backward(Dst dx, Src dy, Src x, int64_t n) {
+  by_dtype("gelu_backward", {dx, dy, x}, [&](auto& s) { gelu_backward(s.out(dx, n), s.in(dy, n), s.in(x, n), n); });
+}
+
+void swiglu_forward(Dst y, Src gate, Src up, int64_t n) {
+  by_dtype("swiglu_forward", {y, gate, up},
+           [&](auto& s) { swiglu_forward(s.out(y, n), s.in(gate, n), s.in(up, n), n); });
+}
+
+void swiglu_backward(Dst dgate, Dst dup, Src dy, Src gate, Src up, int64_t n) {
+  by_dtype("swiglu_backward", {dgate, dup, dy, gate, up}, [&](auto& s) {
+    swiglu_backward(s.out(dgate, n), s.out(dup, n), s.in(dy, n), s.in(gate, n), s.in(up, n), n);
+  });
+}
+
+void add_forward(Dst y, Src a, Src b, int64_t n) {
+  by_dtype("add_forward", {y, a, b}, [&](auto& s) { add_forward(s.out(y, n), s.in(a, n), s.in(b, n), n); });
+}
+
+void add_backward(Dst da, Dst db, Src dy, int64_t n) {
+  by_dtype("add_backward", {da, db, dy}, [&](auto& s) { add_backward(s.out(da, n), s.out(db, n), s.in(dy, n), n); });
+}
+
 }  // namespace lfc::cpu

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -29,5 +30,13 @@ void add_forward(Real* y, const Real* a, const Real* b, int64_t n);
 // da = dy, db = dy
 template <typename Real>
 void add_backward(Real* da, Real* db, const Real* dy, int64_t n);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+void gelu_forward(Dst y, Src x, int64_t n);
+void gelu_backward(Dst dx, Src dy, Src x, int64_t n);
+void swiglu_forward(Dst y, Src gate, Src up, int64_t n);
+void swiglu_backward(Dst dgate, Dst dup, Src dy, Src gate, Src up, int64_t n);
+void add_forward(Dst y, Src a, Src b, int64_t n);
+void add_backward(Dst da, Dst db, Src dy, int64_t n);
 
 }  // namespace lfc::cpu

@@ -264,4 +264,25 @@ LFC_INSTANTIATE_ATTENTION(, double)
 LFC_INSTANTIATE_ATTENTION(ref::, float)
 LFC_INSTANTIATE_ATTENTION(ref::, double)
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void attention_forward(Dst out, Dst lse, Src q, Src k, Src v, const int32_t* segments, int64_t T, int64_t nh,
+                       int64_t nkv, int64_t d, double scale, bool causal) {
+  const int64_t nq = T * nh * d, nk = T * nkv * d;
+  by_dtype("attention_forward", {out, lse, q, k, v}, [&](auto& s) {
+    attention_forward(s.out(out, nq), s.out(lse, T * nh), s.in(q, nq), s.in(k, nk), s.in(v, nk), segments, T, nh,
+                      nkv, d, scale, causal);
+  });
+}
+
+void attention_backward(Dst dq, Dst dk, Dst dv, Src dout, Src q, Src k, Src v, Src out, Src lse,
+                        const int32_t* segments, int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale,
+                        bool causal) {
+  const int64_t nq = T * nh * d, nk = T * nkv * d;
+  by_dtype("attention_backward", {dq, dk, dv, dout, q, k, v, out, lse}, [&](auto& s) {
+    attention_backward(s.out(dq, nq), s.out(dk, nk), s.out(dv, nk), s.in(dout, nq), s.in(q, nq), s.in(k, nk),
+                       s.in(v, nk), s.in(out, nq), s.in(lse, T * nh), segments, T, nh, nkv, d, scale, causal);
+  });
+}
+
 }  // namespace lfc::cpu

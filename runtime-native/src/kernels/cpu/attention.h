@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -29,6 +30,14 @@ template <typename Real>
 void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k,
                         const Real* v, const Real* out, const Real* lse, const int32_t* segments,
                         int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale, bool causal);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// lse in f32 (f64 on the f64 path): the softmax is computed in f32 whatever q, k, v store.
+void attention_forward(Dst out, Dst lse, Src q, Src k, Src v, const int32_t* segments, int64_t T, int64_t nh,
+                       int64_t nkv, int64_t d, double scale, bool causal);
+void attention_backward(Dst dq, Dst dk, Dst dv, Src dout, Src q, Src k, Src v, Src out, Src lse,
+                        const int32_t* segments, int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale,
+                        bool causal);
 
 namespace ref {
 template <typename Real>

@@ -130,4 +130,10 @@ void scatter_rows(Real* dx, const Real* dy, const int32_t* index, int64_t M, int
 template void scatter_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
 template void scatter_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t);
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void scatter_rows(Dst dx, Src dy, const int32_t* index, int64_t M, int64_t N, int64_t H) {
+  by_dtype("scatter_rows", {dx, dy}, [&](auto& s) { scatter_rows(s.out(dx, N * H), s.in(dy, M * H), index, M, N, H); });
+}
+
 }  // namespace lfc::cpu

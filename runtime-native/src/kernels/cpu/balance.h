@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -45,5 +46,8 @@ void gather_rows(std::byte* y, const std::byte* x, const int32_t* index, int64_t
 // dx (N, H) OVERWRITTEN: zero, then dy (M, H)[i] added at row index[i].
 template <typename Real>
 void scatter_rows(Real* dx, const Real* dy, const int32_t* index, int64_t M, int64_t N, int64_t H);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+void scatter_rows(Dst dx, Src dy, const int32_t* index, int64_t M, int64_t N, int64_t H);
 
 }  // namespace lfc::cpu

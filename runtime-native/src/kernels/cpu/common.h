@@ -2,7 +2,9 @@
 //
 // Every kernel is a plain function over raw row-major pointers, templated on the element type
 // `Real` (float and double are instantiated), in namespace lfc::cpu; a plain reference version of
-// each optimized kernel lives in lfc::cpu::ref next to it. Outputs come first in the argument list,
+// each optimized kernel lives in lfc::cpu::ref next to it. Next to each core, an entry point of the
+// same name on dtype-tagged operands (Src, Dst: f32, bf16 or f64 each) dispatches on storage dtype
+// (storage.h); the ops call those. Outputs come first in the argument list,
 // then inputs, then sizes; a scalar output (a loss) is the return value. A gradient argument named d<param> of a weight ACCUMULATES (+=): a weight
 // used several times sums its gradients and the caller zeroes it once per step. A gradient of an
 // activation (dx, dq, dlogits, ...) is OVERWRITTEN. Each header says so per function.

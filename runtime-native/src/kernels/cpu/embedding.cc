@@ -1,6 +1,7 @@
 #include "embedding.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace lfc::cpu {
 
@@ -80,5 +81,51 @@ template void embedding_shard_backward<float>(float*, const float*, const int32_
                                               int64_t, int64_t);
 template void embedding_shard_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t,
                                                int64_t, int64_t, int64_t);
+
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+namespace {
+bool any_bf16(Dst y, Src x) { return y.dtype == DType::bf16 || x.dtype == DType::bf16; }
+}  // namespace
+
+void embedding_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t V, int64_t H) {
+  if (any_bf16(y, table)) {
+    runs_in_f64("embedding_forward", {y, table});  // the dtype checks
+    check_ids("embedding_forward", ids, T, V);
+    for (int64_t t = 0; t < T; t++) convert(y.at(t * H), table.at(int64_t(ids[t]) * H), H);
+    return;
+  }
+  by_dtype("embedding_forward", {y, table},
+           [&](auto& s) { embedding_forward(s.out(y, T * H), ids, s.in(table, V * H), T, V, H); });
+}
+
+void embedding_backward(Dst dtable, Src dy, const int32_t* ids, int64_t T, int64_t V, int64_t H) {
+  by_dtype("embedding_backward", {dtable, dy},
+           [&](auto& s) { embedding_backward(s.out(dtable, V * H), s.in(dy, T * H), ids, T, V, H); });
+}
+
+void embedding_shard_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t V, int64_t H, int64_t first,
+                             int64_t vocab) {
+  if (any_bf16(y, table)) {
+    runs_in_f64("embedding_shard_forward", {y, table});
+    check_vocab("embedding_shard_forward", ids, T, first, V, vocab);
+    for (int64_t t = 0; t < T; t++) {
+      const int64_t row = int64_t(ids[t]) - first;
+      if (row >= 0 && row < V) convert(y.at(t * H), table.at(row * H), H);
+      else std::memset(y.at(t * H).data, 0, size_t(H * dtypeBytes(y.dtype)));  // +0 in every float dtype
+    }
+    return;
+  }
+  by_dtype("embedding_shard_forward", {y, table}, [&](auto& s) {
+    embedding_shard_forward(s.out(y, T * H), ids, s.in(table, V * H), T, V, H, first, vocab);
+  });
+}
+
+void embedding_shard_backward(Dst dtable, Src dy, const int32_t* ids, int64_t T, int64_t V, int64_t H,
+                              int64_t first, int64_t vocab) {
+  by_dtype("embedding_shard_backward", {dtable, dy}, [&](auto& s) {
+    embedding_shard_backward(s.out(dtable, V * H), s.in(dy, T * H), ids, T, V, H, first, vocab);
+  });
+}
 
 }  // namespace lfc::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -25,5 +26,16 @@ void embedding_shard_forward(Real* y, const int32_t* ids, const Real* table, int
 template <typename Real>
 void embedding_shard_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_t T, int64_t V,
                               int64_t H, int64_t first, int64_t vocab);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// The forwards gather rows: with a bf16 operand each row is converted on its own (staging the
+// table would copy all V·H values for T rows). dtable is f32 in mixed precision plans (the fp32
+// main gradient); a bf16 dtable works, through an f32 copy of the whole table.
+void embedding_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t V, int64_t H);
+void embedding_backward(Dst dtable, Src dy, const int32_t* ids, int64_t T, int64_t V, int64_t H);
+void embedding_shard_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t V, int64_t H, int64_t first,
+                             int64_t vocab);
+void embedding_shard_backward(Dst dtable, Src dy, const int32_t* ids, int64_t T, int64_t V, int64_t H,
+                              int64_t first, int64_t vocab);
 
 }  // namespace lfc::cpu

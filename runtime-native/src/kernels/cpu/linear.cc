@@ -94,6 +94,58 @@ void grouped_linear_backward_weight(Real* const* dw, const Real* dy, const Real*
   }
 }
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void linear_forward(Dst y, Src x, Src w, Src b, int64_t N, int64_t in, int64_t out) {
+  by_dtype("linear_forward", {y, x, w, b}, [&](auto& s) {
+    linear_forward(s.out(y, N * out), s.in(x, N * in), s.in(w, out * in), s.in(b, out), N, in, out);
+  });
+}
+
+void linear_backward_data(Dst dx, Src dy, Src w, int64_t N, int64_t in, int64_t out) {
+  by_dtype("linear_backward_data", {dx, dy, w}, [&](auto& s) {
+    linear_backward_data(s.out(dx, N * in), s.in(dy, N * out), s.in(w, out * in), N, in, out);
+  });
+}
+
+void linear_backward_weight(Dst dw, Dst db, Src dy, Src x, int64_t N, int64_t in, int64_t out) {
+  by_dtype("linear_backward_weight", {dw, db, dy, x}, [&](auto& s) {
+    linear_backward_weight(s.out(dw, out * in), s.out(db, out), s.in(dy, N * out), s.in(x, N * in), N, in, out);
+  });
+}
+
+void grouped_linear_forward(Dst y, Src x, const int32_t* counts, const std::vector<Src>& w, int64_t N,
+                            int64_t in, int64_t out) {
+  std::vector<Src> operands{y, x};
+  operands.insert(operands.end(), w.begin(), w.end());
+  by_dtype("grouped_linear_forward", operands, [&](auto& s) {
+    const auto ws = s.in(w, out * in);
+    grouped_linear_forward(s.out(y, N * out), s.in(x, N * in), counts, ws.data(), int64_t(w.size()), N, in, out);
+  });
+}
+
+void grouped_linear_backward_data(Dst dx, Src dy, const int32_t* counts, const std::vector<Src>& w,
+                                  int64_t N, int64_t in, int64_t out) {
+  std::vector<Src> operands{dx, dy};
+  operands.insert(operands.end(), w.begin(), w.end());
+  by_dtype("grouped_linear_backward_data", operands, [&](auto& s) {
+    const auto ws = s.in(w, out * in);
+    grouped_linear_backward_data(s.out(dx, N * in), s.in(dy, N * out), counts, ws.data(), int64_t(w.size()), N,
+                                 in, out);
+  });
+}
+
+void grouped_linear_backward_weight(const std::vector<Dst>& dw, Src dy, Src x, const int32_t* counts,
+                                    int64_t N, int64_t in, int64_t out) {
+  std::vector<Src> operands{dy, x};
+  operands.insert(operands.end(), dw.begin(), dw.end());
+  by_dtype("grouped_linear_backward_weight", operands, [&](auto& s) {
+    const auto dws = s.out(dw, out * in);
+    grouped_linear_backward_weight(dws.data(), s.in(dy, N * out), s.in(x, N * in), counts, int64_t(dw.size()), N,
+                                   in, out);
+  });
+}
+
 // ---- reference: naive loops, double accumulators ---------------------------------------------
 
 namespace ref {

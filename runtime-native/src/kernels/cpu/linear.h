@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -38,6 +40,20 @@ template <typename Real>
 void grouped_linear_backward_weight(Real* const* dw, const Real* dy, const Real* x,
                                     const int32_t* counts, int64_t E, int64_t N, int64_t in,
                                     int64_t out);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// The same functions on dtype-tagged operands. bf16 operands are upconverted to f32 and go
+// through cblas_sgemm; each output accumulates in f32 and is rounded once. A fast bf16 GEMM
+// plugs in at the top of these (linear.cc). Grouped: E = w.size() (or dw.size()).
+void linear_forward(Dst y, Src x, Src w, Src b, int64_t N, int64_t in, int64_t out);
+void linear_backward_data(Dst dx, Src dy, Src w, int64_t N, int64_t in, int64_t out);
+void linear_backward_weight(Dst dw, Dst db, Src dy, Src x, int64_t N, int64_t in, int64_t out);
+void grouped_linear_forward(Dst y, Src x, const int32_t* counts, const std::vector<Src>& w, int64_t N,
+                            int64_t in, int64_t out);
+void grouped_linear_backward_data(Dst dx, Src dy, const int32_t* counts, const std::vector<Src>& w,
+                                  int64_t N, int64_t in, int64_t out);
+void grouped_linear_backward_weight(const std::vector<Dst>& dw, Src dy, Src x, const int32_t* counts,
+                                    int64_t N, int64_t in, int64_t out);
 
 namespace ref {
 template <typename Real>

@@ -176,4 +176,74 @@ LFC_INSTANTIATE_VOCAB_PARALLEL(float)
 LFC_INSTANTIATE_VOCAB_PARALLEL(double)
 #undef LFC_INSTANTIATE_VOCAB_PARALLEL
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+double cross_entropy_forward(Dst lse, Src logits, const int32_t* labels, const uint8_t* mask, double loss_tokens,
+                             int64_t T, int64_t V) {
+  double loss = 0;
+  by_dtype("cross_entropy_forward", {lse, logits}, [&](auto& s) {
+    loss = double(cross_entropy_forward(s.out(lse, T), s.in(logits, T * V), labels, mask, loss_tokens, T, V));
+  });
+  return loss;
+}
+
+void cross_entropy_backward(Dst dlogits, double g, Src logits, Src lse, const int32_t* labels, const uint8_t* mask,
+                            double loss_tokens, int64_t T, int64_t V) {
+  by_dtype("cross_entropy_backward", {dlogits, logits, lse}, [&](auto& s) {
+    using Real = typename std::decay_t<decltype(s)>::Real;
+    cross_entropy_backward(s.out(dlogits, T * V), Real(g), s.in(logits, T * V), s.in(lse, T), labels, mask,
+                           loss_tokens, T, V);
+  });
+}
+
+void vocab_logsumexp_forward(Dst lse, Src logits, int64_t T, int64_t V) {
+  by_dtype("vocab_logsumexp_forward", {lse, logits},
+           [&](auto& s) { vocab_logsumexp_forward(s.out(lse, T), s.in(logits, T * V), T, V); });
+}
+
+void vocab_logsumexp_backward(Dst dlogits, Src dy, Src logits, Src lse, int64_t T, int64_t V) {
+  by_dtype("vocab_logsumexp_backward", {dlogits, dy, logits, lse}, [&](auto& s) {
+    vocab_logsumexp_backward(s.out(dlogits, T * V), s.in(dy, T), s.in(logits, T * V), s.in(lse, T), T, V);
+  });
+}
+
+void lse_combine_forward(Dst y, Src x, int64_t P, int64_t T) {
+  by_dtype("lse_combine_forward", {y, x}, [&](auto& s) { lse_combine_forward(s.out(y, T), s.in(x, P * T), P, T); });
+}
+
+void lse_combine_backward(Dst dx, Src dy, Src x, Src y, int64_t P, int64_t T) {
+  by_dtype("lse_combine_backward", {dx, dy, x, y}, [&](auto& s) {
+    lse_combine_backward(s.out(dx, P * T), s.in(dy, T), s.in(x, P * T), s.in(y, T), P, T);
+  });
+}
+
+void vocab_target_logit_forward(Dst target, Src logits, const int32_t* labels, const uint8_t* mask, int64_t T,
+                                int64_t V, int64_t first, int64_t vocab) {
+  by_dtype("vocab_target_logit_forward", {target, logits}, [&](auto& s) {
+    vocab_target_logit_forward(s.out(target, T), s.in(logits, T * V), labels, mask, T, V, first, vocab);
+  });
+}
+
+void vocab_target_logit_backward(Dst dlogits, Src dy, const int32_t* labels, const uint8_t* mask, int64_t T,
+                                 int64_t V, int64_t first, int64_t vocab) {
+  by_dtype("vocab_target_logit_backward", {dlogits, dy}, [&](auto& s) {
+    vocab_target_logit_backward(s.out(dlogits, T * V), s.in(dy, T), labels, mask, T, V, first, vocab);
+  });
+}
+
+double ce_from_stats_forward(Src lse, Src target, const uint8_t* mask, double loss_tokens, int64_t T) {
+  double loss = 0;
+  by_dtype("ce_from_stats_forward", {lse, target}, [&](auto& s) {
+    loss = double(ce_from_stats_forward(s.in(lse, T), s.in(target, T), mask, loss_tokens, T));
+  });
+  return loss;
+}
+
+void ce_from_stats_backward(Dst dlse, Dst dtarget, double g, const uint8_t* mask, double loss_tokens, int64_t T) {
+  by_dtype("ce_from_stats_backward", {dlse, dtarget}, [&](auto& s) {
+    using Real = typename std::decay_t<decltype(s)>::Real;
+    ce_from_stats_backward(s.out(dlse, T), s.out(dtarget, T), Real(g), mask, loss_tokens, T);
+  });
+}
+
 }  // namespace lfc::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -65,5 +66,23 @@ Real ce_from_stats_forward(const Real* lse, const Real* target, const uint8_t* m
 template <typename Real>
 void ce_from_stats_backward(Real* dlse, Real* dtarget, Real g, const uint8_t* mask, double loss_tokens,
                             int64_t T);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// The log-sum-exps (lse, y of lse_combine) are f32 (f64 on the f64 path) in mixed precision plans;
+// the returned losses are summed in double as the cores do.
+double cross_entropy_forward(Dst lse, Src logits, const int32_t* labels, const uint8_t* mask, double loss_tokens,
+                             int64_t T, int64_t V);
+void cross_entropy_backward(Dst dlogits, double g, Src logits, Src lse, const int32_t* labels, const uint8_t* mask,
+                            double loss_tokens, int64_t T, int64_t V);
+void vocab_logsumexp_forward(Dst lse, Src logits, int64_t T, int64_t V);
+void vocab_logsumexp_backward(Dst dlogits, Src dy, Src logits, Src lse, int64_t T, int64_t V);
+void lse_combine_forward(Dst y, Src x, int64_t P, int64_t T);
+void lse_combine_backward(Dst dx, Src dy, Src x, Src y, int64_t P, int64_t T);
+void vocab_target_logit_forward(Dst target, Src logits, const int32_t* labels, const uint8_t* mask, int64_t T,
+                                int64_t V, int64_t first, int64_t vocab);
+void vocab_target_logit_backward(Dst dlogits, Src dy, const int32_t* labels, const uint8_t* mask, int64_t T,
+                                 int64_t V, int64_t first, int64_t vocab);
+double ce_from_stats_forward(Src lse, Src target, const uint8_t* mask, double loss_tokens, int64_t T);
+void ce_from_stats_backward(Dst dlse, Dst dtarget, double g, const uint8_t* mask, double loss_tokens, int64_t T);
 
 }  // namespace lfc::cpu

@@ -53,4 +53,22 @@ void merge_visual_backward(Real* dtext, Real* dvisual, const Real* dy, const int
 LFC_INSTANTIATE_MERGE(float)
 LFC_INSTANTIATE_MERGE(double)
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void merge_visual_forward(Dst y, Src text, Src visual, const int32_t* tokens, int32_t placeholder,
+                          MergeMode mode, int64_t T, int64_t Nv, int64_t H) {
+  by_dtype("merge_visual_forward", {y, text, visual}, [&](auto& s) {
+    merge_visual_forward(s.out(y, T * H), s.in(text, T * H), s.in(visual, Nv * H), tokens, placeholder, mode, T, Nv,
+                         H);
+  });
+}
+
+void merge_visual_backward(Dst dtext, Dst dvisual, Src dy, const int32_t* tokens, int32_t placeholder,
+                           MergeMode mode, int64_t T, int64_t Nv, int64_t H) {
+  by_dtype("merge_visual_backward", {dtext, dvisual, dy}, [&](auto& s) {
+    merge_visual_backward(s.out(dtext, T * H), s.out(dvisual, Nv * H), s.in(dy, T * H), tokens, placeholder, mode, T,
+                          Nv, H);
+  });
+}
+
 }  // namespace lfc::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -20,5 +21,11 @@ void merge_visual_forward(Real* y, const Real* text, const Real* visual, const i
 template <typename Real>
 void merge_visual_backward(Real* dtext, Real* dvisual, const Real* dy, const int32_t* tokens,
                            int32_t placeholder, MergeMode mode, int64_t T, int64_t Nv, int64_t H);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+void merge_visual_forward(Dst y, Src text, Src visual, const int32_t* tokens, int32_t placeholder,
+                          MergeMode mode, int64_t T, int64_t Nv, int64_t H);
+void merge_visual_backward(Dst dtext, Dst dvisual, Src dy, const int32_t* tokens, int32_t placeholder,
+                           MergeMode mode, int64_t T, int64_t Nv, int64_t H);
 
 }  // namespace lfc::cpu

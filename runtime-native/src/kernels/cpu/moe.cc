@@ -67,6 +67,21 @@ void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Rea
 }
 
 template <typename Real>
+void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+  for (int64_t t = 0; t < T; t++) {
+    const Real* pt = probs + t * E;       // (E)
+    const int32_t* et = experts + t * k;  // (k)
+    double chosen = 0;
+    for (int64_t j = 0; j < k; j++) {
+      LFC_KERNEL_CHECK(et[j] >= 0 && et[j] < E, "router_topk_weights: experts[", t, ", ", j, "] = ", et[j],
+                       " is outside [0, ", E, ")");
+      chosen += pt[et[j]];
+    }
+    for (int64_t j = 0; j < k; j++) weights[t * k + j] = Real(pt[et[j]] / chosen);
+  }
+}
+
+template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
                           const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
   std::vector<double> dp(E);  // (E): total gradient of one row of probs
@@ -229,6 +244,7 @@ void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, con
 #define LFC_INSTANTIATE_MOE(Real)                                                                   \
   template void router_topk_forward<Real>(Real*, Real*, int32_t*, const Real*, int64_t, int64_t,    \
                                           int64_t);                                                 \
+  template void router_topk_weights<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t); \
   template void router_topk_backward<Real>(Real*, const Real*, const Real*, const Real*,            \
                                            const Real*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_permute_forward<Real>(Real*, int32_t*, int32_t*, const Real*, const int32_t*,   \
@@ -309,5 +325,80 @@ template void moe_sort_chunks<float>(float*, const float*, const int32_t*, int64
                                      bool);
 template void moe_sort_chunks<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t,
                                       int64_t, bool);
+
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k) {
+  by_dtype("router_topk_forward", {probs, weights, logits}, [&](auto& s) {
+    router_topk_forward(s.out(probs, T * E), s.out(weights, T * k), experts, s.in(logits, T * E), T, E, k);
+  });
+}
+
+void router_topk_backward(Dst dlogits, Src dprobs, Src dweights, Src probs, Src weights, const int32_t* experts,
+                          int64_t T, int64_t E, int64_t k) {
+  by_dtype("router_topk_backward", {dlogits, dprobs, dweights, probs, weights}, [&](auto& s) {
+    router_topk_backward(s.out(dlogits, T * E), s.in(dprobs, T * E), s.in(dweights, T * k), s.in(probs, T * E),
+                         s.in(weights, T * k), experts, T, E, k);
+  });
+}
+
+void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+  by_dtype("router_topk_weights", {weights, probs}, [&](auto& s) {
+    router_topk_weights(s.out(weights, T * k), s.in(probs, T * E), experts, T, E, k);
+  });
+}
+
+void moe_permute_forward(Dst rows, int32_t* counts, int32_t* row_of, Src x, const int32_t* experts, int64_t T,
+                         int64_t H, int64_t k, int64_t E, int64_t N, int64_t capacity, Src priority) {
+  by_dtype("moe_permute_forward", {rows, x, priority}, [&](auto& s) {
+    moe_permute_forward(s.out(rows, N * H), counts, row_of, s.in(x, T * H), experts, T, H, k, E, N, capacity,
+                        s.in(priority, T * k));
+  });
+}
+
+void moe_permute_backward(Dst dx, Src drows, const int32_t* row_of, int64_t T, int64_t H, int64_t k, int64_t N) {
+  by_dtype("moe_permute_backward", {dx, drows}, [&](auto& s) {
+    moe_permute_backward(s.out(dx, T * H), s.in(drows, N * H), row_of, T, H, k, N);
+  });
+}
+
+void moe_unpermute_forward(Dst y, Src rows, const int32_t* row_of, Src weights, int64_t T, int64_t k, int64_t N,
+                           int64_t H) {
+  by_dtype("moe_unpermute_forward", {y, rows, weights}, [&](auto& s) {
+    moe_unpermute_forward(s.out(y, T * H), s.in(rows, N * H), row_of, s.in(weights, T * k), T, k, N, H);
+  });
+}
+
+void moe_unpermute_backward(Dst drows, Dst dweights, Src dy, Src rows, const int32_t* row_of, Src weights,
+                            int64_t T, int64_t k, int64_t N, int64_t H) {
+  by_dtype("moe_unpermute_backward", {drows, dweights, dy, rows, weights}, [&](auto& s) {
+    moe_unpermute_backward(s.out(drows, N * H), s.out(dweights, T * k), s.in(dy, T * H), s.in(rows, N * H), row_of,
+                           s.in(weights, T * k), T, k, N, H);
+  });
+}
+
+double moe_aux_loss_forward(Src probs, const int32_t* experts, const int32_t* segments, int64_t T, int64_t E,
+                            int64_t k, double coeff) {
+  double loss = 0;
+  by_dtype("moe_aux_loss_forward", {probs}, [&](auto& s) {
+    loss = double(moe_aux_loss_forward(s.in(probs, T * E), experts, segments, T, E, k, coeff));
+  });
+  return loss;
+}
+
+void moe_aux_loss_backward(Dst dprobs, double dloss, const int32_t* experts, const int32_t* segments, int64_t T,
+                           int64_t E, int64_t k, double coeff) {
+  by_dtype("moe_aux_loss_backward", {dprobs}, [&](auto& s) {
+    using Real = typename std::decay_t<decltype(s)>::Real;
+    moe_aux_loss_backward(s.out(dprobs, T * E), Real(dloss), experts, segments, T, E, k, coeff);
+  });
+}
+
+void moe_sort_chunks(Dst y, Src x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
+                     bool inverse) {
+  by_dtype("moe_sort_chunks", {y, x}, [&](auto& s) {
+    moe_sort_chunks(s.out(y, N * H), s.in(x, N * H), counts, P, L, N, H, inverse);
+  });
+}
 
 }  // namespace lfc::cpu

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -27,6 +28,11 @@ template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
                           const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k);
 
+// weights (T, k) = probs (T, E) at experts (T, k), renormalized to sum 1 per token: the forward's
+// weights again, computed exactly as router_topk_forward does (its backward needs them). Throws
+// KernelError on an expert outside [0, E).
+template <typename Real>
+void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k);
 // rows (N, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
 // order (stable in token order); counts (E) rows per expert; row_of (T·k) the row of assignment a.
 // capacity ≥ 1: expert e keeps `capacity` of its assignments and drops the rest (row_of −1), so
@@ -81,6 +87,25 @@ void moe_local_counts(int32_t* local, const int32_t* counts, int64_t P, int64_t 
 // Throws if a count is negative or Σ counts > N.
 template <typename Real>
 void moe_sort_chunks(Real* y, const Real* x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
+                     bool inverse);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k);
+void router_topk_backward(Dst dlogits, Src dprobs, Src dweights, Src probs, Src weights, const int32_t* experts,
+                          int64_t T, int64_t E, int64_t k);
+void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k);
+void moe_permute_forward(Dst rows, int32_t* counts, int32_t* row_of, Src x, const int32_t* experts, int64_t T,
+                         int64_t H, int64_t k, int64_t E, int64_t N, int64_t capacity, Src priority);
+void moe_permute_backward(Dst dx, Src drows, const int32_t* row_of, int64_t T, int64_t H, int64_t k, int64_t N);
+void moe_unpermute_forward(Dst y, Src rows, const int32_t* row_of, Src weights, int64_t T, int64_t k, int64_t N,
+                           int64_t H);
+void moe_unpermute_backward(Dst drows, Dst dweights, Src dy, Src rows, const int32_t* row_of, Src weights,
+                            int64_t T, int64_t k, int64_t N, int64_t H);
+double moe_aux_loss_forward(Src probs, const int32_t* experts, const int32_t* segments, int64_t T, int64_t E,
+                            int64_t k, double coeff);
+void moe_aux_loss_backward(Dst dprobs, double dloss, const int32_t* experts, const int32_t* segments, int64_t T,
+                           int64_t E, int64_t k, double coeff);
+void moe_sort_chunks(Dst y, Src x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
                      bool inverse);
 
 }  // namespace lfc::cpu

@@ -98,4 +98,33 @@ void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const R
 LFC_INSTANTIATE_NORM(float)
 LFC_INSTANTIATE_NORM(double)
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void layernorm_forward(Dst y, Dst mean, Dst rstd, Src x, Src w, Src b, int64_t R, int64_t H, double eps) {
+  by_dtype("layernorm_forward", {y, mean, rstd, x, w, b}, [&](auto& s) {
+    layernorm_forward(s.out(y, R * H), s.out(mean, R), s.out(rstd, R), s.in(x, R * H), s.in(w, H), s.in(b, H), R, H,
+                      eps);
+  });
+}
+
+void layernorm_backward(Dst dx, Dst dw, Dst db, Src dy, Src x, Src w, Src mean, Src rstd, int64_t R, int64_t H) {
+  by_dtype("layernorm_backward", {dx, dw, db, dy, x, w, mean, rstd}, [&](auto& s) {
+    layernorm_backward(s.out(dx, R * H), s.out(dw, H), s.out(db, H), s.in(dy, R * H), s.in(x, R * H), s.in(w, H),
+                       s.in(mean, R), s.in(rstd, R), R, H);
+  });
+}
+
+void rmsnorm_forward(Dst y, Dst rstd, Src x, Src w, int64_t R, int64_t H, double eps) {
+  by_dtype("rmsnorm_forward", {y, rstd, x, w}, [&](auto& s) {
+    rmsnorm_forward(s.out(y, R * H), s.out(rstd, R), s.in(x, R * H), s.in(w, H), R, H, eps);
+  });
+}
+
+void rmsnorm_backward(Dst dx, Dst dw, Src dy, Src x, Src w, Src rstd, int64_t R, int64_t H) {
+  by_dtype("rmsnorm_backward", {dx, dw, dy, x, w, rstd}, [&](auto& s) {
+    rmsnorm_backward(s.out(dx, R * H), s.out(dw, H), s.in(dy, R * H), s.in(x, R * H), s.in(w, H), s.in(rstd, R), R,
+                     H);
+  });
+}
+
 }  // namespace lfc::cpu

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -29,5 +30,12 @@ void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t 
 template <typename Real>
 void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
                       const Real* rstd, int64_t R, int64_t H);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// mean, rstd: the statistics in the compute type (f32, or f64 on the f64 path).
+void layernorm_forward(Dst y, Dst mean, Dst rstd, Src x, Src w, Src b, int64_t R, int64_t H, double eps);
+void layernorm_backward(Dst dx, Dst dw, Dst db, Src dy, Src x, Src w, Src mean, Src rstd, int64_t R, int64_t H);
+void rmsnorm_forward(Dst y, Dst rstd, Src x, Src w, int64_t R, int64_t H, double eps);
+void rmsnorm_backward(Dst dx, Dst dw, Src dy, Src x, Src w, Src rstd, int64_t R, int64_t H);
 
 }  // namespace lfc::cpu

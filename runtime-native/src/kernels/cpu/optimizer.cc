@@ -5,6 +5,11 @@
 namespace lfc::cpu {
 
 template <typename Real>
+void grad_accumulate(Real* acc, const Real* g, int64_t n) {
+  for (int64_t i = 0; i < n; i++) acc[i] += g[i];
+}
+
+template <typename Real>
 double sum_squares(const Real* x, int64_t n) {
   double acc = 0;
   for (int64_t i = 0; i < n; i++) acc += double(x[i]) * double(x[i]);
@@ -43,11 +48,39 @@ void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, cons
 }
 
 #define LFC_INSTANTIATE_OPTIMIZER(Real)                                                        \
+  template void grad_accumulate<Real>(Real*, const Real*, int64_t);                            \
   template double sum_squares<Real>(const Real*, int64_t);                                     \
   template void scale<Real>(Real*, double, int64_t);                                           \
   template void adamw_step<Real>(Real*, const Real*, Real*, Real*, int64_t, const AdamWParams&, \
                                  int64_t);
 LFC_INSTANTIATE_OPTIMIZER(float)
 LFC_INSTANTIATE_OPTIMIZER(double)
+
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void grad_accumulate(Dst acc, Src g, int64_t n) {
+  by_dtype("grad_accumulate", {acc, g}, [&](auto& s) { grad_accumulate(s.out(acc, n), s.in(g, n), n); });
+}
+
+double sum_squares(Src x, int64_t n) {
+  double total = 0;
+  by_dtype("sum_squares", {x}, [&](auto& s) { total = sum_squares(s.in(x, n), n); });
+  return total;
+}
+
+void adamw_step(Dst param, Src grad, Dst m, Dst v, int64_t n, const AdamWParams& hp, int64_t t) {
+  LFC_KERNEL_CHECK(param.dtype != DType::bf16, "adamw_step: a bf16 parameter needs its fp32 master (adamw_step_master)");
+  by_dtype("adamw_step", {param, grad, m, v}, [&](auto& s) {
+    adamw_step(s.out(param, n), s.in(grad, n), s.out(m, n), s.out(v, n), n, hp, t);
+  });
+}
+
+void adamw_step_master(Dst param, Dst master, Src grad, Dst m, Dst v, int64_t n, const AdamWParams& hp, int64_t t) {
+  runs_in_f64("adamw_step_master", {param, master, grad, m, v});  // the dtype checks, param included
+  by_dtype("adamw_step_master", {master, grad, m, v}, [&](auto& s) {
+    adamw_step(s.out(master, n), s.in(grad, n), s.out(m, n), s.out(v, n), n, hp, t);
+  });
+  convert(param, master, n);
+}
 
 }  // namespace lfc::cpu

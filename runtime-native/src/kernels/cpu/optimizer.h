@@ -1,11 +1,17 @@
-// Optimizer step pieces: the squared norm for gradient clipping, scaling, and AdamW.
+// Optimizer step pieces: gradient accumulation, the squared norm for gradient clipping, scaling,
+// and AdamW (on the parameter itself, or on its fp32 master copy for a bf16 parameter).
 #pragma once
 
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
+
+// acc (n) += g (n)
+template <typename Real>
+void grad_accumulate(Real* acc, const Real* g, int64_t n);
 
 // Σ x² over x (n), accumulated in double (the caller sums buffers, takes √, and clips).
 template <typename Real>
@@ -30,5 +36,17 @@ struct AdamWParams {
 template <typename Real>
 void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, const AdamWParams& hp,
                 int64_t t);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+// grad_accumulate: acc += g in f32, written in acc's dtype (a bf16 g into an f32 acc is the usual
+// mixed case). sum_squares: any float dtype, summed in double.
+void grad_accumulate(Dst acc, Src g, int64_t n);
+double sum_squares(Src x, int64_t n);
+// AdamW on the parameter itself. A bf16 param throws KernelError: its update would be lost to
+// rounding, it needs an fp32 master (adamw_step_master).
+void adamw_step(Dst param, Src grad, Dst m, Dst v, int64_t n, const AdamWParams& hp, int64_t t);
+// Mixed precision (Megatron's fp32 master weights): the AdamW step runs on master (n, f32 in
+// practice) with grad, m, v, then param (n, bf16 in practice) = master rounded to param's dtype.
+void adamw_step_master(Dst param, Dst master, Src grad, Dst m, Dst v, int64_t n, const AdamWParams& hp, int64_t t);
 
 }  // namespace lfc::cpu

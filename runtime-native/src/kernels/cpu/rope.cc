@@ -71,4 +71,22 @@ void rope_backward(Real* dx, const Real* dy, const int32_t* positions, const int
 LFC_INSTANTIATE_ROPE(float)
 LFC_INSTANTIATE_ROPE(double)
 
+// ---- by storage dtype ---------------------------------------------------------------------------
+
+void rope_forward(Dst y, Src x, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
+                  int64_t nh, int64_t d, double theta) {
+  const int64_t n = T * nh * d;
+  by_dtype("rope_forward", {y, x}, [&](auto& s) {
+    rope_forward(s.out(y, n), s.in(x, n), positions, sections, P, T, nh, d, theta);
+  });
+}
+
+void rope_backward(Dst dx, Src dy, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
+                   int64_t nh, int64_t d, double theta) {
+  const int64_t n = T * nh * d;
+  by_dtype("rope_backward", {dx, dy}, [&](auto& s) {
+    rope_backward(s.out(dx, n), s.in(dy, n), positions, sections, P, T, nh, d, theta);
+  });
+}
+
 }  // namespace lfc::cpu

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "storage.h"
 
 namespace lfc::cpu {
 
@@ -22,5 +23,11 @@ void rope_forward(Real* y, const Real* x, const int32_t* positions, const int32_
 template <typename Real>
 void rope_backward(Real* dx, const Real* dy, const int32_t* positions, const int32_t* sections,
                    int64_t P, int64_t T, int64_t nh, int64_t d, double theta);
+
+// ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
+void rope_forward(Dst y, Src x, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
+                  int64_t nh, int64_t d, double theta);
+void rope_backward(Dst dx, Src dy, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
+                   int64_t nh, int64_t d, double theta);
 
 }  // namespace lfc::cpu

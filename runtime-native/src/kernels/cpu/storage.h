@@ -1,0 +1,157 @@
+// Storage dtypes of kernel operands, and the dispatch on them that every kernel family's entry
+// points share.
+//
+// Each kernel family (<family>.h) has two layers:
+//   1. the compute core, `template <typename Real> void gelu_forward(Real* y, const Real* x, …)`,
+//      instantiated for float and double: the math on one element type, with an lfc::cpu::ref
+//      twin where there is an optimized path. The fd/ and ref/ checks run these.
+//   2. the entry point the ops call, `void gelu_forward(Dst y, Src x, …)`: every operand is a
+//      pointer with its own storage dtype, f32, bf16 or f64, independently of the others.
+//      by_dtype runs the core in double when every operand is f64 (the finite-difference path),
+//      and otherwise in float through a Staging<float>:
+//        - an f32 operand is used in place (so an all-f32 call is the core on the buffers
+//          themselves: bit for bit what the runtime computed before bf16 existed);
+//        - a bf16 input is loaded into an f32 copy (exact);
+//        - a bf16 output gets an f32 copy holding its current values (so accumulating kernels,
+//          and elements a kernel leaves alone, behave as on f32), rounded to bf16 (nearest even)
+//          once, after the core returns. A core that throws leaves the output untouched.
+//      So on bf16 storage a kernel computes exactly the f32 kernel on the upconverted inputs and
+//      rounds each output element once: GEMMs run as cblas_sgemm on f32 copies and accumulate in
+//      f32; norms, softmax and losses keep their statistics in f32 (double where the core sums in
+//      double). A mix of f64 with other dtypes, or a dtype the kernels do not store (f16,
+//      integers), throws KernelError naming the kernel.
+//
+// A fast path for one (op, dtypes) pair, say a bf16 GEMM or an AVX-512 loop, goes at the top of
+// that op's entry point, before by_dtype, as a test of the operands' dtypes; the ops layer, which
+// only hands over dtype-tagged pointers, does not change. Staged copies live in a per-thread pool
+// reused from call to call (each executor thread stages only its own kernels).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <vector>
+
+#include "common.h"
+#include "core/bf16.h"
+#include "core/dtype.h"
+
+namespace lfc::cpu {
+
+using lfc::DType;
+
+// A read operand: row-major elements of one storage dtype. data null: an absent optional operand.
+struct Src {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  // the operand from element i on
+  Src at(int64_t i) const { return {static_cast<const std::byte*>(data) + i * dtypeBytes(dtype), dtype}; }
+};
+
+// A written (or accumulated) operand.
+struct Dst {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  operator Src() const { return {data, dtype}; }
+  Dst at(int64_t i) const { return {static_cast<std::byte*>(data) + i * dtypeBytes(dtype), dtype}; }
+};
+
+// y (n) = x (n) between the storage dtypes f32, bf16, f64 (to bf16: through float, rounded to
+// nearest even). y and x may be the same buffer only when their dtypes are equal.
+void convert(Dst y, Src x, int64_t n);
+
+// Whether a kernel over these operands runs in double: true when every present operand is f64,
+// false when none is. Throws KernelError naming the kernel on a mix, or on a dtype other than f32,
+// bf16, f64.
+bool runs_in_f64(const char* kernel, const Src* first, const Src* last);
+inline bool runs_in_f64(const char* kernel, std::initializer_list<Src> operands) {
+  return runs_in_f64(kernel, operands.begin(), operands.end());
+}
+
+// Per-thread f32 blocks for staged copies; mark/release nest like a stack.
+class StagingPool {
+ public:
+  float* take(int64_t n);
+  size_t mark() const { return used_; }
+  void release(size_t mark) { used_ = mark; }
+  static StagingPool& of_this_thread();
+
+ private:
+  struct Block {
+    std::vector<float> values;  // grown, never shrunk
+  };
+  std::vector<Block> blocks_;
+  size_t used_ = 0;
+};
+
+template <typename Real>
+class Staging;
+
+// The double path: every operand is f64 and used in place.
+template <>
+class Staging<double> {
+ public:
+  using Real = double;
+  explicit Staging(const char*) {}
+  const double* in(Src x, int64_t) const { return static_cast<const double*>(x.data); }
+  double* out(Dst y, int64_t) const { return static_cast<double*>(y.data); }
+  std::vector<const double*> in(const std::vector<Src>& xs, int64_t n) const;
+  std::vector<double*> out(const std::vector<Dst>& ys, int64_t n) const;
+};
+
+// The float path: f32 operands in place, bf16 ones through f32 copies (see the top of this file).
+template <>
+class Staging<float> {
+ public:
+  using Real = float;
+  explicit Staging(const char* kernel);
+  ~Staging();
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // x (n) as float: x itself when f32, else an f32 copy; null stays null
+  const float* in(Src x, int64_t n);
+  // y (n) as float: y itself when f32, else an f32 copy of its values that store() rounds back
+  float* out(Dst y, int64_t n);
+  std::vector<const float*> in(const std::vector<Src>& xs, int64_t n);
+  std::vector<float*> out(const std::vector<Dst>& ys, int64_t n);
+  // every staged output rounded into its buffer
+  void store();
+
+ private:
+  struct Pending {
+    Dst dst;
+    const float* values;
+    int64_t n;
+  };
+  const char* kernel_;
+  StagingPool& pool_;
+  size_t mark_;
+  std::vector<Pending> pending_;
+};
+
+// Runs body(staging) with a Staging<double> when every operand is f64, else with a
+// Staging<float> whose outputs are stored after body returns. body calls the compute core with
+// staging.in(…) / staging.out(…); `typename std::decay_t<decltype(s)>::Real` names its type.
+template <typename Body>
+void by_dtype(const char* kernel, const Src* first, const Src* last, Body&& body) {
+  if (runs_in_f64(kernel, first, last)) {
+    Staging<double> s(kernel);
+    body(s);
+  } else {
+    Staging<float> s(kernel);
+    body(s);
+    s.store();
+  }
+}
+template <typename Body>
+void by_dtype(const char* kernel, std::initializer_list<Src> operands, Body&& body) {
+  by_dtype(kernel, operands.begin(), operands.end(), body);
+}
+template <typename Body>
+void by_dtype(const char* kernel, const std::vector<Src>& operands, Body&& body) {
+  by_dtype(kernel, operands.data(), operands.data() + operands.size(), body);
+}
+
+}  // namespace lfc::cpu
