@@ -103,6 +103,8 @@ interface BucketSlice {
   }[];
   readonly expAvg: number;
   readonly expAvgSq: number;
+  /** mixed precision: this rank's slice of the bucket's fp32 master weights */
+  readonly master?: number;
 }
 
 function bucketSlices(plan: PlanFile, program: ProgramFile, rank: number): BucketSlice[] {
@@ -117,14 +119,16 @@ function bucketSlices(plan: PlanFile, program: ProgramFile, rank: number): Bucke
       params: s.params,
       expAvg: s.expAvg,
       expAvgSq: s.expAvgSq,
+      ...(s.master !== undefined ? { master: s.master } : {}),
     };
   });
 }
 
 /**
- * A rank's share of a checkpoint, by key: `param.<p>` for each program parameter p,
- * `exp_avg.<p>` and `exp_avg_sq.<p>` where p has its own moments, and `shard<k>.exp_avg` /
- * `shard<k>.exp_avg_sq`, this rank's slice of optimizer bucket k.
+ * A rank's share of a checkpoint, by key: `param.<p>` for each program parameter p (its fp32
+ * master weights where it has them), `exp_avg.<p>` and `exp_avg_sq.<p>` where p has its own
+ * moments, and `shard<k>.exp_avg` / `shard<k>.exp_avg_sq` (and under mixed precision
+ * `shard<k>.param`, the fp32 master slice), this rank's slice of optimizer bucket k.
  */
 export function rankShare(state: RankState, program: ProgramFile): Map<string, Tensor> {
   const share = new Map<string, Tensor>();
@@ -135,16 +139,18 @@ export function rankShare(state: RankState, program: ProgramFile): Map<string, T
   });
   for (const name of state.names()) {
     const shape = state.shape(name);
-    share.set(`param.${name}`, f32(state.view(name, 'param'), shape));
+    share.set(`param.${name}`, f32(state.read(name, 'param'), shape));
     if (state.has(name, 'expAvg')) {
-      share.set(`exp_avg.${name}`, f32(state.view(name, 'expAvg'), shape));
-      share.set(`exp_avg_sq.${name}`, f32(state.view(name, 'expAvgSq'), shape));
+      share.set(`exp_avg.${name}`, f32(state.read(name, 'expAvg'), shape));
+      share.set(`exp_avg_sq.${name}`, f32(state.read(name, 'expAvgSq'), shape));
     }
   }
   (program.optimizerShards ?? []).forEach((s, k) => {
     const length = s.elements / s.parts;
     share.set(`shard${k}.exp_avg`, f32(state.buffer(s.expAvg).subarray(0, length), [length]));
     share.set(`shard${k}.exp_avg_sq`, f32(state.buffer(s.expAvgSq).subarray(0, length), [length]));
+    if (s.master !== undefined)
+      share.set(`shard${k}.param`, f32(state.buffer(s.master).subarray(0, length), [length]));
   });
   return share;
 }
@@ -198,17 +204,29 @@ export function assembleWhole(
       w.covered[g] = 1;
     }
   };
-  plan.rankPrograms.forEach((id, rank) => {
+  // pieces first, then bucket slices, over all ranks: a slice of fp32 master weights wins over
+  // the rounded bf16 parameter another rank's piece holds
+  const ranks = plan.rankPrograms.map((id, rank) => {
     const program = programs.get(id)!;
-    const share = shareOf(rank);
     const pieces = heldPieces(plan, program, rank);
-    const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
-    const wholeOf = new Map(pieces.map((p) => [p.param, p.name]));
-    for (const [kind, whole] of wholes) {
+    return {
+      id,
+      rank,
+      program,
+      share: shareOf(rank),
+      pieces,
+      offsets: new Map(pieces.map((p) => [p.param, wholeOffsets(p)])),
+      wholeOf: new Map(pieces.map((p) => [p.param, p.name])),
+    };
+  });
+  for (const { share, pieces, offsets } of ranks)
+    for (const [kind, whole] of wholes)
       for (const p of pieces) {
         const t = share.get(`${kind}.${p.param}`);
         if (t) put(whole.get(p.name), offsets.get(p.param)!, t.data as Float32Array);
       }
+  for (const { id, rank, program, share, offsets, wholeOf } of ranks) {
+    for (const [kind, whole] of wholes) {
       for (const s of bucketSlices(plan, program, rank)) {
         const t = share.get(`${s.key}.${kind}`);
         if (!t) continue;
@@ -227,7 +245,7 @@ export function assembleWhole(
         }
       }
     }
-  });
+  }
   const out = new Map<ShareKind, Map<string, Tensor>>();
   for (const [kind, whole] of wholes) {
     const tensors = new Map<string, Tensor>();
@@ -356,41 +374,44 @@ export function loadCheckpoint(
     for (let j = 0; j < length; j++) out[j] = data[offsets[from + j]];
     return out;
   };
-  const writes: [Float32Array, Float32Array][] = [];
+  const writes: (() => void)[] = [];
   const pieces = heldPieces(plan, program, rank);
   const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
   const wholeOf = new Map(pieces.map((p) => [p.param, p]));
   for (const p of pieces) {
     const at = offsets.get(p.param)!;
-    writes.push([
-      state.view(p.param, 'param'),
-      cut(whole(weights, p.name, p.shape, `parameter ${p.name}`), at),
-    ]);
+    const values = cut(whole(weights, p.name, p.shape, `parameter ${p.name}`), at);
+    writes.push(() => state.write(p.param, 'param', values));
     if (state.has(p.param, 'expAvg')) {
       for (const [kind, key] of [
         ['expAvg', 'exp_avg'],
         ['expAvgSq', 'exp_avg_sq'],
       ] as const) {
         const src = whole(optim, `${key}.${p.name}`, p.shape, `optimizer state ${key}.${p.name}`);
-        writes.push([state.view(p.param, kind), cut(src, at)]);
+        const moment = cut(src, at);
+        writes.push(() => state.write(p.param, kind, moment));
       }
     }
   }
   for (const s of bucketSlices(plan, program, rank)) {
-    for (const [buffer, key] of [
-      [s.expAvg, 'exp_avg'],
-      [s.expAvgSq, 'exp_avg_sq'],
-    ] as const) {
+    // the moments from the optimizer file; the fp32 master slice from the (fp32) weights
+    const parts = [
+      [s.expAvg, optim, 'exp_avg.'],
+      [s.expAvgSq, optim, 'exp_avg_sq.'],
+      ...(s.master !== undefined ? [[s.master, weights, ''] as const] : []),
+    ] as const;
+    for (const [buffer, file, prefix] of parts) {
       const slice = new Float32Array(s.hi - s.lo);
       for (const bp of s.params) {
         const start = Math.max(s.lo, bp.offset);
         const end = Math.min(s.hi, bp.offset + bp.elements);
         if (start >= end) continue;
         const p = wholeOf.get(bp.name)!;
-        const src = whole(optim, `${key}.${p.name}`, p.shape, `optimizer state ${key}.${p.name}`);
+        const what = prefix ? `optimizer state ${prefix}${p.name}` : `parameter ${p.name}`;
+        const src = whole(file, `${prefix}${p.name}`, p.shape, what);
         slice.set(cut(src, offsets.get(bp.name)!, start - bp.offset, end - start), start - s.lo);
       }
-      writes.push([state.buffer(buffer).subarray(0, slice.length), slice]);
+      writes.push(() => state.buffer(buffer).set(slice));
     }
   }
   const known = new Set(plan.params.map((p) => p.name));
@@ -399,7 +420,7 @@ export function loadCheckpoint(
     throw new UserError(
       `${dir}: holds parameters this model lacks: ${extra.slice(0, 3).join(', ')}${extra.length > 3 ? ', …' : ''}`,
     );
-  for (const [dst, src] of writes) dst.set(src);
+  for (const write of writes) write();
   return meta;
 }
 
@@ -408,9 +429,9 @@ export function loadWeights(path: string, state: RankState): void {
   const tensors = readSafetensors(path).tensors;
   const plans = state.names().map((name) => {
     const t = fitting(tensors.get(name), state.shape(name), path, `parameter ${name}`);
-    return [state.view(name, 'param'), t.data as Float32Array] as const;
+    return [name, t.data as Float32Array] as const;
   });
-  for (const [dst, src] of plans) dst.set(src);
+  for (const [name, values] of plans) state.write(name, 'param', values);
 }
 
 /** The tensor, if it is F32 of the wanted shape; otherwise a UserError naming file and tensor. */

@@ -33,7 +33,7 @@ const f32 = (data: Float32Array, shape: readonly number[]): Tensor => ({
 /** Before the step: copies of this rank's parameter pieces. */
 export function captureWeights(state: RankState): DumpShare {
   return new Map(
-    state.names().map((n) => [`param.${n}`, f32(state.view(n, 'param'), state.shape(n))]),
+    state.names().map((n) => [`param.${n}`, f32(state.read(n, 'param'), state.shape(n))]),
   );
 }
 
@@ -52,12 +52,12 @@ export function captureGrads(
   const bucketed = new Set(shards.flatMap((s) => s.params.map((p) => p.name)));
   for (const n of state.names()) {
     if (state.has(n, 'grad') && !bucketed.has(n))
-      share.set(`grad.${n}`, f32(state.view(n, 'grad'), state.shape(n)));
+      share.set(`grad.${n}`, f32(state.read(n, 'grad'), state.shape(n)));
   }
   shards.forEach((s, k) => {
     const length = s.elements / s.parts;
     const at = groupRank(s.group) * length;
-    const slice = state.buffer(bucketGradOf(program, k)).subarray(at, at + length);
+    const slice = state.readBuffer(bucketGradOf(program, k)).subarray(at, at + length);
     share.set(`shard${k}.grad`, f32(slice, [length]));
   });
 }

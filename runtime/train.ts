@@ -194,6 +194,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       }),
     );
     if (o.weights) loadWeights(o.weights, state);
+    // mixed precision: the distributed optimizer's fp32 master slices from those parameters
+    state.initShardMasters(groupRank);
   }
   const replay = o.batch ? readBatchFile(o.batch) : undefined;
   if (replay && replay.length !== m * dpSize) {
@@ -333,7 +335,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       else await saveGathered(o.save, meta, loaded.programs, plan, program, state, rank, globalSum);
     }
   }
-  const params = new Map(state.names().map((n) => [n, state.view(n, 'param').slice()]));
+  const params = new Map(state.names().map((n) => [n, state.read(n, 'param')]));
   return { steps, finalStep: o.trainIters, plan, params };
 }
 

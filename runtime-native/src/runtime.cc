@@ -136,7 +136,8 @@ void Runtime::initParams(uint64_t seed, const std::vector<ParamInit>& params) {
   for (const Instr& in : program_.instrs) {
     if (in.op != Op::adamw || in.inputs.size() < 6) continue;
     const Buffer &param = program_.buffers[size_t(in.inputs[0])], &master = program_.buffers[size_t(in.inputs[5])];
-    if (master.region != Region::optim) continue;
+    // (the distributed optimizer's shards update an arena slice: runtime/state.ts fills their masters)
+    if (master.region != Region::optim || param.region != Region::param) continue;
     const int64_t n = numel(resolveShape(param.shape, SymbolSizes{}));
     if (numel(resolveShape(master.shape, SymbolSizes{})) != n)
       throw RuntimeError(cat("initParams: ", describeInstr(in), ": master ", formatShape(master.shape),
