@@ -15,7 +15,27 @@ export interface Layout {
   readonly baseline?: readonly string[];
   /** both runs replay the imbalanced batch (IMBALANCED) every step instead of synthetic data */
   readonly imbalanced?: boolean;
+  /**
+   * mixed precision (--bf16, layout and baseline alike): losses and parameters are held to
+   * BF16_TOLERANCE instead of the f32 rows' 1e-5 and 1e-4
+   */
+  readonly bf16?: boolean;
 }
+
+/**
+ * The bf16 rows' tolerance against one rank in bf16. A layout sums in another order than one rank
+ * (a tensor-parallel all-reduce of bf16 partial sums rounds once per sum where one rank's GEMM
+ * rounds its f32 accumulator once; pipeline stages and expert ranks cut the same work apart), so
+ * values differ by bf16 rounding (2⁻⁹ relative per rounding, not f32's 2⁻²⁴): measured, the
+ * losses of 3 steps by at most 1.4e-5 relative (tp 2). AdamW then turns those differences into
+ * whole steps: an element whose gradient is near zero moves ±lr either way, so after 3 steps of
+ * lr 1e-3 a zero-initialised bias differs by up to 25% of its norm and a routing near-tie moves an
+ * expert's weights 7% apart. The parameters are therefore held per element to AdamW's step bound
+ * (two runs differ by at most 2·lr per step) and over the whole model to a relative L2 of 5e-2
+ * (measured at most 1.4e-2, tp 2); the gradients themselves are checked by cosine in
+ * test/multirank/bf16.test.ts.
+ */
+export const BF16_TOLERANCE = { loss: 1e-4, modelParam: 5e-2 };
 
 export const FROZEN = ['model.image_encoder.freeze=true'];
 /** tied input embedding and output weight (Qwen2.5-VL-3B's) */
@@ -251,4 +271,23 @@ export const LAYOUTS: readonly Layout[] = [
     ranks: 2,
     flags: ['--pp', '2', '--enable-full-hetero-dp'],
   },
+  // mixed precision: each layout against one rank in bf16
+  ...(
+    [
+      ['dp2', 2, []],
+      ['dist-opt-dp2', 2, ['--use-distributed-optimizer']],
+      ['tp2', 2, ['--tp', '2']],
+      ['pp2-vpp2', 2, ['--pp', '2', '--vpp', '2']],
+      ['ep2', 2, ['--ep', '2']],
+      ['level2-tp2', 2, ['--tp', '2', '--enable-encoder-hetero-dp']],
+      ['level3-a2a-overlap-pp2-vpp2-ep2', 4, [...DEMO_LAYOUT]],
+    ] as const
+  ).map(([name, ranks, flags]): Layout => ({
+    name: `bf16-${name}`,
+    model: 'tiny-vlm-moe',
+    ranks,
+    flags: [...flags, '--bf16'],
+    baseline: ['--bf16'],
+    bf16: true,
+  })),
 ];
