@@ -17,11 +17,11 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { cli, relL2 } from '../helpers.js';
 import { iterDir } from '../../runtime/checkpoint.js';
-import { loadNative, type NativeRuntime } from '../../runtime/native.js';
 import { readPlan } from '../../runtime/plan-io.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 import { writeBatchFile, type Microbatch } from '../../runtime/batch.js';
 import { textMicrobatch } from '../runtime/program-builder.js';
+import { stepOneRank } from './one-rank.js';
 import {
   BATCH,
   BF16_TOLERANCE,
@@ -158,60 +158,6 @@ function params(ckpt: string): Map<string, Float32Array> {
   return new Map([...t].map(([name, x]) => [name, x.data as Float32Array]));
 }
 
-interface Instruction {
-  op: string;
-  outputs: number[];
-  microbatch: number;
-  attrs: { k?: number };
-}
-
-/**
- * Trains a one-rank plan STEPS steps in this process; the outputs `keep` names get bytes of their
- * own, so that they still hold their values after the step, and `read` sees each keeping
- * instruction after each step.
- */
-async function stepOneRank(
-  planDir: string,
-  keep: (ins: Instruction) => number[],
-  read: (rt: NativeRuntime, ins: Instruction, step: number) => void,
-): Promise<void> {
-  const loaded = readPlan(planDir);
-  const program = JSON.parse(loaded.programTexts.get('p0')!) as {
-    regions: { arena: number };
-    buffers: { offset: number; bytes: number }[];
-    instructions: Instruction[];
-  };
-  let top = Math.ceil(program.regions.arena / 64) * 64;
-  const kept = program.instructions.filter((ins) => keep(ins).length > 0);
-  for (const ins of kept)
-    for (const id of keep(ins)) {
-      const b = program.buffers[id];
-      b.offset = top;
-      top += Math.ceil(b.bytes / 64) * 64;
-    }
-  program.regions.arena = top;
-  const plan = loaded.plan;
-  const rt = new (loadNative().Runtime)(JSON.stringify(program), { symbols: plan.symbols });
-  rt.initParams(SEED, plan.params);
-  const m = plan.training.numMicrobatches;
-  for (let step = 1; step <= STEPS; step++) {
-    let lossTokens = 0;
-    let captionTokens = 0;
-    for (let j = 0; j < m; j++) {
-      const mb = rt.synthesize(j, SEED, step - 1, j, {
-        seqLength: plan.training.seqLength,
-        vocab: 512,
-      });
-      lossTokens += mb.lossMask.reduce((a, b) => a + b, 0);
-      captionTokens += rt.captionMask(j).reduce((a, b) => a + b, 0);
-    }
-    rt.setScalar('loss_tokens', lossTokens);
-    rt.setScalar('caption_tokens', Math.max(1, captionTokens));
-    await rt.step({ lr: plan.training.optimizer.lr, step });
-    for (const ins of kept) read(rt, ins, step);
-  }
-}
-
 beforeAll(async () => {
   writeBatchFile(IMBALANCED, imbalancedBatch());
   const baselines = new Map<string, Layout>();
@@ -237,6 +183,8 @@ describe('every layout on local ranks = one rank with the global batch', () => {
     let worst = Infinity;
     await stepOneRank(
       one('tiny-vlm-moe'),
+      STEPS,
+      SEED,
       (ins) => (ins.op === 'router_topk' ? [ins.outputs[0]] : []),
       (rt, ins) => {
         const probs = new Float32Array(rt.readBuffer(ins.outputs[0])); // [S, E]
@@ -263,6 +211,8 @@ describe('every layout on local ranks = one rank with the global batch', () => {
       let kept = 0;
       await stepOneRank(
         one('tiny-vlm-moe', flags),
+        STEPS,
+        SEED,
         (ins) => (ins.op === 'moe_permute' ? [ins.outputs[2]] : []),
         (rt, ins, step) => {
           const rowOf = new Int32Array(rt.readBuffer(ins.outputs[2])); // [S·k], −1: dropped
