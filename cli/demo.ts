@@ -26,6 +26,7 @@ interface DemoFlags extends RunFlags {
   out: string;
   globalBatchSize?: number;
   control: boolean;
+  bf16?: boolean;
   nprocPerNode: number;
   tp?: number;
   pp?: number;
@@ -132,7 +133,11 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
         'microbatches of 128 tokens per step (default: 8, or what the layout needs)',
         positiveInt('--global-batch-size'),
       )
-      .option('--no-control', 'skip the shuffled-image control run'),
+      .option('--no-control', 'skip the shuffled-image control run')
+      .option(
+        '--bf16',
+        'mixed precision: bf16 activations and weights, fp32 main gradients and master weights',
+      ),
   ).action(async (overrides: string[], f: DemoFlags) => {
     const out = resolve(f.out);
     const planDir = join(out, 'plan');
@@ -149,6 +154,7 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
       optimizer: { lr: f.lr ?? DEMO_DEFAULTS.lr },
       encoder: layout.fullHeteroDp ? { fullHeteroDp: true } : undefined,
       moeOverlap: layout.overlap ? { overlap: true, delayWgrad: true } : undefined,
+      precision: f.bf16 ? { bf16: true } : undefined,
     };
     const compiled = compile(options);
     writePlan(planDir, compiled.plan, compiled.programs);

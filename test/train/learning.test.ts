@@ -1,6 +1,6 @@
 // Learning for real, a short version for CI: after 150 steps the tiny VLM predicts caption
 // tokens clearly better with its images than the same run with images shuffled across samples
-// (captions can only come from the image); so does `lfc demo`'s default (tiny-vlm-moe on 4 local
+// (captions can only come from the image), in f32 and in bf16 (--bf16); so does `lfc demo`'s default (tiny-vlm-moe on 4 local
 // ranks, full separation and A2A overlap) after 60 of its 300 steps. The full criterion — below
 // half the control — is what `lfc demo` shows in under four minutes (README).
 import { mkdtempSync, readFileSync } from 'node:fs';
@@ -13,23 +13,31 @@ import { compile, writePlan } from '../../compiler/pipeline.js';
 import { train, type StepMetrics } from '../../runtime/train.js';
 
 describe('the tiny VLM learns to read its images', () => {
-  it('caption loss with images < 0.8 × the shuffled-image control after 150 steps', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'lfc-learn-'));
-    const { plan, programs } = compile({
-      model: 'tiny-vlm',
-      globalBatchSize: 4,
-      optimizer: { lr: 2e-3 },
-    });
-    writePlan(dir, plan, programs);
-    const base = { planDir: dir, trainIters: 150, lrWarmupIters: 20, seed: 1 };
-    const seeing = await train(base);
-    const control = await train({ ...base, shuffleImages: true });
-    const a = finalCaptionLoss(seeing.steps);
-    const b = finalCaptionLoss(control.steps);
-    // the control cannot beat the entropy of the caption values (≈ (ln 8 + ln 7 + ln 4) / 3)
-    expect(b).toBeGreaterThan(1.6);
-    expect(a).toBeLessThan(0.8 * b);
-  }, 300_000);
+  it.each([
+    { precision: 'f32', bf16: false },
+    { precision: 'bf16', bf16: true },
+  ])(
+    '$precision: caption loss with images < 0.8 × the shuffled-image control after 150 steps',
+    async ({ bf16 }) => {
+      const dir = mkdtempSync(join(tmpdir(), 'lfc-learn-'));
+      const { plan, programs } = compile({
+        model: 'tiny-vlm',
+        globalBatchSize: 4,
+        optimizer: { lr: 2e-3 },
+        precision: { bf16 },
+      });
+      writePlan(dir, plan, programs);
+      const base = { planDir: dir, trainIters: 150, lrWarmupIters: 20, seed: 1 };
+      const seeing = await train(base);
+      const control = await train({ ...base, shuffleImages: true });
+      const a = finalCaptionLoss(seeing.steps);
+      const b = finalCaptionLoss(control.steps);
+      // the control cannot beat the entropy of the caption values (≈ (ln 8 + ln 7 + ln 4) / 3)
+      expect(b).toBeGreaterThan(1.6);
+      expect(a).toBeLessThan(0.8 * b);
+    },
+    300_000,
+  );
 
   it('lfc demo (4 ranks, pp 2 × vpp 2, ep 2, full separation, A2A overlap): caption loss < 0.8 × the control after 60 steps', async () => {
     const out = mkdtempSync(join(tmpdir(), 'lfc-demo-'));
