@@ -1,0 +1,62 @@
+// Bad precision and data-profile input on `lfc compile`: one line naming the problem, exit 2, no
+// plan written; and what --bf16 and --data-profile change in the plan and the report.
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { cli } from '../helpers.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'lfc-precision-'));
+
+async function refused(...argv: string[]) {
+  const out = join(dir, `plan-${argv.join('_').replace(/\W+/g, '_')}`);
+  const r = await cli('compile', 'tiny-vlm', ...argv, '-o', out);
+  expect(r.code).toBe(2);
+  expect(r.out).toBe('');
+  expect(r.err.trim().split('\n')).toHaveLength(1);
+  expect(r.err).not.toMatch(/\n\s+at /); // no stack trace
+  expect(existsSync(out)).toBe(false);
+  return r.err;
+}
+
+describe('lfc compile: precision and data-profile errors', () => {
+  it('--fp16 is refused, naming what it lacks and what to use', async () => {
+    expect(await refused('--fp16')).toMatch(/--fp16 is not built: .*loss scaling.*use --bf16/);
+  });
+
+  it('an unknown dtype flag is an unknown option', async () => {
+    expect(await refused('--bf17')).toMatch(/unknown option '--bf17'/);
+  });
+
+  it('--grad-reduce-in-bf16 needs --bf16; it contradicts --accumulate-allreduce-grads-in-fp32', async () => {
+    expect(await refused('--grad-reduce-in-bf16')).toMatch(/--grad-reduce-in-bf16 needs --bf16/);
+    expect(
+      await refused('--bf16', '--grad-reduce-in-bf16', '--accumulate-allreduce-grads-in-fp32'),
+    ).toMatch(/contradict/);
+  });
+
+  it('a malformed data profile names its file and field', async () => {
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(
+      bad,
+      'name: bad\ndescription: x\nreasons: x\nimages_per_sample: {1: -1}\nimage_grid: {"1x1": 1}\ntext_tokens: {8: 1}\n',
+    );
+    expect(await refused('--data-profile', bad)).toMatch(/bad\.yaml: images_per_sample/);
+    expect(await refused('--data-profile', 'nonesuch')).toMatch(/nonesuch/);
+  });
+
+  it('--bf16 plans bf16 parameters with fp32 main gradients and master weights', async () => {
+    const out = join(dir, 'bf16');
+    const r = await cli('compile', 'tiny-vlm', '--bf16', '--json', '-o', out);
+    expect(r.code).toBe(0);
+    const j = JSON.parse(r.out) as {
+      training: { precision?: { compute: string; grad: string } };
+      memory: { programs: { parameters: number; gradients: number; optimizer: number }[] };
+    };
+    expect(j.training.precision).toEqual({ compute: 'bf16', grad: 'f32' });
+    const [m] = j.memory.programs;
+    // 2 bytes a parameter, 4 a gradient, 12 of optimizer state (master, exp_avg, exp_avg_sq)
+    expect(m.gradients / m.parameters).toBeCloseTo(2, 2);
+    expect(m.optimizer / m.parameters).toBeCloseTo(6, 2);
+  });
+});
