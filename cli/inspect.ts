@@ -4,6 +4,7 @@ import type { Command } from 'commander';
 import { buildForwardGraph } from '../compiler/frontend/build.js';
 import { loadModelConfig, type ModelConfig } from '../compiler/frontend/config.js';
 import { formatInspect, inspectModel } from '../compiler/inspect.js';
+import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { printGraph } from '../ir/printer.js';
 import { assertValid } from '../ir/verify.js';
 import { UserError } from '../compiler/errors.js';
@@ -16,6 +17,10 @@ interface InspectOptions {
   imageSize?: [number, number];
   json?: boolean;
   printIr?: boolean;
+  bf16?: boolean;
+  gradReduceInBf16?: boolean;
+  useDistributedOptimizer?: boolean;
+  dataParallelSize?: number;
 }
 
 export function defaultImageSize(cfg: ModelConfig): [number, number] {
@@ -47,6 +52,20 @@ export function addInspectCommand(program: Command, io: CliIO): void {
       'image resolution for per-image FLOPs (default: 448x448 or the largest the encoder takes)',
       imageSize,
     )
+    .option(
+      '--bf16',
+      'memory in mixed precision: bf16 weights, fp32 main gradients and master weights',
+    )
+    .option('--grad-reduce-in-bf16', 'with --bf16: bf16 main gradients')
+    .option(
+      '--use-distributed-optimizer',
+      'memory with master weights and Adam moments sharded over --data-parallel-size ranks',
+    )
+    .option(
+      '--data-parallel-size <n>',
+      'the data-parallel ranks the distributed optimizer shards over (default 1)',
+      positiveInt('--data-parallel-size'),
+    )
     .option('--json', 'print the report as JSON')
     .option('--print-ir', 'print the forward graph of one microbatch in the IR text form')
     .action((model: string | undefined, overrides: string[], opts: InspectOptions) => {
@@ -63,7 +82,14 @@ export function addInspectCommand(program: Command, io: CliIO): void {
         return;
       }
       const [imageHeight, imageWidth] = opts.imageSize ?? defaultImageSize(cfg);
-      const report = inspectModel(graph, cfg, { seqLength, imageHeight, imageWidth });
+      const report = inspectModel(graph, cfg, {
+        seqLength,
+        imageHeight,
+        imageWidth,
+        precision: resolvePrecision({ bf16: opts.bf16, gradReduceInBf16: opts.gradReduceInBf16 }),
+        distributedOptimizer: opts.useDistributedOptimizer,
+        dataParallelSize: opts.dataParallelSize,
+      });
       io.out(opts.json ? JSON.stringify(report, null, 2) + '\n' : formatInspect(report));
     });
 }

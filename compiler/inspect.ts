@@ -17,6 +17,8 @@ import { nodeFlops } from '../ir/ops.js';
 import { numel } from '../ir/shape.js';
 import type { ModelConfig } from './frontend/config.js';
 import { UserError } from './errors.js';
+import { DTYPE_BYTES } from '../ir/dtype.js';
+import { describePrecision, FP32, type Precision } from './frontend/precision.js';
 
 export interface ModuleParams {
   total: number;
@@ -38,8 +40,50 @@ export interface InspectReport {
     /** training FLOPs of encoder + projector for one image of that size */
     perImage: number;
   };
-  /** bytes: bf16 weights, fp32 master weights, fp32 grads, Adam m and v in fp32 */
-  memory: { weightBytes: number; masterBytes: number; gradBytes: number; optimizerBytes: number };
+  /**
+   * bytes of the whole model's static state, as the plan holds it per parameter (the layout's
+   * model-parallel split aside): weights in the compute dtype, under --bf16 fp32 master weights,
+   * main gradients, Adam m and v in fp32; with the distributed optimizer over `shardedOver`
+   * data-parallel ranks, master, m and v divided among them
+   */
+  memory: {
+    precision: string;
+    shardedOver: number;
+    weightBytes: number;
+    masterBytes: number;
+    gradBytes: number;
+    optimizerBytes: number;
+    /** per trainable parameter on a rank: Megatron's 18 (bf16, Adam) or 6 + 12/d, 16 or 8 + 8/d in f32 */
+    bytesPerTrainableParam: number;
+    /** per frozen parameter: its weight only */
+    bytesPerFrozenParam: number;
+  };
+}
+
+export interface InspectMemoryOptions {
+  readonly precision?: Precision;
+  /** --use-distributed-optimizer: master weights and moments sharded over dataParallelSize */
+  readonly distributedOptimizer?: boolean;
+  readonly dataParallelSize?: number;
+}
+
+/** Static bytes per parameter for a precision and optimizer sharding (Megatron's accounting). */
+export function bytesPerParam(o: InspectMemoryOptions): {
+  weight: number;
+  master: number;
+  grad: number;
+  moments: number;
+  shardedOver: number;
+} {
+  const p = o.precision ?? FP32;
+  const d = o.distributedOptimizer ? (o.dataParallelSize ?? 1) : 1;
+  return {
+    weight: DTYPE_BYTES[p.compute],
+    master: (p.compute === 'f32' ? 0 : 4) / d,
+    grad: DTYPE_BYTES[p.grad],
+    moments: 8 / d,
+    shardedOver: d,
+  };
 }
 
 export function countParams(g: Graph, cfg: ModelConfig): InspectReport['params'] {
@@ -96,7 +140,7 @@ export function forwardFlops(
 export function inspectModel(
   g: Graph,
   cfg: ModelConfig,
-  opts: { seqLength: number; imageHeight: number; imageWidth: number },
+  opts: { seqLength: number; imageHeight: number; imageWidth: number } & InspectMemoryOptions,
 ): InspectReport {
   const e = cfg.model.image_encoder;
   const unit = e.patch_size * e.spatial_merge_size;
@@ -125,12 +169,22 @@ export function inspectModel(
       image: { height: h, width: w, patches, visualTokens },
       perImage,
     },
-    memory: {
-      weightBytes: 2 * total.total,
-      masterBytes: 4 * total.trainable,
-      gradBytes: 4 * total.trainable,
-      optimizerBytes: 8 * total.trainable,
-    },
+    memory: memoryOf(total, opts),
+  };
+}
+
+function memoryOf(total: ModuleParams, o: InspectMemoryOptions): InspectReport['memory'] {
+  const b = bytesPerParam(o);
+  const p = o.precision ?? FP32;
+  return {
+    precision: describePrecision(p),
+    shardedOver: b.shardedOver,
+    weightBytes: b.weight * total.total,
+    masterBytes: b.master * total.trainable,
+    gradBytes: b.grad * total.trainable,
+    optimizerBytes: b.moments * total.trainable,
+    bytesPerTrainableParam: b.weight + b.master + b.grad + b.moments,
+    bytesPerFrozenParam: b.weight,
   };
 }
 
@@ -179,8 +233,9 @@ export function formatInspect(r: InspectReport): string {
     `  per text token, sequence ${f.seqLength}: ${si(f.perTextToken, 'FLOP')}`,
     `  per image ${f.image.height}x${f.image.width} (${f.image.patches} patches, ${f.image.visualTokens} visual tokens): ${si(f.perImage, 'FLOP')}`,
     '',
-    'memory (bf16 weights; fp32 master weights, gradients and Adam m, v for trainable parameters):',
+    `memory (${mem.precision}${mem.shardedOver > 1 ? `; master weights and Adam moments sharded over ${mem.shardedOver} data-parallel ranks` : ''}):`,
     `  weights ${gib(mem.weightBytes)}   master ${gib(mem.masterBytes)}   gradients ${gib(mem.gradBytes)}   optimizer ${gib(mem.optimizerBytes)}   total ${gib(mem.weightBytes + mem.masterBytes + mem.gradBytes + mem.optimizerBytes)}`,
+    `  ${+mem.bytesPerTrainableParam.toFixed(3)} bytes per trainable parameter, ${mem.bytesPerFrozenParam} per frozen one (divide by the model-parallel split for one rank)`,
     '',
   ].join('\n');
 }

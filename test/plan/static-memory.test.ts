@@ -17,6 +17,9 @@
 import { describe, expect, it } from 'vitest';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
+import { bytesPerParam } from '../../compiler/inspect.js';
+import { resolvePrecision } from '../../compiler/frontend/precision.js';
+import { cli } from '../helpers.js';
 
 const ALIGN = 64;
 
@@ -167,4 +170,34 @@ describe("static memory: parameters, gradients and optimizer state are Megatron'
       60_000,
     );
   }
+});
+
+describe('lfc inspect agrees', () => {
+  it.each([
+    { bf16: true, dist: false, d: 1, want: 18 },
+    { bf16: true, dist: true, d: 4, want: 6 + 12 / 4 },
+    { bf16: false, dist: false, d: 1, want: 16 },
+    { bf16: false, dist: true, d: 2, want: 8 + 8 / 2 },
+  ])('bf16 $bf16, distributed optimizer $dist over $d: $want bytes a trainable parameter', (c) => {
+    const b = bytesPerParam({
+      precision: resolvePrecision({ bf16: c.bf16 }),
+      distributedOptimizer: c.dist,
+      dataParallelSize: c.d,
+    });
+    expect(b.weight + b.master + b.grad + b.moments).toBe(c.want);
+  });
+
+  it("its totals are a one-rank plan's parameter, gradient and optimizer regions (tiny-vlm, bf16)", async () => {
+    const r = await cli('inspect', 'tiny-vlm', '--bf16', '--json');
+    const m = (JSON.parse(r.out) as { memory: Record<string, number> }).memory;
+    const plan = compile({ model: 'tiny-vlm', precision: { bf16: true } });
+    const { param, grad, optim } = plan.programs[0].regions;
+    const tensors = plan.programs[0].params.length;
+    expect(
+      param + grad + optim - (m.weightBytes + m.gradBytes + m.masterBytes + m.optimizerBytes),
+    ).toBeGreaterThanOrEqual(0);
+    expect(
+      param + grad + optim - (m.weightBytes + m.gradBytes + m.masterBytes + m.optimizerBytes),
+    ).toBeLessThanOrEqual(5 * ALIGN * tensors);
+  });
 });
