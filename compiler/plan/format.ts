@@ -221,6 +221,8 @@ export interface PlanFile {
     readonly name: string;
     readonly bound: number;
     readonly doc: string;
+    /** what a typical step sees (data profile, balanced routing); absent: the bound */
+    readonly expected?: number;
   }[];
   readonly params: readonly PlanParam[];
   /** program id of each rank, by rank */

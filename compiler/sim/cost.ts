@@ -14,9 +14,10 @@
 //                 send, recv              n, one step
 //   offload, reload   bytes / host link
 //
-// Sizes are resolved at what a step is expected to see, not the bounds memory is planned at: S and
-// Nv at their bounds (packed sequences, a microbatch's image budget), and a run-time symbol an
-// all_to_all_v receives (an expert dispatch, Rx<i>) at its bound / P: balanced routing. Element
+// Sizes are resolved at what a step is expected to see, not the bounds memory is planned at: each
+// symbol at its expected size where the plan states one (the data profile's visual tokens, an
+// expert dispatch, Rx<i>, at balanced routing), else at its bound (S: packed sequences); a
+// run-time symbol an all_to_all_v receives without a stated one at its bound / P. Element
 // sizes are the profile's: the plan's f32 buffers are priced at dtype_bytes (activations) or
 // grad_dtype_bytes (optimizer-phase collectives: gradient reduction, parameter gathering).
 
@@ -38,12 +39,14 @@ export function expectedSizes(
   programs: Iterable<ProgramFile>,
 ): Map<string, number> {
   const bounds = new Map(plan.symbols.map((s) => [s.name, s.bound]));
-  const sizes = new Map(bounds);
+  const sizes = new Map(plan.symbols.map((s) => [s.name, s.expected ?? s.bound]));
+  const stated = new Set(plan.symbols.filter((s) => s.expected !== undefined).map((s) => s.name));
   for (const p of programs)
     for (const x of p.instructions) {
       if (x.op !== 'all_to_all_v') continue;
       const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
-      const bound = rows === undefined ? undefined : bounds.get(rows);
+      if (rows === undefined || stated.has(rows)) continue;
+      const bound = bounds.get(rows);
       const P = x.attrs.group_size as number | undefined;
       if (bound !== undefined && P) sizes.set(rows!, Math.ceil(bound / P));
     }
