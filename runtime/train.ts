@@ -283,7 +283,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
     // 2. the step
     const lr = lrAt(schedule, step);
-    const r = await rt.step({ lr, step });
+    const r = await rt.step({ lr, step }).catch((e: Error) => {
+      throw overBound(e, plan, step);
+    });
     o.onTiming?.(step, r.perInstruction);
     if (o.trace && step === o.trainIters) {
       const part = rankTrace(plan, program, rank, step, r.startWallMs!, r.perInstruction ?? []);
@@ -337,6 +339,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   }
   const params = new Map(state.names().map((n) => [n, state.read(n, 'param')]));
   return { steps, finalStep: o.trainIters, plan, params };
+}
+
+/**
+ * A step that received more rows than a run-time symbol's bound (an expert dispatch past its
+ * planned imbalance): a user error saying which bound and how to raise it (the symbol's doc);
+ * other errors as they are.
+ */
+function overBound(e: Error, plan: PlanFile, step: number): Error {
+  const m = /past the bound \d+ of (\w+)|the bound of its out_rows (\w+)/.exec(e.message);
+  const name = m?.[1] ?? m?.[2];
+  const symbol = name === undefined ? undefined : plan.symbols.find((s) => s.name === name);
+  if (!symbol) return e;
+  return new UserError(
+    `step ${step}: ${e.message}: ${symbol.doc}; compile the plan again with a larger bound`,
+  );
 }
 
 /**

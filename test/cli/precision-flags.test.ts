@@ -60,3 +60,28 @@ describe('lfc compile: precision and data-profile errors', () => {
     expect(m.optimizer / m.parameters).toBeCloseTo(6, 2);
   });
 });
+
+describe('lfc run: an expert dispatch past its planned routing imbalance', () => {
+  it('is a user error naming the bound and the flag that raises it', async () => {
+    const plan = join(dir, 'tight');
+    const c = await cli(
+      'compile',
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '4',
+      '--ep',
+      '4',
+      '--moe-routing-imbalance',
+      '1',
+      '-o',
+      plan,
+    );
+    expect(c.code).toBe(0);
+    const r = await cli('run', plan, '--nproc-per-node', '4', '--steps', '1', '--quiet');
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(
+      /out_rows Rx\d+.*planned for 1× balanced routing: raise --moe-routing-imbalance/,
+    );
+    expect(r.err).not.toMatch(/internal error/);
+  }, 60_000);
+});

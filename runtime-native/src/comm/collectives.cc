@@ -129,7 +129,7 @@ std::vector<int64_t> gatherRows(Group& g, int64_t mine, StepCtx& c) {
   return std::vector<int64_t>(all, all + g.P);
 }
 
-int64_t run_all_to_all_v(const Instr&, StepCtx& c, Group& g) {
+int64_t run_all_to_all_v(const Instr& in, StepCtx& c, Group& g) {
   const Tensor &x = c.in(0), &y = c.out(0), &recvCounts = c.out(1);
   requireRows(x, y);
   const std::vector<int64_t> send = counts(c.in(1), g.P, "input 1 (send_counts)");
@@ -145,7 +145,8 @@ int64_t run_all_to_all_v(const Instr&, StepCtx& c, Group& g) {
   const int64_t rows = sum(recv);
   if (rows > y.dim(0))
     throw OpError(cat("receives ", rows, " rows; output 0 ", formatShape(y.shape), " holds at most ", y.dim(0),
-                      " (its out_rows bound at this microbatch's sizes)"));
+                      " (the bound of its out_rows ", in.attrs.at("out_rows").at(0).get<std::string>(),
+                      " at this microbatch's sizes)"));
   // 2. the rows
   g.comm.allToAllV(x.data, times(send, rowBytes(x)), y.data, times(recv, rowBytes(y)));
   return rows;
