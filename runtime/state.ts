@@ -116,7 +116,9 @@ export class RankState {
     const adamw = ins.find((i) => i.op === 'adamw' && i.inputs[2] === s.expAvg);
     const gather = ins.find((i) => i.op === 'all_gather' && i.inputs[0] === adamw?.inputs[0]);
     if (!gather)
-      throw new Error(`program ${this.program.id}: no all_gather follows optimizer bucket ${k}'s adamw`);
+      throw new Error(
+        `program ${this.program.id}: no all_gather follows optimizer bucket ${k}'s adamw`,
+      );
     return gather.outputs[0];
   }
 
@@ -135,7 +137,9 @@ export class RankState {
   private persistent(id: number) {
     const b = this.program.buffers[id];
     if (!b || !PERSISTENT.has(b.region) || (b.dtype !== 'f32' && b.dtype !== 'bf16'))
-      throw new Error(`program ${this.program.id}: buffer ${id} is not a persistent f32 or bf16 buffer`);
+      throw new Error(
+        `program ${this.program.id}: buffer ${id} is not a persistent f32 or bf16 buffer`,
+      );
     return b;
   }
 }
