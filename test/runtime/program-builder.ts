@@ -64,6 +64,8 @@ export class ProgramBuilder {
     host: 0,
   };
   private eventCount = 0;
+  /** plan the streams' scratch (false: a program that is never run, its ops schematic) */
+  protected planScratch = true;
 
   constructor(
     readonly id: string,
@@ -190,11 +192,13 @@ export class ProgramBuilder {
   build(): ProgramFile {
     const used = { ...this.used };
     for (const k of Object.keys(used) as BufferRegion[]) used[k] = Math.ceil(used[k] / 64) * 64;
-    const scratchBytes = scratchByStream(this.instructions, this.buffers, (s) => {
-      const bound = this.bounds[s];
-      if (bound === undefined) throw new Error(`no bound for symbol ${s}`);
-      return bound;
-    });
+    const scratchBytes = this.planScratch
+      ? scratchByStream(this.instructions, this.buffers, (s) => {
+          const bound = this.bounds[s];
+          if (bound === undefined) throw new Error(`no bound for symbol ${s}`);
+          return bound;
+        })
+      : { compute: 0, comm: 0, copy: 0 };
     const regions = {
       ...used,
       scratch: scratchBytes.compute + scratchBytes.comm + scratchBytes.copy,
