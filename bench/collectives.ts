@@ -132,7 +132,10 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
       data: 0,
       scalar: 0,
       host: 0,
+      scratch: 0,
     },
+    // f32 collectives with one output take no scratch (compiler/plan/scratch.ts)
+    scratchBytes: { compute: 0, comm: 0, copy: 0 },
     arenaLowerBoundBytes: 0,
     buffers,
     params: [],

@@ -239,6 +239,7 @@ export function describeMemory(
     'optimizer',
     'batch',
     'activations',
+    'scratch',
     'device total',
     ...(anyExpected ? ['expected'] : []),
     ...(anyHost ? ['host'] : []),
@@ -248,7 +249,9 @@ export function describeMemory(
     const stages = m.stages.length === 1 ? `stage ${m.stages[0]}` : `${m.stages.length} stages`;
     return [
       `${m.program} (${m.ranks} rank${m.ranks > 1 ? 's' : ''}, ${stages})`,
-      ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations, m.device].map(gib),
+      ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations, m.scratch, m.device].map(
+        gib,
+      ),
       ...(anyExpected ? [gib(m.expected.deviceBytes)] : []),
       ...(anyHost ? [gib(m.host)] : []),
       ...(device ? [m.fits ? 'yes' : 'NO'] : []),
@@ -262,7 +265,7 @@ export function describeMemory(
     ? `; fits: device total + ${(device.reserveBytes / 2 ** 30).toFixed(1)} GiB reserve ≤ ${(device.bytes / 2 ** 30).toFixed(0)} GiB`
     : '';
   return [
-    `memory per rank, ${unit} (planned at the bounds of every size${anyExpected ? '; expected: a typical step' : ''}${anyHost ? '; host: pinned, offloaded activations' : ''}${fitsNote}):`,
+    `memory per rank, ${unit} (planned at the bounds of every size; scratch: the runtime's temporaries, per stream${anyExpected ? '; expected: a typical step' : ''}${anyHost ? '; host: pinned, offloaded activations' : ''}${fitsNote}):`,
     `  ${line(head)}`,
     ...body.map((row) => `  ${line(row)}`),
     ...(more > 0 ? [`  … and ${more} program${more > 1 ? 's' : ''} more, smaller`] : []),

@@ -247,6 +247,8 @@ export async function launchTraining(
           JSON.stringify({
             ...snake(global),
             peak_rss_mb_per_rank: ranks.map((r) => r.peakRssBytes / 2 ** 20),
+            device_high_bytes_per_rank: ranks.map((r) => r.deviceHighBytes),
+            scratch_high_bytes_per_rank: ranks.map((r) => r.scratchHighBytes),
           }) + '\n',
         );
       }

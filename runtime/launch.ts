@@ -59,6 +59,8 @@ export interface MergedStep extends StepMetrics {
     readonly rank: number;
     readonly stepMs: number;
     readonly peakRssBytes: number;
+    readonly deviceHighBytes: number;
+    readonly scratchHighBytes: number;
   }[];
 }
 
@@ -324,6 +326,14 @@ function mergeStep(byRank: readonly [number, StepMetrics][]): MergedStep {
     stepMs,
     tokensPerSecond: (first.tokens * 1000) / Math.max(stepMs, 1e-3),
     peakRssBytes: Math.max(...byRank.map(([, m]) => m.peakRssBytes)),
-    ranks: byRank.map(([rank, m]) => ({ rank, stepMs: m.stepMs, peakRssBytes: m.peakRssBytes })),
+    deviceHighBytes: Math.max(...byRank.map(([, m]) => m.deviceHighBytes)),
+    scratchHighBytes: Math.max(...byRank.map(([, m]) => m.scratchHighBytes)),
+    ranks: byRank.map(([rank, m]) => ({
+      rank,
+      stepMs: m.stepMs,
+      peakRssBytes: m.peakRssBytes,
+      deviceHighBytes: m.deviceHighBytes,
+      scratchHighBytes: m.scratchHighBytes,
+    })),
   };
 }

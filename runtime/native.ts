@@ -13,7 +13,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import type { BufferRegion } from '../compiler/plan/format.js';
+import type { ProgramRegion, StreamName } from '../compiler/plan/format.js';
 import { EnvironmentError } from '../compiler/errors.js';
 
 export interface NativeRuntimeOptions {
@@ -131,6 +131,24 @@ export interface NativeStepResult {
   /** with options.timing: the instant perInstruction counts from, ms since the epoch (system
    * clock) */
   readonly startWallMs?: number;
+  /** what the step's memory held (bytes) */
+  readonly memory: NativeStepMemory;
+}
+
+/**
+ * The runtime's memory during a step. Regions are allocated whole at the program's sizes, so what
+ * they hold is their sizes; scratch is counted as used: per stream, the most bytes one of its
+ * instructions held at once.
+ */
+export interface NativeStepMemory {
+  /** every region but host and scratch */
+  readonly regionBytes: number;
+  /** the host region (offloaded activations; pinned host memory on a GPU) */
+  readonly hostBytes: number;
+  readonly scratchHighBytes: Readonly<Record<StreamName, number>>;
+  /** regionBytes + Σ scratchHighBytes: the most device bytes the step held, to compare with the
+   * plan's device total at the bounds (compiler/report/memory.ts) */
+  readonly deviceHighBytes: number;
 }
 
 export interface NativeProgramInfo {
@@ -142,7 +160,7 @@ export interface NativeProgramInfo {
   readonly events: number;
   /** streams that have instructions (one executor thread each) */
   readonly streams: readonly string[];
-  readonly regions: Readonly<Record<BufferRegion, number>>;
+  readonly regions: Readonly<Record<ProgramRegion, number>>;
   /** once connected: each communicator and how its collectives move data ('local' for one
    * rank, 'tcp', or 'shared memory' when every member is on this machine) */
   readonly communicators?: readonly NativeCommunicatorInfo[];
@@ -157,11 +175,12 @@ export interface NativeCommunicatorInfo {
 
 export interface NativeRuntime {
   /**
-   * The memory of a region, without a copy (the ArrayBuffer keeps it alive). 'data' takes the
-   * microbatch slot. Do not write to it while a step runs.
+   * The memory of a region, without a copy (the ArrayBuffer keeps it alive; 'data' holds every
+   * microbatch slot's buffers at their offsets). Do not write to it while a step runs.
    */
-  region(name: 'param' | 'grad' | 'optim' | 'scalar' | 'arena'): ArrayBuffer;
-  region(name: 'data', slot: number): ArrayBuffer;
+  region(
+    name: 'param' | 'grad' | 'optim' | 'scalar' | 'arena' | 'data' | 'host' | 'scratch',
+  ): ArrayBuffer;
   /** Every parameter from its init string, a pure function of (seed, name, global index); zeroes
    * the optimizer state. Every ProgramParam needs an entry. */
   initParams(seed: number, params: readonly NativeParamInit[]): void;

@@ -94,6 +94,11 @@ export interface StepMetrics {
   readonly tokensPerSecond: number;
   /** this process's peak resident memory so far */
   readonly peakRssBytes: number;
+  /** the most device bytes the native runtime held in the step: its regions, allocated whole,
+   * and each stream's scratch high-water (runtime/native.ts NativeStepMemory) */
+  readonly deviceHighBytes: number;
+  /** of which scratch: Σ over streams of the most one instruction held */
+  readonly scratchHighBytes: number;
   /** --use-vit-dp-balance: images of the step encoded on another rank than their own */
   readonly vitImagesMoved?: number;
 }
@@ -318,6 +323,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       stepMs: r.stepMs,
       tokensPerSecond: (tokens * 1000) / Math.max(r.stepMs, 1e-3),
       peakRssBytes: process.resourceUsage().maxRSS * 1024,
+      deviceHighBytes: r.memory.deviceHighBytes,
+      scratchHighBytes: Object.values(r.memory.scratchHighBytes).reduce((a, b) => a + b, 0),
       ...(has('vit_images_moved') ? { vitImagesMoved: sum('vit_images_moved') } : {}),
     };
     steps.push(metrics);
@@ -462,6 +469,8 @@ export function snake(m: StepMetrics): Record<string, number | null> {
     step_ms: m.stepMs,
     tokens_per_s: m.tokensPerSecond,
     peak_rss_mb: m.peakRssBytes / 2 ** 20,
+    device_high_bytes: m.deviceHighBytes,
+    scratch_high_bytes: m.scratchHighBytes,
     ...(m.vitImagesMoved === undefined ? {} : { vit_images_moved: m.vitImagesMoved }),
   };
 }

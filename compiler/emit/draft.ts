@@ -15,10 +15,12 @@ import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import {
-  BUFFER_REGIONS,
   PLAN_VERSION,
   PROGRAM_FORMAT,
+  PROGRAM_REGIONS,
+  STREAMS,
   type BufferRegion,
+  type ProgramRegion,
   type OptimizerShard,
   type PlanInstruction,
   type ProgramFile,
@@ -33,9 +35,14 @@ export interface ProgramOutput {
   readonly microbatch: number;
 }
 
-/** The program being built: the file's parts (arena and host regions 0 until the memory plan). */
-export interface ProgramDraft extends Omit<ProgramFile, 'format' | 'version' | 'optimizerShards'> {
+/** The program being built: the file's parts (arena, host and scratch 0 until the memory plan). */
+export interface ProgramDraft extends Omit<
+  ProgramFile,
+  'format' | 'version' | 'optimizerShards' | 'scratchBytes'
+> {
   readonly optimizerShards: readonly OptimizerShard[];
+  /** set by the memory plan */
+  readonly scratchBytes?: ProgramFile['scratchBytes'];
   // ---- for later passes only (not written to the plan) ----
   /** a comm unit's buffers stay allocated until an instruction waits for its event */
   readonly keepUntilWait: ReadonlyMap<number, readonly number[]>;
@@ -147,6 +154,7 @@ export function programFileOf(d: ProgramDraft): ProgramFile {
     version: PLAN_VERSION,
     id: d.id,
     regions: d.regions,
+    scratchBytes: d.scratchBytes ?? NO_SCRATCH,
     arenaLowerBoundBytes: d.arenaLowerBoundBytes,
     ...(d.expectedBytes ? { expectedBytes: d.expectedBytes } : {}),
     buffers: d.buffers,
@@ -160,9 +168,10 @@ export function programFileOf(d: ProgramDraft): ProgramFile {
   };
 }
 
-const EMPTY_REGIONS = Object.fromEntries(BUFFER_REGIONS.map((r) => [r, 0])) as Readonly<
-  Record<BufferRegion, number>
+const EMPTY_REGIONS = Object.fromEntries(PROGRAM_REGIONS.map((r) => [r, 0])) as Readonly<
+  Record<ProgramRegion, number>
 >;
+const NO_SCRATCH = Object.fromEntries(STREAMS.map((s) => [s, 0])) as ProgramFile['scratchBytes'];
 
 /** An instruction before its events: what push() is given. */
 export type Unscheduled = Omit<PlanInstruction, 'wait' | 'record'>;
@@ -171,7 +180,7 @@ export type Unscheduled = Omit<PlanInstruction, 'wait' | 'record'>;
 export class ProgramBuilder {
   readonly buffers: MutableBuffer[];
   readonly instructions: PlanInstruction[];
-  readonly regionTop: Record<BufferRegion, number>;
+  readonly regionTop: Record<ProgramRegion, number>;
   events: number;
   private readonly bound: Map<string, number>;
   // a value's type object is shared by its buffers of every microbatch: size and shape text once

@@ -1,16 +1,19 @@
 // Emission pass 10, memory-plan: the arena, and the host region of offloaded activations, placed
-// from the buffers' lifetimes (compiler/plan/memory.ts).
+// from the buffers' lifetimes (compiler/plan/memory.ts); the scratch region, each stream's slice
+// the most scratch one of its instructions takes in the CPU runtime (compiler/plan/scratch.ts).
 //
 // Holds before: every instruction is in its final place; arena and host buffers have offset 0.
 // Holds after: every arena and host buffer has its offset (a view its base's), no two buffers
 //   whose lifetimes overlap share bytes, and regions.arena / regions.host are the sizes; the
-//   arena's liveness lower bound is recorded for the report.
+//   arena's liveness lower bound is recorded for the report; scratchBytes holds each stream's
+//   scratch at the bounds and regions.scratch their sum.
 
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import type { Graph } from '../../ir/graph.js';
 import { numel, parseDim } from '../../ir/shape.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { livenessLowerBound, planArena, type Lifetime } from '../plan/memory.js';
+import { scratchByStream } from '../plan/scratch.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
 import type { ProgramDraft } from './draft.js';
 
@@ -26,11 +29,15 @@ export function planMemory(d: ProgramDraft, g: Graph): ProgramDraft {
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
+  const bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
+  const scratchBytes = scratchByStream(d.instructions, buffers, (s) => bound.get(s) ?? 0);
+  regions.scratch = scratchBytes.compute + scratchBytes.comm + scratchBytes.copy;
   const expectedBytes = atExpectedSizes(g, buffers, lifetimes.arena);
   return {
     ...d,
     buffers,
     regions,
+    scratchBytes,
     arenaLowerBoundBytes: lowerBound,
     ...(expectedBytes ? { expectedBytes } : {}),
   };

@@ -18,7 +18,7 @@ import type { ParamDist } from '../../ir/graph.js';
 export const PLAN_FORMAT = 'lfc-plan';
 export const PROGRAM_FORMAT = 'lfc-program';
 /** bump on any change a runtime must know about; runtimes refuse other versions */
-export const PLAN_VERSION = 2;
+export const PLAN_VERSION = 3;
 
 export const STREAMS = ['compute', 'comm', 'copy'] as const;
 export type StreamName = (typeof STREAMS)[number];
@@ -45,6 +45,15 @@ export const BUFFER_REGIONS = [
  *         offload and reload (copy stream) touch it
  */
 export type BufferRegion = (typeof BUFFER_REGIONS)[number];
+
+/**
+ * The regions of a program's memory: the buffers' regions, and `scratch`, which holds no buffers:
+ * the temporaries the CPU runtime's kernels and ops take that the IR does not name (staged f32
+ * copies of bf16 operands, norm statistics, attention's score tiles, a reduce-scatter's whole
+ * sum), one slice per stream (ProgramFile.scratchBytes), planned by compiler/plan/scratch.ts.
+ */
+export const PROGRAM_REGIONS = [...BUFFER_REGIONS, 'scratch'] as const;
+export type ProgramRegion = (typeof PROGRAM_REGIONS)[number];
 
 export interface PlanBuffer {
   /** index in the program's buffer list */
@@ -123,7 +132,14 @@ export interface ProgramFile {
   readonly version: number;
   readonly id: string;
   /** bytes of each region, at symbol bounds */
-  readonly regions: Readonly<Record<BufferRegion, number>>;
+  readonly regions: Readonly<Record<ProgramRegion, number>>;
+  /**
+   * Each stream's slice of the scratch region, in STREAMS order (multiples of 64, summing to
+   * regions.scratch): the most scratch one of the stream's instructions takes at the bounds
+   * (compiler/plan/scratch.ts). The runtime resets a stream's slice after every instruction and
+   * fails an instruction that would take more.
+   */
+  readonly scratchBytes: Readonly<Record<StreamName, number>>;
   /** the most bytes of the arena live at once at declared bounds, for the planner's report */
   readonly arenaLowerBoundBytes: number;
   /**

@@ -4,7 +4,7 @@
 // committed header differs from what this function produces.
 
 import { OP_KINDS, OP_TABLE } from '../../ir/ops.js';
-import { BUFFER_REGIONS, PLAN_VERSION, STREAMS } from './format.js';
+import { PLAN_VERSION, PROGRAM_REGIONS, STREAMS } from './format.js';
 
 export const NATIVE_SCHEMA_PATH = 'runtime-native/src/generated/schema.h';
 
@@ -30,7 +30,7 @@ export function nativeSchemaHeader(): string {
     `inline constexpr bool kOpIsCollective[] = {${OP_KINDS.map((k) => (OP_TABLE[k].category === 'collective' ? 'true' : 'false')).join(', ')}};`,
     '',
     `inline constexpr const char* kStreams[] = {${list(STREAMS)}};`,
-    `inline constexpr const char* kRegions[] = {${list(BUFFER_REGIONS)}};`,
+    `inline constexpr const char* kRegions[] = {${list(PROGRAM_REGIONS)}};`,
     '',
     '}  // namespace lfc::schema',
     '',

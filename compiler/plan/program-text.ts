@@ -6,8 +6,9 @@
 // round-trips exactly. (emit.ts's gradient sums are built by a spread that puts stream, microbatch,
 // phase and scope first; they come back in push's order.)
 //
-//   program p0 format lfc-program version 2
-//   regions arena 1048576 param 65536 grad 65536 optim 131072 data 4096 scalar 512 host 0
+//   program p0 format lfc-program version 3
+//   regions arena 1048576 param 65536 grad 65536 optim 131072 data 4096 scalar 512 host 0 scratch 8192
+//   scratch compute 8192 comm 0 copy 0                                  (per stream: scratchBytes)
 //   arena-lower-bound 917504
 //   events 42
 //   buffers 120
@@ -47,8 +48,9 @@ import { didYouMean, UserError } from '../errors.js';
 import {
   BUFFER_REGIONS,
   PROGRAM_FORMAT,
+  PROGRAM_REGIONS,
   STREAMS,
-  type BufferRegion,
+  type ProgramRegion,
   type OptimizerShard,
   type PlanBuffer,
   type PlanInstruction,
@@ -139,6 +141,9 @@ export function printProgram(p: ProgramFile, options: PrintProgramOptions = {}):
       : head,
     `regions ${Object.entries(p.regions)
       .map(([r, bytes]) => `${word(r)} ${bytes}`)
+      .join(' ')}`,
+    `scratch ${Object.entries(p.scratchBytes)
+      .map(([stream, bytes]) => `${word(stream)} ${bytes}`)
       .join(' ')}`,
     `arena-lower-bound ${p.arenaLowerBoundBytes}`,
     ...(p.expectedBytes
@@ -357,6 +362,7 @@ function tokenize(s: string, fail: (msg: string) => never): string[] {
 const TOP = [
   'program',
   'regions',
+  'scratch',
   'arena-lower-bound',
   'expected-bytes',
   'events',
@@ -391,6 +397,7 @@ class ProgramParser {
   format = '';
   version = 0;
   readonly regions: Record<string, number> = {};
+  readonly scratchBytes: Record<string, number> = {};
   arenaLowerBoundBytes = 0;
   expectedBytes: ProgramFile['expectedBytes'];
   events = 0;
@@ -591,7 +598,7 @@ class ProgramParser {
     });
   }
 
-  /** a one-line section (program, regions, arena-lower-bound, events); false for the others */
+  /** a one-line section (program, regions, scratch, arena-lower-bound, events); false for the others */
   header(top: string, t0: Tokens): boolean {
     switch (top) {
       case 'program': {
@@ -608,9 +615,16 @@ class ProgramParser {
       }
       case 'regions':
         while (t0.peek() !== undefined) {
-          const r = t0.oneOf('region', BUFFER_REGIONS);
+          const r = t0.oneOf('region', PROGRAM_REGIONS);
           if (Object.hasOwn(this.regions, r)) t0.fail(`region ${r} named twice`);
           this.regions[r] = t0.number(`bytes of region ${r}`);
+        }
+        return true;
+      case 'scratch':
+        while (t0.peek() !== undefined) {
+          const stream = t0.oneOf('stream', STREAMS);
+          if (Object.hasOwn(this.scratchBytes, stream)) t0.fail(`stream ${stream} named twice`);
+          this.scratchBytes[stream] = t0.number(`scratch bytes of stream ${stream}`);
         }
         return true;
       case 'arena-lower-bound':
@@ -638,7 +652,8 @@ class ProgramParser {
       format: this.format as typeof PROGRAM_FORMAT,
       version: this.version,
       id: this.id,
-      regions: this.regions as Record<BufferRegion, number>,
+      regions: this.regions as Record<ProgramRegion, number>,
+      scratchBytes: this.scratchBytes as Record<StreamName, number>,
       arenaLowerBoundBytes: this.arenaLowerBoundBytes,
       ...(this.expectedBytes ? { expectedBytes: this.expectedBytes } : {}),
       buffers: this.buffers,

@@ -6,7 +6,8 @@
 //             an expert dispatch at its planned bound (capacity, or the routing imbalance). The
 //             runtime refuses a microbatch over them, so the bound is what a rank can need.
 //   expected  the arena's most bytes live at once and the batch, with every size at its expected
-//             value (the data profile's means, balanced routing): a typical step.
+//             value (the data profile's means, balanced routing): a typical step (scratch stays
+//             at its bound).
 // A program fits a device when its bound plus the hardware profile's reserve (CUDA context,
 // communication buffers, fragmentation) is at most the device's memory.
 
@@ -24,6 +25,9 @@ export interface ProgramMemory {
   /** the runtime-filled inputs of every microbatch slot, and the step scalars */
   readonly batch: number;
   readonly activations: number;
+  /** the streams' scratch (ProgramFile.scratchBytes): the runtime's temporaries the IR does not
+   * name (staged f32 copies of bf16 operands, norm statistics, attention tiles, …) */
+  readonly scratch: number;
   /** everything above: the device memory the plan asks of each of its ranks */
   readonly device: number;
   /** offloaded activations: pinned host memory */
@@ -64,7 +68,7 @@ export function memoryByProgram(
       const r = p.regions;
       const ranks = ranksOf.get(p.id) ?? [];
       const batch = r.data + r.scalar;
-      const fixed = r.param + r.grad + r.optim;
+      const fixed = r.param + r.grad + r.optim + r.scratch;
       const total = fixed + batch + r.arena;
       const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
       const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
@@ -77,6 +81,7 @@ export function memoryByProgram(
         optimizer: r.optim,
         batch,
         activations: r.arena,
+        scratch: r.scratch,
         device: total,
         host: r.host,
         bound: { deviceBytes: total },

@@ -124,6 +124,19 @@ Napi::Object stepResultToJs(Napi::Env env, const lfc::StepResult& r, bool timing
   o.Set("scalars", scalars);
   o.Set("instructionsRun", r.instructionsRun);
   o.Set("stepMs", r.stepMs);
+  // what the step's memory held: regions allocated whole, scratch at its per-stream high-water
+  Napi::Object memory = Napi::Object::New(env);
+  memory.Set("regionBytes", double(r.regionBytes));
+  memory.Set("hostBytes", double(r.hostBytes));
+  Napi::Object scratch = Napi::Object::New(env);
+  int64_t scratchTotal = 0;
+  for (int s = 0; s < lfc::kStreamCount; s++) {
+    scratch.Set(lfc::schema::kStreams[s], double(r.scratchHighBytes[size_t(s)]));
+    scratchTotal += r.scratchHighBytes[size_t(s)];
+  }
+  memory.Set("scratchHighBytes", scratch);
+  memory.Set("deviceHighBytes", double(r.regionBytes + scratchTotal));
+  o.Set("memory", memory);
   if (timing) {
     o.Set("startWallMs", r.startWallMs);
     Napi::Array t = Napi::Array::New(env, r.timing.size());
@@ -328,14 +341,8 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
     for (int k = 0; k < lfc::kRegionCount; k++)
       if (name == lfc::kRegionNames[k]) r = k;
     if (r < 0) throw Napi::Error::New(info.Env(), cat("unknown region '", name, "'"));
-    int slot = 0;
-    if (lfc::Region(r) == lfc::Region::data) {
-      slot = int(integer(info[1], "slot"));
-      if (slot < 0 || slot >= std::max(rt_->program().slots, 1))
-        throw Napi::Error::New(info.Env(), cat("data slot ", slot, " is out of range"));
-    }
     auto* keep = new std::shared_ptr<lfc::Memory>(rt_->memory());  // owned by the ArrayBuffer
-    std::byte* data = (*keep)->region(lfc::Region(r), slot);
+    std::byte* data = (*keep)->region(lfc::Region(r));
     const size_t size = size_t((*keep)->regionSize(lfc::Region(r)));
     return Napi::ArrayBuffer::New(
         info.Env(), data, size,

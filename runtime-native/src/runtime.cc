@@ -51,7 +51,6 @@ Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
   memory_ = std::make_shared<Memory>(program_);
   slots_.resize(size_t(program_.slots));
   sizes_.resize(size_t(program_.slots));
-  scratch_.resize(size_t(kStreamCount));
   for (const Instr& in : program_.instrs) hasCollectives_ = hasCollectives_ || opEntry(in.op).cls == OpClass::collective;
 }
 
@@ -393,7 +392,10 @@ StepResult Runtime::runStep(const StepParams& params) {
     std::vector<SymbolSizes> sizes(size_t(program_.slots), program_.symbols.atBounds());
     for (int mb = 0; mb < program_.slots; mb++)
       if (const SymbolSizes* s = sizesOf(mb)) sizes[size_t(mb)] = *s;
-    exec = execute(program_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch_,
+    std::array<ScratchSlice, kStreamCount> scratch;
+    for (int st = 0; st < kStreamCount; st++)
+      scratch[size_t(st)] = {memory_->scratch(program_, st), program_.scratchBytes[size_t(st)]};
+    exec = execute(program_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch, memory_,
                    options_.timing, backend_.get());
   } catch (const AbandonedStepError& e) {
     broken_ = e.what();
@@ -412,6 +414,9 @@ StepResult Runtime::runStep(const StepParams& params) {
   }
   for (const auto& [name, id] : program_.scalars) r.scalars.emplace_back(name, scalar(name));
   r.instructionsRun = exec.instructionsRun;
+  r.hostBytes = memory_->regionSize(Region::host);
+  r.regionBytes = memory_->totalBytes() - r.hostBytes - memory_->regionSize(Region::scratch);
+  r.scratchHighBytes = exec.scratchHighBytes;
   r.timing = std::move(exec.timing);
   r.startWallMs = exec.startWallMs;
   r.stepMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

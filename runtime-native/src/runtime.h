@@ -2,6 +2,7 @@
 // slots, and the step. addon.cc exposes it to JavaScript; nothing here knows about N-API.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <cstdint>
@@ -56,6 +57,12 @@ struct StepResult {
   double stepMs = 0;
   std::vector<InstrTiming> timing;  // when options.timing
   double startWallMs = 0;           // the instant timing starts from, ms since the epoch
+  // what the step's memory held: every region but scratch and host (allocated whole, at the
+  // program's sizes), the host region, and per stream the most scratch bytes one of its
+  // instructions held at once
+  int64_t regionBytes = 0;
+  int64_t hostBytes = 0;
+  std::array<int64_t, kStreamCount> scratchHighBytes{};
 };
 
 class Runtime {
@@ -108,7 +115,6 @@ class Runtime {
   std::shared_ptr<Memory> memory_;
   std::vector<std::optional<Microbatch>> slots_;
   std::vector<std::optional<SymbolSizes>> sizes_;
-  std::vector<Scratch> scratch_;  // one per stream
   std::atomic<bool> running_{false};
   std::unique_ptr<comm::Backend> backend_;
   GroupRanks groupRanks_;  // this rank's index in its group of each kind (all 0 unconnected)

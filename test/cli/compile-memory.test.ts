@@ -30,7 +30,9 @@ describe('memory per rank', () => {
     expect(m.gradients).toBeLessThanOrEqual(trainable + ALIGN * params.length);
     expect(m.optimizer).toBeGreaterThanOrEqual(2 * trainable);
     expect(m.optimizer).toBeLessThanOrEqual(2 * (trainable + ALIGN * params.length));
-    expect(m.device).toBe(m.parameters + m.gradients + m.optimizer + m.batch + m.activations);
+    expect(m.device).toBe(
+      m.parameters + m.gradients + m.optimizer + m.batch + m.activations + m.scratch,
+    );
     expect(m.activations).toBeGreaterThan(0);
     expect(m.host).toBe(0);
   });

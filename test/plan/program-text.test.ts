@@ -78,7 +78,7 @@ describe('every emitted program round-trips through its text', () => {
 // optimizer shards
 const SAMPLE: ProgramFile = {
   format: 'lfc-program',
-  version: 2,
+  version: 3,
   id: 'p0',
   regions: {
     arena: 4096,
@@ -88,7 +88,9 @@ const SAMPLE: ProgramFile = {
     data: 512,
     scalar: 128,
     host: 2048,
+    scratch: 1152,
   },
+  scratchBytes: { compute: 1024, comm: 128, copy: 0 },
   arenaLowerBoundBytes: 3072,
   buffers: [
     ...[
@@ -238,8 +240,9 @@ const SAMPLE: ProgramFile = {
   ],
 };
 
-const SAMPLE_TEXT = `program p0 format lfc-program version 2
-regions arena 4096 param 131072 grad 131072 optim 131072 data 512 scalar 128 host 2048
+const SAMPLE_TEXT = `program p0 format lfc-program version 3
+regions arena 4096 param 131072 grad 131072 optim 131072 data 512 scalar 128 host 2048 scratch 1152
+scratch compute 1024 comm 128 copy 0
 arena-lower-bound 3072
 events 2
 buffers 10
@@ -294,7 +297,7 @@ describe('the text of a program', () => {
     const text = printProgram(p, { instructions: (x) => ops.has(x.op) });
     const lines = text.split('\n');
     expect(lines[0]).toMatch(
-      /^program p0\.t0 format lfc-program version 2 filtered .*not parseable/,
+      /^program p0\.t0 format lfc-program version 3 filtered .*not parseable/,
     );
     const shown = lines.filter((l) => l.startsWith('  #'));
     expect(shown.map((l) => Number(/^ {2}#(\d+) /.exec(l)![1]))).toEqual(chosen);

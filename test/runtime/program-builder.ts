@@ -1,7 +1,10 @@
 // Hand-written programs for the native runtime's tests: a small builder that lays buffers out in
 // their regions (64-byte aligned, sized at the symbols' bounds) the way the plan emitter does, and
-// returns a ProgramFile of compiler/plan/format.ts.
+// returns a ProgramFile of compiler/plan/format.ts, its scratch planned by compiler/plan/scratch.ts
+// as the memory-plan pass plans it (so every runtime test runs its ops on exactly the planned
+// scratch, and a rule that under-counts fails the test that runs the op).
 
+import { scratchByStream } from '../../compiler/plan/scratch.js';
 import {
   PLAN_VERSION,
   PROGRAM_FORMAT,
@@ -61,6 +64,8 @@ export class ProgramBuilder {
     host: 0,
   };
   private eventCount = 0;
+  /** plan the streams' scratch (false: a program that is never run, its ops schematic) */
+  protected planScratch = true;
 
   constructor(
     readonly id: string,
@@ -185,14 +190,25 @@ export class ProgramBuilder {
   }
 
   build(): ProgramFile {
-    const regions = { ...this.used };
-    for (const k of Object.keys(regions) as BufferRegion[])
-      regions[k] = Math.ceil(regions[k] / 64) * 64;
+    const used = { ...this.used };
+    for (const k of Object.keys(used) as BufferRegion[]) used[k] = Math.ceil(used[k] / 64) * 64;
+    const scratchBytes = this.planScratch
+      ? scratchByStream(this.instructions, this.buffers, (s) => {
+          const bound = this.bounds[s];
+          if (bound === undefined) throw new Error(`no bound for symbol ${s}`);
+          return bound;
+        })
+      : { compute: 0, comm: 0, copy: 0 };
+    const regions = {
+      ...used,
+      scratch: scratchBytes.compute + scratchBytes.comm + scratchBytes.copy,
+    };
     return {
       format: PROGRAM_FORMAT,
       version: PLAN_VERSION,
       id: this.id,
       regions,
+      scratchBytes,
       arenaLowerBoundBytes: regions.arena,
       buffers: this.buffers,
       params: this.params,

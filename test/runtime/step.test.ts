@@ -4,7 +4,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { OP_KINDS } from '../../ir/ops.js';
-import { BUFFER_REGIONS, PLAN_VERSION, STREAMS } from '../../compiler/plan/format.js';
+import { PLAN_VERSION, PROGRAM_REGIONS, STREAMS } from '../../compiler/plan/format.js';
 import { loadNative } from '../../runtime/native.js';
 import { f32At, ProgramBuilder, textMicrobatch } from './program-builder.js';
 
@@ -201,7 +201,7 @@ describe('native runtime: schema', () => {
     expect(native.opNames).toEqual([...OP_KINDS]);
     expect(native.planVersion).toBe(PLAN_VERSION);
     expect(native.streams).toEqual([...STREAMS]);
-    expect(native.regions).toEqual([...BUFFER_REGIONS]);
+    expect(native.regions).toEqual([...PROGRAM_REGIONS]);
   });
 });
 

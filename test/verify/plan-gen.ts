@@ -85,6 +85,8 @@ export function rng(seed: number): () => number {
 export class ProgramDraft extends ProgramBuilder {
   constructor(id: string) {
     super(id, BOUNDS);
+    // never run, and its ops are schematic (a moe_permute without experts): no scratch to plan
+    this.planScratch = false;
   }
 
   buf(

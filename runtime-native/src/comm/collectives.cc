@@ -88,7 +88,7 @@ int64_t run_reduce_scatter(const Instr& in, StepCtx& c, Group& g) {
   }
   requireSameType(y, x, x.numel / g.P, "output 0 (one block of the sum)");
   // the sum of the whole input in scratch, then this rank's block
-  std::byte* sum = c.scratch().get<std::byte>(0, x.bytes());
+  std::byte* sum = c.scratch<std::byte>(x.bytes());
   std::memcpy(sum, x.data, size_t(x.bytes()));
   g.comm.allReduce(sum, x.dtype, x.numel);
   std::memcpy(y.data, sum + g.r * y.bytes(), size_t(y.bytes()));
@@ -123,10 +123,10 @@ std::vector<int64_t> times(std::vector<int64_t> v, int64_t k) {
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); }
 
 // The row counts of every group rank: each gives its own.
-std::vector<int64_t> gatherRows(Group& g, int64_t mine, StepCtx& c) {
-  int64_t* all = c.scratch().get<int64_t>(1, g.P);
-  g.comm.allGather(&mine, all, sizeof(int64_t));
-  return std::vector<int64_t>(all, all + g.P);
+std::vector<int64_t> gatherRows(Group& g, int64_t mine) {
+  std::vector<int64_t> all(size_t(g.P));  // (P): per group rank, like the counts lists
+  g.comm.allGather(&mine, all.data(), sizeof(int64_t));
+  return all;
 }
 
 int64_t run_all_to_all_v(const Instr& in, StepCtx& c, Group& g) {
@@ -161,7 +161,7 @@ int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
   const bool perRank = c.numOut() > 1;
   if (perRank && c.numOut() != g.P)
     throw OpError(cat(c.numOut(), " outputs: one, or one per group rank (", g.P, ")"));
-  const std::vector<int64_t> rows = gatherRows(g, x.dim(0), c);
+  const std::vector<int64_t> rows = gatherRows(g, x.dim(0));
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   send[size_t(root)] = x.dim(0) * rowBytes(x);
   std::byte* into = c.out(0).data;
@@ -176,7 +176,7 @@ int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
           throw OpError(cat("group rank ", i, " sends ", rows[size_t(i)], " rows; output ", i, " ",
                             formatShape(c.out(i).shape), " has ", c.out(i).dim(0)));
     recv = times(rows, rowBytes(x));
-    into = perRank ? c.scratch().get<std::byte>(0, sum(recv)) : c.out(0).data;
+    into = perRank ? c.scratch<std::byte>(sum(recv)) : c.out(0).data;
   }
   g.comm.allToAllV(x.data, send, into, recv);
   if (g.r != root) return perRank ? -1 : 0;
@@ -196,7 +196,7 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
   const bool perRank = c.numIn() > 1;
   if (perRank && c.numIn() != g.P)
     throw OpError(cat(c.numIn(), " inputs: one, or one per group rank (", g.P, ")"));
-  const std::vector<int64_t> rows = gatherRows(g, y.dim(0), c);
+  const std::vector<int64_t> rows = gatherRows(g, y.dim(0));
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   recv[size_t(root)] = y.dim(0) * rowBytes(y);
   const std::byte* from = c.in(0).data;
@@ -210,7 +210,7 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
       from = c.in(0).data;
     } else {
       // the blocks side by side in scratch, in group order
-      std::byte* packed = c.scratch().get<std::byte>(0, sum(send));
+      std::byte* packed = c.scratch<std::byte>(sum(send));
       int64_t at = 0;
       for (int i = 0; i < g.P; i++) {
         if (rows[size_t(i)] != c.in(i).dim(0))

@@ -31,6 +31,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "generated/schema.h"
+#include "kernels/cpu/storage.h"
 
 namespace lfc::comm {
 
@@ -222,15 +223,17 @@ class GlooComm : public Communicator {
 
   // bf16 over TCP: the f32 all-reduce on an f32 copy, rounded to bf16 once at the end (a bf16
   // sum inside Gloo's algorithms would round at every step of the exchange); the wire carries f32.
-  // A key's copy keeps its address while its count does not grow, so the halving-doubling bound
-  // to it is rebuilt exactly when the count changes, alike on every member.
+  // The copy is taken from this thread's scratch (on the comm stream: its planned slice, counted
+  // by compiler/plan/scratch.ts). The executor resets the scratch before every instruction, so an
+  // instruction's copy sits at the same address every step while its count and the takes before
+  // it (a function of the instruction's sizes) are the same: the halving-doubling bound to it is
+  // rebuilt exactly when those change, alike on every member.
   void bf16AllReduce(bf16* data, int64_t count, int64_t key) {
-    std::vector<float> local;
-    std::vector<float>& sum = key >= 0 ? bf16Sums_[key] : local;
-    if (sum.size() < size_t(count)) sum.resize(size_t(count));
-    floatFromBf16(sum.data(), data, count);
-    glooAllReduce(sum.data(), DType::f32, count, key);
-    bf16FromFloat(data, sum.data(), count);
+    cpu::ScratchScope scratch;
+    float* sum = scratch.take<float>(count);  // (count)
+    floatFromBf16(sum, data, count);
+    glooAllReduce(sum, DType::f32, count, key);
+    bf16FromFloat(data, sum, count);
   }
 
   template <typename T>
@@ -268,7 +271,6 @@ class GlooComm : public Communicator {
     std::unique_ptr<gloo::Algorithm> algorithm;
   };
   std::map<int64_t, Bound> bound_;
-  std::map<int64_t, std::vector<float>> bf16Sums_;  // per call key: the f32 copy of a bf16 all-reduce
   std::unique_ptr<ShmGroup> shm_;
 };
 

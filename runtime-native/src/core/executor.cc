@@ -38,6 +38,10 @@ struct StepState {
   int running = 0;  // stream threads not yet finished
   std::atomic<int> run{0};
 
+  std::array<ScratchSlice, kStreamCount> scratch;
+  std::shared_ptr<const void> keepAlive;  // the scratch slices' owner
+  std::array<int64_t, kStreamCount> scratchHigh{};  // each written by its stream's thread only
+
   StepState(const Program& prog, std::vector<std::vector<Tensor>> ops, std::vector<std::vector<Tensor>> res,
             const StepParams& sp, comm::Backend* b)
       : p(prog), operands(std::move(ops)), results(std::move(res)), params(sp), backend(b) {}
@@ -103,10 +107,16 @@ void applyRows(std::vector<Tensor>& ts, const std::vector<int64_t>& rows) {
   }
 }
 
-void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
+void runStream(std::shared_ptr<StepState> stp, int stream) {
   StepState& st = *stp;
   const Program& p = st.p;
+  // this thread's scratch: the stream's planned slice, emptied after every instruction
+  cpu::ScratchArena& scratch = cpu::ScratchArena::of_this_thread();
+  scratch.bind(st.scratch[size_t(stream)].base, st.scratch[size_t(stream)].bytes,
+               cat("stream ", schema::kStreams[stream]));
   const auto finish = [&] {
+    st.scratchHigh[size_t(stream)] = scratch.high();
+    scratch.unbind();
     {
       std::lock_guard<std::mutex> lock(st.mu);
       st.running--;
@@ -138,7 +148,7 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
     const double start = st.timed ? msSince(st.t0) : 0;
     int64_t rows = -1;
     try {
-      StepCtx ctx(in, ins, outs, st.params, scratch);
+      StepCtx ctx(in, ins, outs, st.params);
       if (opEntry(in.op).cls == OpClass::collective) {
         if (!st.backend) throw OpError("no collective backend (the runtime was not connected)");
         const int64_t batch = batchOf(idx);
@@ -148,12 +158,15 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
         opEntry(in.op).run(in, ctx);
       }
     } catch (const std::exception& e) {
+      scratch.release(0);
       st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
       return finish();
     } catch (...) {
+      scratch.release(0);
       st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"));
       return finish();
     }
+    scratch.release(0);
     if (st.timed) st.timing[size_t(idx)] = {start, msSince(st.t0)};
     st.run++;
     if (!in.record.empty() || rows >= 0) {
@@ -178,9 +191,11 @@ void runStream(std::shared_ptr<StepState> stp, int stream, Scratch& scratch) {
 
 ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
                    std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
-                   const StepParams& params, std::vector<Scratch>& scratch, bool timing,
-                   comm::Backend* backend) {
+                   const StepParams& params, const std::array<ScratchSlice, kStreamCount>& scratch,
+                   std::shared_ptr<const void> keepAlive, bool timing, comm::Backend* backend) {
   auto st = std::make_shared<StepState>(p, std::move(operands), std::move(results), params, backend);
+  st->scratch = scratch;
+  st->keepAlive = std::move(keepAlive);
   st->recorded.assign(size_t(p.events), 0);
   st->rows.assign(p.buffers.size(), -1);
   if (sizes.size() != size_t(p.slots))
@@ -205,7 +220,7 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
         std::lock_guard<std::mutex> lock(st->mu);
         st->running++;
       }
-      threads.emplace_back(runStream, st, s, std::ref(scratch[size_t(s)]));
+      threads.emplace_back(runStream, st, s);
     } catch (const std::exception& e) {
       {
         std::lock_guard<std::mutex> lock(st->mu);
@@ -224,7 +239,7 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
       abandoned = !st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; });
   }
   for (auto& t : threads) {
-    if (abandoned) t.detach();  // `st` keeps what they use alive; the scratch is the runtime's
+    if (abandoned) t.detach();  // `st` keeps what they use alive, the scratch slices included
     else t.join();
   }
   if (abandoned)
@@ -234,6 +249,7 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
   result.timing = std::move(st->timing);
   result.rows = st->rows;
   result.sizes = st->sizes;
+  result.scratchHighBytes = st->scratchHigh;
   return result;
 }
 

@@ -19,7 +19,9 @@
 // step again.
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +44,14 @@ struct ExecResult {
   double startWallMs = 0;           // when timing starts: the system clock, ms since the epoch
   std::vector<int64_t> rows;        // per buffer: rows a variable-size collective wrote, or −1
   std::vector<SymbolSizes> sizes;   // per microbatch slot: every symbol's value at the step's end
+  // per stream: the most scratch bytes one of its instructions held at once (its slice's high-water)
+  std::array<int64_t, kStreamCount> scratchHighBytes{};
+};
+
+// A stream's slice of the scratch region: where its thread's cpu::ScratchArena takes from.
+struct ScratchSlice {
+  std::byte* base = nullptr;
+  int64_t bytes = 0;
 };
 
 // Thrown when a failed step left stream threads blocked in collectives.
@@ -51,10 +61,13 @@ struct AbandonedStepError : RuntimeError {
 
 // operands[i] / results[i]: instruction i's inputs and outputs, resolved for this step (run-time
 // symbols at their bounds). sizes: per microbatch slot, the symbols' values the step starts with.
-// scratch: one per stream, kept between steps. backend: null for a program without collectives.
+// scratch: per stream, its planned slice; every scratch take of an instruction comes from it and
+// is released when the instruction ends, and a take past the slice fails the step naming the
+// instruction, what it asked and what was planned. keepAlive: what owns the slices' bytes (kept
+// by threads left behind). backend: null for a program without collectives.
 ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
                    std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
-                   const StepParams& params,
-                   std::vector<Scratch>& scratch, bool timing, comm::Backend* backend);
+                   const StepParams& params, const std::array<ScratchSlice, kStreamCount>& scratch,
+                   std::shared_ptr<const void> keepAlive, bool timing, comm::Backend* backend);
 
 }  // namespace lfc

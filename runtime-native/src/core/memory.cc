@@ -21,25 +21,28 @@ Block::Block(int64_t bytes) : size_(bytes) {
 Block::~Block() { std::free(data_); }
 
 Memory::Memory(const Program& p) {
-  for (int r = 0; r < kRegionCount; r++)
-    if (Region(r) != Region::data) regions_[size_t(r)] = std::make_unique<Block>(p.regionBytes[size_t(r)]);
-  for (int s = 0; s < std::max(p.slots, 1); s++)
-    dataSlots_.push_back(std::make_unique<Block>(p.regionSize(Region::data)));
+  for (int r = 0; r < kRegionCount; r++) regions_[size_t(r)] = std::make_unique<Block>(p.regionBytes[size_t(r)]);
 }
 
-std::byte* Memory::region(Region r, int slot) const {
-  if (r == Region::data) return dataSlots_.at(size_t(slot))->data();
-  return regions_[size_t(r)]->data();
+std::byte* Memory::region(Region r) const { return regions_[size_t(r)]->data(); }
+
+int64_t Memory::regionSize(Region r) const { return regions_[size_t(r)]->size(); }
+
+std::byte* Memory::scratch(const Program& p, int stream) const {
+  int64_t offset = 0;
+  for (int s = 0; s < stream; s++) offset += p.scratchBytes[size_t(s)];
+  return region(Region::scratch) + offset;
 }
 
-int64_t Memory::regionSize(Region r) const {
-  if (r == Region::data) return dataSlots_.at(0)->size();
-  return regions_[size_t(r)]->size();
+int64_t Memory::totalBytes() const {
+  int64_t total = 0;
+  for (const auto& b : regions_) total += b->size();
+  return total;
 }
 
 std::byte* Memory::buffer(const Program& p, int id) const {
   const Buffer& b = p.buffers[size_t(p.buffers[size_t(id)].root)];
-  return region(b.region, b.region == Region::data ? b.microbatch : 0) + b.offset;
+  return region(b.region) + b.offset;
 }
 
 }  // namespace lfc

@@ -1,7 +1,8 @@
-// The runtime's memory: one 64-byte-aligned, zero-initialized block per region (sizes from the
-// program's `regions`), and for the data region one block per microbatch slot (data buffer offsets
-// are within their slot's block). Shared by the runtime and the ArrayBuffers handed to JS, so the
-// bytes outlive whichever goes last.
+// The runtime's memory: one 64-byte-aligned, zero-initialized block per region, of exactly the
+// program's `regions` bytes (the data region's microbatch slots lie side by side in one block, at
+// their buffers' offsets; the scratch region holds each stream's slice, program.scratchBytes).
+// Shared by the runtime and the ArrayBuffers handed to JS, so the bytes outlive whichever goes
+// last.
 #pragma once
 
 #include <array>
@@ -31,15 +32,18 @@ class Block {
 class Memory {
  public:
   explicit Memory(const Program& p);
-  // start of a region (slot: the microbatch slot, for the data region only)
-  std::byte* region(Region r, int slot = 0) const;
+  // start of a region
+  std::byte* region(Region r) const;
   int64_t regionSize(Region r) const;
+  // a stream's slice of the scratch region
+  std::byte* scratch(const Program& p, int stream) const;
+  // every region's bytes: what this memory holds
+  int64_t totalBytes() const;
   // first byte of a buffer (a view resolves to the bytes of the buffer it shares)
   std::byte* buffer(const Program& p, int id) const;
 
  private:
   std::array<std::unique_ptr<Block>, kRegionCount> regions_;
-  std::vector<std::unique_ptr<Block>> dataSlots_;
 };
 
 }  // namespace lfc

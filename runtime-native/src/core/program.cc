@@ -158,7 +158,18 @@ void parseBuffers(const Ctx& c, const json& j, Program& p) {
     }
     if (b.region == Region::data && b.microbatch < 0)
       c.fail(here + " is a data buffer without a microbatch slot");
+    if (b.region == Region::scratch) c.fail(here + " is in region scratch, which holds no buffers");
   }
+  // the microbatch slots share one data block: their buffers must not overlap
+  std::vector<const Buffer*> data;
+  for (const Buffer& b : p.buffers)
+    if (b.region == Region::data && b.viewOf < 0 && b.bytes > 0) data.push_back(&b);
+  std::sort(data.begin(), data.end(), [](const Buffer* x, const Buffer* y) { return x->offset < y->offset; });
+  for (size_t i = 1; i < data.size(); i++)
+    if (data[i]->offset < data[i - 1]->offset + data[i - 1]->bytes && data[i]->microbatch != data[i - 1]->microbatch)
+      c.fail(cat(bufferText(p, data[i]->id), " of microbatch ", data[i]->microbatch, " overlaps ",
+                 bufferText(p, data[i - 1]->id), " of microbatch ", data[i - 1]->microbatch,
+                 " in the data region (the slots share it)"));
 }
 
 int bufferRef(const Ctx& c, const Program& p, const json& v, const std::string& what) {
@@ -509,6 +520,17 @@ Program parseProgram(const std::string& text, const ParseOptions& options) {
     if (bytes < 0) c.fail(cat("regions.", r, " is negative"));
     p.regionBytes[size_t(ri)] = bytes;
   }
+  const json& scratch = field(c, j, "scratchBytes", "the program");
+  int64_t scratchTotal = 0;
+  for (int s = 0; s < kStreamCount; s++) {
+    const char* name = schema::kStreams[s];
+    const int64_t bytes = asInt(c, field(c, scratch, name, "scratchBytes"), cat("scratchBytes.", name));
+    if (bytes < 0 || bytes % 64 != 0) c.fail(cat("scratchBytes.", name, " = ", bytes, " is not a multiple of 64 ≥ 0"));
+    p.scratchBytes[size_t(s)] = bytes;
+    scratchTotal += bytes;
+  }
+  if (scratchTotal != p.regionSize(Region::scratch))
+    c.fail(cat("scratchBytes sum to ", scratchTotal, ", regions.scratch is ", p.regionSize(Region::scratch)));
   if (j.contains("arenaLowerBoundBytes"))
     p.arenaLowerBoundBytes = asInt(c, j["arenaLowerBoundBytes"], "arenaLowerBoundBytes");
   p.events = int(asInt(c, field(c, j, "events", "the program"), "events"));

@@ -32,8 +32,9 @@ static_assert(sizeof(schema::kOpNames) / sizeof(schema::kOpNames[0]) == size_t(k
 // Memory regions, by the names of schema::kRegions (the parser maps names, so the generated
 // header's order does not matter; a region it lists that this enum lacks is refused at load).
 // host: offloaded activations (only offload/reload touch it; pinned host memory on a GPU).
-enum class Region : int { arena, param, grad, optim, data, scalar, host, kCount };
-inline constexpr const char* kRegionNames[] = {"arena", "param", "grad", "optim", "data", "scalar", "host"};
+// scratch: no buffers; the streams' temporaries (ops/op.h), one slice per stream (scratchBytes).
+enum class Region : int { arena, param, grad, optim, data, scalar, host, scratch, kCount };
+inline constexpr const char* kRegionNames[] = {"arena", "param", "grad", "optim", "data", "scalar", "host", "scratch"};
 inline const char* regionName(Region r) { return kRegionNames[int(r)]; }
 
 // Data fields a microbatch fills (ProgramInput.name) and their element types. caption_mask (1 where
@@ -116,6 +117,9 @@ struct Program {
   std::string id;
   SymbolTable symbols;  // S, Nv, then the run-time symbols its dims may name
   std::array<int64_t, kRegionCount> regionBytes{};  // indexed by Region
+  // per stream (schema::kStreams): its slice of the scratch region, in stream order; each a
+  // multiple of 64 bytes, summing to the region
+  std::array<int64_t, kStreamCount> scratchBytes{};
   int64_t arenaLowerBoundBytes = 0;
   std::vector<Buffer> buffers;
   std::vector<ProgramParam> params;

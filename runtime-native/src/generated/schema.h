@@ -3,7 +3,7 @@
 
 namespace lfc::schema {
 
-constexpr int kPlanVersion = 2;
+constexpr int kPlanVersion = 3;
 
 enum class Op : int {
   embedding,
@@ -87,6 +87,6 @@ static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<int>(Op::kCo
 inline constexpr bool kOpIsCollective[] = {false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true, true, true, true, true, true, true, true, true, false, false};
 
 inline constexpr const char* kStreams[] = {"compute", "comm", "copy"};
-inline constexpr const char* kRegions[] = {"arena", "param", "grad", "optim", "data", "scalar", "host"};
+inline constexpr const char* kRegions[] = {"arena", "param", "grad", "optim", "data", "scalar", "host", "scratch"};
 
 }  // namespace lfc::schema

@@ -82,8 +82,8 @@ void run_layernorm_grad(const Instr&, StepCtx& c) {
   zero(db);
   // recompute mean and rstd (the forward's y goes to scratch; bias 0 does not change them)
   const DType acc = computeDType(x);
-  const cpu::Dst y = scratchOf(c.scratch(), 0, x.numel, acc), mean = scratchOf(c.scratch(), 1, R, acc),
-                 rstd = scratchOf(c.scratch(), 2, R, acc), zeros = scratchOf(c.scratch(), 3, H, acc);
+  const cpu::Dst y = scratchOf(c, x.numel, acc), mean = scratchOf(c, R, acc),
+                 rstd = scratchOf(c, R, acc), zeros = scratchOf(c, H, acc);
   std::memset(zeros.data, 0, size_t(H * dtypeBytes(acc)));
   cpu::layernorm_forward(y, mean, rstd, src(x), src(w), zeros, R, H, c.num("eps"));
   cpu::layernorm_backward(dst(dx), dst(dw), dst(db), src(dy), src(x), src(w), mean, rstd, R, H);
@@ -99,7 +99,7 @@ void run_rmsnorm_grad(const Instr&, StepCtx& c) {
   requireFloat(dw, H, "output 1 (dw)");
   zero(dw);
   const DType acc = computeDType(x);
-  const cpu::Dst y = scratchOf(c.scratch(), 0, x.numel, acc), rstd = scratchOf(c.scratch(), 1, R, acc);
+  const cpu::Dst y = scratchOf(c, x.numel, acc), rstd = scratchOf(c, R, acc);
   cpu::rmsnorm_forward(y, rstd, src(x), src(w), R, H, c.num("eps"));
   cpu::rmsnorm_backward(dst(dx), dst(dw), src(dy), src(x), src(w), rstd, R, H);
 }
@@ -175,7 +175,7 @@ void run_router_topk_grad(const Instr&, StepCtx& c) {
   requireFloat(dweights, T * k, "input 1 (dweights)");
   requireFloat(dlogits, T * E, "output 0 (dlogits)");
   // the renormalized weights, exactly as router_topk_forward computes them
-  const cpu::Dst weights = scratchOf(c.scratch(), 0, T * k, computeDType(probs));
+  const cpu::Dst weights = scratchOf(c, T * k, computeDType(probs));
   cpu::router_topk_weights(weights, src(probs), experts.as<int32_t>(), T, E, k);
   cpu::router_topk_backward(dst(dlogits), src(dprobs), src(dweights), src(probs), weights, experts.as<int32_t>(), T,
                             E, k);
@@ -261,7 +261,7 @@ void run_cross_entropy_grad(const Instr&, StepCtx& c) {
   const double g = scalarValue(dloss, "input 0 (dloss)");
   const double lossTokens = scalarValue(count, "input 4 (loss_tokens)");
   requireFloat(dlogits, logits.numel, "output 0 (dlogits)");
-  const cpu::Dst lse = scratchOf(c.scratch(), 0, a.T, computeDType(logits));  // recomputed as the forward saves it
+  const cpu::Dst lse = scratchOf(c, a.T, computeDType(logits));  // recomputed as the forward saves it
   cpu::cross_entropy_forward(lse, src(logits), labels.as<int32_t>(), mask.as<uint8_t>(), lossTokens, a.T, a.V);
   cpu::cross_entropy_backward(dst(dlogits), g, src(logits), lse, labels.as<int32_t>(), mask.as<uint8_t>(), lossTokens,
                               a.T, a.V);

@@ -55,7 +55,7 @@ void run_layernorm(const Instr&, StepCtx& c) {
   requireFloat(b, H, "input 2 (bias)");
   requireFloat(y, x.numel, "output 0");
   const DType acc = computeDType(x);
-  cpu::layernorm_forward(dst(y), scratchOf(c.scratch(), 0, R, acc), scratchOf(c.scratch(), 1, R, acc), src(x),
+  cpu::layernorm_forward(dst(y), scratchOf(c, R, acc), scratchOf(c, R, acc), src(x),
                          src(w), src(b), R, H, c.num("eps"));
 }
 
@@ -65,7 +65,7 @@ void run_rmsnorm(const Instr&, StepCtx& c) {
   requireFloat(x, "input 0 (x)");
   requireFloat(w, H, "input 1 (weight)");
   requireFloat(y, x.numel, "output 0");
-  cpu::rmsnorm_forward(dst(y), scratchOf(c.scratch(), 0, R, computeDType(x)), src(x), src(w), R, H, c.num("eps"));
+  cpu::rmsnorm_forward(dst(y), scratchOf(c, R, computeDType(x)), src(x), src(w), R, H, c.num("eps"));
 }
 
 void run_rope(const Instr&, StepCtx& c) {
@@ -204,7 +204,7 @@ void run_cross_entropy(const Instr&, StepCtx& c) {
   const CeArgs a = ceArgs(logits, labels, mask);
   const double lossTokens = scalarValue(count, "input 3 (loss_tokens)");
   const double loss =
-      cpu::cross_entropy_forward(scratchOf(c.scratch(), 0, a.T, computeDType(logits)), src(logits),
+      cpu::cross_entropy_forward(scratchOf(c, a.T, computeDType(logits)), src(logits),
                                  labels.as<int32_t>(), mask.as<uint8_t>(), lossTokens, a.T, a.V);
   setScalarValue(y, loss, "output 0");
 }

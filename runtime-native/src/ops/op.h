@@ -52,24 +52,6 @@ struct Tensor {
   int64_t bytes() const { return numel * dtypeBytes(dtype); }
 };
 
-// Per executor thread, reused across instructions: temporaries an op needs that the IR does not
-// name (norm statistics, the cross-entropy log-sum-exp, the clipped gradient of adamw).
-class Scratch {
- public:
-  // slot-th scratch array of n elements of T (64-byte aligned, contents undefined)
-  template <typename T>
-  T* get(int slot, int64_t n) {
-    auto& v = slots_.at(size_t(slot));
-    const size_t want = size_t(n) * sizeof(T) + 64;
-    if (v.size() < want) v.resize(want);
-    auto p = reinterpret_cast<uintptr_t>(v.data());
-    return reinterpret_cast<T*>((p + 63) & ~uintptr_t(63));
-  }
-
- private:
-  std::vector<std::vector<std::byte>> slots_ = std::vector<std::vector<std::byte>>(4);
-};
-
 // This rank's index inside each of its process groups, by group kind ("tp", "ep", "pp", …), for
 // the ops whose work depends on it (group_slice, the vocab-parallel embedding and cross-entropy
 // pieces). The runtime fills it once per rank from the plan; a kind never set reads as 0, which is
@@ -96,15 +78,22 @@ struct StepParams {
 class StepCtx {
  public:
   StepCtx(const Instr& instr, std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-          const StepParams& params, Scratch& scratch)
-      : instr_(instr), inputs_(inputs), outputs_(outputs), params_(params), scratch_(scratch) {}
+          const StepParams& params)
+      : instr_(instr), inputs_(inputs), outputs_(outputs), params_(params) {}
 
   const Tensor& in(int i) const { return inputs_.at(size_t(i)); }
   const Tensor& out(int i) const { return outputs_.at(size_t(i)); }
   int numIn() const { return int(inputs_.size()); }
   int numOut() const { return int(outputs_.size()); }
   const StepParams& params() const { return params_; }
-  Scratch& scratch() { return scratch_; }
+  // temporaries the IR does not name (norm statistics, the cross-entropy log-sum-exp, the
+  // router's renormalized weights, a collective's staging): this thread's scratch, on a stream
+  // thread the stream's planned slice, released when the instruction ends (the executor resets
+  // it). compiler/plan/scratch.ts counts every take.
+  template <typename T>
+  T* scratch(int64_t n) {
+    return cpu::ScratchArena::of_this_thread().take<T>(n);
+  }
   // this rank's index in its group of the given kind (0 when the runtime set none)
   int groupRank(const std::string& kind) const {
     return params_.groupRanks ? params_.groupRanks->rank(kind) : 0;
@@ -125,7 +114,6 @@ class StepCtx {
   std::vector<Tensor>& inputs_;
   std::vector<Tensor>& outputs_;
   const StepParams& params_;
-  Scratch& scratch_;
 };
 
 // ---- checks shared by the op implementations ---------------------------------------------
@@ -151,10 +139,8 @@ void requireFloat(const Tensor& t, const char* what);
 void requireFloat(const Tensor& t, int64_t n, const char* what);
 // the compute dtype of a kernel over the float operand t
 inline DType computeDType(const Tensor& t) { return t.dtype == DType::f64 ? DType::f64 : DType::f32; }
-// slot-th scratch array of n elements of dtype (contents undefined), as a kernel operand
-inline cpu::Dst scratchOf(Scratch& s, int slot, int64_t n, DType dtype) {
-  return {s.get<std::byte>(slot, n * dtypeBytes(dtype)), dtype};
-}
+// a scratch array of n elements of dtype (contents undefined), as a kernel operand
+inline cpu::Dst scratchOf(StepCtx& c, int64_t n, DType dtype) { return {c.scratch<std::byte>(n * dtypeBytes(dtype)), dtype}; }
 
 // Reads a scalar tensor (one element, any float or int dtype) as double.
 double scalarValue(const Tensor& t, const char* what);

@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "storage.h"
+
 #include "blas.h"
 
 namespace lfc::cpu {
@@ -33,19 +35,21 @@ struct Run {
   int64_t start, len;
   int32_t id;
 };
+static_assert(sizeof(Run) == 24, "compiler/plan/scratch.ts counts 24 bytes a run");
 
-// The runs of segments (T); false when a non-negative id occurs in two separate runs.
-bool segment_runs(const int32_t* segments, int64_t T, std::vector<Run>& runs) {
-  runs.clear();
+// The runs of segments (T) into runs (T: at most one a token), using ids (T) as scratch; how many,
+// or −1 when a non-negative id occurs in two separate runs.
+int64_t segment_runs(const int32_t* segments, int64_t T, Run* runs, int32_t* ids) {
+  int64_t n = 0;
   for (int64_t t = 0; t < T; t++) {
-    if (runs.empty() || segments[t] != runs.back().id) runs.push_back({t, 0, segments[t]});
-    runs.back().len++;
+    if (n == 0 || segments[t] != runs[n - 1].id) runs[n++] = {t, 0, segments[t]};
+    runs[n - 1].len++;
   }
-  std::vector<int32_t> ids;
-  for (const Run& r : runs)
-    if (r.id >= 0) ids.push_back(r.id);
-  std::sort(ids.begin(), ids.end());
-  return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+  int64_t m = 0;
+  for (int64_t r = 0; r < n; r++)
+    if (runs[r].id >= 0) ids[m++] = runs[r].id;
+  std::sort(ids, ids + m);
+  return std::adjacent_find(ids, ids + m) == ids + m ? n : -1;
 }
 
 constexpr int64_t kRowBlock = 64;  // rows of scores computed at once
@@ -62,7 +66,8 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
                        double scale, bool causal) {
   check_heads("ref::attention_forward", nh, nkv);
   const int64_t g = nh / nkv;
-  std::vector<double> acc(d);  // (d)
+  ScratchScope scratch;
+  double* acc = scratch.take<double>(d);  // (d)
   for (int64_t i = 0; i < T; i++)
     for (int64_t h = 0; h < nh; h++) {
       const int64_t kvh = h / g;
@@ -74,7 +79,7 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
       for (int64_t j = 0; j < T; j++)
         if (attends(segments, i, j, causal)) sum += std::exp(scale * dot(qi, k + (j * nkv + kvh) * d, d) - m);
       const double l = m + std::log(sum);
-      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc, acc + d, 0.0);
       for (int64_t j = 0; j < T; j++) {
         if (!attends(segments, i, j, causal)) continue;
         const double p = std::exp(scale * dot(qi, k + (j * nkv + kvh) * d, d) - l);
@@ -92,7 +97,13 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
                         int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale, bool causal) {
   check_heads("ref::attention_backward", nh, nkv);
   const int64_t g = nh / nkv;
-  std::vector<double> dq_acc(T * nh * d, 0.0), dk_acc(T * nkv * d, 0.0), dv_acc(T * nkv * d, 0.0);
+  ScratchScope scratch;
+  double* dq_acc = scratch.take<double>(T * nh * d);   // (T, nh, d)
+  double* dk_acc = scratch.take<double>(T * nkv * d);  // (T, nkv, d)
+  double* dv_acc = scratch.take<double>(T * nkv * d);  // (T, nkv, d)
+  std::fill(dq_acc, dq_acc + T * nh * d, 0.0);
+  std::fill(dk_acc, dk_acc + T * nkv * d, 0.0);
+  std::fill(dv_acc, dv_acc + T * nkv * d, 0.0);
   for (int64_t i = 0; i < T; i++)
     for (int64_t h = 0; h < nh; h++) {
       const int64_t kvh = h / g;
@@ -112,9 +123,9 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
         }
       }
     }
-  std::transform(dq_acc.begin(), dq_acc.end(), dq, [](double x) { return Real(x); });
-  std::transform(dk_acc.begin(), dk_acc.end(), dk, [](double x) { return Real(x); });
-  std::transform(dv_acc.begin(), dv_acc.end(), dv, [](double x) { return Real(x); });
+  std::transform(dq_acc, dq_acc + T * nh * d, dq, [](double x) { return Real(x); });
+  std::transform(dk_acc, dk_acc + T * nkv * d, dk, [](double x) { return Real(x); });
+  std::transform(dv_acc, dv_acc + T * nkv * d, dv, [](double x) { return Real(x); });
 }
 
 }  // namespace ref
@@ -126,16 +137,18 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
                        const int32_t* segments, int64_t T, int64_t nh, int64_t nkv, int64_t d,
                        double scale, bool causal) {
   check_heads("attention_forward", nh, nkv);
-  std::vector<Run> runs;
-  if (!segment_runs(segments, T, runs))
-    return ref::attention_forward(out, lse, q, k, v, segments, T, nh, nkv, d, scale, causal);
+  ScratchScope scratch;
+  Run* runs = scratch.take<Run>(T);  // (T)
+  const int64_t nruns = segment_runs(segments, T, runs, scratch.take<int32_t>(T));
+  if (nruns < 0) return ref::attention_forward(out, lse, q, k, v, segments, T, nh, nkv, d, scale, causal);
   const int64_t g = nh / nkv;
   const int64_t ldq = nh * d, ldkv = nkv * d;  // row strides of one head's (L, d) matrices
   int64_t max_len = 0;
-  for (const Run& r : runs) max_len = std::max(max_len, r.len);
-  std::vector<Real> scores(std::min(kRowBlock, max_len) * max_len);  // (rows, cols) of one block
+  for (int64_t r = 0; r < nruns; r++) max_len = std::max(max_len, runs[r].len);
+  Real* scores = scratch.take<Real>(std::min(kRowBlock, max_len) * max_len);  // (rows, cols) of one block
 
-  for (const Run& run : runs) {
+  for (int64_t r = 0; r < nruns; r++) {
+    const Run& run = runs[r];
     const int64_t s0 = run.start, L = run.len;
     if (run.id < 0) {  // padding: each token attends to itself, p = 1
       for (int64_t t = s0; t < s0 + L; t++)
@@ -156,9 +169,9 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
         const int64_t cols = causal ? r0 + rb : L;  // columns past the block's last row are masked
         // scores (rb, cols) = scale · Q[r0 : r0+rb] · K[0 : cols]ᵀ
         blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
-                         scores.data(), cols);
+                         scores, cols);
         for (int64_t i = 0; i < rb; i++) {  // softmax of each row over its visible columns
-          Real* row = scores.data() + i * cols;
+          Real* row = scores + i * cols;
           const int64_t visible = causal ? r0 + i + 1 : cols;
           const Real m = *std::max_element(row, row + visible);
           double sum = 0;
@@ -172,7 +185,7 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
           lse[(s0 + r0 + i) * nh + h] = Real(double(m) + std::log(sum));
         }
         // O[r0 : r0+rb] (rb, d) = P (rb, cols) · V[0 : cols] (cols, d)
-        blas::gemm<Real>(false, false, rb, d, cols, 1, scores.data(), cols, Vm, ldkv, 0, O + r0 * ldq, ldq);
+        blas::gemm<Real>(false, false, rb, d, cols, 1, scores, cols, Vm, ldkv, 0, O + r0 * ldq, ldq);
       }
     }
   }
@@ -183,21 +196,25 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
                         const Real* v, const Real* out, const Real* lse, const int32_t* segments,
                         int64_t T, int64_t nh, int64_t nkv, int64_t d, double scale, bool causal) {
   check_heads("attention_backward", nh, nkv);
-  std::vector<Run> runs;
-  if (!segment_runs(segments, T, runs))
+  ScratchScope scratch;
+  Run* runs = scratch.take<Run>(T);  // (T)
+  const int64_t nruns = segment_runs(segments, T, runs, scratch.take<int32_t>(T));
+  if (nruns < 0)
     return ref::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segments, T, nh, nkv, d, scale,
                                    causal);
   const int64_t g = nh / nkv;
   const int64_t ldq = nh * d, ldkv = nkv * d;
   int64_t max_len = 0;
-  for (const Run& r : runs) max_len = std::max(max_len, r.len);
+  for (int64_t r = 0; r < nruns; r++) max_len = std::max(max_len, runs[r].len);
   const int64_t block_elems = std::min(kRowBlock, max_len) * max_len;
-  std::vector<Real> probs(block_elems), dprobs(block_elems);  // (rows, cols) of one block
-  std::vector<Real> D(kRowBlock);                              // (rows): dout·out per row
+  Real* probs = scratch.take<Real>(block_elems);   // (rows, cols) of one block
+  Real* dprobs = scratch.take<Real>(block_elems);  // (rows, cols) of one block
+  Real* D = scratch.take<Real>(kRowBlock);         // (rows): dout·out per row
   std::fill(dk, dk + T * nkv * d, Real(0));  // dk, dv accumulate over the g heads of a group
   std::fill(dv, dv + T * nkv * d, Real(0));
 
-  for (const Run& run : runs) {
+  for (int64_t r = 0; r < nruns; r++) {
+    const Run& run = runs[r];
     const int64_t s0 = run.start, L = run.len;
     if (run.id < 0) {  // padding: out = v, so dv += dout and the score gradient is 0
       for (int64_t t = s0; t < s0 + L; t++)
@@ -223,9 +240,9 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
         const int64_t cols = causal ? r0 + rb : L;
         // P (rb, cols) = exp(scale · Q_blk · K[0 : cols]ᵀ − lse), 0 where masked
         blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
-                         probs.data(), cols);
+                         probs, cols);
         for (int64_t i = 0; i < rb; i++) {
-          Real* row = probs.data() + i * cols;
+          Real* row = probs + i * cols;
           const int64_t visible = causal ? r0 + i + 1 : cols;
           const Real l = lse[(s0 + r0 + i) * nh + h];
           for (int64_t j = 0; j < visible; j++) row[j] = std::exp(row[j] - l);
@@ -233,19 +250,19 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
           D[i] = Real(dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, d));
         }
         // dV[0 : cols] (cols, d) += Pᵀ (cols, rb) · dO_blk (rb, d)
-        blas::gemm<Real>(true, false, cols, d, rb, 1, probs.data(), cols, dO + r0 * ldq, ldq, 1, dV, ldkv);
+        blas::gemm<Real>(true, false, cols, d, rb, 1, probs, cols, dO + r0 * ldq, ldq, 1, dV, ldkv);
         // dP (rb, cols) = dO_blk (rb, d) · V[0 : cols]ᵀ
-        blas::gemm<Real>(false, true, rb, cols, d, 1, dO + r0 * ldq, ldq, Vm, ldkv, 0, dprobs.data(), cols);
+        blas::gemm<Real>(false, true, rb, cols, d, 1, dO + r0 * ldq, ldq, Vm, ldkv, 0, dprobs, cols);
         // dS = scale · P ⊙ (dP − D), in place of dP (masked entries have P = 0)
         for (int64_t i = 0; i < rb; i++) {
-          const Real* p = probs.data() + i * cols;
-          Real* ds = dprobs.data() + i * cols;
+          const Real* p = probs + i * cols;
+          Real* ds = dprobs + i * cols;
           for (int64_t j = 0; j < cols; j++) ds[j] = Real(scale) * p[j] * (ds[j] - D[i]);
         }
         // dQ_blk (rb, d) = dS (rb, cols) · K[0 : cols] (cols, d)
-        blas::gemm<Real>(false, false, rb, d, cols, 1, dprobs.data(), cols, K, ldkv, 0, dQ + r0 * ldq, ldq);
+        blas::gemm<Real>(false, false, rb, d, cols, 1, dprobs, cols, K, ldkv, 0, dQ + r0 * ldq, ldq);
         // dK[0 : cols] (cols, d) += dSᵀ (cols, rb) · Q_blk (rb, d)
-        blas::gemm<Real>(true, false, cols, d, rb, 1, dprobs.data(), cols, Q + r0 * ldq, ldq, 1, dK, ldkv);
+        blas::gemm<Real>(true, false, cols, d, rb, 1, dprobs, cols, Q + r0 * ldq, ldq, 1, dK, ldkv);
       }
     }
   }

@@ -8,7 +8,9 @@
 namespace lfc::cpu {
 
 void image_sizes(int32_t* sizes, const int32_t* segments, int64_t N, int64_t I) {
-  std::vector<int32_t> count(size_t(I), 0);
+  ScratchScope scratch;
+  int32_t* count = scratch.take<int32_t>(I);  // (I)
+  std::fill(count, count + I, 0);
   int64_t last = -1;
   for (int64_t n = 0; n < N; n++) {
     const int64_t s = segments[n];
@@ -16,35 +18,40 @@ void image_sizes(int32_t* sizes, const int32_t* segments, int64_t N, int64_t I) 
     LFC_KERNEL_CHECK(s == last || s == last + 1, "image_sizes: patch ", n, " has image index ", s,
                      " after ", last, " (images must be contiguous, in index order)");
     last = s;
-    count[size_t(s)]++;
+    count[s]++;
   }
-  std::copy(count.begin(), count.end(), sizes);
+  std::copy(count, count + I, sizes);
 }
 
 int64_t balance_assign(int32_t* dest, const int32_t* all_sizes, int64_t P, int64_t I, int64_t capacity) {
-  std::vector<int64_t> images;  // global indices of the non-empty slots
+  ScratchScope scratch;
+  int64_t* images = scratch.take<int64_t>(P * I);  // (≤ P·I): global indices of the non-empty slots
+  int64_t count = 0;
   for (int64_t g = 0; g < P * I; g++) {
     LFC_KERNEL_CHECK(all_sizes[g] >= 0, "balance_assign: image ", g % I, " of rank ", g / I, " has ",
                      all_sizes[g], " patches");
     dest[g] = all_sizes[g] > 0 ? int32_t(g / I) : -1;
-    if (all_sizes[g] > 0) images.push_back(g);
+    if (all_sizes[g] > 0) images[count++] = g;
   }
   const auto cost = [&](int64_t g) { return int64_t(all_sizes[g]) * all_sizes[g]; };
-  std::stable_sort(images.begin(), images.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
-  std::vector<int64_t> load(size_t(P), 0), rows(size_t(P), 0);
-  std::vector<int32_t> chosen(images.size());
-  for (size_t j = 0; j < images.size(); j++) {
+  std::stable_sort(images, images + count, [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+  int64_t* load = scratch.take<int64_t>(P);  // (P)
+  int64_t* rows = scratch.take<int64_t>(P);  // (P)
+  std::fill(load, load + P, 0);
+  std::fill(rows, rows + P, 0);
+  int32_t* chosen = scratch.take<int32_t>(P * I);  // (≤ P·I)
+  for (int64_t j = 0; j < count; j++) {
     const int64_t n = all_sizes[images[j]];
     int64_t best = -1;
     for (int64_t q = 0; q < P; q++)
-      if (rows[size_t(q)] + n <= capacity && (best < 0 || load[size_t(q)] < load[size_t(best)])) best = q;
+      if (rows[q] + n <= capacity && (best < 0 || load[q] < load[best])) best = q;
     if (best < 0) return 0;  // no room anywhere: every image stays home (dest as set above)
     chosen[j] = int32_t(best);
-    load[size_t(best)] += cost(images[j]);
-    rows[size_t(best)] += n;
+    load[best] += cost(images[j]);
+    rows[best] += n;
   }
   int64_t moved = 0;
-  for (size_t j = 0; j < images.size(); j++) {
+  for (int64_t j = 0; j < count; j++) {
     dest[images[j]] = chosen[j];
     moved += chosen[j] != images[j] / I;
   }
@@ -59,10 +66,12 @@ int64_t vit_balance_route(int32_t* send, int32_t* order, int32_t* back, int32_t*
                    merge, " (patches per visual token)");
   // this rank's images: start row and patches, checked against its segments
   const int32_t* mine = all_sizes + rank * I;
-  std::vector<int64_t> start(size_t(I), 0);
+  ScratchScope scratch;
+  int64_t* start = scratch.take<int64_t>(I);  // (I)
+  std::fill(start, start + I, 0);
   int64_t total = 0;
   for (int64_t i = 0; i < I; i++) {
-    start[size_t(i)] = total;
+    start[i] = total;
     LFC_KERNEL_CHECK(mine[i] % merge == 0, "vit_balance_route: image ", i, " has ", mine[i],
                      " patches, not whole merge blocks of ", merge);
     total += mine[i];
@@ -70,25 +79,25 @@ int64_t vit_balance_route(int32_t* send, int32_t* order, int32_t* back, int32_t*
   LFC_KERNEL_CHECK(total == N, "vit_balance_route: the sizes of rank ", rank, " add up to ", total,
                    " patches, its segments have ", N);
   for (int64_t i = 0; i < I; i++)
-    for (int64_t n = start[size_t(i)]; n < start[size_t(i)] + mine[i]; n++)
+    for (int64_t n = start[i]; n < start[i] + mine[i]; n++)
       LFC_KERNEL_CHECK(segments[n] == i, "vit_balance_route: patch ", n, " has image index ", segments[n],
                        ", the sizes say ", i);
 
-  std::vector<int32_t> dest(size_t(P * I));
-  const int64_t moved = balance_assign(dest.data(), all_sizes, P, I, capacity);
+  int32_t* dest = scratch.take<int32_t>(P * I);  // (P·I)
+  const int64_t moved = balance_assign(dest, all_sizes, P, I, capacity);
   std::fill(send, send + P, 0);
   std::fill(back, back + P, 0);
   for (int64_t g = 0; g < P * I; g++) {
-    if (dest[size_t(g)] < 0) continue;
-    if (g / I == rank) send[dest[size_t(g)]] += all_sizes[g];
-    if (dest[size_t(g)] == rank) back[g / I] += int32_t(all_sizes[g] / merge);
+    if (dest[g] < 0) continue;
+    if (g / I == rank) send[dest[g]] += all_sizes[g];
+    if (dest[g] == rank) back[g / I] += int32_t(all_sizes[g] / merge);
   }
   // send order: by destination, then image; a token comes back at its position in that order
   int64_t at = 0;
   for (int64_t q = 0; q < P; q++)
     for (int64_t i = 0; i < I; i++) {
-      if (dest[size_t(rank * I + i)] != q) continue;
-      for (int64_t n = start[size_t(i)]; n < start[size_t(i)] + mine[i]; n++) {
+      if (dest[rank * I + i] != q) continue;
+      for (int64_t n = start[i]; n < start[i] + mine[i]; n++) {
         order[at] = int32_t(n);
         if (n % merge == 0) inverse[n / merge] = int32_t(at / merge);
         at++;

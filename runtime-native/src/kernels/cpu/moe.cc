@@ -19,9 +19,9 @@ void check_row(const char* kernel, int32_t r, int64_t a, int64_t N) {
 }
 
 // f_e · n · k: assignments per expert over non-padding tokens; returns n.
-int64_t assignment_counts(std::vector<int64_t>& count, const char* kernel, const int32_t* experts,
+int64_t assignment_counts(int64_t* count, const char* kernel, const int32_t* experts,
                           const int32_t* segments, int64_t T, int64_t E, int64_t k) {
-  count.assign(E, 0);
+  std::fill(count, count + E, 0);
   int64_t n = 0;
   for (int64_t t = 0; t < T; t++) {
     if (segments[t] < 0) continue;
@@ -84,7 +84,8 @@ void router_topk_weights(Real* weights, const Real* probs, const int32_t* expert
 template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
                           const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
-  std::vector<double> dp(E);  // (E): total gradient of one row of probs
+  ScratchScope scratch;
+  double* dp = scratch.take<double>(E);  // (E): total gradient of one row of probs
   for (int64_t t = 0; t < T; t++) {
     const Real* pt = probs + t * E;  // (E)
     for (int64_t e = 0; e < E; e++) dp[e] = dprobs ? double(dprobs[t * E + e]) : 0.0;
@@ -118,20 +119,30 @@ void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Rea
   for (int64_t a = 0; a < A; a++) check_expert("moe_permute_forward", experts[a], a, E);
   // which assignments each expert keeps: all, its first `capacity` in assignment order, or (with
   // priority) its `capacity` of highest priority, ties to the earlier assignment
-  std::vector<uint8_t> keep(size_t(A), 1);
+  ScratchScope scratch;
+  uint8_t* keep = scratch.take<uint8_t>(A);  // (A)
+  std::fill(keep, keep + A, uint8_t(1));
   if (capacity >= 0) {
-    std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));  // (E): each expert's assignments, in order
-    for (int64_t a = 0; a < A; a++) of[size_t(experts[a])].push_back(a);
-    for (auto& list : of) {
-      if (int64_t(list.size()) <= capacity) continue;
-      if (priority)
-        std::stable_sort(list.begin(), list.end(), [&](int64_t p, int64_t q) { return priority[p] > priority[q]; });
-      for (size_t i = size_t(capacity); i < list.size(); i++) keep[size_t(list[i])] = 0;
+    // each expert's assignments in order: expert e's are of[start[e] : start[e + 1]]
+    int64_t* start = scratch.take<int64_t>(E + 1);  // (E + 1)
+    int64_t* of = scratch.take<int64_t>(A);         // (A)
+    std::fill(start, start + E + 1, 0);
+    for (int64_t a = 0; a < A; a++) start[experts[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    int64_t* fill = scratch.take<int64_t>(E);  // (E): next free place of each expert's list
+    std::copy(start, start + E, fill);
+    for (int64_t a = 0; a < A; a++) of[fill[experts[a]]++] = a;
+    for (int64_t e = 0; e < E; e++) {
+      int64_t* first = of + start[e];
+      int64_t* last = of + start[e + 1];
+      if (last - first <= capacity) continue;
+      if (priority) std::stable_sort(first, last, [&](int64_t p, int64_t q) { return priority[p] > priority[q]; });
+      for (int64_t* a = first + capacity; a < last; a++) keep[*a] = 0;
     }
   }
   std::fill(counts, counts + E, 0);
-  for (int64_t a = 0; a < A; a++) counts[experts[a]] += keep[size_t(a)];
-  std::vector<int64_t> next(E);  // (E): next free row of each expert
+  for (int64_t a = 0; a < A; a++) counts[experts[a]] += keep[a];
+  int64_t* next = scratch.take<int64_t>(E);  // (E): next free row of each expert
   int64_t kept = 0;
   for (int64_t e = 0; e < E; e++) {
     next[e] = kept;
@@ -139,7 +150,7 @@ void moe_permute_forward(Real* rows, int32_t* counts, int32_t* row_of, const Rea
   }
   LFC_KERNEL_CHECK(kept <= N, "moe_permute_forward: ", kept, " kept rows do not fit the ", N, " rows");
   for (int64_t a = 0; a < A; a++) {
-    if (!keep[size_t(a)]) {  // dropped
+    if (!keep[a]) {  // dropped
       row_of[a] = -1;
       continue;
     }
@@ -215,10 +226,12 @@ void moe_unpermute_backward(Real* drows, Real* dweights, const Real* dy, const R
 template <typename Real>
 Real moe_aux_loss_forward(const Real* probs, const int32_t* experts, const int32_t* segments, int64_t T,
                           int64_t E, int64_t k, double coeff) {
-  std::vector<int64_t> count;  // (E)
+  ScratchScope scratch;
+  int64_t* count = scratch.take<int64_t>(E);  // (E)
   const int64_t n = assignment_counts(count, "moe_aux_loss_forward", experts, segments, T, E, k);
   if (n == 0) return Real(0);
-  std::vector<double> P(E, 0.0);  // (E): Σ over counted tokens of probs[t, e]
+  double* P = scratch.take<double>(E);  // (E): Σ over counted tokens of probs[t, e]
+  std::fill(P, P + E, 0.0);
   for (int64_t t = 0; t < T; t++)
     if (segments[t] >= 0)
       for (int64_t e = 0; e < E; e++) P[e] += probs[t * E + e];
@@ -230,10 +243,11 @@ Real moe_aux_loss_forward(const Real* probs, const int32_t* experts, const int32
 template <typename Real>
 void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, const int32_t* segments,
                            int64_t T, int64_t E, int64_t k, double coeff) {
-  std::vector<int64_t> count;  // (E)
+  ScratchScope scratch;
+  int64_t* count = scratch.take<int64_t>(E);  // (E)
   const int64_t n = assignment_counts(count, "moe_aux_loss_backward", experts, segments, T, E, k);
   if (n == 0) return;
-  std::vector<Real> g(E);  // (E): ∂loss/∂probs[t, e], the same for every counted t
+  Real* g = scratch.take<Real>(E);  // (E): ∂loss/∂probs[t, e], the same for every counted t
   for (int64_t e = 0; e < E; e++)
     g[e] = Real(double(dloss) * coeff * double(E) * (double(count[e]) / double(n * k)) / double(n));
   for (int64_t t = 0; t < T; t++)
@@ -297,25 +311,27 @@ template <typename Real>
 void moe_sort_chunks(Real* y, const Real* x, const int32_t* counts, int64_t P, int64_t L, int64_t N, int64_t H,
                      bool inverse) {
   // start (P, L): the first row of block (p, l) in p-major order; lstart the same in l-major order
-  std::vector<int64_t> pstart(size_t(P * L)), lstart(size_t(P * L));
+  ScratchScope scratch;
+  int64_t* pstart = scratch.take<int64_t>(P * L);  // (P, L)
+  int64_t* lstart = scratch.take<int64_t>(P * L);  // (P, L)
   int64_t total = 0;
   for (int64_t p = 0; p < P; p++)
     for (int64_t l = 0; l < L; l++) {
       const int32_t c = counts[p * L + l];
       LFC_KERNEL_CHECK(c >= 0, "moe_sort_chunks: counts[", p, ", ", l, "] = ", c, " is negative");
-      pstart[size_t(p * L + l)] = total;
+      pstart[(p * L + l)] = total;
       total += c;
     }
   LFC_KERNEL_CHECK(total <= N, "moe_sort_chunks: counts sum to ", total, " rows but there are ", N);
   int64_t at = 0;
   for (int64_t l = 0; l < L; l++)
     for (int64_t p = 0; p < P; p++) {
-      lstart[size_t(p * L + l)] = at;
+      lstart[(p * L + l)] = at;
       at += counts[p * L + l];
     }
   for (int64_t b = 0; b < P * L; b++) {
-    const int64_t from = inverse ? lstart[size_t(b)] : pstart[size_t(b)];
-    const int64_t to = inverse ? pstart[size_t(b)] : lstart[size_t(b)];
+    const int64_t from = inverse ? lstart[(b)] : pstart[(b)];
+    const int64_t to = inverse ? pstart[(b)] : lstart[(b)];
     std::copy(x + from * H, x + (from + counts[b]) * H, y + to * H);  // (counts[b], H)
   }
   std::copy(x + total * H, x + N * H, y + total * H);  // the rows past Σ counts

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "storage.h"
+
 namespace lfc::cpu {
 
 namespace {
@@ -22,14 +24,16 @@ void rope_rotate(const char* kernel, Real* y, const Real* x, const int32_t* posi
   }
   LFC_KERNEL_CHECK(total == half, kernel, ": sections sum to ", total, ", head dim/2 is ", half);
 
-  std::vector<double> inv_freq(half);     // (d/2)
-  std::vector<int64_t> section_of(half);  // (d/2): which positions column rotates frequency j
+  ScratchScope scratch;
+  double* inv_freq = scratch.take<double>(half);     // (d/2)
+  int64_t* section_of = scratch.take<int64_t>(half);  // (d/2): which positions column rotates frequency j
   for (int64_t j = 0, s = 0, end = sections[0]; j < half; j++) {
     while (j >= end) end += sections[++s];
     inv_freq[j] = std::pow(theta, -2.0 * double(j) / double(d));
     section_of[j] = s;
   }
-  std::vector<Real> cos_t(half), sin_t(half);  // (d/2), for the current token
+  Real* cos_t = scratch.take<Real>(half);  // (d/2), for the current token
+  Real* sin_t = scratch.take<Real>(half);  // (d/2)
   for (int64_t t = 0; t < T; t++) {
     const int32_t* pos = positions + t * P;  // (P)
     for (int64_t j = 0; j < half; j++) {

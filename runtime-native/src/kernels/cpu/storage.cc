@@ -1,10 +1,21 @@
 #include "storage.h"
 
+#include <algorithm>
 #include <cstring>
+#include <cstdlib>
+#include <new>
+#include <sstream>
 
 namespace lfc::cpu {
 
 namespace {
+
+std::string cat_scratch(const std::string& what, int64_t asked, int64_t used, int64_t planned) {
+  std::ostringstream m;
+  m << "scratch of " << what << ": asked " << asked << " bytes with " << used << " in use, but the plan gives "
+    << planned << " (the program's scratchBytes; compiler/plan/scratch.ts under-counts this op)";
+  return m.str();
+}
 
 bool stored(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f64; }
 
@@ -59,18 +70,53 @@ bool runs_in_f64(const char* kernel, const Src* first, const Src* last) {
   return f64 > 0;
 }
 
-// ---- the pool ---------------------------------------------------------------------------------
+// ---- scratch ----------------------------------------------------------------------------------
 
-float* StagingPool::take(int64_t n) {
-  if (used_ == blocks_.size()) blocks_.emplace_back();
-  std::vector<float>& v = blocks_[used_++].values;
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-  return v.data();
+void ScratchArena::Free::operator()(std::byte* p) const { std::free(p); }
+
+void ScratchArena::bind(std::byte* base, int64_t capacity, std::string what) {
+  LFC_KERNEL_CHECK(used_ == 0, "scratch: bound while ", used_, " bytes are in use");
+  base_ = base;
+  capacity_ = capacity;
+  bound_ = true;
+  what_ = std::move(what);
+  high_ = 0;
 }
 
-StagingPool& StagingPool::of_this_thread() {
-  thread_local StagingPool pool;
-  return pool;
+void ScratchArena::unbind() {
+  release(0);
+  base_ = nullptr;
+  capacity_ = 0;
+  bound_ = false;
+  what_.clear();
+}
+
+void* ScratchArena::take(int64_t bytes) {
+  const int64_t size = rounded(std::max<int64_t>(bytes, 0));
+  if (!bound_) {
+    auto* block = static_cast<std::byte*>(std::aligned_alloc(size_t(kAlign), size_t(std::max(size, kAlign))));
+    if (!block) throw std::bad_alloc();
+    heap_.push_back({used_, std::unique_ptr<std::byte, Free>(block)});
+    used_ += size;
+    high_ = std::max(high_, used_);
+    return heap_.back().bytes.get();
+  }
+  if (used_ + size > capacity_)
+    throw ScratchOverflow(cat_scratch(what_, bytes, used_, capacity_));
+  void* p = base_ + used_;
+  used_ += size;
+  high_ = std::max(high_, used_);
+  return p;
+}
+
+void ScratchArena::release(int64_t mark) {
+  while (!heap_.empty() && heap_.back().mark >= mark) heap_.pop_back();
+  if (mark < used_) used_ = mark;
+}
+
+ScratchArena& ScratchArena::of_this_thread() {
+  thread_local ScratchArena arena;
+  return arena;
 }
 
 // ---- Staging ------------------------------------------------------------------------------------
@@ -88,14 +134,14 @@ std::vector<double*> Staging<double>::out(const std::vector<Dst>& ys, int64_t n)
 }
 
 Staging<float>::Staging(const char* kernel)
-    : kernel_(kernel), pool_(StagingPool::of_this_thread()), mark_(pool_.mark()) {}
+    : kernel_(kernel), arena_(ScratchArena::of_this_thread()), mark_(arena_.mark()) {}
 
-Staging<float>::~Staging() { pool_.release(mark_); }
+Staging<float>::~Staging() { arena_.release(mark_); }
 
 const float* Staging<float>::in(Src x, int64_t n) {
   if (!x.data || x.dtype == DType::f32) return static_cast<const float*>(x.data);
   LFC_KERNEL_CHECK(x.dtype == DType::bf16, kernel_, ": an f32 kernel got an operand of dtype ", dtypeName(x.dtype));
-  float* copy = pool_.take(n);
+  float* copy = arena_.take<float>(n);
   floatFromBf16(copy, static_cast<const bf16*>(x.data), n);
   return copy;
 }
@@ -103,7 +149,7 @@ const float* Staging<float>::in(Src x, int64_t n) {
 float* Staging<float>::out(Dst y, int64_t n) {
   if (!y.data || y.dtype == DType::f32) return static_cast<float*>(y.data);
   LFC_KERNEL_CHECK(y.dtype == DType::bf16, kernel_, ": an f32 kernel got an output of dtype ", dtypeName(y.dtype));
-  float* copy = pool_.take(n);
+  float* copy = arena_.take<float>(n);
   floatFromBf16(copy, static_cast<const bf16*>(y.data), n);
   pending_.push_back({y, copy, n});
   return copy;

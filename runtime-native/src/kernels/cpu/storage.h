@@ -23,13 +23,17 @@
 //
 // A fast path for one (op, dtypes) pair, say a bf16 GEMM or an AVX-512 loop, goes at the top of
 // that op's entry point, before by_dtype, as a test of the operands' dtypes; the ops layer, which
-// only hands over dtype-tagged pointers, does not change. Staged copies live in a per-thread pool
-// reused from call to call (each executor thread stages only its own kernels).
+// only hands over dtype-tagged pointers, does not change. Staged copies are taken from the
+// thread's ScratchArena (below) and released when the call returns: on a stream thread of the
+// runtime that is the stream's planned scratch, so compiler/plan/scratch.ts counts them (n·4 bytes
+// per bf16 operand of n elements, rounded up to 64).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -69,20 +73,76 @@ inline bool runs_in_f64(const char* kernel, std::initializer_list<Src> operands)
   return runs_in_f64(kernel, operands.begin(), operands.end());
 }
 
-// Per-thread f32 blocks for staged copies; mark/release nest like a stack.
-class StagingPool {
+// Scratch: the temporaries of one kernel call or op that the IR does not name (staged f32 copies,
+// norm statistics, attention's score tiles, counts per expert), one stack per thread.
+//
+// Bound (the runtime's stream threads): every take() is carved from a planned block, the stream's
+// slice of the program's scratch region (compiler/plan/scratch.ts computes how much each
+// instruction takes); a take past its end throws ScratchOverflow, which names what was asked and
+// what was planned, and nothing grows. Unbound (the kernel checks, any other thread): each take()
+// is a heap block of its own, freed on release. Sizes are rounded up to 64 bytes, so a block of
+// takes is the sum of the rounded sizes; mark/release nest like a stack (RAII: ScratchScope).
+struct ScratchOverflow : KernelError {
+  using KernelError::KernelError;
+};
+
+class ScratchArena {
  public:
-  float* take(int64_t n);
-  size_t mark() const { return used_; }
-  void release(size_t mark) { used_ = mark; }
-  static StagingPool& of_this_thread();
+  static constexpr int64_t kAlign = 64;
+  static int64_t rounded(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+  // takes come from [base, base + capacity) (base 64-byte aligned) from now on; `what` names the
+  // block in an overflow message ("stream compute")
+  void bind(std::byte* base, int64_t capacity, std::string what);
+  void unbind();
+  bool bound() const { return bound_; }
+  int64_t capacity() const { return capacity_; }
+
+  // `bytes` of uninitialized memory, 64-byte aligned, until a release below this take's mark
+  void* take(int64_t bytes);
+  template <typename T>
+  T* take(int64_t n) {
+    return static_cast<T*>(take(n * int64_t(sizeof(T))));
+  }
+  int64_t mark() const { return used_; }
+  void release(int64_t mark);
+  // the most bytes in use at once since the last resetHigh
+  int64_t high() const { return high_; }
+  void resetHigh() { high_ = used_; }
+
+  static ScratchArena& of_this_thread();
 
  private:
-  struct Block {
-    std::vector<float> values;  // grown, never shrunk
+  struct Free {
+    void operator()(std::byte* p) const;
   };
-  std::vector<Block> blocks_;
-  size_t used_ = 0;
+  struct HeapBlock {
+    int64_t mark;  // used_ before the take
+    std::unique_ptr<std::byte, Free> bytes;
+  };
+  std::byte* base_ = nullptr;
+  int64_t capacity_ = 0;
+  bool bound_ = false;
+  std::string what_;
+  int64_t used_ = 0, high_ = 0;
+  std::vector<HeapBlock> heap_;  // unbound: the live takes, in order
+};
+
+// Releases every take made during its lifetime.
+class ScratchScope {
+ public:
+  ScratchScope() : arena_(ScratchArena::of_this_thread()), mark_(arena_.mark()) {}
+  ~ScratchScope() { arena_.release(mark_); }
+  ScratchScope(const ScratchScope&) = delete;
+  ScratchScope& operator=(const ScratchScope&) = delete;
+  template <typename T>
+  T* take(int64_t n) {
+    return arena_.take<T>(n);
+  }
+
+ private:
+  ScratchArena& arena_;
+  int64_t mark_;
 };
 
 template <typename Real>
@@ -126,8 +186,8 @@ class Staging<float> {
     int64_t n;
   };
   const char* kernel_;
-  StagingPool& pool_;
-  size_t mark_;
+  ScratchArena& arena_;
+  int64_t mark_;
   std::vector<Pending> pending_;
 };
 
