@@ -159,6 +159,7 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
           memoryGiB: Math.floor(totalmem() / 2 ** 30),
           // the operating system and Node: what a CPU plan cannot have of this machine's memory
           memoryReserveGiB: 2,
+          runtime: 'cpu',
           compute,
           links: {
             intraNode: link,

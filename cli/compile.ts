@@ -232,6 +232,8 @@ export function describeMemory(
   const gib = (b: number) => (b / 2 ** shift).toFixed(2);
   const anyHost = memory.some((m) => m.host > 0);
   const anyExpected = memory.some((m) => m.expected.deviceBytes !== m.device);
+  // a GPU device counts no CPU scratch (memoryByProgram): the column goes
+  const anyScratch = memory.some((m) => m.scratch > 0);
   const head = [
     'program',
     'parameters',
@@ -239,7 +241,7 @@ export function describeMemory(
     'optimizer',
     'batch',
     'activations',
-    'scratch',
+    ...(anyScratch ? ['scratch'] : []),
     'device total',
     ...(anyExpected ? ['expected'] : []),
     ...(anyHost ? ['host'] : []),
@@ -249,9 +251,9 @@ export function describeMemory(
     const stages = m.stages.length === 1 ? `stage ${m.stages[0]}` : `${m.stages.length} stages`;
     return [
       `${m.program} (${m.ranks} rank${m.ranks > 1 ? 's' : ''}, ${stages})`,
-      ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations, m.scratch, m.device].map(
-        gib,
-      ),
+      ...[m.parameters, m.gradients, m.optimizer, m.batch, m.activations].map(gib),
+      ...(anyScratch ? [gib(m.scratch)] : []),
+      gib(m.device),
       ...(anyExpected ? [gib(m.expected.deviceBytes)] : []),
       ...(anyHost ? [gib(m.host)] : []),
       ...(device ? [m.fits ? 'yes' : 'NO'] : []),
@@ -265,7 +267,7 @@ export function describeMemory(
     ? `; fits: device total + ${(device.reserveBytes / 2 ** 30).toFixed(1)} GiB reserve ≤ ${(device.bytes / 2 ** 30).toFixed(0)} GiB`
     : '';
   return [
-    `memory per rank, ${unit} (planned at the bounds of every size; scratch: the runtime's temporaries, per stream${anyExpected ? '; expected: a typical step' : ''}${anyHost ? '; host: pinned, offloaded activations' : ''}${fitsNote}):`,
+    `memory per rank, ${unit} (planned at the bounds of every size${anyScratch ? "; scratch: the CPU runtime's temporaries, per stream" : device?.runtime === 'gpu' ? "; the CPU runtime's scratch not counted: a GPU runtime's workspaces are in the reserve" : ''}${anyExpected ? '; expected: a typical step' : ''}${anyHost ? '; host: pinned, offloaded activations' : ''}${fitsNote}):`,
     `  ${line(head)}`,
     ...body.map((row) => `  ${line(row)}`),
     ...(more > 0 ? [`  … and ${more} program${more > 1 ? 's' : ''} more, smaller`] : []),
@@ -528,6 +530,7 @@ export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
     name: hw.name,
     bytes: hw.memoryGiB * 2 ** 30,
     reserveBytes: hw.memoryReserveGiB * 2 ** 30,
+    runtime: hw.runtime,
   };
 }
 

@@ -49,6 +49,12 @@ export interface DeviceMemory {
   readonly name: string;
   readonly bytes: number;
   readonly reserveBytes: number;
+  /**
+   * the runtime it stands for: 'cpu' (the native CPU runtime, whose scratch the plan sizes) or
+   * 'gpu' (a GPU runtime: no CPU staging or tiles; its workspaces are in the reserve, so the
+   * plan's scratch is not counted against it)
+   */
+  readonly runtime: 'cpu' | 'gpu';
 }
 
 /** Each distinct program's device and host memory per rank, the largest device total first. */
@@ -68,7 +74,10 @@ export function memoryByProgram(
       const r = p.regions;
       const ranks = ranksOf.get(p.id) ?? [];
       const batch = r.data + r.scalar;
-      const fixed = r.param + r.grad + r.optim + r.scratch;
+      // a GPU runtime has none of the CPU runtime's staging and tiles (its workspaces are in the
+      // device's reserve)
+      const scratch = device?.runtime === 'gpu' ? 0 : r.scratch;
+      const fixed = r.param + r.grad + r.optim + scratch;
       const total = fixed + batch + r.arena;
       const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
       const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
@@ -81,7 +90,7 @@ export function memoryByProgram(
         optimizer: r.optim,
         batch,
         activations: r.arena,
-        scratch: r.scratch,
+        scratch,
         device: total,
         host: r.host,
         bound: { deviceBytes: total },

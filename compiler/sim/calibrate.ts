@@ -101,6 +101,7 @@ export function profileYaml(p: Omit<HardwareProfile, 'path'>, about: string): st
     `gpus_per_node: ${p.gpusPerNode}`,
     `memory_gib: ${p.memoryGiB}`,
     `memory_reserve_gib: ${p.memoryReserveGiB}`,
+    `runtime: ${p.runtime}`,
     'compute:',
     `  matmul_tflops: ${c.matmulTflops.toPrecision(4)}`,
     `  matmul_efficiency: ${c.matmulEfficiency}`,

@@ -28,6 +28,11 @@ export interface HardwareProfile {
    * fragmentation): a plan fits when its device bytes plus this are at most memoryGiB
    */
   readonly memoryReserveGiB: number;
+  /**
+   * the runtime the profile stands for (`runtime:`, default gpu): cpu for `lfc calibrate`'s
+   * profile of this machine, whose memory the CPU runtime's planned scratch counts against
+   */
+  readonly runtime: 'cpu' | 'gpu';
   readonly compute: {
     readonly matmulTflops: number;
     /** the fraction of the peak a large GEMM reaches */
@@ -55,6 +60,13 @@ export function listHardware(): string[] {
     .filter((f) => f.endsWith('.yaml'))
     .map((f) => basename(f, '.yaml'))
     .sort();
+}
+
+function runtimeOf(doc: unknown, path: string): 'cpu' | 'gpu' {
+  const v = (doc as Record<string, unknown> | null)?.runtime;
+  if (v === undefined) return 'gpu';
+  if (v === 'cpu' || v === 'gpu') return v;
+  throw new UserError(`${path}: runtime must be cpu or gpu, got ${JSON.stringify(v)}`);
 }
 
 /** A profile by preset name or by path to a YAML file. */
@@ -111,6 +123,7 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
     gpusPerNode,
     memoryGiB: positive('memory_gib'),
     memoryReserveGiB: nonNegative('memory_reserve_gib'),
+    runtime: runtimeOf(doc, path),
     compute: {
       matmulTflops: positive('compute.matmul_tflops'),
       matmulEfficiency: positive('compute.matmul_efficiency', 1),

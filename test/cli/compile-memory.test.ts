@@ -105,4 +105,22 @@ describe('memory per rank', () => {
     }
     expect(describeMemory(programs as never, 1).at(-1)).toMatch(/… and 1 program more/);
   });
+
+  it("a GPU device does not count the CPU runtime's scratch; a CPU one does", () => {
+    const { result } = memoryOf({});
+    const device = (runtime: 'cpu' | 'gpu') => ({
+      name: runtime,
+      bytes: 2 ** 40,
+      reserveBytes: 0,
+      runtime,
+    });
+    const [cpu] = memoryByProgram(result, device('cpu'));
+    const [gpu] = memoryByProgram(result, device('gpu'));
+    const scratch = result.programs[0].regions.scratch;
+    expect(scratch).toBeGreaterThan(0);
+    expect(cpu.scratch).toBe(scratch);
+    expect(gpu.scratch).toBe(0);
+    expect(cpu.device - gpu.device).toBe(scratch);
+    expect(cpu.expected.deviceBytes - gpu.expected.deviceBytes).toBe(scratch);
+  });
 });
