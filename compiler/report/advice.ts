@@ -86,7 +86,7 @@ export function remediesFor(
       if (e instanceof UserError) continue; // a layout the rules refuse
       throw e;
     }
-    const worst = Math.max(...memoryByProgram(result).map((m) => m.bound.deviceBytes));
+    const worst = Math.max(...memoryByProgram(result, device).map((m) => m.bound.deviceBytes));
     const r = { change: alt.change, deviceBytes: worst, fits: fitsOn(worst, device) };
     onEach?.(r);
     remedies.push(r);

@@ -1,0 +1,103 @@
+// The fits check's advice: when a plan does not fit its device, each single change that applies is
+// planned for its memory, and those that fit are listed with their figure. Held here to the same
+// alternative compiled on its own, on a device made just too small for the plan.
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { alternativesOf, remediesFor } from '../../compiler/report/advice.js';
+import { memoryByProgram, type DeviceMemory } from '../../compiler/report/memory.js';
+import { compile, type CompileOptions } from '../../compiler/pipeline.js';
+import { cli } from '../helpers.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'lfc-advice-'));
+const OPTIONS: CompileOptions = {
+  model: 'tiny-vlm-moe',
+  nprocPerNode: 2,
+  globalBatchSize: 4,
+  microBatchSize: 2,
+};
+const worst = (o: CompileOptions, device: DeviceMemory) =>
+  Math.max(...memoryByProgram(compile(o), device).map((m) => m.bound.deviceBytes));
+
+describe('the fits advice', () => {
+  it('lists the changes that apply, each planned as if compiled on its own', async () => {
+    const gpu = { name: 'small', bytes: 2 ** 40, reserveBytes: 0, runtime: 'gpu' } as const;
+    const plain = worst(OPTIONS, gpu);
+    const device = { ...gpu, bytes: plain - 1 };
+    const changes = alternativesOf(OPTIONS, 2).map((a) => a.change);
+    expect(changes).toContain('--use-distributed-optimizer');
+    expect(changes).toContain('--micro-batch-size 1');
+    expect(changes).toContain('--recompute-granularity full');
+    const remedies = await remediesFor(OPTIONS, 2, device);
+    const byChange = new Map(remedies.map((r) => [r.change, r]));
+    // each figure is the alternative's own plan
+    expect(byChange.get('--use-distributed-optimizer')!.deviceBytes).toBe(
+      worst({ ...OPTIONS, distributedOptimizer: true }, gpu),
+    );
+    expect(byChange.get('--micro-batch-size 1')!.deviceBytes).toBe(
+      worst({ ...OPTIONS, microBatchSize: 1 }, gpu),
+    );
+    for (const r of remedies) expect(r.fits).toBe(r.deviceBytes <= device.bytes);
+    expect(remedies.some((r) => r.fits)).toBe(true);
+    // smallest first
+    const sizes = remedies.map((r) => r.deviceBytes);
+    expect(sizes).toEqual([...sizes].sort((a, b) => a - b));
+  }, 120_000);
+
+  it('lfc compile prints them for a profile the plan does not fit', async () => {
+    const hw = join(dir, 'small.yaml');
+    writeFileSync(
+      hw,
+      [
+        'name: small',
+        'description: a device just too small',
+        'gpus_per_node: 8',
+        'memory_gib: 0.03',
+        'memory_reserve_gib: 0',
+        'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
+        'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
+        '',
+      ].join('\n'),
+    );
+    const r = await cli(
+      'compile',
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--global-batch-size',
+      '4',
+      '--micro-batch-size',
+      '2',
+      '--hardware',
+      hw,
+      '--no-simulate',
+      '-o',
+      join(dir, 'plan'),
+    );
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/does not fit small: p0 needs up to/);
+    expect(r.out).toMatch(
+      /single changes that fit \(each planned; largest program at the bounds\):|no single change fits/,
+    );
+    expect(r.out).toMatch(/planned \d+ alternatives in [\d.]+ s; --no-advice skips them/);
+    const quiet = await cli(
+      'compile',
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--global-batch-size',
+      '4',
+      '--micro-batch-size',
+      '2',
+      '--hardware',
+      hw,
+      '--no-simulate',
+      '--no-advice',
+      '-o',
+      join(dir, 'plan2'),
+    );
+    expect(quiet.out).toMatch(/does not fit small/);
+    expect(quiet.out).not.toMatch(/alternatives/);
+  }, 120_000);
+});
