@@ -376,15 +376,8 @@ const TOP = [
 ] as const;
 type Top = (typeof TOP)[number];
 const OPTIONAL: ReadonlySet<Top> = new Set(['expected-bytes', 'optimizer-shards']);
-const SECTIONS: ReadonlySet<Top> = new Set([
-  'buffers',
-  'params',
-  'inputs',
-  'scalars',
-  'outputs',
-  'optimizer-shards',
-  'instructions',
-]);
+/** the lines from buffers on head sections of entries */
+const SECTIONS: ReadonlySet<Top> = new Set(TOP.slice(TOP.indexOf('buffers')));
 
 const isShard = (v: unknown): boolean =>
   Array.isArray(v) &&

@@ -60,43 +60,16 @@ describe('the fits advice', () => {
         '',
       ].join('\n'),
     );
-    const r = await cli(
-      'compile',
-      'tiny-vlm-moe',
-      '--nproc-per-node',
-      '2',
-      '--global-batch-size',
-      '4',
-      '--micro-batch-size',
-      '2',
-      '--hardware',
-      hw,
-      '--no-simulate',
-      '-o',
-      join(dir, 'plan'),
-    );
+    const argv = ['compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--global-batch-size', '4'];
+    const small = [...argv, '--micro-batch-size', '2', '--hardware', hw, '--no-simulate'];
+    const r = await cli(...small, '-o', join(dir, 'plan'));
     expect(r.code).toBe(0);
     expect(r.out).toMatch(/does not fit small: p0 needs up to/);
     expect(r.out).toMatch(
       /single changes that fit \(each planned; largest program at the bounds\):|no single change fits/,
     );
     expect(r.out).toMatch(/planned \d+ alternatives in [\d.]+ s; --no-advice skips them/);
-    const quiet = await cli(
-      'compile',
-      'tiny-vlm-moe',
-      '--nproc-per-node',
-      '2',
-      '--global-batch-size',
-      '4',
-      '--micro-batch-size',
-      '2',
-      '--hardware',
-      hw,
-      '--no-simulate',
-      '--no-advice',
-      '-o',
-      join(dir, 'plan2'),
-    );
+    const quiet = await cli(...small, '--no-advice', '-o', join(dir, 'plan2'));
     expect(quiet.out).toMatch(/does not fit small/);
     expect(quiet.out).not.toMatch(/alternatives/);
   }, 120_000);
