@@ -86,14 +86,6 @@ export class RankState {
   }
 
   /**
-   * A Float32Array over the runtime's memory for f32 state (writes go straight to the runtime);
-   * read and write cover every dtype.
-   */
-  view(name: string, kind: StateKind): Float32Array {
-    return this.buffer(this.idOf(this.param(name), kind));
-  }
-
-  /**
    * The distributed optimizer's fp32 master slices from the parameters they update (the rank's
    * block of each bucket, upcast exactly), as Megatron's optimizer starts them: after the
    * parameters were initialized or loaded without their master weights. `groupRank` gives this

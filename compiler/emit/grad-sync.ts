@@ -211,9 +211,8 @@ function relayoutBuckets(
     const paramLo = paramTop;
     // a parameter's element may be smaller than its gradient's (bf16 weights, f32 gradients):
     // its offset in the parameter bucket is the gradient's, scaled
-    const scale = bucket.shardOver
-      ? DTYPE_BYTES[bucket.grads[0].p.type.dtype] / DTYPE_BYTES[bucket.grads[0].buf.dtype as DType]
-      : 1;
+    const types = bucket.shardOver ? elementTypes(bucket) : undefined;
+    const scale = types ? DTYPE_BYTES[types.param] / DTYPE_BYTES[types.grad] : 1;
     for (const { p, buf } of bucket.grads) {
       buffers[buf.id].offset = top;
       if (bucket.shardOver) {

@@ -11,6 +11,8 @@ import { cli } from '../helpers.js';
 
 const LAYOUT = ['--nproc-per-node', '4', '--pp', '2', '--vpp', '2', '--ep', '2'];
 const LEVEL3 = [...LAYOUT, '--enable-full-hetero-dp', '--full-hetero-dp-cpu-offload'];
+/** `lfc compile` of the level-3 layout, printing what --dump-after asks */
+const DUMP = ['compile', 'tiny-vlm-moe', ...LEVEL3, '--global-batch-size', '8', '--dump-after'];
 
 describe('the pass list', () => {
   it('lfc compile --list-passes prints it, and the README holds the same text', async () => {
@@ -26,15 +28,7 @@ describe('the pass list', () => {
 
   for (const pass of PASSES.filter((p) => p.dumps !== 'none'))
     it(`--dump-after ${pass.name}`, async () => {
-      const r = await cli(
-        'compile',
-        'tiny-vlm-moe',
-        ...LEVEL3,
-        '--global-batch-size',
-        '8',
-        '--dump-after',
-        pass.name,
-      );
+      const r = await cli(...DUMP, pass.name);
       expect(r.err).toBe('');
       expect(r.code).toBe(0);
       expect(r.out.length).toBeGreaterThan(100);
@@ -46,17 +40,7 @@ describe('the pass list', () => {
     });
 
   it('--dump-program picks the program; a wrong id or pass is a one-line error', async () => {
-    const r = await cli(
-      'compile',
-      'tiny-vlm-moe',
-      ...LEVEL3,
-      '--global-batch-size',
-      '8',
-      '--dump-after',
-      'memory-plan',
-      '--dump-program',
-      'p1',
-    );
+    const r = await cli(...DUMP, 'memory-plan', '--dump-program', 'p1');
     expect(parseProgram(r.out).id).toBe('p1');
     const bad = await cli(
       'compile',

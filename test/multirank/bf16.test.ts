@@ -80,8 +80,7 @@ async function routingOf(plan: string): Promise<Routing> {
     SEED,
     (ins) => (ins.op === 'router_topk' ? [ins.outputs[0], ins.outputs[2]] : []),
     (rt, ins) => {
-      const scope = (ins as unknown as { scope: string }).scope;
-      decisions.set(`${ins.microbatch}|${scope}`, {
+      decisions.set(`${ins.microbatch}|${ins.scope}`, {
         probs: new Float32Array(rt.readBuffer(ins.outputs[0])),
         experts: new Int32Array(rt.readBuffer(ins.outputs[2])),
         k: ins.attrs.k!,

@@ -8,6 +8,7 @@ import { readPlan } from '../../runtime/plan-io.js';
 import { RankState } from '../../runtime/state.js';
 
 export interface Instruction {
+  scope: string;
   op: string;
   outputs: number[];
   microbatch: number;

@@ -32,39 +32,27 @@ interface Case {
   readonly level: 1 | 2 | 3;
 }
 
-const FREEZE = ['+model.image_encoder.freeze=True'];
+/** qwen2.5-vl-7b as the article trains it (tp 4 × dp 2, level 2), its encoder frozen or not */
+const qwen7b = (frozenEncoder: boolean): Case => ({
+  name: `qwen2.5-vl-7b, tp 4 × dp 2, distributed optimizer, level 2, encoder ${frozenEncoder ? 'frozen (the article)' : 'trained'}`,
+  options: {
+    model: 'qwen2.5-vl-7b',
+    overrides: frozenEncoder ? ['+model.image_encoder.freeze=True'] : [],
+    nprocPerNode: 8,
+    parallel: { tp: 4 },
+    distributedOptimizer: true,
+    encoder: { heteroDp: true },
+    globalBatchSize: 32,
+    precision: { bf16: true },
+  },
+  bf16: true,
+  frozenEncoder,
+  level: 2,
+});
+
 const CASES: Case[] = [
-  {
-    name: 'qwen2.5-vl-7b, tp 4 × dp 2, distributed optimizer, level 2, encoder frozen (the article)',
-    options: {
-      model: 'qwen2.5-vl-7b',
-      overrides: FREEZE,
-      nprocPerNode: 8,
-      parallel: { tp: 4 },
-      distributedOptimizer: true,
-      encoder: { heteroDp: true },
-      globalBatchSize: 32,
-      precision: { bf16: true },
-    },
-    bf16: true,
-    frozenEncoder: true,
-    level: 2,
-  },
-  {
-    name: 'qwen2.5-vl-7b, tp 4 × dp 2, distributed optimizer, level 2, encoder trained',
-    options: {
-      model: 'qwen2.5-vl-7b',
-      nprocPerNode: 8,
-      parallel: { tp: 4 },
-      distributedOptimizer: true,
-      encoder: { heteroDp: true },
-      globalBatchSize: 32,
-      precision: { bf16: true },
-    },
-    bf16: true,
-    frozenEncoder: false,
-    level: 2,
-  },
+  qwen7b(true),
+  qwen7b(false),
   {
     name: 'qwen3-vl-30b-a3b, tp 4 × pp 2 × ep 4 on 32 ranks, no distributed optimizer (18 bytes)',
     options: {
