@@ -89,7 +89,7 @@ export const GRAD_RULES = {
     const [out, lse] = c.node.outputs.map((o) => o.name);
     return c.b.op('attention_grad', [c.dOut(0)!, ...c.node.inputs, out, lse], c.node.attrs);
   }),
-  gelu: rule((c) => [c.b.op1('gelu_grad', [c.dOut(0)!, c.node.inputs[0]])]),
+  gelu: rule((c) => [c.b.op1('gelu_grad', [c.dOut(0)!, c.node.inputs[0]], c.node.attrs)]),
   swiglu: rule((c) => c.b.op('swiglu_grad', [c.dOut(0)!, ...c.node.inputs])),
   add: rule((c) => [c.dOut(0), c.dOut(0)]),
   merge_visual: rule((c) => {

@@ -156,14 +156,15 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim, dtype: DType):
         const pc = b.op1('embedding', [cols, tc]);
         return b.op1('add', [x, b.op1('add', [pr, pc])]);
       });
-    } else if (e.position_embedding === 'learned') {
+    } else if (e.position_embedding === 'interpolated') {
       const ids = b.input('patch_pos_ids', 'i32', [Np], 'position-table row of each patch');
       const t = b.param('visual.pos_embed.weight', [e.num_position_embeddings, hv], {
         init: INIT_WEIGHT,
         trainable,
       });
       x = b.in('pos_embed', () => b.op1('add', [x, b.op1('embedding', [ids, t])]));
-    } else {
+    }
+    if (e.rotary_2d) {
       ropePos = b.input(
         'patch_positions',
         'i32',
@@ -211,7 +212,7 @@ function mlp(
   b: GraphBuilder,
   x: string,
   p: string,
-  act: 'gelu_tanh' | 'swiglu',
+  act: 'gelu_tanh' | 'gelu' | 'swiglu',
   h: number,
   f: number,
   bias: boolean,
@@ -222,8 +223,13 @@ function mlp(
     const u = linear(b, x, `${p}.up_proj`, f, h, bias, trainable);
     return linear(b, b.op1('swiglu', [g, u]), `${p}.down_proj`, h, f, bias, trainable);
   }
-  const a = b.op1('gelu', [linear(b, x, `${p}.fc1`, f, h, bias, trainable)]);
+  const a = gelu(b, linear(b, x, `${p}.fc1`, f, h, bias, trainable), act === 'gelu');
   return linear(b, a, `${p}.fc2`, h, f, bias, trainable);
+}
+
+/** GELU: exact (erf, HF's nn.GELU) or the tanh approximation (no attribute: the default). */
+function gelu(b: GraphBuilder, x: string, exact: boolean): string {
+  return b.op1('gelu', [x], exact ? { exact: true } : {});
 }
 
 /** The merger (and Qwen3-VL's deepstack mergers): patches → visual tokens of decoder width. */
@@ -249,7 +255,7 @@ function buildProjector(
       : x;
     y = b.op1('reshape', [y], { shape: [tokensOf(x), String(wide)] });
     if (!normFirst) y = norm(b, pc.normalization, y, `${p}.norm`, wide, pc.norm_epsilon, trainable);
-    const a = b.op1('gelu', [linear(b, y, `${p}.fc1`, wide, wide, true, trainable)]);
+    const a = gelu(b, linear(b, y, `${p}.fc1`, wide, wide, true, trainable), pc.activation === 'gelu');
     return linear(b, a, `${p}.fc2`, d.hidden_size, wide, true, trainable);
   };
   const embeds = b.in('visual.merger', () =>

@@ -22,11 +22,18 @@ export interface EncoderConfig {
   spatial_merge_size: number;
   normalization: 'layernorm' | 'rmsnorm';
   norm_epsilon: number;
-  activation: 'gelu_tanh' | 'swiglu';
+  /** gelu: exact (erf); gelu_tanh: the tanh approximation; swiglu: silu(gate)·up (Qwen2.5's silu MLP) */
+  activation: 'gelu_tanh' | 'gelu' | 'swiglu';
   add_qkv_bias: boolean;
   add_bias_linear: boolean;
   patch_embed_bias: boolean;
-  position_embedding: 'learned_row_col' | 'learned' | 'rope_2d';
+  /**
+   * learned_row_col: row and column tables (tiny-vlm); interpolated: a learned square table
+   * bilinearly interpolated to each image's patch grid (Qwen3-VL); none
+   */
+  position_embedding: 'learned_row_col' | 'interpolated' | 'none';
+  /** rotate q and k by the patch's row (first quarter of the frequencies' pairs) and column (Qwen-VL) */
+  rotary_2d: boolean;
   num_position_embeddings: number;
   rotary_base: number;
   max_image_size: number;
@@ -41,7 +48,7 @@ export interface ProjectorConfig {
   type: 'patch_merger';
   normalization: 'layernorm' | 'rmsnorm';
   norm_epsilon: number;
-  activation: 'gelu_tanh';
+  activation: 'gelu_tanh' | 'gelu';
   freeze: boolean;
 }
 
@@ -60,10 +67,16 @@ export interface DecoderConfig {
   norm_epsilon: number;
   rotary_base: number;
   mrope_section: number[];
+  /** Qwen3-VL's interleaved M-RoPE (frequency j rotates by t, h, w in turn); else sectioned */
+  mrope_interleaved: boolean;
+  /** the image placeholder token; a microbatch carries its own, checked against this */
+  image_token_id: number;
   num_experts: number;
   moe_router_topk: number;
   moe_ffn_hidden_size: number;
   moe_aux_loss_coeff: number;
+  /** renormalise the top-k routing probabilities to sum to 1 (HF norm_topk_prob) */
+  moe_router_norm_topk: boolean;
   /** Megatron's --moe-expert-capacity-factor: absent, no token is dropped */
   moe_expert_capacity_factor?: number;
   /** Megatron's --moe-token-drop-policy: which assignments an expert over capacity keeps (default probs, as Megatron) */
@@ -131,11 +144,12 @@ const ENCODER_SCHEMA: Schema = {
   spatial_merge_size: { t: 'posint', def: 2 },
   normalization: { t: 'enum', values: ['layernorm', 'rmsnorm'] },
   norm_epsilon: { t: 'posnumber', def: 1e-6 },
-  activation: { t: 'enum', values: ['gelu_tanh', 'swiglu'] },
+  activation: { t: 'enum', values: ['gelu_tanh', 'gelu', 'swiglu'] },
   add_qkv_bias: { t: 'bool', def: true },
   add_bias_linear: { t: 'bool', def: true },
   patch_embed_bias: { t: 'bool', def: true },
-  position_embedding: { t: 'enum', values: ['learned_row_col', 'learned', 'rope_2d'] },
+  position_embedding: { t: 'enum', values: ['learned_row_col', 'interpolated', 'none'] },
+  rotary_2d: { t: 'bool', def: false },
   num_position_embeddings: { t: 'nonnegint', def: 0 },
   rotary_base: { t: 'posnumber', def: 10000 },
   max_image_size: { t: 'posint' },
@@ -150,7 +164,7 @@ const PROJECTOR_SCHEMA: Schema = {
   type: { t: 'enum', values: ['patch_merger'] },
   normalization: { t: 'enum', values: ['layernorm', 'rmsnorm'] },
   norm_epsilon: { t: 'posnumber', def: 1e-6 },
-  activation: { t: 'enum', values: ['gelu_tanh'], def: 'gelu_tanh' },
+  activation: { t: 'enum', values: ['gelu_tanh', 'gelu'], def: 'gelu_tanh' },
   freeze: { t: 'bool', def: false },
 };
 
@@ -169,10 +183,13 @@ const DECODER_SCHEMA: Schema = {
   norm_epsilon: { t: 'posnumber', def: 1e-6 },
   rotary_base: { t: 'posnumber', def: 1e6 },
   mrope_section: { t: 'posints' },
+  mrope_interleaved: { t: 'bool', def: false },
+  image_token_id: { t: 'nonnegint', def: 1 },
   num_experts: { t: 'nonnegint', def: 0 },
   moe_router_topk: { t: 'nonnegint', def: 0 },
   moe_ffn_hidden_size: { t: 'nonnegint', def: 0 },
   moe_aux_loss_coeff: { t: 'nonnegnumber', def: 0 },
+  moe_router_norm_topk: { t: 'bool', def: true },
   moe_expert_capacity_factor: { t: 'posnumber', optional: true },
   // Megatron's default, probs
   moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'probs' },
@@ -444,7 +461,7 @@ function checkConsistency(c: ModelConfig): void {
         `${src}: model.image_encoder names block ${l}, but it has ${e.num_layers} blocks`,
       );
   }
-  if (e.position_embedding === 'learned' && e.num_position_embeddings === 0) {
+  if (e.position_embedding === 'interpolated' && e.num_position_embeddings === 0) {
     throw new UserError(
       `${src}: model.image_encoder.num_position_embeddings must be set for learned position embeddings`,
     );
