@@ -287,16 +287,26 @@ export const OP_TABLE = {
     summary:
       'rows of a table at integer ids: ids [T], table [V, H] → [T, H]; vocab-parallel with ' +
       'shard_group: the table holds rows [r·V, (r+1)·V) of the vocabulary (r = the group rank), ' +
-      'ids outside them give zero rows (Megatron VocabParallelEmbedding, before its all-reduce)',
+      'ids outside them give zero rows (Megatron VocabParallelEmbedding, before its all-reduce); ' +
+      'with weights [T, K] and ids [T, K], the weighted sum of K rows (a bilinearly interpolated ' +
+      'position table: K = 4)',
     category: 'compute',
-    inputs: [2, 2],
+    inputs: [2, 3],
     attrs: optionalVocabShardAttrs,
-    shape: ([ids, table], attrs) => {
+    shape: ([ids, table, weights], attrs) => {
       shardAttrsTogether(attrs);
       intT(ids, 'ids');
       floatT(table, 'table');
       rank(table, 2, 'table');
-      return [{ dtype: table.dtype, shape: [...ids.shape, table.shape[1]] }];
+      if (!weights) return [{ dtype: table.dtype, shape: [...ids.shape, table.shape[1]] }];
+      need(attrs.shard_group === undefined, 'a weighted embedding is not vocab-parallel');
+      floatT(weights, 'weights');
+      rank(ids, 2, 'ids');
+      need(
+        shapeEq(ids.shape, weights.shape),
+        () => `ids ${formatShape(ids.shape)} and weights ${formatShape(weights.shape)} differ`,
+      );
+      return [{ dtype: table.dtype, shape: [ids.shape[0], table.shape[1]] }];
     },
     flops: noFlops,
     pure: true,
@@ -363,6 +373,12 @@ export const OP_TABLE = {
     attrs: {
       theta: attr('number', 'base of the frequencies'),
       sections: attr('ints', 'frequencies per position section; sums to d/2'),
+      layout: attr(
+        'string',
+        'which frequencies each section takes (kernels/cpu/rope.h): sectioned (absent; ' +
+          'Qwen2.5-VL M-RoPE), interleaved (Qwen3-VL M-RoPE), per_axis (the ViTs’ 2-D RoPE)',
+        false,
+      ),
     },
     shape: ([x, pos], attrs) => ropeShape(x, pos, attrs),
     flops: noFlops,
@@ -380,6 +396,12 @@ export const OP_TABLE = {
       causal: attr('bool', 'causal inside each segment; otherwise bidirectional inside it'),
       scale: attr('number', 'multiplies q·k, usually 1/√d'),
       max_segment: attr('int', 'longest segment (window), for cost; 0 or absent: T', false),
+      windows: attr(
+        'bool',
+        'the segments are attention windows, not contiguous runs (the kernels take their ' +
+          'reference path: memory planning counts it)',
+        false,
+      ),
     },
     shape: ([q, k, v, seg]) => {
       for (const [t, n] of [
@@ -451,14 +473,16 @@ export const OP_TABLE = {
   merge_visual: {
     summary:
       'visual rows into the text at placeholder positions, in order: text [T, H], visual [Nv, H], ' +
-      'tokens [T] → [T, H]; mode replace (embeddings) or add (deepstack features)',
+      'tokens [T], image_token_id i32 [] (the microbatch’s placeholder) → [T, H]; mode replace ' +
+      '(embeddings) or add (deepstack features)',
     category: 'compute',
-    inputs: [3, 3],
+    inputs: [4, 4],
     attrs: {
-      placeholder: attr('int', 'token id marking a visual position'),
       mode: attr('string', "'replace' or 'add'"),
     },
-    shape: ([text, vis, tokens], attrs) => {
+    shape: ([text, vis, tokens, placeholder], attrs) => {
+      intT(placeholder, 'image_token_id');
+      rank(placeholder, 0, 'image_token_id');
       floatT(text, 'text');
       floatT(vis, 'visual');
       rank(text, 2, 'text');
@@ -480,11 +504,15 @@ export const OP_TABLE = {
   },
   router_topk: {
     summary:
-      'softmax over expert logits, top-k (ties to the lower index), weights renormalized to sum 1: ' +
+      'softmax over expert logits, top-k (ties to the lower index), weights renormalized to sum 1 ' +
+      '(unless normalize is false: the top-k probabilities): ' +
       'logits [T, E] → probs [T, E], weights [T, k], experts i32 [T, k]',
     category: 'compute',
     inputs: [1, 1],
-    attrs: { k: attr('int', 'experts per token') },
+    attrs: {
+      k: attr('int', 'experts per token'),
+      normalize: attr('bool', 'renormalize the top-k probabilities (absent: true)', false),
+    },
     shape: ([logits], attrs) => {
       floatT(logits, 'logits');
       rank(logits, 2, 'logits');
@@ -899,9 +927,10 @@ export const OP_TABLE = {
   embedding_grad: {
     summary:
       'dtable [rows, H] = Σ over tokens of dy[t] at row ids[t]: dy [T, H], ids [T]; with ' +
-      "shard_group, at row ids[t] − r·rows for the ids of this rank's block only",
+      "shard_group, at row ids[t] − r·rows for the ids of this rank's block only; with weights " +
+      '[T, K] (ids [T, K]), weights[t, k]·dy[t] at row ids[t, k]',
     category: 'compute',
-    inputs: [2, 2],
+    inputs: [2, 3],
     attrs: {
       rows: attr('int', 'rows of the table'),
       ...optionalVocabShardAttrs,
@@ -1021,6 +1050,7 @@ export const OP_TABLE = {
     attrs: {
       theta: attr('number', 'as in the forward'),
       sections: attr('ints', 'as in the forward'),
+      layout: attr('string', 'as in the forward', false),
     },
     shape: ([dy, pos], attrs) => ropeShape(dy, pos, attrs),
     flops: noFlops,
@@ -1035,6 +1065,7 @@ export const OP_TABLE = {
       causal: attr('bool', 'as in the forward'),
       scale: attr('number', 'as in the forward'),
       max_segment: attr('int', 'as in the forward', false),
+      windows: attr('bool', 'as in the forward', false),
     },
     shape: ([dout, q, k, v]) => {
       need(
@@ -1076,12 +1107,11 @@ export const OP_TABLE = {
   },
   merge_visual_grad: {
     summary:
-      'merge_visual backward: dy [T, H], tokens [T] → dtext [T, H] (zero at replaced rows in replace ' +
-      'mode), dvisual [visual_rows, H]',
+      'merge_visual backward: dy [T, H], tokens [T], image_token_id [] → dtext [T, H] (zero at ' +
+      'replaced rows in replace mode), dvisual [visual_rows, H]',
     category: 'compute',
-    inputs: [2, 2],
+    inputs: [3, 3],
     attrs: {
-      placeholder: attr('int', 'as in the forward'),
       mode: attr('string', 'as in the forward'),
       visual_rows: attr('dims', 'rows of the visual input, one dim'),
     },
@@ -1105,7 +1135,7 @@ export const OP_TABLE = {
       'experts [T, k] → dlogits [T, E]',
     category: 'compute',
     inputs: [4, 4],
-    attrs: {},
+    attrs: { normalize: attr('bool', 'as in the forward', false) },
     shape: ([dprobs, dweights, probs, experts]) => {
       need(shapeEq(dprobs.shape, probs.shape), 'dprobs vs probs');
       need(shapeEq(dweights.shape, experts.shape), 'dweights vs experts');

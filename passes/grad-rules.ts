@@ -78,7 +78,10 @@ export const GRAD_RULES = {
     const dy = c.dOut(0)!;
     const attrs = { rows: rowsOf(c, 1), ...pick(c.node.attrs, 'shard_group', 'group_size') };
     const typedAttrs = typed(attrs, 'grad_dtype', c.gradType(1), c.b.typeOf(dy).dtype);
-    return [undefined, c.b.op1('embedding_grad', [dy, c.node.inputs[0]], typedAttrs)];
+    // the weighted bag (an interpolated position table) scales each row's gradient by its weight
+    const [ids, , weights] = c.node.inputs;
+    const args = weights === undefined ? [dy, ids] : [dy, ids, weights];
+    return [undefined, c.b.op1('embedding_grad', args, typedAttrs)];
   }),
   patch_embed: rule(weightOp),
   linear: rule(weightOp),
@@ -93,9 +96,9 @@ export const GRAD_RULES = {
   swiglu: rule((c) => c.b.op('swiglu_grad', [c.dOut(0)!, ...c.node.inputs])),
   add: rule((c) => [c.dOut(0), c.dOut(0)]),
   merge_visual: rule((c) => {
-    const [, vis, tokens] = c.node.inputs;
+    const [, vis, tokens, placeholder] = c.node.inputs;
     const rows = c.b.typeOf(vis).shape[0];
-    const [dtext, dvis] = c.b.op('merge_visual_grad', [c.dOut(0)!, tokens], {
+    const [dtext, dvis] = c.b.op('merge_visual_grad', [c.dOut(0)!, tokens, placeholder], {
       ...c.node.attrs,
       visual_rows: [formatDim(rows)],
     });
@@ -103,7 +106,8 @@ export const GRAD_RULES = {
   }),
   router_topk: rule((c) => {
     const [probs, , experts] = c.node.outputs.map((o) => o.name);
-    return [c.b.op1('router_topk_grad', [c.dOutOrZero(0), c.dOutOrZero(1), probs, experts])];
+    const attrs = pick(c.node.attrs, 'normalize');
+    return [c.b.op1('router_topk_grad', [c.dOutOrZero(0), c.dOutOrZero(1), probs, experts], attrs)];
   }),
   moe_permute: rule((c) => {
     const k = c.b.typeOf(c.node.inputs[1]).shape[1] as number;

@@ -1,7 +1,15 @@
-// Microbatches as the runtime takes them, and the step exchange format of tiny-vlm.md:
-// `mb{j}.tokens|labels|loss_mask|positions|segments` and `mb{j}.image{i}` [3, H, W].
+// Microbatches as the runtime takes them: the batch contract of docs/qwen-vl.md, and its file form
+// (the step exchange format of tiny-vlm.md, extended): per microbatch j
+//   mb{j}.tokens|labels|loss_mask|segments   [S]
+//   mb{j}.positions                          [S], or [3, S] M-RoPE ids (t, h, w)
+//   mb{j}.image{i}                           [3, H, W] images, or instead
+//   mb{j}.pixel_values, mb{j}.image_grid_thw [N, C·T·P·P] patches and [n, 3] grids
+//   mb{j}.window_segments                    [N] (window attention; optional, checked)
+//   mb{j}.image_token_id                     [] the placeholder id (optional: the model's)
 
 import { UserError } from '../compiler/errors.js';
+import type { ModelConfig } from '../compiler/frontend/config.js';
+import type { NativeRuntimeOptions } from './native.js';
 import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
 
 export interface Image {
@@ -15,9 +23,57 @@ export interface Microbatch {
   readonly tokens: Int32Array;
   readonly labels: Int32Array;
   readonly lossMask: Uint8Array;
+  /** [S], or [3, S] (rows t, h, w) for an M-RoPE model */
   readonly positions: Int32Array;
   readonly segments: Int32Array;
+  /** images the runtime cuts into patches; empty when pixelValues and grids are given */
   readonly images: readonly Image[];
+  /** [N, C·T·P·P] patches in merge-block order */
+  readonly pixelValues?: Float32Array;
+  /** each image's (t, h, w) grid in patches, flat [n·3] */
+  readonly grids?: Int32Array;
+  /** [N] each patch's attention window (checked against the grids' windows) */
+  readonly windowSegments?: Int32Array;
+  /** the placeholder id of the text (default: the model's image_token_id) */
+  readonly imageTokenId?: number;
+  readonly captionMask?: Uint8Array;
+}
+
+type FieldShape = 'S' | 'positions' | 'patches' | 'grids' | 'N' | 'scalar';
+
+/** The batch contract, field by field: its file name, dtype and shape, and whether it must be there. */
+export const MICROBATCH_FIELDS: readonly {
+  readonly name: string;
+  readonly dtype: 'I32' | 'U8' | 'F32';
+  readonly shape: FieldShape;
+  readonly required: boolean;
+  readonly doc: string;
+}[] = [
+  { name: 'tokens', dtype: 'I32', shape: 'S', required: true, doc: 'token ids; 0 padding' },
+  { name: 'labels', dtype: 'I32', shape: 'S', required: true, doc: 'next text token of the sample, else 0' },
+  { name: 'loss_mask', dtype: 'U8', shape: 'S', required: true, doc: '1 where the label counts' },
+  { name: 'segments', dtype: 'I32', shape: 'S', required: true, doc: 'sample index, -1 on padding' },
+  { name: 'positions', dtype: 'I32', shape: 'positions', required: true, doc: '[S] or M-RoPE [3, S]' },
+  { name: 'pixel_values', dtype: 'F32', shape: 'patches', required: false, doc: '[N, C·T·P·P] patches' },
+  { name: 'image_grid_thw', dtype: 'I32', shape: 'grids', required: false, doc: '[n, 3] grids' },
+  { name: 'window_segments', dtype: 'I32', shape: 'N', required: false, doc: '[N] window of each patch' },
+  { name: 'image_token_id', dtype: 'I32', shape: 'scalar', required: false, doc: 'the placeholder id' },
+];
+
+/** The runtime's view of images for a model: patch, frames, merge, windows, table, tokens. */
+export function visionOptions(model: ModelConfig['model']): NativeRuntimeOptions {
+  const e = model.image_encoder;
+  const d = model.text_decoder;
+  return {
+    patchSize: e.patch_size,
+    mergeSize: e.spatial_merge_size,
+    temporalPatch: e.temporal_patch_size,
+    windowMerged: e.window_size > 0 ? e.window_size / e.patch_size / e.spatial_merge_size : 0,
+    tableSide:
+      e.position_embedding === 'interpolated' ? Math.round(Math.sqrt(e.num_position_embeddings)) : 0,
+    imageTokenId: d.image_token_id,
+    positionRows: d.mrope_section.length > 1 ? 3 : 1,
+  };
 }
 
 /** Caption tokens of the synthetic task (colours and quadrant): 2–25. */
@@ -45,15 +101,45 @@ export function writeBatchFile(path: string, mbs: readonly Microbatch[]): void {
 export function batchTensors(mbs: readonly Microbatch[]): Map<string, Tensor> {
   const t = new Map<string, Tensor>();
   mbs.forEach((mb, j) => {
-    const s = [mb.tokens.length];
+    const S = mb.tokens.length;
+    const s = [S];
     t.set(`mb${j}.tokens`, { dtype: 'I32', shape: s, data: mb.tokens });
     t.set(`mb${j}.labels`, { dtype: 'I32', shape: s, data: mb.labels });
     t.set(`mb${j}.loss_mask`, { dtype: 'U8', shape: s, data: mb.lossMask });
-    t.set(`mb${j}.positions`, { dtype: 'I32', shape: s, data: mb.positions });
+    const rows = S && mb.positions.length / S;
+    t.set(`mb${j}.positions`, {
+      dtype: 'I32',
+      shape: rows > 1 ? [rows, S] : s,
+      data: mb.positions,
+    });
     t.set(`mb${j}.segments`, { dtype: 'I32', shape: s, data: mb.segments });
     mb.images.forEach((im, i) =>
       t.set(`mb${j}.image${i}`, { dtype: 'F32', shape: [3, im.height, im.width], data: im.pixels }),
     );
+    if (mb.grids) {
+      const n = mb.grids.length / 3;
+      const pv = mb.pixelValues ?? new Float32Array(0);
+      let patches = 0;
+      for (let i = 0; i < n; i++) patches += mb.grids[3 * i] * mb.grids[3 * i + 1] * mb.grids[3 * i + 2];
+      t.set(`mb${j}.pixel_values`, {
+        dtype: 'F32',
+        shape: [patches, patches ? pv.length / patches : 0],
+        data: pv,
+      });
+      t.set(`mb${j}.image_grid_thw`, { dtype: 'I32', shape: [n, 3], data: mb.grids });
+    }
+    if (mb.windowSegments)
+      t.set(`mb${j}.window_segments`, {
+        dtype: 'I32',
+        shape: [mb.windowSegments.length],
+        data: mb.windowSegments,
+      });
+    if (mb.imageTokenId !== undefined)
+      t.set(`mb${j}.image_token_id`, {
+        dtype: 'I32',
+        shape: [],
+        data: Int32Array.of(mb.imageTokenId),
+      });
   });
   return t;
 }
@@ -62,35 +148,67 @@ export function readBatchFile(path: string): Microbatch[] {
   const tensors = readSafetensors(path).tensors;
   const out: Microbatch[] = [];
   for (let j = 0; tensors.has(`mb${j}.tokens`); j++) {
-    const get = (field: string, dtype: string) => {
+    const where = (field: string) => `${path}: mb${j}.${field}`;
+    const get = (field: string, dtype: string, required = true) => {
       const t = tensors.get(`mb${j}.${field}`);
-      if (!t) throw new UserError(`${path}: mb${j}.${field} is missing`);
-      if (t.dtype !== dtype)
-        throw new UserError(`${path}: mb${j}.${field} is ${t.dtype}, want ${dtype}`);
+      if (!t) {
+        if (!required) return undefined;
+        throw new UserError(`${where(field)} is missing`);
+      }
+      if (t.dtype !== dtype) throw new UserError(`${where(field)} is ${t.dtype}, want ${dtype}`);
       return t;
     };
-    const tokens = get('tokens', 'I32');
-    const n = tokens.shape[0];
-    const rest = ['labels', 'positions', 'segments'].map((f) => get(f, 'I32'));
-    const mask = get('loss_mask', 'U8');
-    for (const t of [...rest, mask]) {
-      if (t.shape.length !== 1 || t.shape[0] !== n)
-        throw new UserError(`${path}: mb${j} fields differ in length`);
-    }
+    const tokens = get('tokens', 'I32')!;
+    const S = tokens.shape[0];
+    const perToken = (field: string, dtype: string) => {
+      const t = get(field, dtype)!;
+      if (t.shape.length !== 1 || t.shape[0] !== S)
+        throw new UserError(`${where(field)} is [${t.shape.join(', ')}]; tokens is [${S}]`);
+      return t;
+    };
+    const labels = perToken('labels', 'I32');
+    const mask = perToken('loss_mask', 'U8');
+    const segments = perToken('segments', 'I32');
+    const positions = get('positions', 'I32')!;
+    const ps = positions.shape;
+    if (!((ps.length === 1 && ps[0] === S) || (ps.length === 2 && ps[0] === 3 && ps[1] === S)))
+      throw new UserError(`${where('positions')} is [${ps.join(', ')}]; want [${S}] or [3, ${S}]`);
     const images: Image[] = [];
     for (let i = 0; tensors.has(`mb${j}.image${i}`); i++) {
-      const t = get(`image${i}`, 'F32');
+      const t = get(`image${i}`, 'F32')!;
       if (t.shape.length !== 3 || t.shape[0] !== 3)
-        throw new UserError(`${path}: mb${j}.image${i} must be [3, H, W]`);
+        throw new UserError(`${where(`image${i}`)} must be [3, H, W]`);
       images.push({ height: t.shape[1], width: t.shape[2], pixels: t.data as Float32Array });
     }
+    const pixels = get('pixel_values', 'F32', false);
+    const grids = get('image_grid_thw', 'I32', false);
+    if ((pixels === undefined) !== (grids === undefined))
+      throw new UserError(
+        `${path}: mb${j} gives ${pixels ? 'pixel_values' : 'image_grid_thw'} without ${pixels ? 'image_grid_thw' : 'pixel_values'}`,
+      );
+    if (pixels && images.length)
+      throw new UserError(`${path}: mb${j} gives both image{i} and pixel_values`);
+    if (grids && (grids.shape.length !== 2 || grids.shape[1] !== 3))
+      throw new UserError(`${where('image_grid_thw')} is [${grids.shape.join(', ')}]; want [n, 3]`);
+    if (pixels && pixels.shape.length !== 2)
+      throw new UserError(`${where('pixel_values')} is [${pixels.shape.join(', ')}]; want [N, C·T·P·P]`);
+    const windows = get('window_segments', 'I32', false);
+    if (windows && windows.shape.length !== 1)
+      throw new UserError(`${where('window_segments')} must be [N]`);
+    const token = get('image_token_id', 'I32', false);
+    if (token && token.data.length !== 1)
+      throw new UserError(`${where('image_token_id')} must hold one value`);
     out.push({
       tokens: tokens.data as Int32Array,
-      labels: rest[0].data as Int32Array,
+      labels: labels.data as Int32Array,
       lossMask: mask.data as Uint8Array,
-      positions: rest[1].data as Int32Array,
-      segments: rest[2].data as Int32Array,
+      positions: positions.data as Int32Array,
+      segments: segments.data as Int32Array,
       images,
+      ...(pixels ? { pixelValues: pixels.data as Float32Array } : {}),
+      ...(grids ? { grids: grids.data as Int32Array } : {}),
+      ...(windows ? { windowSegments: windows.data as Int32Array } : {}),
+      ...(token ? { imageTokenId: (token.data as Int32Array)[0] } : {}),
     });
   }
   if (!out.length) throw new UserError(`${path}: no microbatch (want mb0.tokens, …)`);

@@ -23,6 +23,16 @@ export interface NativeRuntimeOptions {
   readonly patchSize?: number;
   /** patches per merge-block side (default 2) */
   readonly mergeSize?: number;
+  /** frames per patch: a still image is repeated this many times in time (default 1) */
+  readonly temporalPatch?: number;
+  /** window attention: the window side in merged tokens (default 0: none) */
+  readonly windowMerged?: number;
+  /** side of the interpolated position table (default 0: none) */
+  readonly tableSide?: number;
+  /** the model's image placeholder token; a microbatch must carry the same (default 1) */
+  readonly imageTokenId?: number;
+  /** 3: the model's rotary positions are M-RoPE ids (t, h, w); the synthetic data makes them */
+  readonly positionRows?: number;
   /** report per-instruction start/end times in step results */
   readonly timing?: boolean;
   /** accept collective instructions (the runtime must be connected before its first step) */
@@ -74,11 +84,20 @@ export interface NativeMicrobatch {
   readonly labels: Int32Array;
   /** 1 exactly where the label is a text token */
   readonly lossMask: Uint8Array;
-  /** index of each token within its sample, 0 on padding */
+  /** index of each token within its sample, or M-RoPE ids [3, S] (rows t, h, w); 0 on padding */
   readonly positions: Int32Array;
   /** sample index of each token, −1 on padding */
   readonly segments: Int32Array;
+  /** images [3, H, W], cut into patches by the runtime; or give pixelValues and grids */
   readonly images: readonly NativeImage[];
+  /** [N, C·T·P·P] patches in merge-block order (docs/qwen-vl.md), with images empty */
+  readonly pixelValues?: Float32Array;
+  /** each image's grid (t, h, w) in patches, flat [n·3] */
+  readonly grids?: Int32Array;
+  /** [N] window ids, checked against the grids' windows (window attention) */
+  readonly windowSegments?: Int32Array;
+  /** the placeholder id the text uses; must equal the model's (default: the model's) */
+  readonly imageTokenId?: number;
   /**
    * 1 where the label is a caption token, for a caption-loss metric (fills a `caption_mask` data
    * input when the program has one); derived from the labels (2–25) when absent. getMicrobatch
@@ -222,6 +241,20 @@ export interface NativeAddon {
   readonly opNames: readonly string[];
   readonly streams: readonly string[];
   readonly regions: readonly string[];
+  /**
+   * M-RoPE position ids [3, S] (rows t, h, w) as Hugging Face's get_rope_index makes them, per
+   * packed sample (docs/qwen-vl.md): grids flat [n·3] in patches; throws when the placeholders
+   * and the grids disagree
+   */
+  ropeIndex(
+    tokens: Int32Array,
+    segments: Int32Array,
+    grids: Int32Array,
+    imageTokenId: number,
+    mergeSize: number,
+  ): Int32Array;
+  /** each patch's attention window [N] (merge-block order), windows windowMerged merged tokens a side */
+  windowSegments(grids: Int32Array, mergeSize: number, windowMerged: number): Int32Array;
 }
 
 export const NATIVE_ADDON_RELATIVE = 'runtime-native/build/Release/lfc_native.node';

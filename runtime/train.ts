@@ -12,6 +12,7 @@
 import { appendFileSync, existsSync, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../compiler/errors.js';
+import type { ModelConfig } from '../compiler/frontend/config.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import {
   batchTensors,
@@ -19,6 +20,7 @@ import {
   countOnes,
   readBatchFile,
   shuffleImages,
+  visionOptions,
   type Microbatch,
 } from './batch.js';
 import {
@@ -128,17 +130,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
   const native = loadNative();
-  const enc = (
-    plan.model.config as { image_encoder: { patch_size: number; spatial_merge_size: number } }
-  ).image_encoder;
+  const vision = visionOptions(plan.model.config as unknown as ModelConfig['model']);
   // the runtime validates the program before anything runs; a bad program is the user's file
   const rt: NativeRuntime = userErrors(
     join(o.planDir, 'programs', `${programId}.json`),
     () =>
       new native.Runtime(loaded.programTexts.get(programId)!, {
         threads: o.threads,
-        patchSize: enc.patch_size,
-        mergeSize: enc.spatial_merge_size,
+        ...vision,
         collectives: o.rank !== undefined,
         timing: o.onTiming !== undefined || o.trace !== undefined,
         symbols: plan.symbols,
@@ -233,7 +232,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       tokens: new Int32Array(padded),
       labels: new Int32Array(padded),
       lossMask: new Uint8Array(padded),
-      positions: new Int32Array(padded),
+      positions: new Int32Array(padded * (vision.positionRows ?? 1)),
       segments: new Int32Array(padded).fill(-1),
       images: [],
       captionMask: new Uint8Array(padded),
@@ -280,6 +279,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       );
     // pipeline stages without the loss have no loss scalars
     if ('loss_tokens' in program.scalars) rt.setScalar('loss_tokens', lossTokens);
+    // the placeholder id (each microbatch's was checked to be the model's)
+    if ('image_token_id' in program.scalars) rt.setScalar('image_token_id', vision.imageTokenId!);
     if ('caption_tokens' in program.scalars)
       rt.setScalar('caption_tokens', Math.max(1, captionTokens));
 

@@ -29,7 +29,6 @@ export interface BuildOptions {
 }
 
 const INIT_WEIGHT = 'normal(0.02)';
-const PLACEHOLDER = 1;
 
 export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Graph {
   const seq = opts.seqLength ?? cfg.training.seq_length;
@@ -157,12 +156,14 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim, dtype: DType):
         return b.op1('add', [x, b.op1('add', [pr, pc])]);
       });
     } else if (e.position_embedding === 'interpolated') {
-      const ids = b.input('patch_pos_ids', 'i32', [Np], 'position-table row of each patch');
+      // the table bilinearly interpolated to each image's grid: 4 rows and weights a patch
+      const ids = b.input('patch_pos_ids', 'i32', [Np, 4], 'the 4 table rows of each patch');
+      const w = b.input('patch_pos_weights', 'f32', [Np, 4], 'their bilinear weights');
       const t = b.param('visual.pos_embed.weight', [e.num_position_embeddings, hv], {
         init: INIT_WEIGHT,
         trainable,
       });
-      x = b.in('pos_embed', () => b.op1('add', [x, b.op1('embedding', [ids, t])]));
+      x = b.in('pos_embed', () => b.op1('add', [x, b.op1('embedding', [ids, t, w])]));
     }
     if (e.rotary_2d) {
       ropePos = b.input(
@@ -183,13 +184,14 @@ function buildEncoder(b: GraphBuilder, e: EncoderConfig, Np: Dim, dtype: DType):
           const heads3 = { shape: [formatDim(Np), String(heads), String(hd)] };
           [q, k, v] = [q, k, v].map((t) => b.op1('reshape', [t], heads3));
           if (ropePos) {
-            const rope = { theta: e.rotary_base, sections: [hd / 4, hd / 4] };
+            // HF's vision rotary: d/4 frequencies θ^(−4k/d) for the row, the same for the column
+            const rope = { theta: e.rotary_base, sections: [hd / 4, hd / 4], layout: 'per_axis' };
             q = b.op1('rope', [q, ropePos], rope);
             k = b.op1('rope', [k, ropePos], rope);
           }
           const windowed = windowSeg !== undefined && !e.fullatt_block_indexes.includes(i);
           const attrs: Attrs = windowed
-            ? { causal: false, scale: 1 / Math.sqrt(hd), max_segment: windowPatches }
+            ? { causal: false, scale: 1 / Math.sqrt(hd), max_segment: windowPatches, windows: true }
             : { causal: false, scale: 1 / Math.sqrt(hd), max_segment: imagePatches };
           const [o] = b.op('attention', [q, k, v, windowed ? windowSeg : imageSeg], attrs);
           const flat = b.op1('reshape', [o], { shape: [formatDim(Np), String(hv)] });
@@ -309,6 +311,8 @@ interface DecoderInputs {
   readonly positions: string;
   readonly segments: string;
   readonly lossTokens: string;
+  /** the microbatch's image placeholder id (i32 scalar) */
+  readonly imageTokenId: string;
 }
 
 /** What the decoder's layers and loss are built from. */
@@ -354,10 +358,7 @@ function buildDecoder(
   });
   let x = b.in('model.embed_tokens', () => b.op1('embedding', [inputs.tokens, embedW]));
   x = b.in('model.merge_visual', () =>
-    b.op1('merge_visual', [x, embeds, inputs.tokens], {
-      placeholder: PLACEHOLDER,
-      mode: 'replace',
-    }),
+    b.op1('merge_visual', [x, embeds, inputs.tokens, inputs.imageTokenId], { mode: 'replace' }),
   );
   for (let i = 0; i < d.num_layers; i++) {
     const layerIn = x;
@@ -374,7 +375,7 @@ function buildDecoder(
 }
 
 function decoderInputs(b: GraphBuilder, d: DecoderConfig, S: Dim): DecoderInputs {
-  const tokens = b.input('tokens', 'i32', [S], 'token ids (1 = image placeholder, 0 = padding)');
+  const tokens = b.input('tokens', 'i32', [S], 'token ids (0 = padding)');
   const labels = b.input('labels', 'i32', [S], 'next token of the same sample, 0 where none');
   const mask = b.input('loss_mask', 'u8', [S], '1 where the label is a text token');
   const positions =
@@ -384,11 +385,17 @@ function decoderInputs(b: GraphBuilder, d: DecoderConfig, S: Dim): DecoderInputs
           'positions',
           'i32',
           [S, d.mrope_section.length],
-          'rotary position of each token per section',
+          'rotary position ids of each token (t, h, w)',
         );
   const segments = b.input('segments', 'i32', [S], 'sample index of each token, -1 on padding');
   const lossTokens = b.input('loss_tokens', 'f32', [], 'loss tokens of the whole global batch');
-  return { tokens, labels, mask, positions, segments, lossTokens };
+  const imageTokenId = b.input(
+    'image_token_id',
+    'i32',
+    [],
+    `the image placeholder token of the microbatch (the model's: ${d.image_token_id})`,
+  );
+  return { tokens, labels, mask, positions, segments, lossTokens, imageTokenId };
 }
 
 /**
@@ -411,8 +418,7 @@ function decoderLayer(c: DecoderContext, i: number, x: string, deepstack?: strin
   const out = b.op1('add', [x1, m]);
   if (deepstack === undefined) return out;
   return b.in('deepstack', () =>
-    b.op1('merge_visual', [out, deepstack, c.inputs.tokens], {
-      placeholder: PLACEHOLDER,
+    b.op1('merge_visual', [out, deepstack, c.inputs.tokens, c.inputs.imageTokenId], {
       mode: 'add',
     }),
   );
@@ -436,7 +442,11 @@ function selfAttention(c: DecoderContext, p: string, hn: string): string {
     q = norm(b, 'rmsnorm', q, `${p}.self_attn.q_norm`, hd, d.norm_epsilon, trainable);
     k = norm(b, 'rmsnorm', k, `${p}.self_attn.k_norm`, hd, d.norm_epsilon, trainable);
   }
-  const rope = { theta: d.rotary_base, sections: d.mrope_section };
+  const rope: Attrs = {
+    theta: d.rotary_base,
+    sections: d.mrope_section,
+    ...(d.mrope_interleaved ? { layout: 'interleaved' } : {}),
+  };
   q = b.op1('rope', [q, c.inputs.positions], rope);
   k = b.op1('rope', [k, c.inputs.positions], rope);
   const [o] = b.op('attention', [q, k, v, c.inputs.segments], {
@@ -459,7 +469,11 @@ function moeMlp(c: DecoderContext, p: string, i: number, h2: string): string {
   // exact in f32, so an f32 output of the bf16 GEMM is the upcast router's
   const fp32: Attrs = b.typeOf(h2).dtype === 'f32' ? {} : { dtype: 'f32' };
   const logits = linear(b, h2, `${p}.mlp.gate`, d.num_experts, h, false, trainable, fp32);
-  const [probs, weights, experts] = b.op('router_topk', [logits], { k: d.moe_router_topk });
+  const [probs, weights, experts] = b.op(
+    'router_topk',
+    [logits],
+    d.moe_router_norm_topk ? { k: d.moe_router_topk } : { k: d.moe_router_topk, normalize: false },
+  );
   const aux = b.op1('moe_aux_loss', [probs, experts, c.inputs.segments], {
     coeff: d.moe_aux_loss_coeff / c.numMicrobatches,
   });

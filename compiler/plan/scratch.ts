@@ -98,8 +98,8 @@ function ropeTemps(x: ScratchOperand, realBytes: number): number {
 
 export const SCRATCH_RULES = {
   // embedding_forward (kernels/cpu/embedding.cc): f32 in place; with a bf16 operand it converts
-  // only the gathered rows, so nothing is staged
-  embedding: none,
+  // only the gathered rows, so nothing is staged; the weighted bag (ids [T, K]) stages every operand
+  embedding: (a) => (a.inputs.length > 2 ? kernelOverAll(a) : 0),
   // linear_forward: staging of y, x, w, b
   patch_embed: kernelOverAll,
   linear: kernelOverAll,
@@ -190,7 +190,12 @@ export const SCRATCH_RULES = {
   attention_grad: (a) => {
     const [dout, q, k, v, , out, lse] = a.inputs;
     const ops = [...a.outputs, dout, q, k, v, out, lse];
-    return staged(ops) + attentionTiles(q.shape[0], real(ops), 2, true);
+    // attention windows are not contiguous runs: the reference path, f64 accumulators of dq, dk, dv
+    const [T, nh, d] = q.shape;
+    const windows = a.attrs.windows
+      ? 2 * take(T * 24) + 3 * take(8 * T * d * Math.max(nh, k.shape[1]))
+      : 0;
+    return staged(ops) + Math.max(attentionTiles(T, real(ops), 2, true), windows);
   },
   gelu_grad: kernelOverAll,
   swiglu_grad: kernelOverAll,

@@ -85,6 +85,21 @@ lfc::Microbatch microbatchOf(const Napi::Value& v, const std::string& what) {
     image.pixels = typedArray<float>(im.Get("pixels"), napi_float32_array, w + ".pixels", "Float32Array");
     mb.images.push_back(std::move(image));
   }
+  // the contract's other form of images: patches and each image's grid (t, h, w)
+  const Napi::Value pixels = o.Get("pixelValues");
+  if (!pixels.IsUndefined() && !pixels.IsNull())
+    mb.pixelValues = typedArray<float>(pixels, napi_float32_array, what + ".pixelValues", "Float32Array");
+  const Napi::Value grids = o.Get("grids");
+  if (!grids.IsUndefined() && !grids.IsNull()) {
+    const std::vector<int32_t> g = typedArray<int32_t>(grids, napi_int32_array, what + ".grids", "Int32Array");
+    if (g.size() % 3) throw Napi::TypeError::New(v.Env(), what + ".grids must hold (t, h, w) triples");
+    for (size_t i = 0; i < g.size(); i += 3) mb.grids.push_back(lfc::Grid{g[i], g[i + 1], g[i + 2]});
+  }
+  const Napi::Value windows = o.Get("windowSegments");
+  if (!windows.IsUndefined() && !windows.IsNull())
+    mb.windowSegments = typedArray<int32_t>(windows, napi_int32_array, what + ".windowSegments", "Int32Array");
+  const Napi::Value token = o.Get("imageTokenId");
+  if (!token.IsUndefined() && !token.IsNull()) mb.imageTokenId = int32_t(integer(token, what + ".imageTokenId"));
   return mb;
 }
 
@@ -105,6 +120,15 @@ Napi::Object microbatchToJs(Napi::Env env, const lfc::Microbatch& mb) {
     images.Set(uint32_t(i), im);
   }
   o.Set("images", images);
+  if (!mb.grids.empty() || !mb.pixelValues.empty()) {
+    o.Set("pixelValues", toTyped(env, mb.pixelValues));
+    std::vector<int32_t> g;
+    for (const lfc::Grid& grid : mb.grids)
+      for (int64_t x : {grid.t, grid.h, grid.w}) g.push_back(int32_t(x));
+    o.Set("grids", toTyped(env, g));
+  }
+  if (!mb.windowSegments.empty()) o.Set("windowSegments", toTyped(env, mb.windowSegments));
+  if (mb.imageTokenId >= 0) o.Set("imageTokenId", double(mb.imageTokenId));
   return o;
 }
 
@@ -318,6 +342,14 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
         opts.patchSize = int(integer(o.Get("patchSize"), "options.patchSize"));
       if (o.Has("mergeSize") && !o.Get("mergeSize").IsUndefined())
         opts.mergeSize = int(integer(o.Get("mergeSize"), "options.mergeSize"));
+      const auto optionalInt = [&](const char* key, int& out) {
+        if (o.Has(key) && !o.Get(key).IsUndefined()) out = int(integer(o.Get(key), lfc::cat("options.", key)));
+      };
+      optionalInt("temporalPatch", opts.temporalPatch);
+      optionalInt("windowMerged", opts.windowMerged);
+      optionalInt("tableSide", opts.tableSide);
+      optionalInt("imageTokenId", opts.imageTokenId);
+      optionalInt("positionRows", opts.positionRows);
       if (o.Has("timing") && !o.Get("timing").IsUndefined()) opts.timing = o.Get("timing").ToBoolean();
       if (o.Has("collectives") && !o.Get("collectives").IsUndefined())
         opts.collectives = o.Get("collectives").ToBoolean();
@@ -522,8 +554,40 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
   std::shared_ptr<lfc::Runtime> rt_;
 };
 
+std::vector<lfc::Grid> gridsOf(const Napi::Value& v, const std::string& what) {
+  const std::vector<int32_t> g = typedArray<int32_t>(v, napi_int32_array, what, "Int32Array");
+  if (g.size() % 3) throw Napi::TypeError::New(v.Env(), what + " must hold (t, h, w) triples");
+  std::vector<lfc::Grid> out;
+  for (size_t i = 0; i < g.size(); i += 3) out.push_back(lfc::Grid{g[i], g[i + 1], g[i + 2]});
+  return out;
+}
+
+// ropeIndex(tokens, segments, grids, imageTokenId, mergeSize) → Int32Array (3·S): M-RoPE ids
+Napi::Value RopeIndex(const Napi::CallbackInfo& info) {
+  try {
+    return toTyped(info.Env(), lfc::ropeIndex(typedArray<int32_t>(info[0], napi_int32_array, "tokens", "Int32Array"),
+                                              typedArray<int32_t>(info[1], napi_int32_array, "segments", "Int32Array"),
+                                              gridsOf(info[2], "grids"), int32_t(integer(info[3], "imageTokenId")),
+                                              integer(info[4], "mergeSize")));
+  } catch (const lfc::RuntimeError& e) {
+    throw Napi::Error::New(info.Env(), e.what());
+  }
+}
+
+// windowSegments(grids, mergeSize, windowMerged) → Int32Array (N): each patch's window
+Napi::Value WindowSegments(const Napi::CallbackInfo& info) {
+  try {
+    return toTyped(info.Env(), lfc::windowSegments(gridsOf(info[0], "grids"), integer(info[1], "mergeSize"),
+                                                   integer(info[2], "windowMerged")));
+  } catch (const lfc::RuntimeError& e) {
+    throw Napi::Error::New(info.Env(), e.what());
+  }
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Runtime", RuntimeWrap::Define(env));
+  exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
+  exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
   Napi::Array ops = Napi::Array::New(env);
   for (const char* name : lfc::schema::kOpNames) ops.Set(ops.Length(), name);

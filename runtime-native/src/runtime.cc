@@ -156,21 +156,33 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
   };
   sameLength("labels", mb.labels.size());
   sameLength("lossMask", mb.lossMask.size());
-  sameLength("positions", mb.positions.size());
   sameLength("segments", mb.segments.size());
   if (!mb.captionMask.empty()) sameLength("captionMask", mb.captionMask.size());
+  if (mb.positions.size() != S && mb.positions.size() != 3 * S)
+    throw RuntimeError(cat(who, ": positions has ", mb.positions.size(), " elements; want ", S,
+                           " (one per token) or ", 3 * S, " (M-RoPE ids t, h, w: [3, ", S, "])"));
+  if (mb.imageTokenId < 0) mb.imageTokenId = options_.imageTokenId;
+  if (mb.imageTokenId != options_.imageTokenId)
+    throw RuntimeError(cat(who, ": image_token_id is ", mb.imageTokenId, "; the model's image token is ",
+                           options_.imageTokenId));
+  const VisionSpec spec = options_.vision();
   Patches patches;
+  VisionInputs vision;
   try {
-    patches = patchify(mb.images, options_.patchSize, options_.mergeSize);
+    patches = patchesOf(mb, spec);
+    vision = visionInputs(patches.grids, spec);
   } catch (const std::exception& e) {
     throw RuntimeError(cat(who, ": ", e.what()));
   }
+  if (!mb.windowSegments.empty() && spec.windowMerged > 0 && mb.windowSegments != vision.windowSegments)
+    throw RuntimeError(cat(who, ": window_segments differ from the windows of its grids (",
+                           spec.windowMerged, "×", spec.windowMerged, " merged tokens a window, docs/qwen-vl.md)"));
   const int64_t merge2 = int64_t(options_.mergeSize) * options_.mergeSize;
   const int64_t Nv = patches.count / merge2;
   int64_t placeholders = 0;
-  for (int32_t t : mb.tokens) placeholders += t == kPlaceholderToken;
+  for (int32_t t : mb.tokens) placeholders += t == mb.imageTokenId;
   if (placeholders != Nv)
-    throw RuntimeError(cat(who, ": ", placeholders, " placeholder tokens (id ", kPlaceholderToken,
+    throw RuntimeError(cat(who, ": ", placeholders, " placeholder tokens (id ", mb.imageTokenId,
                            ") but its images give ", Nv, " visual tokens"));
 
   // check every field against its buffer's bound before writing anything
@@ -180,6 +192,11 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
     int64_t columns;   // values per row in the buffer
   };
   std::vector<Write> writes;
+  const auto fixedColumns = [&](const Buffer& b, const char* field, int64_t want) {
+    if (b.shape.size() != 2 || b.shape[1].symbolic() || b.shape[1].value != want)
+      throw RuntimeError(cat(who, ": ", field, " buffer ", formatShape(b.shape), " is not [rows, ", want, "]"));
+    return want;
+  };
   for (const ProgramInput& in : program_.inputs) {
     if (in.microbatch != slot) continue;
     const Buffer& b = program_.buffers[size_t(in.buffer)];
@@ -190,24 +207,47 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
       case DataField::loss_mask:
       case DataField::segments:
       case DataField::caption_mask: n = int64_t(S); break;
-      case DataField::positions:
+      case DataField::positions: {
         n = int64_t(S);
         if (b.shape.size() == 2) {
           if (b.shape[1].symbolic())
             throw RuntimeError(cat(who, ": positions buffer ", formatShape(b.shape), " has a symbolic column count"));
           columns = b.shape[1].value;
         }
+        const int64_t given = int64_t(mb.positions.size() / std::max<size_t>(S, 1));
+        if (S > 0 && given != columns)
+          throw RuntimeError(cat(who, ": positions has ", given, " row", given == 1 ? "" : "s",
+                                 " of position ids; the model takes ", columns,
+                                 columns == 3 ? " (M-RoPE t, h, w: [3, S])" : " (the index in the sample: [S])"));
         break;
+      }
       case DataField::patches:
         n = patches.count;
         columns = patches.width;
         if (b.shape.empty() || b.shape.back().symbolic() || b.shape.back().value != patches.width)
           throw RuntimeError(cat(who, ": patches buffer ", formatShape(b.shape), " does not hold ", patches.width,
-                                 " values per patch (3·", options_.patchSize, "·", options_.patchSize, ")"));
+                                 " values per patch (", spec.channels, "·", spec.temporalPatch, "·",
+                                 options_.patchSize, "·", options_.patchSize, ")"));
         break;
       case DataField::image_segments:
       case DataField::patch_rows:
       case DataField::patch_cols: n = patches.count; break;
+      case DataField::window_segments:
+        if (spec.windowMerged <= 0)
+          throw RuntimeError(cat(who, ": the program has window_segments but the runtime was given no window size"));
+        n = patches.count;
+        break;
+      case DataField::patch_positions:
+        n = patches.count;
+        columns = fixedColumns(b, "patch_positions", 2);
+        break;
+      case DataField::patch_pos_ids:
+      case DataField::patch_pos_weights:
+        if (spec.tableSide <= 0)
+          throw RuntimeError(cat(who, ": the program has ", in.name, " but the runtime was given no table side"));
+        n = patches.count;
+        columns = fixedColumns(b, in.name.c_str(), 4);
+        break;
       case DataField::kCount: break;
     }
     const int64_t cap = capacity(b, columns);
@@ -223,13 +263,26 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
       case DataField::tokens: writeField(dst, b, mb.tokens); break;
       case DataField::labels: writeField(dst, b, mb.labels); break;
       case DataField::loss_mask: writeField(dst, b, mb.lossMask); break;
-      case DataField::positions: writeField(dst, b, mb.positions, w.columns); break;
+      case DataField::positions:
+        if (w.columns == 1) writeField(dst, b, mb.positions);
+        else {
+          // [3, S] (the contract's rows t, h, w) into the buffer's [S, 3]
+          std::vector<int32_t> rows(mb.positions.size());
+          for (size_t t = 0; t < S; t++)
+            for (int64_t r = 0; r < w.columns; r++) rows[t * size_t(w.columns) + size_t(r)] = mb.positions[size_t(r) * S + t];
+          writeField(dst, b, rows);
+        }
+        break;
       case DataField::segments: writeField(dst, b, mb.segments); break;
       case DataField::patches: writeField(dst, b, patches.values); break;
-      case DataField::image_segments: writeField(dst, b, patches.imageSegments); break;
-      case DataField::patch_rows: writeField(dst, b, patches.rows); break;
-      case DataField::patch_cols: writeField(dst, b, patches.cols); break;
+      case DataField::image_segments: writeField(dst, b, vision.imageSegments); break;
+      case DataField::patch_rows: writeField(dst, b, vision.rows); break;
+      case DataField::patch_cols: writeField(dst, b, vision.cols); break;
       case DataField::caption_mask: writeField(dst, b, lfc::captionMask(mb)); break;
+      case DataField::patch_positions: writeField(dst, b, vision.positions); break;
+      case DataField::window_segments: writeField(dst, b, vision.windowSegments); break;
+      case DataField::patch_pos_ids: writeField(dst, b, vision.tableIds); break;
+      case DataField::patch_pos_weights: writeField(dst, b, vision.tableWeights); break;
       case DataField::kCount: break;
     }
   }
@@ -245,12 +298,13 @@ const Microbatch& Runtime::synthesize(int slot, SynthArgs args) {
   requireSlot(slot, "synthesize");
   args.patchSize = options_.patchSize;
   args.mergeSize = options_.mergeSize;
+  args.positionRows = options_.positionRows;
   if (args.maxVisualTokens < 0) {
     // the bound of this slot's patches buffer, if the program has one
     for (const ProgramInput& in : program_.inputs)
       if (in.microbatch == slot && in.field == DataField::patches) {
         const Buffer& b = program_.buffers[size_t(in.buffer)];
-        const int64_t width = 3 * int64_t(options_.patchSize) * options_.patchSize;
+        const int64_t width = options_.vision().patchWidth();
         args.maxVisualTokens = capacity(b, width) / (int64_t(options_.mergeSize) * options_.mergeSize);
       }
   }

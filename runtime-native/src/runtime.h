@@ -25,6 +25,14 @@ struct RuntimeOptions {
   int threads = 0;  // OpenBLAS threads (process-wide); 0 leaves OpenBLAS's default
   int patchSize = 4;
   int mergeSize = 2;
+  int temporalPatch = 1;  // frames per patch: a still image is repeated in time this many times
+  int windowMerged = 0;   // attention window side in merged tokens (0: none)
+  int tableSide = 0;      // side of the interpolated position table (0: none)
+  int imageTokenId = 1;   // the model's image placeholder; a microbatch must carry the same
+  int positionRows = 1;   // 3: the model's rotary positions are M-RoPE ids (t, h, w)
+  VisionSpec vision() const {
+    return VisionSpec{patchSize, temporalPatch, 3, mergeSize, windowMerged, tableSide};
+  }
   bool timing = false;  // per-instruction start/end in step results
   // accept collective instructions: the caller connects a backend (connect) before stepping
   bool collectives = false;

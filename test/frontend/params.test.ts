@@ -101,6 +101,28 @@ const qwen25Vit = (mlp: number): Vit => ({
   posParams: 0,
 });
 
+// the tiny Qwen presets (docs/qwen-vl.md): 4×4 patches with temporal patch 2
+const QWEN25_TINY_VIT: Vit = {
+  blocks: 4,
+  hidden: 64,
+  mlp: 128,
+  patchIn: 3 * 2 * 4 * 4,
+  patchBias: false,
+  layerNorm: false,
+  swiglu: true,
+  posParams: 0,
+};
+const QWEN3_TINY_VIT: Vit = {
+  blocks: 3,
+  hidden: 64,
+  mlp: 256,
+  patchIn: 3 * 2 * 4 * 4,
+  patchBias: true,
+  layerNorm: true,
+  swiglu: false,
+  posParams: 16 * 64,
+};
+
 const EXPECTED: Record<
   string,
   { enc: number; proj: number; dec: { total: number; active: number } }
@@ -124,6 +146,40 @@ const EXPECTED: Record<
   'tiny-vlm-moe': {
     enc: vitCount(TINY_VIT),
     proj: mergerCount(64, 128, true, false),
+    dec: decoderCount({
+      layers: 4,
+      hidden: 128,
+      heads: 8,
+      kv: 4,
+      headDim: 16,
+      vocab: 512,
+      tied: false,
+      qkvBias: false,
+      qkNorm: true,
+      experts: 8,
+      topk: 2,
+      expertFfn: 128,
+    }),
+  },
+  'qwen2.5-vl-tiny': {
+    enc: vitCount(QWEN25_TINY_VIT),
+    proj: mergerCount(64, 128, false, false),
+    dec: decoderCount({
+      layers: 4,
+      hidden: 128,
+      heads: 8,
+      kv: 4,
+      headDim: 16,
+      vocab: 512,
+      tied: true,
+      qkvBias: true,
+      qkNorm: false,
+      ffn: 384,
+    }),
+  },
+  'qwen3-vl-moe-tiny': {
+    enc: vitCount(QWEN3_TINY_VIT),
+    proj: mergerCount(64, 128, true, false) + 2 * mergerCount(64, 128, true, true),
     dec: decoderCount({
       layers: 4,
       hidden: 128,

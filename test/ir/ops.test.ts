@@ -84,12 +84,12 @@ const CASES: Record<OpKind, Case> = {
     bad: { inputs: ['f32[S]', 'f64[S]'], error: /dtype mismatch/ },
   },
   merge_visual: {
-    inputs: ['f32[S, 128]', 'f32[Nv, 128]', 'i32[S]'],
-    attrs: { placeholder: 1, mode: 'replace' },
+    inputs: ['f32[S, 128]', 'f32[Nv, 128]', 'i32[S]', 'i32[]'],
+    attrs: { mode: 'replace' },
     out: ['f32[S, 128]'],
     bad: {
-      inputs: ['f32[S, 128]', 'f32[Nv, 64]', 'i32[S]'],
-      attrs: { placeholder: 1, mode: 'replace' },
+      inputs: ['f32[S, 128]', 'f32[Nv, 64]', 'i32[S]', 'i32[]'],
+      attrs: { mode: 'replace' },
       error: /visual hidden vs text hidden/,
     },
   },
@@ -322,12 +322,12 @@ const CASES: Record<OpKind, Case> = {
     bad: { inputs: ['f32[S, 384]', 'f32[S, 384]', 'f32[S, 38]'], error: /shape mismatch/ },
   },
   merge_visual_grad: {
-    inputs: ['f32[S, 128]', 'i32[S]'],
-    attrs: { placeholder: 1, mode: 'replace', visual_rows: ['Nv'] },
+    inputs: ['f32[S, 128]', 'i32[S]', 'i32[]'],
+    attrs: { mode: 'replace', visual_rows: ['Nv'] },
     out: ['f32[S, 128]', 'f32[Nv, 128]'],
     bad: {
-      inputs: ['f32[S, 128]', 'i32[S]'],
-      attrs: { placeholder: 1, mode: 'replace' },
+      inputs: ['f32[S, 128]', 'i32[S]', 'i32[]'],
+      attrs: { mode: 'replace' },
       error: /missing attribute 'visual_rows'/,
     },
   },

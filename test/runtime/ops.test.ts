@@ -48,6 +48,7 @@ async function checkGradients(c: FdCase): Promise<void> {
   const rt = runtimeOf(program);
   if (c.mb) rt.setMicrobatch(0, c.mb);
   if (program.scalars.loss_tokens !== undefined) rt.setScalar('loss_tokens', 3);
+  if (program.scalars.image_token_id !== undefined) rt.setScalar('image_token_id', 1);
   const params = rt.region('param');
   const view = (id: number) =>
     new Float64Array(params, program.buffers[id].offset, program.buffers[id].bytes / 8);
@@ -83,6 +84,47 @@ async function checkGradients(c: FdCase): Promise<void> {
     }
     expect(worst, `gradient of ${name}: worst error vs finite differences`).toBeLessThan(1e-5);
   }
+}
+
+/** Φ, the standard normal CDF, by its series (independent of the kernels' erf) */
+function PHI(x: number): number {
+  // erf by its Taylor series: converges fast for |x| ≤ 3
+  const z = x / Math.SQRT2;
+  let term = z;
+  let sum = z;
+  for (let n = 1; n < 80; n++) {
+    term *= (-z * z) / n;
+    sum += term / (2 * n + 1);
+  }
+  return 0.5 * (1 + (2 / Math.sqrt(Math.PI)) * sum);
+}
+
+/** rotate-half RoPE of x [T, nh, d] by angle(token, j) for the pair (j, j + d/2) */
+function plainRope(
+  x: Float64Array,
+  T: number,
+  nh: number,
+  d: number,
+  angle: (token: number, j: number) => number,
+): Float64Array {
+  const y = new Float64Array(x.length);
+  for (let t = 0; t < T; t++)
+    for (let h = 0; h < nh; h++)
+      for (let j = 0; j < d / 2; j++) {
+        const a = angle(t, j);
+        const i = (t * nh + h) * d;
+        const [u, v] = [x[i + j], x[i + j + d / 2]];
+        y[i + j] = u * Math.cos(a) - v * Math.sin(a);
+        y[i + j + d / 2] = v * Math.cos(a) + u * Math.sin(a);
+      }
+  return y;
+}
+
+function expectClose(got: Float64Array, want: Float64Array): void {
+  expect(got.length).toBe(want.length);
+  let worst = 0;
+  got.forEach((v, i) => (worst = Math.max(worst, Math.abs(v - want[i]))));
+  expect(worst).toBeLessThan(1e-12);
 }
 
 /** f64 dy parameters for a list of outputs: one term each */
@@ -196,17 +238,146 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
     await checkGradients({ b, terms: t, grads: { x: dx, gate: dgate, up: dup } });
   });
 
+  it('gelu exact, gelu_grad exact: 0.5·x·(1 + erf(x/√2)) and its gradient', async () => {
+    const b = new ProgramBuilder('gelu-exact');
+    const x = f64Param(b, 'x', [9]);
+    const g = f64(b, 'gelu', [9]);
+    const t = terms(b, [[g, [9]]]);
+    const dx = f64(b, 'dx', [9]);
+    b.instr('compute', 'gelu', [x], [g], { exact: true });
+    b.instr('compute', 'gelu_grad', [t[0].dy, x], [dx], { exact: true });
+    await checkGradients({ b, terms: t, grads: { x: dx } });
+    // the forward against x·Φ(x), Φ by its own series
+    const program = b.build();
+    const rt = runtimeOf(program);
+    await rt.step({ lr: 0, step: 1 });
+    const xs = new Float64Array(rt.region('param'), program.buffers[x].offset, 9);
+    const ys = new Float64Array(rt.readBuffer(g));
+    xs.forEach((v, i) => expect(ys[i]).toBeCloseTo(v * PHI(v), 12));
+  });
+
+  it('rope layouts against a plain implementation: interleaved M-RoPE over (t, h, w) ids', async () => {
+    const S = 5;
+    const b = new ProgramBuilder('rope-mrope', { S, Nv: 0 });
+    const pos = b.input('positions', 'i32', ['S', 3]);
+    const x = f64Param(b, 'x', [S, 2, 16]);
+    const y = f64(b, 'y', [S, 2, 16]);
+    const t = terms(b, [[y, [S, 2, 16]]]);
+    const dx = f64(b, 'dx', [S, 2, 16]);
+    const attrs = { theta: 100, sections: [4, 2, 2], layout: 'interleaved' };
+    b.instr('compute', 'rope', [x, pos], [y], attrs);
+    b.instr('compute', 'rope_grad', [t[0].dy, pos], [dx], attrs);
+    // rows t, h, w of 5 tokens: distinct per axis, so a wrong column assignment shows
+    const ids = Int32Array.from([0, 1, 1, 1, 3, 0, 1, 1, 2, 5, 0, 1, 2, 1, 7]);
+    const mb = { ...textMicrobatch([[2, 3, 4, 5, 6]], S), positions: ids };
+    await checkGradients({ b, terms: t, grads: { x: dx }, mb });
+    const program = b.build();
+    const rt = runtimeOf(program);
+    rt.setMicrobatch(0, mb);
+    await rt.step({ lr: 0, step: 1 });
+    const xs = new Float64Array(rt.region('param'), program.buffers[x].offset, S * 32);
+    // frequency j of 8: h where j % 3 = 1 and j < 6, w where j % 3 = 2 and j < 6, else t
+    const axis = (j: number) => (j % 3 === 1 && j < 6 ? 1 : j % 3 === 2 && j < 6 ? 2 : 0);
+    const want = plainRope(xs, S, 2, 16, (tok, j) => ids[axis(j) * S + tok] * 100 ** (-j / 8));
+    expectClose(new Float64Array(rt.readBuffer(y)), want);
+  });
+
+  it('rope layouts against a plain implementation: per-axis 2-D rotary of patches', async () => {
+    const b = new ProgramBuilder('rope-2d', { S: 4, Nv: 1 });
+    const pos = b.input('patch_positions', 'i32', ['4*Nv', 2]);
+    const x = f64Param(b, 'x', [4, 2, 8]);
+    const y = f64(b, 'y', [4, 2, 8]);
+    const t = terms(b, [[y, [4, 2, 8]]]);
+    const dx = f64(b, 'dx', [4, 2, 8]);
+    const attrs = { theta: 10000, sections: [2, 2], layout: 'per_axis' };
+    b.instr('compute', 'rope', [x, pos], [y], attrs);
+    b.instr('compute', 'rope_grad', [t[0].dy, pos], [dx], attrs);
+    // one 8×8 image: 2×2 patches, rows/cols (0,0) (0,1) (1,0) (1,1)
+    const mb = {
+      ...textMicrobatch([[2, 1, 3]], 4),
+      images: [{ height: 8, width: 8, pixels: new Float32Array(3 * 64) }],
+    };
+    await checkGradients({ b, terms: t, grads: { x: dx }, mb });
+    const program = b.build();
+    const rt = runtimeOf(program);
+    rt.setMicrobatch(0, mb);
+    await rt.step({ lr: 0, step: 1 });
+    const xs = new Float64Array(rt.region('param'), program.buffers[x].offset, 4 * 16);
+    // HF's vision rotary: d/4 = 2 frequencies θ^(−4k/d), the row's then the column's
+    const rc = [
+      [0, 0],
+      [0, 1],
+      [1, 0],
+      [1, 1],
+    ];
+    const want = plainRope(xs, 4, 2, 8, (p, j) => rc[p][j < 2 ? 0 : 1] * 10000 ** (-(4 * (j % 2)) / 8));
+    expectClose(new Float64Array(rt.readBuffer(y)), want);
+  });
+
+  it('embedding with weights (the interpolated table): Σ_k w·table[ids], its gradient', async () => {
+    const b = new ProgramBuilder('embedding-bag', { S: 6, Nv: 0 });
+    const tokens = b.input('tokens', 'i32', ['S']);
+    const ids = b.view('ids', tokens, [3, 2]);
+    const table = f64Param(b, 'table', [5, 4]);
+    const weights = f64Param(b, 'weights', [3, 2]);
+    const y = f64(b, 'y', [3, 4]);
+    const t = terms(b, [[y, [3, 4]]]);
+    const dtable = f64(b, 'dtable', [5, 4]);
+    b.instr('compute', 'embedding', [ids, table, weights], [y]);
+    b.instr('compute', 'embedding_grad', [t[0].dy, ids, weights], [dtable], { rows: 5 });
+    // ids (2, 3) (3, 3) (4, 2): a repeated row sums its weights
+    const mb = textMicrobatch([[2, 3, 3, 3, 4, 2]], 6);
+    await checkGradients({ b, terms: t, grads: { table: dtable }, mb });
+    const program = b.build();
+    const rt = runtimeOf(program);
+    rt.setMicrobatch(0, mb);
+    await rt.step({ lr: 0, step: 1 });
+    const region = rt.region('param');
+    const tab = new Float64Array(region, program.buffers[table].offset, 20);
+    const w = new Float64Array(region, program.buffers[weights].offset, 6);
+    const id = [2, 3, 3, 3, 4, 2];
+    const want = new Float64Array(12);
+    for (let r = 0; r < 3; r++)
+      for (let k = 0; k < 2; k++)
+        for (let h = 0; h < 4; h++) want[r * 4 + h] += w[r * 2 + k] * tab[id[r * 2 + k] * 4 + h];
+    expectClose(new Float64Array(rt.readBuffer(y)), want);
+  });
+
+  it('router_topk without renormalization (normalize false): weights are the top-k probabilities', async () => {
+    const b = new ProgramBuilder('router-raw');
+    const logits = f64Param(b, 'logits', [5, 4]);
+    const [probs, weights] = [f64(b, 'probs', [5, 4]), f64(b, 'weights', [5, 2])];
+    const experts = b.arena('experts', 'i32', [5, 2]);
+    const t = terms(b, [
+      [probs, [5, 4]],
+      [weights, [5, 2]],
+    ]);
+    const dlogits = f64(b, 'dlogits', [5, 4]);
+    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k: 2, normalize: false });
+    b.instr('compute', 'router_topk_grad', [t[0].dy, t[1].dy, probs, experts], [dlogits], {
+      normalize: false,
+    });
+    await checkGradients({ b, terms: t, grads: { logits: dlogits } });
+    const program = b.build();
+    const rt = runtimeOf(program);
+    await rt.step({ lr: 0, step: 1 });
+    const p = new Float64Array(rt.readBuffer(probs));
+    const wv = new Float64Array(rt.readBuffer(weights));
+    const e = new Int32Array(rt.readBuffer(experts));
+    for (let i = 0; i < 10; i++) expect(wv[i]).toBe(p[Math.floor(i / 2) * 4 + e[i]]);
+  });
+
   for (const mode of ['replace', 'add'])
     it(`merge_visual, merge_visual_grad (${mode})`, async () => {
       const b = new ProgramBuilder('merge', { S: 4, Nv: 1 });
       const tokens = b.input('tokens', 'i32', ['S']);
+      const placeholder = b.scalar('image_token_id', 'i32');
       const [text, vis] = [f64Param(b, 'text', [4, 3]), f64Param(b, 'visual', [1, 3])];
       const y = f64(b, 'y', [4, 3]);
       const t = terms(b, [[y, [4, 3]]]);
       const [dtext, dvis] = [f64(b, 'dtext', [4, 3]), f64(b, 'dvisual', [1, 3])];
-      b.instr('compute', 'merge_visual', [text, vis, tokens], [y], { placeholder: 1, mode });
-      b.instr('compute', 'merge_visual_grad', [t[0].dy, tokens], [dtext, dvis], {
-        placeholder: 1,
+      b.instr('compute', 'merge_visual', [text, vis, tokens, placeholder], [y], { mode });
+      b.instr('compute', 'merge_visual_grad', [t[0].dy, tokens, placeholder], [dtext, dvis], {
         mode,
         visual_rows: ['1'],
       });

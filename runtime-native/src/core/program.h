@@ -50,14 +50,20 @@ enum class DataField : int {
   patch_rows,
   patch_cols,
   caption_mask,
+  patch_positions,    // (Np, 2) row, column: the 2-D rotary positions
+  window_segments,    // (Np) attention window
+  patch_pos_ids,      // (Np, 4) rows of the interpolated position table
+  patch_pos_weights,  // (Np, 4) their bilinear weights
   kCount
 };
 inline constexpr const char* kDataFieldNames[] = {
     "tokens",         "labels",     "loss_mask",  "positions",    "segments",
-    "patches",        "image_segments", "patch_rows", "patch_cols", "caption_mask"};
+    "patches",        "image_segments", "patch_rows", "patch_cols", "caption_mask",
+    "patch_positions", "window_segments", "patch_pos_ids", "patch_pos_weights"};
 inline constexpr DType kDataFieldTypes[] = {DType::i32, DType::i32, DType::u8,  DType::i32,
                                             DType::i32, DType::f32, DType::i32, DType::i32,
-                                            DType::i32, DType::u8};
+                                            DType::i32, DType::u8,  DType::i32, DType::i32,
+                                            DType::i32, DType::f32};
 static_assert(sizeof(kDataFieldNames) / sizeof(kDataFieldNames[0]) == size_t(DataField::kCount));
 static_assert(sizeof(kDataFieldTypes) / sizeof(kDataFieldTypes[0]) == size_t(DataField::kCount));
 

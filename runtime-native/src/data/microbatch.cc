@@ -7,9 +7,9 @@
 
 namespace lfc {
 
-Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge) {
+Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int64_t temporal) {
   Patches out;
-  out.width = 3 * P * P;
+  out.width = 3 * temporal * P * P;
   const int64_t unit = P * merge;
   for (size_t i = 0; i < images.size(); i++) {
     const Image& im = images[i];
@@ -21,11 +21,9 @@ Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge) {
       throw RuntimeError(cat("image ", i, " has ", im.pixels.size(), " pixel values, [3, ", im.height,
                              ", ", im.width, "] needs ", 3 * im.height * im.width));
     out.count += (im.height / P) * (im.width / P);
+    out.grids.push_back(Grid{1, im.height / P, im.width / P});
   }
   out.values.resize(size_t(out.count * out.width));
-  out.imageSegments.resize(size_t(out.count));
-  out.rows.resize(size_t(out.count));
-  out.cols.resize(size_t(out.count));
   int64_t n = 0;
   for (size_t i = 0; i < images.size(); i++) {
     const Image& im = images[i];
@@ -36,16 +34,39 @@ Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge) {
         for (int64_t di = 0; di < merge; di++)
           for (int64_t dj = 0; dj < merge; dj++, n++) {
             const int64_t r = br * merge + di, c = bc * merge + dj;
-            float* dst = out.values.data() + n * out.width;  // (3, P, P)
+            float* dst = out.values.data() + n * out.width;  // (3, temporal, P, P)
             for (int64_t ch = 0; ch < 3; ch++)
-              for (int64_t pr = 0; pr < P; pr++)
-                for (int64_t pc = 0; pc < P; pc++)
-                  *dst++ = im.pixels[size_t((ch * H + r * P + pr) * W + c * P + pc)];
-            out.imageSegments[size_t(n)] = int32_t(i);
-            out.rows[size_t(n)] = int32_t(r);
-            out.cols[size_t(n)] = int32_t(c);
+              for (int64_t t = 0; t < temporal; t++)
+                for (int64_t pr = 0; pr < P; pr++)
+                  for (int64_t pc = 0; pc < P; pc++)
+                    *dst++ = im.pixels[size_t((ch * H + r * P + pr) * W + c * P + pc)];
           }
   }
+  return out;
+}
+
+Patches patchesOf(const Microbatch& mb, const VisionSpec& spec) {
+  if (!mb.images.empty()) {
+    if (!mb.pixelValues.empty() || !mb.grids.empty())
+      throw RuntimeError("give images or pixel values with their grids, not both");
+    if (spec.channels != 3)
+      throw RuntimeError(cat("images are RGB; the model takes ", spec.channels, " channels"));
+    return patchify(mb.images, spec.patchSize, spec.mergeSize, spec.temporalPatch);
+  }
+  Patches out;
+  out.width = spec.patchWidth();
+  out.grids = mb.grids;
+  for (size_t i = 0; i < mb.grids.size(); i++) {
+    const Grid& g = mb.grids[i];
+    if (g.t < 1 || g.h < 1 || g.w < 1)
+      throw RuntimeError(cat("image_grid_thw[", i, "] = (", g.t, ", ", g.h, ", ", g.w, ") must be positive"));
+    out.count += g.t * g.h * g.w;
+  }
+  if (int64_t(mb.pixelValues.size()) != out.count * out.width)
+    throw RuntimeError(cat("pixel_values has ", mb.pixelValues.size(), " values; its grids give ", out.count,
+                           " patches of ", out.width, " (", spec.channels, " channels · ", spec.temporalPatch,
+                           " frames · ", spec.patchSize, "²)"));
+  out.values = mb.pixelValues;
   return out;
 }
 
@@ -124,6 +145,7 @@ Microbatch synthesize(const SynthArgs& a) {
     }
     mb.images.push_back(drawImage(unit * ia, unit * ib, bg, sq, quad,
                                   hash::combine(hash::combine(key, kNoiseTag), uint64_t(sample))));
+    mb.grids.push_back(Grid{1, a.mergeSize * ia, a.mergeSize * ib});
   }
   const size_t pad = size_t(a.seqLength) - mb.tokens.size();
   mb.tokens.insert(mb.tokens.end(), pad, kPadToken);
@@ -131,6 +153,11 @@ Microbatch synthesize(const SynthArgs& a) {
   mb.lossMask.insert(mb.lossMask.end(), pad, 0);
   mb.positions.insert(mb.positions.end(), pad, 0);
   mb.segments.insert(mb.segments.end(), pad, -1);
+  if (a.positionRows == 3)
+    mb.positions = ropeIndex(mb.tokens, mb.segments, mb.grids, kPlaceholderToken, a.mergeSize);
+  else if (a.positionRows != 1)
+    throw RuntimeError(cat("synthesize: positionRows ", a.positionRows, " must be 1 or 3"));
+  mb.grids.clear();  // the images carry them
   return mb;
 }
 

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "data/vision.h"
+
 namespace lfc {
 
 constexpr int32_t kPadToken = 0;
@@ -30,30 +32,40 @@ struct Image {
   std::vector<float> pixels;  // (3, height, width)
 };
 
+// The batch contract (docs/qwen-vl.md): a microbatch's images come either as images [3, H, W]
+// (cut into patches by the runtime) or already as patches with each image's grid.
 struct Microbatch {
   std::vector<int32_t> tokens;     // (S)
   std::vector<int32_t> labels;     // (S) next token of the same sample if it is text, else 0
   std::vector<uint8_t> lossMask;   // (S) 1 where the label is a text token
-  std::vector<int32_t> positions;  // (S) index within the sample, 0 on padding
+  std::vector<int32_t> positions;  // (S) index within the sample, or (3, S) M-RoPE ids t, h, w; 0 on padding
   std::vector<int32_t> segments;   // (S) sample index, −1 on padding
   std::vector<Image> images;
+  std::vector<float> pixelValues;  // (N, C·T·P·P) patches, when images is empty
+  std::vector<Grid> grids;         // each image's grid in patches (with pixelValues)
+  std::vector<int32_t> windowSegments;  // (N) given window ids (checked); empty: derived
+  int32_t imageTokenId = -1;            // the placeholder id; −1: the model's
   std::vector<uint8_t> captionMask;  // (S) 1 where the label is a caption token; empty: derived
 };
 
 // The patches of a microbatch's images, in image order, each image's patches by merge blocks.
 struct Patches {
   int64_t count = 0;                   // Np
-  int64_t width = 0;                   // 3·P·P values per patch
-  std::vector<float> values;           // (Np, 3·P·P), each patch in (channel, row, col) order
-  std::vector<int32_t> imageSegments;  // (Np) image index
-  std::vector<int32_t> rows, cols;     // (Np) patch row / column within its image
+  int64_t width = 0;                   // C·T·P·P values per patch
+  std::vector<float> values;           // (Np, C·T·P·P), each patch in (channel, time, row, col) order
+  std::vector<Grid> grids;             // each image's grid
 };
 
 // Cuts images (each [3, H, W], H and W multiples of P·merge) into P×P patches ordered by
 // merge×merge blocks: block rows top to bottom, block columns left to right, inside a block row
-// by row (top-left, top-right, bottom-left, bottom-right for merge 2). Throws RuntimeError naming
-// the image on a bad size.
-Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge);
+// by row (top-left, top-right, bottom-left, bottom-right for merge 2). A still image is repeated
+// `temporal` times in time: a patch holds (channel, time, row, col). Throws RuntimeError naming the
+// image on a bad size.
+Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int64_t temporal = 1);
+
+// The microbatch's patches: its images cut (patchify), or its pixelValues checked against its
+// grids and the spec's patch width. Throws RuntimeError naming what disagrees.
+Patches patchesOf(const Microbatch& mb, const VisionSpec& spec);
 
 struct SynthArgs {
   uint64_t seed = 0;
@@ -64,6 +76,7 @@ struct SynthArgs {
   int64_t maxVisualTokens = -1;  // −1: no limit
   int64_t patchSize = 4;
   int64_t mergeSize = 2;
+  int64_t positionRows = 1;  // 3: M-RoPE position ids (ropeIndex) instead of the index in the sample
 };
 
 // The synthetic task: a pure function of (seed, step, global microbatch). Samples (image

@@ -5,6 +5,7 @@
 // and rstd, the cross-entropy log-sum-exp, the router's renormalized weights) are recomputed here
 // exactly as the forward computes them.
 #include <cstring>
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -23,12 +24,22 @@
 namespace lfc::ops {
 
 void run_embedding_grad(const Instr&, StepCtx& c) {
-  const Tensor &dy = c.in(0), &ids = c.in(1), &dtable = c.out(0);  // dy [T, H], ids [T] → [rows, H]
+  // dy [T, H], ids [T] → [rows, H]; or dy, ids [T, K], weights [T, K] (the weighted bag)
+  const Tensor &dy = c.in(0), &ids = c.in(1), &dtable = c.out(0);
   requireDType(ids, DType::i32, "input 1 (ids)");
-  const int64_t T = ids.numel, H = dy.last(), V = c.integer("rows");
-  requireFloat(dy, T * H, "input 0 (dy)");
+  const int64_t H = dy.last(), V = c.integer("rows");
   requireFloat(dtable, V * H, "output 0 (dtable)");
   zero(dtable);
+  if (c.numIn() > 2) {
+    const int64_t T = dy.rows(), K = ids.numel / std::max<int64_t>(T, 1);
+    requireNumel(ids, T * K, "input 1 (ids)");
+    requireFloat(c.in(2), T * K, "input 2 (weights)");
+    requireFloat(dy, T * H, "input 0 (dy)");
+    cpu::embedding_bag_backward(dst(dtable), src(dy), ids.as<int32_t>(), src(c.in(2)), T, K, V, H);
+    return;
+  }
+  const int64_t T = ids.numel;
+  requireFloat(dy, T * H, "input 0 (dy)");
   if (const std::optional<GroupPos> shard = vocabShard(c))
     cpu::embedding_shard_backward(dst(dtable), src(dy), ids.as<int32_t>(), T, V, H, shard->rank * V,
                                   shard->size * V);
@@ -111,7 +122,7 @@ void run_rope_grad(const Instr&, StepCtx& c) {
   requireFloat(dx, dy.numel, "output 0 (dx)");
   const RopeArgs r = ropeArgs(c, dy, pos);
   cpu::rope_backward(dst(dx), src(dy), pos.as<int32_t>(), r.sections.data(), r.P, dy.dim(0), dy.dim(1), dy.dim(2),
-                     c.num("theta"));
+                     c.num("theta"), r.layout);
 }
 
 void run_attention_grad(const Instr&, StepCtx& c) {
@@ -134,7 +145,8 @@ void run_gelu_grad(const Instr&, StepCtx& c) {
   requireFloat(dy, "input 0 (dy)");
   requireFloat(x, dy.numel, "input 1 (x)");
   requireFloat(dx, dy.numel, "output 0 (dx)");
-  cpu::gelu_backward(dst(dx), src(dy), src(x), dy.numel);
+  if (c.has("exact") && c.flag("exact")) cpu::gelu_exact_backward(dst(dx), src(dy), src(x), dy.numel);
+  else cpu::gelu_backward(dst(dx), src(dy), src(x), dy.numel);
 }
 
 void run_swiglu_grad(const Instr&, StepCtx& c) {
@@ -148,7 +160,8 @@ void run_swiglu_grad(const Instr&, StepCtx& c) {
 }
 
 void run_merge_visual_grad(const Instr&, StepCtx& c) {
-  // dy [T, H], tokens [T] → dtext [T, H], dvisual [Nv, H] (Nv from the output's resolved shape)
+  // dy [T, H], tokens [T], image_token_id [] → dtext [T, H], dvisual [Nv, H] (Nv from the output's
+  // resolved shape)
   const Tensor &dy = c.in(0), &tokens = c.in(1), &dtext = c.out(0), &dvis = c.out(1);
   requireRank(dy, 2, "input 0 (dy)");
   requireFloat(dy, "input 0 (dy)");
@@ -157,7 +170,7 @@ void run_merge_visual_grad(const Instr&, StepCtx& c) {
   requireNumel(tokens, T, "input 1 (tokens)");
   requireFloat(dtext, dy.numel, "output 0 (dtext)");
   requireFloat(dvis, Nv * H, "output 1 (dvisual)");
-  cpu::merge_visual_backward(dst(dtext), dst(dvis), src(dy), tokens.as<int32_t>(), int32_t(c.integer("placeholder")),
+  cpu::merge_visual_backward(dst(dtext), dst(dvis), src(dy), tokens.as<int32_t>(), imageTokenId(c.in(2), "input 2"),
                              mergeMode(c), T, Nv, H);
 }
 
@@ -176,9 +189,10 @@ void run_router_topk_grad(const Instr&, StepCtx& c) {
   requireFloat(dlogits, T * E, "output 0 (dlogits)");
   // the renormalized weights, exactly as router_topk_forward computes them
   const cpu::Dst weights = scratchOf(c, T * k, computeDType(probs));
-  cpu::router_topk_weights(weights, src(probs), experts.as<int32_t>(), T, E, k);
+  const bool normalize = normalizeTopk(c);
+  cpu::router_topk_weights(weights, src(probs), experts.as<int32_t>(), T, E, k, normalize);
   cpu::router_topk_backward(dst(dlogits), src(dprobs), src(dweights), src(probs), weights, experts.as<int32_t>(), T,
-                            E, k);
+                            E, k, normalize);
 }
 
 void run_moe_permute_grad(const Instr&, StepCtx& c) {

@@ -1,6 +1,7 @@
 // Forward compute ops → the kernels' entry points (kernels/cpu). Shapes in the comments use the
 // letters of ir/ops.ts. Float operands are checked to be float, not to share a dtype: each may be
 // f32 or bf16 (or every one f64), and each output is written in its own buffer's dtype.
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -19,11 +20,22 @@
 namespace lfc::ops {
 
 void run_embedding(const Instr&, StepCtx& c) {
-  const Tensor &ids = c.in(0), &table = c.in(1), &y = c.out(0);  // ids [T], table [V, H] → [T, H]
+  // ids [T], table [V, H] → [T, H]; or ids [T, K], table, weights [T, K] → Σ_k weights·table[ids]
+  const Tensor &ids = c.in(0), &table = c.in(1), &y = c.out(0);
   requireDType(ids, DType::i32, "input 0 (ids)");
   requireRank(table, 2, "input 1 (table)");
   requireFloat(table, "input 1 (table)");
-  const int64_t T = ids.numel, V = table.dim(0), H = table.dim(1);
+  const int64_t V = table.dim(0), H = table.dim(1);
+  if (c.numIn() > 2) {
+    const Tensor& w = c.in(2);
+    const int64_t T = y.rows(), K = ids.numel / std::max<int64_t>(T, 1);
+    requireNumel(ids, T * K, "input 0 (ids)");
+    requireFloat(w, T * K, "input 2 (weights)");
+    requireFloat(y, T * H, "output 0");
+    cpu::embedding_bag_forward(dst(y), ids.as<int32_t>(), src(w), src(table), T, K, V, H);
+    return;
+  }
+  const int64_t T = ids.numel;
   requireFloat(y, T * H, "output 0");
   if (const std::optional<GroupPos> shard = vocabShard(c))  // this rank's rows [r·V, (r+1)·V) of P·V
     cpu::embedding_shard_forward(dst(y), ids.as<int32_t>(), src(table), T, V, H, shard->rank * V, shard->size * V);
@@ -75,7 +87,7 @@ void run_rope(const Instr&, StepCtx& c) {
   requireFloat(y, x.numel, "output 0");
   const RopeArgs r = ropeArgs(c, x, pos);
   cpu::rope_forward(dst(y), src(x), pos.as<int32_t>(), r.sections.data(), r.P, x.dim(0), x.dim(1), x.dim(2),
-                    c.num("theta"));
+                    c.num("theta"), r.layout);
 }
 
 void run_attention(const Instr&, StepCtx& c) {
@@ -93,7 +105,8 @@ void run_gelu(const Instr&, StepCtx& c) {
   const Tensor &x = c.in(0), &y = c.out(0);
   requireFloat(x, "input 0 (x)");
   requireFloat(y, x.numel, "output 0");
-  cpu::gelu_forward(dst(y), src(x), x.numel);
+  if (c.has("exact") && c.flag("exact")) cpu::gelu_exact_forward(dst(y), src(x), x.numel);
+  else cpu::gelu_forward(dst(y), src(x), x.numel);
 }
 
 void run_swiglu(const Instr&, StepCtx& c) {
@@ -113,7 +126,7 @@ void run_add(const Instr&, StepCtx& c) {
 }
 
 void run_merge_visual(const Instr&, StepCtx& c) {
-  // text [T, H], visual [Nv, H], tokens [T] → [T, H]
+  // text [T, H], visual [Nv, H], tokens [T], image_token_id [] → [T, H]
   const Tensor &text = c.in(0), &vis = c.in(1), &tokens = c.in(2), &y = c.out(0);
   requireRank(text, 2, "input 0 (text)");
   requireRank(vis, 2, "input 1 (visual)");
@@ -124,7 +137,7 @@ void run_merge_visual(const Instr&, StepCtx& c) {
   requireFloat(text, "input 0 (text)");
   requireFloat(vis, "input 1 (visual)");
   requireFloat(y, text.numel, "output 0");
-  cpu::merge_visual_forward(dst(y), src(text), src(vis), tokens.as<int32_t>(), int32_t(c.integer("placeholder")),
+  cpu::merge_visual_forward(dst(y), src(text), src(vis), tokens.as<int32_t>(), imageTokenId(c.in(3), "input 3"),
                             mergeMode(c), T, Nv, H);
 }
 
@@ -137,7 +150,7 @@ void run_router_topk(const Instr&, StepCtx& c) {
   requireFloat(probs, T * E, "output 0 (probs)");
   requireFloat(weights, T * k, "output 1 (weights)");
   requireOut(experts, DType::i32, T * k, "output 2 (experts)");
-  cpu::router_topk_forward(dst(probs), dst(weights), experts.as<int32_t>(), src(logits), T, E, k);
+  cpu::router_topk_forward(dst(probs), dst(weights), experts.as<int32_t>(), src(logits), T, E, k, normalizeTopk(c));
 }
 
 void run_moe_permute(const Instr&, StepCtx& c) {

@@ -45,18 +45,18 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   std::array<OpEntry, kOpCount> r{};
   auto set = [&r](Op op, OpEntry e) { r[size_t(op)] = e; };
   // forward compute
-  set(Op::embedding, compute(2, 2, 1, 1, "shard_group?:string,group_size?:int", run_embedding));
+  set(Op::embedding, compute(2, 3, 1, 1, "shard_group?:string,group_size?:int", run_embedding));
   set(Op::patch_embed, compute(2, 3, 1, 1, "", run_patch_embed));
   set(Op::linear, compute(2, 3, 1, 1, "", run_linear));
   set(Op::layernorm, compute(3, 3, 1, 1, "eps:number", run_layernorm));
   set(Op::rmsnorm, compute(2, 2, 1, 1, "eps:number", run_rmsnorm));
-  set(Op::rope, compute(2, 2, 1, 1, "theta:number,sections:ints", run_rope, true));
-  set(Op::attention, compute(4, 4, 2, 2, "causal:bool,scale:number,max_segment?:int", run_attention));
-  set(Op::gelu, compute(1, 1, 1, 1, "", run_gelu, true));
+  set(Op::rope, compute(2, 2, 1, 1, "theta:number,sections:ints,layout?:string", run_rope, true));
+  set(Op::attention, compute(4, 4, 2, 2, "causal:bool,scale:number,max_segment?:int,windows?:bool", run_attention));
+  set(Op::gelu, compute(1, 1, 1, 1, "exact?:bool", run_gelu, true));
   set(Op::swiglu, compute(2, 2, 1, 1, "", run_swiglu, true));
   set(Op::add, compute(2, 2, 1, 1, "", run_add, true));
-  set(Op::merge_visual, compute(3, 3, 1, 1, "placeholder:int,mode:string", run_merge_visual, true));
-  set(Op::router_topk, compute(1, 1, 3, 3, "k:int", run_router_topk));
+  set(Op::merge_visual, compute(4, 4, 1, 1, "mode:string", run_merge_visual, true));
+  set(Op::router_topk, compute(1, 1, 3, 3, "k:int,normalize?:bool", run_router_topk));
   set(Op::moe_permute, compute(2, 3, 3, 3, "num_experts:int,capacity?:int,out_rows?:dims,drop_policy?:string", run_moe_permute));
   set(Op::grouped_linear, compute(3, V, 1, 1, "", run_grouped_linear));
   set(Op::moe_unpermute, compute(3, 3, 1, 1, "", run_moe_unpermute));
@@ -77,19 +77,19 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::gather_rows, compute(2, 2, 1, 1, "", run_gather_rows));
   // backward
   set(Op::embedding_grad,
-      compute(2, 2, 1, 1, "rows:int,shard_group?:string,group_size?:int", run_embedding_grad));
+      compute(2, 3, 1, 1, "rows:int,shard_group?:string,group_size?:int", run_embedding_grad));
   set(Op::linear_dgrad, compute(2, 2, 1, 1, "", run_linear_dgrad));
   set(Op::linear_wgrad, compute(2, 2, 1, 2, "bias:bool", run_linear_wgrad));
   set(Op::layernorm_grad, compute(3, 3, 3, 3, "eps:number", run_layernorm_grad));
   set(Op::rmsnorm_grad, compute(3, 3, 2, 2, "eps:number", run_rmsnorm_grad));
-  set(Op::rope_grad, compute(2, 2, 1, 1, "theta:number,sections:ints", run_rope_grad, true));
+  set(Op::rope_grad, compute(2, 2, 1, 1, "theta:number,sections:ints,layout?:string", run_rope_grad, true));
   set(Op::attention_grad,
-      compute(7, 7, 3, 3, "causal:bool,scale:number,max_segment?:int", run_attention_grad));
-  set(Op::gelu_grad, compute(2, 2, 1, 1, "", run_gelu_grad, true));
+      compute(7, 7, 3, 3, "causal:bool,scale:number,max_segment?:int,windows?:bool", run_attention_grad));
+  set(Op::gelu_grad, compute(2, 2, 1, 1, "exact?:bool", run_gelu_grad, true));
   set(Op::swiglu_grad, compute(3, 3, 2, 2, "", run_swiglu_grad));
-  set(Op::merge_visual_grad, compute(2, 2, 2, 2, "placeholder:int,mode:string,visual_rows:dims",
+  set(Op::merge_visual_grad, compute(3, 3, 2, 2, "mode:string,visual_rows:dims",
                                      run_merge_visual_grad, true));
-  set(Op::router_topk_grad, compute(4, 4, 1, 1, "", run_router_topk_grad));
+  set(Op::router_topk_grad, compute(4, 4, 1, 1, "normalize?:bool", run_router_topk_grad));
   set(Op::moe_permute_grad, compute(2, 2, 1, 1, "k:int", run_moe_permute_grad));
   set(Op::grouped_linear_dgrad, compute(3, V, 1, 1, "", run_grouped_linear_dgrad));
   set(Op::grouped_linear_wgrad, compute(3, 3, 1, V, "", run_grouped_linear_wgrad));

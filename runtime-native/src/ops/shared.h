@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/merge.h"
+#include "kernels/cpu/rope.h"
 #include "ops/op.h"
 
 namespace lfc::ops {
@@ -75,10 +76,18 @@ inline TargetArgs targetArgs(const StepCtx& c, const Tensor& logits, const Tenso
 struct RopeArgs {
   std::vector<int32_t> sections;
   int64_t P = 1;
+  cpu::RopeLayout layout = cpu::RopeLayout::sectioned;
 };
 // x [T, nh, d], positions i32 [T] or [T, P], attribute sections (P)
 inline RopeArgs ropeArgs(const StepCtx& c, const Tensor& x, const Tensor& pos) {
   RopeArgs r;
+  if (c.has("layout")) {
+    const std::string layout = c.str("layout");
+    if (layout == "interleaved") r.layout = cpu::RopeLayout::interleaved;
+    else if (layout == "per_axis") r.layout = cpu::RopeLayout::per_axis;
+    else if (layout != "sectioned")
+      throw OpError(cat("attribute layout must be sectioned, interleaved or per_axis, got '", layout, "'"));
+  }
   for (int64_t s : c.ints("sections")) r.sections.push_back(int32_t(s));
   r.P = int64_t(r.sections.size());
   requireDType(pos, DType::i32, "input 1 (positions)");
@@ -102,6 +111,16 @@ inline AttnArgs attnArgs(const Tensor& q, const Tensor& k, const Tensor& v, cons
   requireNumel(seg, a.T, "segments");
   return a;
 }
+
+// The image placeholder id of a microbatch: an i32 scalar data input (the batch's image_token_id).
+inline int32_t imageTokenId(const Tensor& t, const char* what) {
+  requireDType(t, DType::i32, what);
+  requireNumel(t, 1, what);
+  return *t.as<int32_t>();
+}
+
+// router_topk's renormalization of the top-k probabilities (absent: on)
+inline bool normalizeTopk(const StepCtx& c) { return !c.has("normalize") || c.flag("normalize"); }
 
 inline cpu::MergeMode mergeMode(const StepCtx& c) {
   const std::string mode = c.str("mode");

@@ -35,6 +35,24 @@ void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n) {
 }
 
 template <typename Real>
+void gelu_exact_forward(Real* y, const Real* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const double xi = double(x[i]);
+    y[i] = Real(0.5 * xi * (1.0 + std::erf(xi * M_SQRT1_2)));
+  }
+}
+
+template <typename Real>
+void gelu_exact_backward(Real* dx, const Real* dy, const Real* x, int64_t n) {
+  constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/√(2π)
+  for (int64_t i = 0; i < n; i++) {
+    const double xi = double(x[i]);
+    const double cdf = 0.5 * (1.0 + std::erf(xi * M_SQRT1_2)), pdf = kInvSqrt2Pi * std::exp(-0.5 * xi * xi);
+    dx[i] = Real(double(dy[i]) * (cdf + xi * pdf));
+  }
+}
+
+template <typename Real>
 void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }
@@ -66,6 +84,8 @@ void add_backward(Real* da, Real* db, const Real* dy, int64_t n) {
 #define LFC_INSTANTIATE_ACTIVATION(Real)                                                           \
   template void gelu_forward<Real>(Real*, const Real*, int64_t);                                   \
   template void gelu_backward<Real>(Real*, const Real*, const Real*, int64_t);                     \
+  template void gelu_exact_forward<Real>(Real*, const Real*, int64_t);                             \
+  template void gelu_exact_backward<Real>(Real*, const Real*, const Real*, int64_t);               \
   template void swiglu_forward<Real>(Real*, const Real*, const Real*, int64_t);                    \
   template void swiglu_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t); \
   template void add_forward<Real>(Real*, const Real*, const Real*, int64_t);                       \
@@ -81,6 +101,15 @@ void gelu_forward(Dst y, Src x, int64_t n) {
 
 void gelu_backward(Dst dx, Src dy, Src x, int64_t n) {
   by_dtype("gelu_backward", {dx, dy, x}, [&](auto& s) { gelu_backward(s.out(dx, n), s.in(dy, n), s.in(x, n), n); });
+}
+
+void gelu_exact_forward(Dst y, Src x, int64_t n) {
+  by_dtype("gelu_exact_forward", {y, x}, [&](auto& s) { gelu_exact_forward(s.out(y, n), s.in(x, n), n); });
+}
+
+void gelu_exact_backward(Dst dx, Src dy, Src x, int64_t n) {
+  by_dtype("gelu_exact_backward", {dx, dy, x},
+           [&](auto& s) { gelu_exact_backward(s.out(dx, n), s.in(dy, n), s.in(x, n), n); });
 }
 
 void swiglu_forward(Dst y, Src gate, Src up, int64_t n) {

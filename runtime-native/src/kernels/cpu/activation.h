@@ -1,4 +1,4 @@
-// Elementwise ops over n values: GELU (tanh approximation), SwiGLU (silu(gate)·up), add.
+// Elementwise ops over n values: GELU (tanh approximation, or exact), SwiGLU (silu(gate)·up), add.
 // Every gradient here is of an activation and is OVERWRITTEN. Outputs may alias inputs in the
 // forwards (y == x, y == a); the backwards read everything of an element before writing it.
 #pragma once
@@ -17,6 +17,13 @@ void gelu_forward(Real* y, const Real* x, int64_t n);
 template <typename Real>
 void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n);
 
+// y = 0.5·x·(1 + erf(x/√2)), the exact GELU (PyTorch's nn.GELU())
+template <typename Real>
+void gelu_exact_forward(Real* y, const Real* x, int64_t n);
+// dx = dy · (Φ(x) + x·φ(x))
+template <typename Real>
+void gelu_exact_backward(Real* dx, const Real* dy, const Real* x, int64_t n);
+
 // y = gate·σ(gate) · up
 template <typename Real>
 void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n);
@@ -34,6 +41,8 @@ void add_backward(Real* da, Real* db, const Real* dy, int64_t n);
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
 void gelu_forward(Dst y, Src x, int64_t n);
 void gelu_backward(Dst dx, Src dy, Src x, int64_t n);
+void gelu_exact_forward(Dst y, Src x, int64_t n);
+void gelu_exact_backward(Dst dx, Src dy, Src x, int64_t n);
 void swiglu_forward(Dst y, Src gate, Src up, int64_t n);
 void swiglu_backward(Dst dgate, Dst dup, Src dy, Src gate, Src up, int64_t n);
 void add_forward(Dst y, Src a, Src b, int64_t n);

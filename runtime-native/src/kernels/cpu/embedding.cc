@@ -40,6 +40,35 @@ void embedding_backward(Real* dtable, const Real* dy, const int32_t* ids, int64_
 }
 
 template <typename Real>
+void embedding_bag_forward(Real* y, const int32_t* ids, const Real* weights, const Real* table, int64_t T,
+                           int64_t K, int64_t V, int64_t H) {
+  check_ids("embedding_bag_forward", ids, T * K, V);
+  for (int64_t t = 0; t < T; t++) {
+    Real* yt = y + t * H;  // (H)
+    std::fill(yt, yt + H, Real(0));
+    for (int64_t k = 0; k < K; k++) {
+      const Real w = weights[t * K + k];
+      const Real* row = table + int64_t(ids[t * K + k]) * H;  // (H)
+      for (int64_t i = 0; i < H; i++) yt[i] += w * row[i];
+    }
+  }
+}
+
+template <typename Real>
+void embedding_bag_backward(Real* dtable, const Real* dy, const int32_t* ids, const Real* weights, int64_t T,
+                            int64_t K, int64_t V, int64_t H) {
+  check_ids("embedding_bag_backward", ids, T * K, V);
+  for (int64_t t = 0; t < T; t++) {
+    const Real* dyt = dy + t * H;  // (H)
+    for (int64_t k = 0; k < K; k++) {
+      const Real w = weights[t * K + k];
+      Real* drow = dtable + int64_t(ids[t * K + k]) * H;  // (H)
+      for (int64_t i = 0; i < H; i++) drow[i] += w * dyt[i];
+    }
+  }
+}
+
+template <typename Real>
 void embedding_shard_forward(Real* y, const int32_t* ids, const Real* table, int64_t T, int64_t V, int64_t H,
                              int64_t first, int64_t vocab) {
   check_vocab("embedding_shard_forward", ids, T, first, V, vocab);
@@ -73,6 +102,14 @@ template void embedding_forward<double>(double*, const int32_t*, const double*, 
 template void embedding_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
 template void embedding_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t);
 
+#define LFC_INSTANTIATE_EMBEDDING_BAG(Real)                                                          \
+  template void embedding_bag_forward<Real>(Real*, const int32_t*, const Real*, const Real*, int64_t, int64_t, \
+                                            int64_t, int64_t);                                             \
+  template void embedding_bag_backward<Real>(Real*, const Real*, const int32_t*, const Real*, int64_t,        \
+                                             int64_t, int64_t, int64_t);
+LFC_INSTANTIATE_EMBEDDING_BAG(float)
+LFC_INSTANTIATE_EMBEDDING_BAG(double)
+
 template void embedding_shard_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
                                              int64_t, int64_t);
 template void embedding_shard_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t, int64_t,
@@ -102,6 +139,20 @@ void embedding_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t 
 void embedding_backward(Dst dtable, Src dy, const int32_t* ids, int64_t T, int64_t V, int64_t H) {
   by_dtype("embedding_backward", {dtable, dy},
            [&](auto& s) { embedding_backward(s.out(dtable, V * H), s.in(dy, T * H), ids, T, V, H); });
+}
+
+void embedding_bag_forward(Dst y, const int32_t* ids, Src weights, Src table, int64_t T, int64_t K, int64_t V,
+                           int64_t H) {
+  by_dtype("embedding_bag_forward", {y, weights, table}, [&](auto& s) {
+    embedding_bag_forward(s.out(y, T * H), ids, s.in(weights, T * K), s.in(table, V * H), T, K, V, H);
+  });
+}
+
+void embedding_bag_backward(Dst dtable, Src dy, const int32_t* ids, Src weights, int64_t T, int64_t K, int64_t V,
+                            int64_t H) {
+  by_dtype("embedding_bag_backward", {dtable, dy, weights}, [&](auto& s) {
+    embedding_bag_backward(s.out(dtable, V * H), s.in(dy, T * H), ids, s.in(weights, T * K), T, K, V, H);
+  });
 }
 
 void embedding_shard_forward(Dst y, const int32_t* ids, Src table, int64_t T, int64_t V, int64_t H, int64_t first,

@@ -40,7 +40,7 @@ int64_t assignment_counts(int64_t* count, const char* kernel, const int32_t* exp
 
 template <typename Real>
 void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Real* logits, int64_t T,
-                         int64_t E, int64_t k) {
+                         int64_t E, int64_t k, bool normalize) {
   LFC_KERNEL_CHECK(k >= 1 && k <= E, "router_topk_forward: top-k ", k, " is outside [1, ", E, "]");
   for (int64_t t = 0; t < T; t++) {
     const Real* lt = logits + t * E;  // (E)
@@ -62,12 +62,13 @@ void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Rea
       et[j] = int32_t(best);
       chosen += pt[best];
     }
-    for (int64_t j = 0; j < k; j++) wt[j] = Real(pt[et[j]] / chosen);
+    for (int64_t j = 0; j < k; j++) wt[j] = normalize ? Real(pt[et[j]] / chosen) : pt[et[j]];
   }
 }
 
 template <typename Real>
-void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                         bool normalize) {
   for (int64_t t = 0; t < T; t++) {
     const Real* pt = probs + t * E;       // (E)
     const int32_t* et = experts + t * k;  // (k)
@@ -77,19 +78,27 @@ void router_topk_weights(Real* weights, const Real* probs, const int32_t* expert
                        " is outside [0, ", E, ")");
       chosen += pt[et[j]];
     }
-    for (int64_t j = 0; j < k; j++) weights[t * k + j] = Real(pt[et[j]] / chosen);
+    for (int64_t j = 0; j < k; j++) weights[t * k + j] = normalize ? Real(pt[et[j]] / chosen) : pt[et[j]];
   }
 }
 
 template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
-                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                          bool normalize) {
   ScratchScope scratch;
   double* dp = scratch.take<double>(E);  // (E): total gradient of one row of probs
   for (int64_t t = 0; t < T; t++) {
     const Real* pt = probs + t * E;  // (E)
     for (int64_t e = 0; e < E; e++) dp[e] = dprobs ? double(dprobs[t * E + e]) : 0.0;
-    if (dweights) {
+    if (dweights && !normalize) {
+      // w_j = p_{e_j}
+      const int32_t* et = experts + t * k;  // (k)
+      for (int64_t j = 0; j < k; j++) {
+        check_expert("router_topk_backward", et[j], t * k + j, E);
+        dp[et[j]] += double(dweights[t * k + j]);
+      }
+    } else if (dweights) {
       // w_j = p_{e_j} / S, S = Σ_i p_{e_i}:  ∂/∂p_{e_j} = (dw_j − Σ_i dw_i·w_i) / S
       const int32_t* et = experts + t * k;  // (k)
       const Real* wt = weights + t * k;     // (k)
@@ -257,10 +266,12 @@ void moe_aux_loss_backward(Real* dprobs, Real dloss, const int32_t* experts, con
 
 #define LFC_INSTANTIATE_MOE(Real)                                                                   \
   template void router_topk_forward<Real>(Real*, Real*, int32_t*, const Real*, int64_t, int64_t,    \
-                                          int64_t);                                                 \
-  template void router_topk_weights<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t); \
+                                          int64_t, bool);                                           \
+  template void router_topk_weights<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, \
+                                          bool);                                                    \
   template void router_topk_backward<Real>(Real*, const Real*, const Real*, const Real*,            \
-                                           const Real*, const int32_t*, int64_t, int64_t, int64_t); \
+                                           const Real*, const int32_t*, int64_t, int64_t, int64_t,  \
+                                           bool);                                                   \
   template void moe_permute_forward<Real>(Real*, int32_t*, int32_t*, const Real*, const int32_t*,   \
                                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,     \
                                           const Real*);                                             \
@@ -344,23 +355,26 @@ template void moe_sort_chunks<double>(double*, const double*, const int32_t*, in
 
 // ---- by storage dtype ---------------------------------------------------------------------------
 
-void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k) {
+void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k,
+                         bool normalize) {
   by_dtype("router_topk_forward", {probs, weights, logits}, [&](auto& s) {
-    router_topk_forward(s.out(probs, T * E), s.out(weights, T * k), experts, s.in(logits, T * E), T, E, k);
+    router_topk_forward(s.out(probs, T * E), s.out(weights, T * k), experts, s.in(logits, T * E), T, E, k,
+                        normalize);
   });
 }
 
 void router_topk_backward(Dst dlogits, Src dprobs, Src dweights, Src probs, Src weights, const int32_t* experts,
-                          int64_t T, int64_t E, int64_t k) {
+                          int64_t T, int64_t E, int64_t k, bool normalize) {
   by_dtype("router_topk_backward", {dlogits, dprobs, dweights, probs, weights}, [&](auto& s) {
     router_topk_backward(s.out(dlogits, T * E), s.in(dprobs, T * E), s.in(dweights, T * k), s.in(probs, T * E),
-                         s.in(weights, T * k), experts, T, E, k);
+                         s.in(weights, T * k), experts, T, E, k, normalize);
   });
 }
 
-void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k) {
+void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                         bool normalize) {
   by_dtype("router_topk_weights", {weights, probs}, [&](auto& s) {
-    router_topk_weights(s.out(weights, T * k), s.in(probs, T * E), experts, T, E, k);
+    router_topk_weights(s.out(weights, T * k), s.in(probs, T * E), experts, T, E, k, normalize);
   });
 }
 

@@ -16,23 +16,25 @@
 namespace lfc::cpu {
 
 // probs (T, E) = softmax(logits (T, E)) per row; experts (T, k) = the k most probable experts in
-// descending probability, ties to the lower expert index; weights (T, k) = their probabilities
-// renormalized to sum 1.
+// descending probability, ties to the lower expert index; weights (T, k) = their probabilities,
+// renormalized to sum 1 if normalize (HF's norm_topk_prob).
 template <typename Real>
 void router_topk_forward(Real* probs, Real* weights, int32_t* experts, const Real* logits, int64_t T,
-                         int64_t E, int64_t k);
+                         int64_t E, int64_t k, bool normalize = true);
 // dlogits (T, E), OVERWRITTEN, from dprobs (T, E) and dweights (T, k), the selection held fixed.
 // Either gradient may be null (no gradient reached that output). probs, weights, experts are the
 // forward's outputs.
 template <typename Real>
 void router_topk_backward(Real* dlogits, const Real* dprobs, const Real* dweights, const Real* probs,
-                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k);
+                          const Real* weights, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                          bool normalize = true);
 
-// weights (T, k) = probs (T, E) at experts (T, k), renormalized to sum 1 per token: the forward's
+// weights (T, k) = probs (T, E) at experts (T, k), renormalized to sum 1 per token if normalize: the forward's
 // weights again, computed exactly as router_topk_forward does (its backward needs them). Throws
 // KernelError on an expert outside [0, E).
 template <typename Real>
-void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k);
+void router_topk_weights(Real* weights, const Real* probs, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                         bool normalize = true);
 // rows (N, H): x (T, H) rows grouped by expert e = 0 … E−1, and within an expert in assignment
 // order (stable in token order); counts (E) rows per expert; row_of (T·k) the row of assignment a.
 // capacity ≥ 1: expert e keeps `capacity` of its assignments and drops the rest (row_of −1), so
@@ -90,10 +92,12 @@ void moe_sort_chunks(Real* y, const Real* x, const int32_t* counts, int64_t P, i
                      bool inverse);
 
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
-void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k);
+void router_topk_forward(Dst probs, Dst weights, int32_t* experts, Src logits, int64_t T, int64_t E, int64_t k,
+                         bool normalize = true);
 void router_topk_backward(Dst dlogits, Src dprobs, Src dweights, Src probs, Src weights, const int32_t* experts,
-                          int64_t T, int64_t E, int64_t k);
-void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k);
+                          int64_t T, int64_t E, int64_t k, bool normalize = true);
+void router_topk_weights(Dst weights, Src probs, const int32_t* experts, int64_t T, int64_t E, int64_t k,
+                         bool normalize = true);
 void moe_permute_forward(Dst rows, int32_t* counts, int32_t* row_of, Src x, const int32_t* experts, int64_t T,
                          int64_t H, int64_t k, int64_t E, int64_t N, int64_t capacity, Src priority);
 void moe_permute_backward(Dst dx, Src drows, const int32_t* row_of, int64_t T, int64_t H, int64_t k, int64_t N);

@@ -13,7 +13,7 @@ namespace {
 template <typename Real>
 void rope_rotate(const char* kernel, Real* y, const Real* x, const int32_t* positions,
                  const int32_t* sections, int64_t P, int64_t T, int64_t nh, int64_t d, double theta,
-                 double sign) {
+                 double sign, RopeLayout layout) {
   LFC_KERNEL_CHECK(d % 2 == 0, kernel, ": head dim ", d, " is odd");
   const int64_t half = d / 2;
   LFC_KERNEL_CHECK(P >= 1, kernel, ": needs at least one position section, got ", P);
@@ -27,10 +27,27 @@ void rope_rotate(const char* kernel, Real* y, const Real* x, const int32_t* posi
   ScratchScope scratch;
   double* inv_freq = scratch.take<double>(half);     // (d/2)
   int64_t* section_of = scratch.take<int64_t>(half);  // (d/2): which positions column rotates frequency j
-  for (int64_t j = 0, s = 0, end = sections[0]; j < half; j++) {
-    while (j >= end) end += sections[++s];
-    inv_freq[j] = std::pow(theta, -2.0 * double(j) / double(d));
-    section_of[j] = s;
+  if (layout == RopeLayout::interleaved)
+    LFC_KERNEL_CHECK(P == 3, kernel, ": interleaved M-RoPE takes 3 position columns (t, h, w), got ", P);
+  for (int64_t j = 0, s = 0, start = 0, end = sections[0]; j < half; j++) {
+    while (j >= end) {
+      start = end;
+      end += sections[++s];
+    }
+    switch (layout) {
+      case RopeLayout::sectioned:
+        inv_freq[j] = std::pow(theta, -2.0 * double(j) / double(d));
+        section_of[j] = s;
+        break;
+      case RopeLayout::interleaved:
+        inv_freq[j] = std::pow(theta, -2.0 * double(j) / double(d));
+        section_of[j] = j % 3 == 1 && j < 3 * sections[1] ? 1 : j % 3 == 2 && j < 3 * sections[2] ? 2 : 0;
+        break;
+      case RopeLayout::per_axis:
+        inv_freq[j] = std::pow(theta, -double(j - start) / double(sections[s]));
+        section_of[j] = s;
+        break;
+    }
   }
   Real* cos_t = scratch.take<Real>(half);  // (d/2), for the current token
   Real* sin_t = scratch.take<Real>(half);  // (d/2)
@@ -57,39 +74,39 @@ void rope_rotate(const char* kernel, Real* y, const Real* x, const int32_t* posi
 
 template <typename Real>
 void rope_forward(Real* y, const Real* x, const int32_t* positions, const int32_t* sections, int64_t P,
-                  int64_t T, int64_t nh, int64_t d, double theta) {
-  rope_rotate("rope_forward", y, x, positions, sections, P, T, nh, d, theta, +1.0);
+                  int64_t T, int64_t nh, int64_t d, double theta, RopeLayout layout) {
+  rope_rotate("rope_forward", y, x, positions, sections, P, T, nh, d, theta, +1.0, layout);
 }
 
 template <typename Real>
 void rope_backward(Real* dx, const Real* dy, const int32_t* positions, const int32_t* sections,
-                   int64_t P, int64_t T, int64_t nh, int64_t d, double theta) {
-  rope_rotate("rope_backward", dx, dy, positions, sections, P, T, nh, d, theta, -1.0);
+                   int64_t P, int64_t T, int64_t nh, int64_t d, double theta, RopeLayout layout) {
+  rope_rotate("rope_backward", dx, dy, positions, sections, P, T, nh, d, theta, -1.0, layout);
 }
 
 #define LFC_INSTANTIATE_ROPE(Real)                                                                \
   template void rope_forward<Real>(Real*, const Real*, const int32_t*, const int32_t*, int64_t,  \
-                                   int64_t, int64_t, int64_t, double);                            \
+                                   int64_t, int64_t, int64_t, double, RopeLayout);                \
   template void rope_backward<Real>(Real*, const Real*, const int32_t*, const int32_t*, int64_t, \
-                                    int64_t, int64_t, int64_t, double);
+                                    int64_t, int64_t, int64_t, double, RopeLayout);
 LFC_INSTANTIATE_ROPE(float)
 LFC_INSTANTIATE_ROPE(double)
 
 // ---- by storage dtype ---------------------------------------------------------------------------
 
 void rope_forward(Dst y, Src x, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
-                  int64_t nh, int64_t d, double theta) {
+                  int64_t nh, int64_t d, double theta, RopeLayout layout) {
   const int64_t n = T * nh * d;
   by_dtype("rope_forward", {y, x}, [&](auto& s) {
-    rope_forward(s.out(y, n), s.in(x, n), positions, sections, P, T, nh, d, theta);
+    rope_forward(s.out(y, n), s.in(x, n), positions, sections, P, T, nh, d, theta, layout);
   });
 }
 
 void rope_backward(Dst dx, Src dy, const int32_t* positions, const int32_t* sections, int64_t P, int64_t T,
-                   int64_t nh, int64_t d, double theta) {
+                   int64_t nh, int64_t d, double theta, RopeLayout layout) {
   const int64_t n = T * nh * d;
   by_dtype("rope_backward", {dx, dy}, [&](auto& s) {
-    rope_backward(s.out(dx, n), s.in(dy, n), positions, sections, P, T, nh, d, theta);
+    rope_backward(s.out(dx, n), s.in(dy, n), positions, sections, P, T, nh, d, theta, layout);
   });
 }
 
