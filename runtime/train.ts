@@ -279,8 +279,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       );
     // pipeline stages without the loss have no loss scalars
     if ('loss_tokens' in program.scalars) rt.setScalar('loss_tokens', lossTokens);
-    // the placeholder id (each microbatch's was checked to be the model's)
-    if ('image_token_id' in program.scalars) rt.setScalar('image_token_id', vision.imageTokenId!);
     if ('caption_tokens' in program.scalars)
       rt.setScalar('caption_tokens', Math.max(1, captionTokens));
 

@@ -8,7 +8,7 @@ export const BATCH = ['--global-batch-size', '4', '--micro-batch-size', '1'];
 
 export interface Layout {
   readonly name: string;
-  readonly model: 'tiny-vlm-moe' | 'tiny-vlm';
+  readonly model: 'tiny-vlm-moe' | 'tiny-vlm' | 'qwen2.5-vl-tiny' | 'qwen3-vl-moe-tiny';
   readonly ranks: number;
   readonly flags: readonly string[];
   /** overrides the one-rank baseline is compiled with too (default: none) */
@@ -270,6 +270,54 @@ export const LAYOUTS: readonly Layout[] = [
     model: 'tiny-vlm',
     ranks: 2,
     flags: ['--pp', '2', '--enable-full-hetero-dp'],
+  },
+  // the Qwen architectures at tiny widths (docs/qwen-vl.md): window attention, 2-D rotary ViT,
+  // M-RoPE and tied embeddings (qwen2.5-vl-tiny, so its pipeline rows are the tied rows), the
+  // interpolated position table, deepstack, interleaved M-RoPE and MoE (qwen3-vl-moe-tiny)
+  { name: 'qwen25-tp2', model: 'qwen2.5-vl-tiny', ranks: 2, flags: ['--tp', '2'] },
+  {
+    name: 'qwen25-pp2-vpp2-tied',
+    model: 'qwen2.5-vl-tiny',
+    ranks: 2,
+    flags: ['--pp', '2', '--vpp', '2'],
+  },
+  {
+    name: 'qwen25-tp2-pp2-tied',
+    model: 'qwen2.5-vl-tiny',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2'],
+  },
+  {
+    name: 'qwen25-level2-tp2',
+    model: 'qwen2.5-vl-tiny',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'qwen25-level3-tp2-pp2',
+    model: 'qwen2.5-vl-tiny',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
+  },
+  { name: 'qwen3-tp2', model: 'qwen3-vl-moe-tiny', ranks: 2, flags: ['--tp', '2'] },
+  {
+    name: 'qwen3-pp2-vpp2',
+    model: 'qwen3-vl-moe-tiny',
+    ranks: 2,
+    flags: ['--pp', '2', '--vpp', '2'],
+  },
+  { name: 'qwen3-ep2', model: 'qwen3-vl-moe-tiny', ranks: 2, flags: ['--ep', '2'] },
+  {
+    name: 'qwen3-level2-tp2',
+    model: 'qwen3-vl-moe-tiny',
+    ranks: 2,
+    flags: ['--tp', '2', '--enable-encoder-hetero-dp'],
+  },
+  {
+    name: 'qwen3-level3-a2a-overlap-pp2-vpp2-ep2',
+    model: 'qwen3-vl-moe-tiny',
+    ranks: 4,
+    flags: [...DEMO_LAYOUT],
   },
   // mixed precision: each layout against one rank in bf16
   ...(

@@ -57,15 +57,29 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   const after = new Map<number, PlanInstruction[]>();
   const shards: OptimizerShard[] = [];
   const shardBuffers: { bucket: number; param: number }[] = [];
+  const readyOf = (bucket: Bucket) =>
+    Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
+  // a tied weight's sum over embd (first and last stage) goes after every other sum, as
+  // Megatron's finalize_model_grads all-reduces the embedding gradients after the data-parallel
+  // sync: its two stages finish their buckets in different orders, and a sum over groups that
+  // span stages (the encoder's under full separation) issued before it on one stage and after it
+  // on the other would deadlock the comm stream
+  const lastReady = Math.max(-1, ...buckets.map(readyOf));
+  const deferred: [number, PlanInstruction][] = [];
   buckets.forEach((bucket, k) => {
     const { lo, hi, paramLo } = spans[k];
     const whole = b.addFlat(`grad_bucket${k}`, 'grad', lo, hi - lo);
-    const ready = Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
+    const ready = readyOf(bucket);
+    const tiedSum = bucket.groups.includes('embd');
     let wait = ready >= 0 ? [b.record(ready)] : [];
     const issue = (ins: Omit<Unscheduled, 'stream' | 'microbatch' | 'phase' | 'scope'>) => {
       const sync = { stream: 'comm' as const, microbatch: -1, phase: 'backward' as const };
       const full = scheduled({ ...sync, ...ins, scope: 'gradient_sync' }, wait);
       wait = [];
+      if (tiedSum) {
+        deferred.push([lastReady, full]);
+        return;
+      }
       const list = after.get(ready) ?? [];
       list.push(full);
       after.set(ready, list);
@@ -110,6 +124,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
       })),
     });
   });
+  for (const [at, ins] of deferred) after.set(at, [...(after.get(at) ?? []), ins]);
   return {
     ...d,
     regions: b.regionTop,

@@ -286,6 +286,13 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
       case DataField::kCount: break;
     }
   }
+  // the placeholder id merge_visual reads: the microbatch's, checked above to be the model's
+  if (const int id = program_.scalarBuffer("image_token_id"); id >= 0) {
+    const Buffer& b = program_.buffers[size_t(id)];
+    if (b.dtype != DType::i32)
+      throw RuntimeError(cat("the program's image_token_id scalar is ", dtypeName(b.dtype), ", not i32"));
+    *reinterpret_cast<int32_t*>(memory_->buffer(program_, id)) = mb.imageTokenId;
+  }
   SymbolSizes sizes = program_.symbols.atBounds();
   sizes[kSymS] = int64_t(S);
   sizes[kSymNv] = Nv;
