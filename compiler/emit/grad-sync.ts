@@ -59,13 +59,13 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   const shardBuffers: { bucket: number; param: number }[] = [];
   const readyOf = (bucket: Bucket) =>
     Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
-  // a tied weight's sum over embd (first and last stage) goes after every other sum, as
-  // Megatron's finalize_model_grads all-reduces the embedding gradients after the data-parallel
-  // sync: its two stages finish their buckets in different orders, and a sum over groups that
-  // span stages (the encoder's under full separation) issued before it on one stage and after it
-  // on the other would deadlock the comm stream
-  const lastReady = Math.max(-1, ...buckets.map(readyOf));
-  const deferred: [number, PlanInstruction][] = [];
+  // a tied weight's sum over embd (first and last stage) goes after the whole backward, every
+  // other sum and pipeline transfer, as Megatron's finalize_model_grads all-reduces the embedding
+  // gradients after the data-parallel sync: its two stages finish their buckets in different
+  // orders, and a sum over groups that span stages (the encoder's under full separation), or the
+  // last stage's sends, issued after it on one stage and before it on the other would deadlock
+  // the comm stream
+  const deferred: PlanInstruction[] = [];
   buckets.forEach((bucket, k) => {
     const { lo, hi, paramLo } = spans[k];
     const whole = b.addFlat(`grad_bucket${k}`, 'grad', lo, hi - lo);
@@ -77,7 +77,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
       const full = scheduled({ ...sync, ...ins, scope: 'gradient_sync' }, wait);
       wait = [];
       if (tiedSum) {
-        deferred.push([lastReady, full]);
+        deferred.push(full);
         return;
       }
       const list = after.get(ready) ?? [];
@@ -124,7 +124,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
       })),
     });
   });
-  for (const [at, ins] of deferred) after.set(at, [...(after.get(at) ?? []), ins]);
+  if (deferred.length) after.set(-1, [...(after.get(-1) ?? []), ...deferred]);
   return {
     ...d,
     regions: b.regionTop,
