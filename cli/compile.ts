@@ -19,6 +19,7 @@ import {
 import { describeLayout } from '../compiler/schedule/partition.js';
 import { describeEncoder } from '../compiler/parallel/encoder.js';
 import { UserError } from '../compiler/errors.js';
+import { hfModelRequest, loadHfModelConfig } from '../compiler/frontend/hf-config.js';
 import type { CliIO } from './index.js';
 import { atLeastOne, positiveInt, positiveNumber } from './options.js';
 import { loadHardware, listHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
@@ -30,6 +31,7 @@ import { rankTrace, writeTrace } from '../runtime/trace.js';
 
 interface CompileFlags {
   modelName?: string;
+  hfConfig?: string;
   output?: string;
   seqLength?: number;
   microBatchSize?: number;
@@ -283,6 +285,10 @@ function defineCompileCommand(cmd: Command): Command {
     .option(
       '--model-name <name>',
       'the model, by preset or LoongForge name (instead of the argument)',
+    )
+    .option(
+      '--hf-config <file>',
+      'the model from a Hugging Face config.json (or its directory); a preset given too supplies what config.json lacks (training keys, tensor_model_parallel_size, freeze, …)',
     )
     .option(
       '-o, --output <dir>',
@@ -550,10 +556,22 @@ export function compileRequest(
   const recomputeModules = names(f.recomputeModules);
   const offloadTensors = names(f.offloadTensors);
   let all = [...overrides, ...lists.filter(isOverride)];
-  const ref = f.modelName ?? model;
+  // with --hf-config the model argument is optional: an override in its place stays an override
+  if (f.hfConfig && model !== undefined && !f.modelName && isOverride(model)) {
+    all = [model, ...all];
+    model = undefined;
+  }
+  let ref = f.modelName ?? model;
+  if (f.modelName && model) all = [model, ...all];
+  if (f.hfConfig) {
+    // config.json's keys over the preset (or its family's base), the command line's over both
+    loadHfModelConfig(f.hfConfig, ref, all);
+    const hf = hfModelRequest(f.hfConfig, ref);
+    ref = hf.model;
+    all = [...hf.overrides, ...all];
+  }
   if (!ref)
     throw new UserError('compile: name a model (a preset, a LoongForge name or a YAML file)');
-  if (f.modelName && model) all = [model, ...all];
   if (recomputeModules?.length && f.recomputeGranularity === undefined)
     throw new UserError(
       `--recompute-modules ${recomputeModules.join(' ')} needs --recompute-granularity selective`,

@@ -10,6 +10,7 @@ import { addCompileCommand } from './compile.js';
 import { addRunCommand } from './run.js';
 import { addCalibrateCommand } from './calibrate.js';
 import { addVizCommand } from './viz.js';
+import { addExportHfCommand } from './export-hf.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -39,6 +40,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addDemoCommand(program, io, isTTY);
   addCalibrateCommand(program, io);
   addVizCommand(program, io);
+  addExportHfCommand(program, io);
   for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
   return program;
 }

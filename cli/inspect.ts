@@ -3,6 +3,7 @@
 import type { Command } from 'commander';
 import { buildForwardGraph } from '../compiler/frontend/build.js';
 import { loadModelConfig, type ModelConfig } from '../compiler/frontend/config.js';
+import { loadHfModelConfig } from '../compiler/frontend/hf-config.js';
 import { formatInspect, inspectModel } from '../compiler/inspect.js';
 import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { printGraph } from '../ir/printer.js';
@@ -13,6 +14,7 @@ import { imageSize, positiveInt } from './options.js';
 
 interface InspectOptions {
   modelName?: string;
+  hfConfig?: string;
   seqLength?: number;
   imageSize?: [number, number];
   json?: boolean;
@@ -43,6 +45,10 @@ export function addInspectCommand(program: Command, io: CliIO): void {
       'the model, by preset name or LoongForge name (instead of the argument)',
     )
     .option(
+      '--hf-config <file>',
+      'the model from a Hugging Face config.json (or its directory), over the preset if one is named',
+    )
+    .option(
       '--seq-length <n>',
       "tokens per sequence for FLOPs (default: the preset's)",
       positiveInt('--seq-length'),
@@ -69,11 +75,17 @@ export function addInspectCommand(program: Command, io: CliIO): void {
     .option('--json', 'print the report as JSON')
     .option('--print-ir', 'print the forward graph of one microbatch in the IR text form')
     .action((model: string | undefined, overrides: string[], opts: InspectOptions) => {
+      if (opts.hfConfig && model !== undefined && !opts.modelName && model.includes('=')) {
+        overrides = [model, ...overrides];
+        model = undefined;
+      }
       const ref = opts.modelName ?? model;
-      if (!ref)
+      if (!ref && !opts.hfConfig)
         throw new UserError('inspect: name a model (a preset, a LoongForge name or a YAML file)');
       if (opts.modelName && model) overrides = [model, ...overrides];
-      const cfg = loadModelConfig(ref, overrides);
+      const cfg = opts.hfConfig
+        ? loadHfModelConfig(opts.hfConfig, ref, overrides)
+        : loadModelConfig(ref!, overrides);
       const seqLength = opts.seqLength ?? cfg.training.seq_length;
       const graph = buildForwardGraph(cfg, { seqLength });
       assertValid(graph, 'model builder');

@@ -20,6 +20,7 @@ import {
   rankFromEnv,
 } from '../runtime/launch-rank.js';
 import { runRank } from '../runtime/rank.js';
+import { checkSources, HF_FLAGS, type HfSource } from '../runtime/hf/load.js';
 import { readPlan } from '../runtime/plan-io.js';
 import { mergeTrace, traceFragment } from '../runtime/trace.js';
 
@@ -36,6 +37,9 @@ export interface RunFlags {
   load?: string;
   dumpStep?: string;
   weights?: string;
+  loadHf?: string;
+  loadHfEncoder?: string;
+  loadHfDecoder?: string;
   batch?: string;
   shuffleImages?: boolean;
   metrics?: string;
@@ -76,6 +80,15 @@ export function addTrainingOptions(cmd: Command): Command {
       'write weights, batch, grads and step.json of the first step (tiny-vlm.md)',
     )
     .option('--weights <file>', 'start from these weights (safetensors) instead of the initializer')
+    .option('--load-hf <dir>', 'start from a Hugging Face checkpoint: every parameter')
+    .option(
+      '--load-hf-encoder <dir>',
+      "a Hugging Face checkpoint's vision encoder (and its merger and deepstack mergers, if there); the rest keeps its init",
+    )
+    .option(
+      '--load-hf-decoder <dir>',
+      "a Hugging Face checkpoint's decoder (embeddings, layers, final norm, lm_head); the rest keeps its init",
+    )
     .option('--batch <file>', 'replay this batch file (the --dump-step format) every step')
     .option('--shuffle-images', 'control run: move every image to another sample of the batch')
     .option('--metrics <file>', 'metrics JSONL (default: DIR/metrics.jsonl)')
@@ -123,8 +136,16 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
   if (f.trainIters !== undefined && f.steps !== undefined && f.trainIters !== f.steps) {
     throw new UserError('--steps and --train-iters disagree; give one');
   }
-  if (f.load && f.weights)
-    throw new UserError('--load and --weights both set the starting parameters; give one');
+  const loadHf = hfSources(f);
+  const starts = [
+    ...(f.load ? ['--load'] : []),
+    ...(f.weights ? ['--weights'] : []),
+    ...(loadHf.length ? [loadHf.map((s) => HF_FLAGS[s.part]).join(' and ')] : []),
+  ];
+  if (starts.length > 1)
+    throw new UserError(
+      `${starts.slice(0, -1).join(', ')} and ${starts.at(-1)} ${starts.length > 2 ? 'all' : 'both'} set the starting parameters; give one`,
+    );
   if (f.saveInterval && !f.save) throw new UserError('--save-interval needs --save DIR');
   return {
     planDir,
@@ -139,12 +160,24 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
     load: f.load,
     dumpStep: f.dumpStep,
     weights: f.weights,
+    ...(loadHf.length ? { loadHf } : {}),
     batch: f.batch,
     shuffleImages: f.shuffleImages,
     metricsPath: f.metrics ?? join(planDir, 'metrics.jsonl'),
     threads: f.threads,
     trace: f.trace === undefined ? undefined : resolve(f.trace),
   };
+}
+
+/** The Hugging Face checkpoints of --load-hf, --load-hf-encoder and --load-hf-decoder. */
+function hfSources(f: RunFlags): HfSource[] {
+  const sources: HfSource[] = [
+    ...(f.loadHf ? [{ dir: f.loadHf, part: 'all' as const }] : []),
+    ...(f.loadHfEncoder ? [{ dir: f.loadHfEncoder, part: 'encoder' as const }] : []),
+    ...(f.loadHfDecoder ? [{ dir: f.loadHfDecoder, part: 'decoder' as const }] : []),
+  ];
+  checkSources(sources);
+  return sources;
 }
 
 function describeRanks(m: MergedStep): string {

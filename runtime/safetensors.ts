@@ -6,9 +6,11 @@
 import { UserError } from '../compiler/errors.js';
 import {
   closeSync,
+  fstatSync,
   fsyncSync,
   openSync,
   readFileSync,
+  readSync,
   renameSync,
   rmSync,
   writeSync,
@@ -176,5 +178,230 @@ export function writeFileAtomic(path: string, data: Buffer | string): void {
   } catch (e) {
     rmSync(tmp, { force: true });
     throw e;
+  }
+}
+
+// ---- streaming: headers, positioned reads, tensor-by-tensor writes -----------------------------
+// A checkpoint of a large model does not fit in memory whole: these read a file's header alone and
+// then any byte range of it (readRange), and write a file header first, then tensor by tensor in
+// chunks (SafetensorsWriter). Nothing here holds more than the caller's chunk.
+
+/** Bytes per element of the dtypes a safetensors header may name (lfc converts only some). */
+export const DTYPE_BYTES: Readonly<Record<string, number>> = {
+  ...BYTES,
+  F8_E4M3: 1,
+  F8_E5M2: 1,
+  I8: 1,
+  BOOL: 1,
+  I16: 2,
+  U16: 2,
+  U32: 4,
+  U64: 8,
+};
+
+/** One tensor of a header: where its bytes lie in the file. */
+export interface HeaderEntry {
+  /** as the header names it: possibly a dtype lfc does not convert */
+  readonly dtype: string;
+  readonly shape: readonly number[];
+  /** byte offset of its first byte in the file, and its length in bytes */
+  readonly start: number;
+  readonly bytes: number;
+}
+
+export interface SafetensorsHeader {
+  readonly path: string;
+  readonly entries: ReadonlyMap<string, HeaderEntry>;
+  readonly metadata: Record<string, string>;
+  readonly fileBytes: number;
+}
+
+/** a header larger than this is not a safetensors file (the format's own limit is 100 MB) */
+const MAX_HEADER_BYTES = 100_000_000;
+
+/**
+ * The header of a safetensors file, read without its data (two positioned reads). Every tensor
+ * must lie inside the file: a header that promises more bytes than the file has (a truncated
+ * download or copy) is refused naming the file and the tensor.
+ */
+export function readSafetensorsHeader(path: string): SafetensorsHeader {
+  const bad = (why: string) =>
+    new SafetensorsError(`${path}: not a valid safetensors file: ${why}`);
+  let fd: number;
+  try {
+    fd = openSync(path, 'r');
+  } catch (e) {
+    throw new SafetensorsError(
+      `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
+    );
+  }
+  try {
+    const fileBytes = fstatSync(fd).size;
+    if (fileBytes < 8) throw bad(`${fileBytes} bytes, shorter than the 8-byte header length`);
+    const head = readRange(fd, 0, 8, path);
+    const n = Number(Buffer.from(head.buffer, head.byteOffset, 8).readBigUInt64LE(0));
+    if (n > MAX_HEADER_BYTES) throw bad(`a header of ${n} bytes`);
+    if (n > fileBytes - 8)
+      throw bad(`header of ${n} bytes but only ${fileBytes - 8} follow (truncated?)`);
+    let header: Record<string, unknown>;
+    try {
+      const text = Buffer.from(readRange(fd, 8, n, path)).toString('utf8');
+      header = JSON.parse(text) as Record<string, unknown>;
+    } catch (e) {
+      if (e instanceof SafetensorsError) throw e;
+      throw bad('the header is not JSON');
+    }
+    if (typeof header !== 'object' || header === null || Array.isArray(header))
+      throw bad('the header is not a JSON object');
+    const dataStart = 8 + n;
+    const entries = new Map<string, HeaderEntry>();
+    let metadata: Record<string, string> = {};
+    for (const [name, raw] of Object.entries(header)) {
+      if (name === '__metadata__') {
+        metadata = (raw ?? {}) as Record<string, string>;
+        continue;
+      }
+      const e = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
+      if (!e || typeof e.dtype !== 'string') throw bad(`tensor ${name} has no dtype`);
+      const shape = e.shape;
+      if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0))
+        throw bad(`tensor ${name} has a bad shape`);
+      const offsets = e.data_offsets;
+      const [b, end] = Array.isArray(offsets) ? (offsets as number[]) : [-1, -1];
+      if (!(Number.isInteger(b) && Number.isInteger(end) && b >= 0 && end >= b))
+        throw bad(`tensor ${name} has bad offsets`);
+      const size = DTYPE_BYTES[e.dtype];
+      const count = (shape as number[]).reduce((a, d) => a * d, 1);
+      if (size !== undefined && end - b !== count * size)
+        throw bad(`tensor ${name}: ${end - b} bytes for ${count} ${e.dtype} values`);
+      if (dataStart + end > fileBytes)
+        throw bad(
+          `tensor ${name} ends at byte ${dataStart + end}, past the file's ${fileBytes} bytes (truncated?)`,
+        );
+      entries.set(name, { dtype: e.dtype, shape, start: dataStart + b, bytes: end - b });
+    }
+    return { path, entries, metadata, fileBytes };
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * `bytes` bytes of an open file from `position`, into `into` (or a fresh aligned buffer): a
+ * positioned read, repeated until complete. A file that ends first is refused as truncated.
+ */
+export function readRange(
+  fd: number,
+  position: number,
+  bytes: number,
+  path: string,
+  into: Uint8Array = new Uint8Array(bytes),
+): Uint8Array {
+  for (let at = 0; at < bytes;) {
+    const n = readSync(fd, into, at, bytes - at, position + at);
+    if (n === 0)
+      throw new SafetensorsError(
+        `${path}: ends at byte ${position + at}, before the ${bytes} bytes asked from ${position} (truncated?)`,
+      );
+    at += n;
+  }
+  return into;
+}
+
+/** What a tensor of a file being written is: its name, dtype and shape. */
+export interface TensorDecl {
+  readonly name: string;
+  readonly dtype: SafeDType;
+  readonly shape: readonly number[];
+}
+
+/** The file's header for these tensors, in this order: the JSON (padded to 8) and its length. */
+export function headerBytes(
+  tensors: readonly TensorDecl[],
+  metadata: Record<string, string> = {},
+): { bytes: Buffer; dataBytes: number } {
+  const header: Record<string, unknown> = {};
+  if (Object.keys(metadata).length) header.__metadata__ = metadata;
+  let offset = 0;
+  for (const t of tensors) {
+    const n = t.shape.reduce((a, d) => a * d, 1) * BYTES[t.dtype];
+    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + n] };
+    offset += n;
+  }
+  let json = Buffer.from(JSON.stringify(header), 'utf8');
+  json = Buffer.concat([json, Buffer.alloc((8 - (json.length % 8)) % 8, 0x20)]);
+  const bytes = Buffer.alloc(8 + json.length);
+  bytes.writeBigUInt64LE(BigInt(json.length), 0);
+  json.copy(bytes, 8);
+  return { bytes, dataBytes: offset };
+}
+
+/**
+ * A safetensors file written as a stream: the header first (every tensor declared up front), then
+ * each tensor's bytes in order, in chunks of any size. close() checks that every declared byte came,
+ * and fsyncs. The caller writes into a temporary place and renames (writes are not atomic here).
+ */
+export class SafetensorsWriter {
+  private readonly fd: number;
+  private readonly sizes: number[];
+  private next = 0;
+  private writtenOfNext = 0;
+
+  constructor(
+    readonly path: string,
+    readonly tensors: readonly TensorDecl[],
+    metadata: Record<string, string> = {},
+  ) {
+    this.sizes = tensors.map((t) => t.shape.reduce((a, d) => a * d, 1) * BYTES[t.dtype]);
+    this.fd = openSync(path, 'w');
+    try {
+      this.put(headerBytes(tensors, metadata).bytes);
+    } catch (e) {
+      closeSync(this.fd);
+      throw e;
+    }
+  }
+
+  /** The next bytes of the current tensor (`name`, which must be the one due). */
+  write(name: string, chunk: Uint8Array): void {
+    while (this.next < this.tensors.length && this.writtenOfNext === this.sizes[this.next]) {
+      this.next++;
+      this.writtenOfNext = 0;
+    }
+    const due = this.tensors[this.next];
+    if (!due || due.name !== name)
+      throw new Error(`${this.path}: wrote ${name}, but ${due?.name ?? 'nothing'} is due`);
+    if (this.writtenOfNext + chunk.byteLength > this.sizes[this.next])
+      throw new Error(`${this.path}: ${name} given more than its ${this.sizes[this.next]} bytes`);
+    this.put(chunk);
+    this.writtenOfNext += chunk.byteLength;
+  }
+
+  close(): void {
+    try {
+      const short = this.tensors.findIndex(
+        (_, i) =>
+          (i > this.next && this.sizes[i] > 0) ||
+          (i === this.next && this.writtenOfNext < this.sizes[i]),
+      );
+      if (short >= 0)
+        throw new Error(`${this.path}: ${this.tensors[short].name} was not written whole`);
+      fsyncSync(this.fd);
+    } finally {
+      closeSync(this.fd);
+    }
+  }
+
+  /** Closes without the checks (a failed export removes the file). */
+  abandon(): void {
+    closeSync(this.fd);
+  }
+
+  private put(bytes: Uint8Array): void {
+    for (let at = 0; at < bytes.byteLength;) {
+      const n = writeSync(this.fd, bytes, at, Math.min(bytes.byteLength - at, 1 << 30));
+      if (n === 0) throw new Error(`${this.path}: the file system took no more bytes`);
+      at += n;
+    }
   }
 }

@@ -34,6 +34,7 @@ import {
   type CheckpointMeta,
 } from './checkpoint.js';
 import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
+import { loadHfWeights, type HfSource } from './hf/load.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
 import { groupRanksOf, pieceOf } from './shard.js';
 import {
@@ -63,6 +64,9 @@ export interface TrainOptions {
   readonly dumpStep?: string;
   /** start from these weights instead of the initializer */
   readonly weights?: string;
+  /** Hugging Face checkpoints over the initializer: every parameter, or the encoder and/or
+   * the decoder (runtime/hf/load.ts) */
+  readonly loadHf?: readonly HfSource[];
   /** replay this batch file every step instead of the synthetic data */
   readonly batch?: string;
   /** the control run: images moved across samples */
@@ -198,6 +202,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       }),
     );
     if (o.weights) loadWeights(o.weights, state);
+    // this rank's pieces of a Hugging Face checkpoint, over the init of what it does not load
+    if (o.loadHf?.length) loadHfWeights(o.loadHf, state, plan, program, rank);
     // mixed precision: the distributed optimizer's fp32 master slices from those parameters
     state.initShardMasters(groupRank);
   }
