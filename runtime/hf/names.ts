@@ -57,8 +57,12 @@ const RENAMES: Record<HfFamily, readonly (readonly [string, string])[]> = {
   ],
 };
 
-/** A template as a regular expression, with the names of its holes in order. */
+const compiled = new Map<string, { re: RegExp; holes: string[] }>();
+
+/** A template as a regular expression, with the names of its holes in order (compiled once). */
 function compileTemplate(t: string): { re: RegExp; holes: string[] } {
+  const hit = compiled.get(t);
+  if (hit) return hit;
   const holes: string[] = [];
   const body = t
     .split(/(\{[a-z*]+\})/)
@@ -69,7 +73,9 @@ function compileTemplate(t: string): { re: RegExp; holes: string[] } {
       return hole[1] === '*' ? '(.+)' : '([^.]+)';
     })
     .join('');
-  return { re: new RegExp(`^${body}$`), holes };
+  const c = { re: new RegExp(`^${body}$`), holes };
+  compiled.set(t, c);
+  return c;
 }
 
 function rewrite(name: string, from: string, to: string): string | undefined {
@@ -174,13 +180,15 @@ export function hfMap(
   const tensors = new Map<string, { shape: number[]; sources: string[] }>();
   const views = new Map<string, LfcView>();
   const byName = new Map(params.map((p) => [p.name, p]));
+  const expertsOf = new Map<string, number>();
   const e = model.image_encoder;
   for (const p of params) {
     const hf = hfNameOf(p.name, naming);
     const expert = EXPERT.exec(p.name);
     if (expert && fusesExperts(naming)) {
       const [, layer, index, kind] = expert;
-      const E = countExperts(byName, layer);
+      const E = expertsOf.get(layer) ?? countExperts(byName, layer);
+      expertsOf.set(layer, E);
       const [out, inp] = p.shape;
       // gate/up [F, H] and down [H, F] of every expert share F and H
       const [F, H] = kind === 'down_proj' ? [inp, out] : [out, inp];
