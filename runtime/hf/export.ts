@@ -189,7 +189,11 @@ function checkTarget(out: string): void {
 }
 
 /** Tensors into shards in order, each shard at most `max` bytes (a larger tensor alone). */
-function assignShards(tensors: readonly HfTensor[], dtype: SafeDType, max: number): HfTensor[][] {
+export function assignShards(
+  tensors: readonly HfTensor[],
+  dtype: SafeDType,
+  max: number,
+): HfTensor[][] {
   const shards: HfTensor[][] = [[]];
   let bytes = 0;
   for (const t of tensors) {

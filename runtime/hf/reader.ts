@@ -1,9 +1,9 @@
 // A Hugging Face model directory, read as a stream: `model.safetensors`, or
-// `model.safetensors.index.json` and the shards it names. Opening reads config.json, the index and
-// each shard's header (never a shard's data); readView then reads the elements of one parameter's
-// piece with positioned reads: contiguous row ranges as they are, a column slice row by row, the
-// reads coalesced into windows of at most WINDOW_BYTES. Nothing holds more than a window and the
-// caller's piece. Every problem is a UserError that names the file (and the tensor).
+// `model.safetensors.index.json` and the shards it names. Opening reads the index and each shard's
+// header (never a shard's data); readView then reads the elements of one parameter's piece with
+// positioned reads of exactly its bytes: contiguous row ranges as they are, a column slice row by
+// row, runs that touch coalesced into one read of at most WINDOW_BYTES. Nothing holds more than a
+// window and the caller's piece. Every problem is a UserError that names the file (and the tensor).
 
 import { closeSync, existsSync, openSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
@@ -20,7 +20,11 @@ export const READABLE_DTYPES = ['BF16', 'F16', 'F32'] as const;
 type Readable = (typeof READABLE_DTYPES)[number];
 const ELEMENT_BYTES: Record<Readable, number> = { BF16: 2, F16: 2, F32: 4 };
 
-/** a read window's size: reads of one piece closer than this are one read */
+/**
+ * the most one read takes. Runs of a piece that touch are one read; runs apart are read apart (a
+ * column slice, row by row): reading whole rows instead and dropping the rest was measured slower
+ * (bench/hf-load: 1.65× the share's bytes, in 1.7k reads instead of 202k).
+ */
 export const WINDOW_BYTES = 8 << 20;
 
 export interface HfTensorEntry extends HeaderEntry {

@@ -183,6 +183,9 @@ for (const [model, layouts] of Object.entries(LAYOUTS)) {
                   pieces++;
                 },
               );
+              // streamed: exactly the piece's bytes were read, nothing more
+              const bytes = lp.reads.reduce((a, r) => a + r.shape.reduce((x, y) => x * y, 1), 0);
+              expect(lp.dirs[0].stats.bytes).toBe(bytes * (dtype === 'bf16' ? 2 : 4));
             } finally {
               closeLoadPlan(lp);
             }
