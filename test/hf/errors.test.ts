@@ -323,6 +323,57 @@ describe('tied embeddings (qwen2.5-vl-tiny ties lm_head to embed_tokens)', () =>
   });
 });
 
+describe('an untied model and a directory without lm_head', () => {
+  const loadWith = (hf: string) => {
+    const { plan, programs } = compile({ model: 'tiny-vlm-moe', globalBatchSize: 2 });
+    const lp = planHfLoad(
+      [{ dir: hf, part: 'all' }],
+      plan.model.name,
+      plan.model.config as never,
+      plan.params,
+      heldPieces(plan, programs[0], 0),
+    );
+    const got = new Map<string, Float32Array>();
+    try {
+      readPieces(
+        lp,
+        (r) => new Float32Array(r.shape.reduce((a, b) => a * b, 1)),
+        (r, v) => got.set(r.name, v),
+      );
+    } finally {
+      closeLoadPlan(lp);
+    }
+    return got;
+  };
+  const withoutHead = (name: string, tied: boolean) =>
+    variant(name, (d) => {
+      const index = join(d, 'model.safetensors.index.json');
+      const json = JSON.parse(readFileSync(index, 'utf8'));
+      delete json.weight_map['lm_head.weight'];
+      writeFileSync(index, JSON.stringify(json));
+      const config = JSON.parse(readFileSync(join(d, 'config.json'), 'utf8'));
+      writeFileSync(
+        join(d, 'config.json'),
+        JSON.stringify({ ...config, tie_word_embeddings: tied }),
+      );
+    });
+
+  it('takes the embedding when config.json says the two are tied', () => {
+    const got = loadWith(withoutHead('head-tied', true));
+    expect(
+      Buffer.from(got.get('lm_head.weight')!.buffer).equals(
+        Buffer.from(got.get('model.embed_tokens.weight')!.buffer),
+      ),
+    ).toBe(true);
+  });
+
+  it('is refused naming lm_head otherwise', () => {
+    expect(() => loadWith(withoutHead('head-untied', false))).toThrow(
+      /head-untied\/model\.safetensors\.index\.json: no tensor lm_head\.weight \(lfc parameter lm_head\.weight/,
+    );
+  });
+});
+
 describe('lfc export-hf with a bad request: one line, exit 2, nothing touched', () => {
   it('a target that is not empty', async () => {
     const target = at('taken');

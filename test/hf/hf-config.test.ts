@@ -88,6 +88,46 @@ describe('the published configs build the presets (acceptance 5)', () => {
   });
 });
 
+describe('a dense Qwen3-VL config.json (Qwen3VLForConditionalGeneration)', () => {
+  it('builds a dense decoder with the Qwen3-VL encoder and compiles', async () => {
+    const { text_config: text, vision_config: vision } = QWEN3_VL_30B_A3B_INSTRUCT;
+    const dense = {
+      ...QWEN3_VL_30B_A3B_INSTRUCT,
+      architectures: ['Qwen3VLForConditionalGeneration'],
+      model_type: 'qwen3_vl',
+      text_config: {
+        ...Object.fromEntries(
+          Object.entries(text).filter(
+            ([k]) => !/expert|moe|norm_topk|sparse_step|mlp_only/.test(k),
+          ),
+        ),
+        model_type: 'qwen3_vl_text',
+        hidden_size: 4096,
+        num_hidden_layers: 4,
+        num_key_value_heads: 8,
+        intermediate_size: 12288,
+      },
+      vision_config: { ...vision, model_type: 'qwen3_vl', out_hidden_size: 4096 },
+    };
+    const file = configFile('Qwen3-VL-dense', dense);
+    const c = loadHfModelConfig(file);
+    expect(c.model.text_decoder.num_experts).toBe(0);
+    expect(c.model.text_decoder.ffn_hidden_size).toBe(12288);
+    expect(c.model.image_encoder.deepstack_layers).toEqual([8, 16, 24]);
+    expect(paramsOf(c)).toContain('model.layers.3.mlp.down_proj.weight [4096, 12288]');
+    const r = await cli(
+      'compile',
+      '--hf-config',
+      file,
+      '--no-simulate',
+      '-o',
+      join(dir, 'plan-dense'),
+    );
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+  });
+});
+
 describe('config.json over a preset', () => {
   it("config.json's keys win; the preset supplies the rest; the command line's overrides win over both", () => {
     const file = configFile('Qwen3-VL-30B-A3B-Instruct', QWEN3_VL_30B_A3B_INSTRUCT);
