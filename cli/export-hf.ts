@@ -19,7 +19,7 @@ interface ExportFlags {
   model?: string;
   hfConfig?: string;
   dtype: 'bf16' | 'fp32';
-  maxShardSize: number;
+  maxShardSize?: number;
 }
 
 const UNITS: Record<string, number> = {
@@ -106,9 +106,8 @@ export function addExportHfCommand(program: Command, io: CliIO): void {
     )
     .option(
       '--max-shard-size <size>',
-      'largest shard (5GB, 500MB, 2GiB, or bytes; default 5GB)',
+      'largest shard: 5GB, 500MB, 2GiB or bytes (default 5GB, as transformers)',
       byteSize,
-      DEFAULT_MAX_SHARD_BYTES,
     )
     .action((out: string, overrides: string[], f: ExportFlags) => {
       if (!f.load) throw new UserError('export-hf: name the checkpoint with --load DIR');
@@ -120,7 +119,7 @@ export function addExportHfCommand(program: Command, io: CliIO): void {
         model,
         params,
         dtype: f.dtype === 'bf16' ? 'BF16' : 'F32',
-        maxShardBytes: f.maxShardSize,
+        maxShardBytes: f.maxShardSize ?? DEFAULT_MAX_SHARD_BYTES,
       });
       if (r.inexact.length)
         io.err(
