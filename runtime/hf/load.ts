@@ -184,7 +184,14 @@ function mapOfDir(
       n.startsWith('model.embed_tokens.'),
   );
   const layout: HfLayout = nested === legacy ? naming.layout : nested ? 'nested' : 'legacy';
-  return hfMap(params, model, { ...naming, layout });
+  const hub = hfMap(params, model, { ...naming, layout });
+  // fused experts as transformers v5 holds them in memory, when the directory has them so
+  const fused = hub.tensors.find((t) => t.sources.length > 1 && dir.tensors.has(t.name));
+  const [E, a, b] = fused?.shape ?? [];
+  const shape = fused && dir.tensors.get(fused.name)!.shape;
+  return shape && a !== b && shape.join() === [E, b, a].join()
+    ? hfMap(params, model, { ...naming, layout }, 'transposed')
+    : hub;
 }
 
 /**

@@ -169,6 +169,13 @@ const rowMajor = (shape: readonly number[]) =>
   shape.map((_, d) => shape.slice(d + 1).reduce((a, b) => a * b, 1));
 
 /**
+ * How a fused expert tensor orders its dims: `hub`, as the published checkpoints have them
+ * (gate_up_proj [E, H, 2F], down_proj [E, F, H]); `transposed`, transformers v5's in-memory
+ * layout (gate_up_proj [E, 2F, H], down_proj [E, H, F]), which some re-saved checkpoints carry.
+ */
+export type ExpertLayout = 'hub' | 'transposed';
+
+/**
  * The checkpoint of these (whole) parameters under a naming: each tensor with its shape and
  * sources, each parameter's view. The patch weight takes its conv3d shape from the encoder.
  */
@@ -176,6 +183,7 @@ export function hfMap(
   params: readonly ParamShape[],
   model: ModelConfig['model'],
   naming: HfNaming = namingOf(model),
+  experts: ExpertLayout = 'hub',
 ): HfMap {
   const tensors = new Map<string, { shape: number[]; sources: string[] }>();
   const views = new Map<string, LfcView>();
@@ -193,13 +201,22 @@ export function hfMap(
       // gate/up [F, H] and down [H, F] of every expert share F and H
       const [F, H] = kind === 'down_proj' ? [inp, out] : [out, inp];
       const x = Number(index);
+      const down = kind === 'down_proj';
+      const up = kind === 'up_proj';
+      // hub: down[e] is [F, H], (h, f) at f·H + h; gate_up[e] is [H, 2F], gate (f, h) at h·2F + f
+      // transposed: down[e] is [H, F] and gate_up[e] [2F, H], row-major as lfc's matrices
       const view: LfcView =
-        kind === 'down_proj'
-          ? { hf, offset: x * F * H, strides: [1, H] } // down[e] is [F, H]: (h, f) at f·H + h
-          : { hf, offset: x * H * 2 * F + (kind === 'up_proj' ? F : 0), strides: [1, 2 * F] };
+        experts === 'hub'
+          ? down
+            ? { hf, offset: x * F * H, strides: [1, H] }
+            : { hf, offset: x * H * 2 * F + (up ? F : 0), strides: [1, 2 * F] }
+          : down
+            ? { hf, offset: x * H * F, strides: [F, 1] }
+            : { hf, offset: x * 2 * F * H + (up ? F * H : 0), strides: [H, 1] };
       views.set(p.name, view);
+      const hub = down ? [E, F, H] : [E, H, 2 * F];
       const t = tensors.get(hf) ?? {
-        shape: kind === 'down_proj' ? [E, F, H] : [E, H, 2 * F],
+        shape: experts === 'hub' ? hub : [E, hub[2], hub[1]],
         sources: [],
       };
       t.sources.push(p.name);

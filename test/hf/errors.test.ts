@@ -241,7 +241,7 @@ describe('lfc run --load-hf with a bad directory: one line naming the file, exit
 });
 
 describe('tied embeddings (qwen2.5-vl-tiny ties lm_head to embed_tokens)', () => {
-  // read without the runtime (the tiny Qwen presets do not run on it yet)
+  // read without the runtime: the check is the reader's
   const model = 'qwen2.5-vl-tiny';
   const loadWith = (hf: string) => {
     const { plan, programs } = compile({ model });

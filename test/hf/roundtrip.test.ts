@@ -4,7 +4,7 @@
 // in bf16 (or loaded into a bf16 plan's buffers). Both name families, the fused experts, tensor-
 // parallel rows and columns (the fused q/k/v of a tensor-parallel encoder too), vocabulary rows,
 // expert subsets, pipeline stages; one shard and several.
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -12,7 +12,7 @@ import { compile } from '../../compiler/pipeline.js';
 import { roundToBf16 } from '../../runtime/bf16.js';
 import { heldPieces, writeCheckpoint } from '../../runtime/checkpoint.js';
 import { closeLoadPlan, planHfLoad, readPieces, type HfSource } from '../../runtime/hf/load.js';
-import type { Tensor } from '../../runtime/safetensors.js';
+import { readSafetensors, writeSafetensors, type Tensor } from '../../runtime/safetensors.js';
 import { cli } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-hf-roundtrip-'));
@@ -59,6 +59,8 @@ function cut(whole: Float32Array, shape: readonly number[], index: readonly (rea
   return Float32Array.from(out);
 }
 
+const wholes = new Map<string, Map<string, Float32Array>>();
+
 interface Layout {
   readonly name: string;
   readonly ranks: number;
@@ -87,6 +89,7 @@ for (const [model, layouts] of Object.entries(LAYOUTS)) {
   describe(`${model}: export-hf, then every rank's pieces`, () => {
     const save = join(dir, `${model}-ckpt`);
     const whole = checkpointOf(model, save);
+    wholes.set(model, whole);
     const exported = (dtype: 'fp32' | 'bf16', shard: string) => {
       const out = join(dir, `${model}-${dtype}-${shard}`);
       return {
@@ -195,3 +198,58 @@ for (const [model, layouts] of Object.entries(LAYOUTS)) {
       });
   });
 }
+
+describe("fused experts in transformers v5's in-memory layout ([E, 2F, H], [E, H, F])", () => {
+  it('load the same pieces as the hub layout', () => {
+    const model = 'qwen3-vl-moe-tiny';
+    const hub = join(dir, `${model}-fp32-5GB`);
+    const v5 = join(dir, `${model}-v5`);
+    cpSync(hub, v5, { recursive: true });
+    const file = join(v5, 'model.safetensors');
+    const tensors = readSafetensors(file).tensors;
+    for (const [name, t] of tensors) {
+      if (!/experts\.(gate_up|down)_proj$/.test(name)) continue;
+      const [E, a, b] = t.shape;
+      const src = t.data as Float32Array;
+      const out = new Float32Array(src.length);
+      for (let e = 0; e < E; e++)
+        for (let i = 0; i < a; i++)
+          for (let j = 0; j < b; j++) out[e * a * b + j * a + i] = src[e * a * b + i * b + j];
+      tensors.set(name, { dtype: 'F32', shape: [E, b, a], data: out });
+    }
+    writeSafetensors(file, tensors);
+    const { plan, programs } = compile({
+      model,
+      nprocPerNode: 2,
+      parallel: { ep: 2 },
+      globalBatchSize: 4,
+    });
+    const whole = wholes.get(model)!;
+    for (let rank = 0; rank < 2; rank++) {
+      const held = heldPieces(plan, programs[0], rank);
+      const lp = planHfLoad(
+        [{ dir: v5, part: 'all' }],
+        plan.model.name,
+        plan.model.config as never,
+        plan.params,
+        held,
+      );
+      try {
+        readPieces(
+          lp,
+          (r) => new Float32Array(r.shape.reduce((x, y) => x * y, 1)),
+          (r, got) => {
+            const want = cut(
+              whole.get(r.name)!,
+              plan.params.find((p) => p.name === r.name)!.shape,
+              r.index,
+            );
+            expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer)), r.param).toBe(true);
+          },
+        );
+      } finally {
+        closeLoadPlan(lp);
+      }
+    }
+  });
+});

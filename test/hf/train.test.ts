@@ -1,10 +1,9 @@
 // lfc run --load-hf on the native runtime: a checkpoint trained here, exported with lfc export-hf
 // and loaded back starts the next run from exactly its weights (the step dump's weights, whole
-// tensors under any layout, are the checkpoint's bit for bit at fp32: on one rank and on tp 2 ×
-// ep 2); the encoder and the decoder load from different directories, the rest keeps its init;
-// a bf16 plan loads a bf16 export exactly. The tiny-vlm-moe model: its names are the Qwen2.5-VL
-// family's (the tiny Qwen presets do not run on the runtime yet; roundtrip.test.ts reads their
-// pieces without it).
+// tensors under any layout, are the checkpoint's bit for bit at fp32: on one rank and on several);
+// the encoder and the decoder load from different directories, the rest keeps its init; a bf16
+// plan loads a bf16 export exactly. The tiny Qwen presets (both families, the fused experts, tied
+// embeddings over pipeline stages) and tiny-vlm-moe (lfc's own names, the Qwen2.5-VL family's).
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,24 +15,15 @@ import { partOf } from '../../runtime/hf/names.js';
 import { readSafetensors, type Tensor } from '../../runtime/safetensors.js';
 import { cli } from '../helpers.js';
 
-const MODEL = 'tiny-vlm-moe';
 const dir = mkdtempSync(join(tmpdir(), 'lfc-hf-train-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
-const at = (...p: string[]) => join(dir, ...p);
 
-function plan(
-  name: string,
-  flags: { ranks?: number; tp?: number; ep?: number; bf16?: boolean } = {},
-) {
-  const { plan, programs } = compile({
-    model: MODEL,
-    globalBatchSize: 4,
-    nprocPerNode: flags.ranks,
-    parallel: { tp: flags.tp, ep: flags.ep },
-    precision: flags.bf16 ? { bf16: true } : undefined,
-  });
-  writePlan(at(name), plan, programs);
-  return at(name);
+interface Flags {
+  readonly ranks?: number;
+  readonly tp?: number;
+  readonly pp?: number;
+  readonly ep?: number;
+  readonly bf16?: boolean;
 }
 
 const weightsOf = (file: string) => readSafetensors(file).tensors;
@@ -57,96 +47,134 @@ async function startOf(planDir: string, ...flags: string[]): Promise<Map<string,
   return weightsOf(join(dump, 'weights.safetensors'));
 }
 
-let step1: Map<string, Tensor>;
-let step2: Map<string, Tensor>;
+const expectSame = (got: Map<string, Tensor>, want: (name: string) => Tensor) => {
+  for (const [name, t] of got) expect(bits(t).equals(bits(want(name))), name).toBe(true);
+};
 
-beforeAll(async () => {
-  const one = plan('one');
-  const r = await cli(
-    'run',
-    one,
-    '--train-iters',
-    '2',
-    '--save',
-    at('ckpt'),
-    '--save-interval',
-    '1',
-    '--quiet',
-  );
-  expect(r.code).toBe(0);
-  step1 = weightsOf(join(iterDir(at('ckpt'), 1), 'model.safetensors'));
-  step2 = weightsOf(join(iterDir(at('ckpt'), 2), 'model.safetensors'));
-  for (const [out, load, dtype] of [
-    ['hf2', iterDir(at('ckpt'), 2), 'fp32'],
-    ['hf1', iterDir(at('ckpt'), 1), 'fp32'],
-    ['hf2-bf16', iterDir(at('ckpt'), 2), 'bf16'],
-  ]) {
-    const e = await cli(
-      'export-hf',
-      at(out),
-      '--load',
-      load,
-      '--plan',
-      one,
-      '--dtype',
-      dtype,
-      '--max-shard-size',
-      '500KB',
-    );
-    expect(e.code).toBe(0);
-  }
-}, 120_000);
+const CASES: readonly {
+  model: string;
+  layout?: Flags;
+  name?: string;
+  parts?: boolean;
+  bf16?: boolean;
+}[] = [
+  {
+    model: 'qwen3-vl-moe-tiny',
+    layout: { ranks: 4, tp: 2, ep: 2 },
+    name: 'tp 2 × ep 2',
+    parts: true,
+  },
+  {
+    model: 'qwen2.5-vl-tiny',
+    layout: { ranks: 4, tp: 2, pp: 2 },
+    name: 'tp 2 × pp 2 (tied embeddings on both stages)',
+    bf16: true,
+  },
+  { model: 'tiny-vlm-moe' },
+];
 
-describe('export-hf → run --load-hf', () => {
-  it('one rank starts from the checkpoint, bit for bit', async () => {
-    const start = await startOf(at('one'), '--load-hf', at('hf2'));
-    expect([...start.keys()].sort()).toEqual([...step2.keys()].sort());
-    for (const [name, t] of step2) expect(bits(start.get(name)!).equals(bits(t)), name).toBe(true);
-  });
+for (const c of CASES)
+  describe(`${c.model}: export-hf → run --load-hf`, () => {
+    const at = (...p: string[]) => join(dir, c.model, ...p);
+    const plan = (name: string, flags: Flags = {}) => {
+      const { plan, programs } = compile({
+        model: c.model,
+        globalBatchSize: 4,
+        nprocPerNode: flags.ranks,
+        parallel: { tp: flags.tp, pp: flags.pp, ep: flags.ep },
+        precision: flags.bf16 ? { bf16: true } : undefined,
+      });
+      writePlan(at(name), plan, programs);
+      return at(name);
+    };
+    let step1: Map<string, Tensor>;
+    let step2: Map<string, Tensor>;
 
-  it('tp 2 × ep 2 (4 ranks, each reading its pieces) starts from it too', async () => {
-    const start = await startOf(plan('tp2ep2', { ranks: 4, tp: 2, ep: 2 }), '--load-hf', at('hf2'));
-    for (const [name, t] of step2) expect(bits(start.get(name)!).equals(bits(t)), name).toBe(true);
-  });
-
-  it('the encoder from one directory, the decoder from another', async () => {
-    const start = await startOf(
-      at('one'),
-      '--load-hf-encoder',
-      at('hf2'),
-      '--load-hf-decoder',
-      at('hf1'),
-    );
-    for (const [name, t] of start) {
-      const want = partOf(name) === 'decoder' ? step1 : step2; // the merger comes with the encoder
-      expect(bits(t).equals(bits(want.get(name)!)), name).toBe(true);
-    }
-  });
-
-  it('the encoder alone, from a directory without the merger: the rest keeps its init', async () => {
-    const noMerger = at('hf2-vit');
-    cpSync(at('hf2'), noMerger, { recursive: true });
-    const index = join(noMerger, 'model.safetensors.index.json');
-    const json = JSON.parse(readFileSync(index, 'utf8'));
-    for (const k of Object.keys(json.weight_map))
-      if (k.startsWith('visual.merger.')) delete json.weight_map[k];
-    writeFileSync(index, JSON.stringify(json));
-    const init = await startOf(at('one'));
-    const start = await startOf(at('one'), '--load-hf-encoder', noMerger);
-    for (const [name, t] of start) {
-      const want = partOf(name) === 'encoder' ? step2 : init;
-      expect(bits(t).equals(bits(want.get(name)!)), name).toBe(true);
-    }
-  });
-
-  it('a bf16 plan loads a bf16 export exactly (its fp32 masters the bf16 values)', async () => {
-    const start = await startOf(plan('bf16', { bf16: true }), '--load-hf', at('hf2-bf16'));
-    for (const [name, t] of step2) {
-      const want = Float32Array.from(
-        t.data as Float32Array,
-        (x) => new Float32Array(new Uint32Array([roundToBf16(x) << 16]).buffer)[0],
+    beforeAll(async () => {
+      const one = plan('one');
+      const r = await cli(
+        'run',
+        one,
+        '--train-iters',
+        '2',
+        '--save',
+        at('ckpt'),
+        '--save-interval',
+        '1',
+        '--quiet',
       );
-      expect(bits(start.get(name)!).equals(Buffer.from(want.buffer)), name).toBe(true);
+      expect(r.code).toBe(0);
+      step1 = weightsOf(join(iterDir(at('ckpt'), 1), 'model.safetensors'));
+      step2 = weightsOf(join(iterDir(at('ckpt'), 2), 'model.safetensors'));
+      const exports: [string, number, string][] = [['hf2', 2, 'fp32']];
+      if (c.parts) exports.push(['hf1', 1, 'fp32']);
+      if (c.bf16) exports.push(['hf2-bf16', 2, 'bf16']);
+      for (const [out, step, dtype] of exports) {
+        const e = await cli(
+          'export-hf',
+          at(out),
+          '--load',
+          iterDir(at('ckpt'), step),
+          '--plan',
+          one,
+          '--dtype',
+          dtype,
+          '--max-shard-size',
+          '500KB',
+        );
+        expect(e.code).toBe(0);
+      }
+    }, 120_000);
+
+    it('one rank starts from the checkpoint, bit for bit', async () => {
+      const start = await startOf(at('one'), '--load-hf', at('hf2'));
+      expect([...start.keys()].sort()).toEqual([...step2.keys()].sort());
+      expectSame(start, (n) => step2.get(n)!);
+    });
+
+    if (c.layout)
+      it(`${c.name}, each rank reading its pieces, starts from it too`, async () => {
+        expectSame(await startOf(plan('multi', c.layout!), '--load-hf', at('hf2')), (n) =>
+          step2.get(n)!,
+        );
+      });
+
+    if (c.parts) {
+      it('the encoder from one directory, the decoder from another', async () => {
+        const start = await startOf(
+          at('one'),
+          '--load-hf-encoder',
+          at('hf2'),
+          '--load-hf-decoder',
+          at('hf1'),
+        );
+        // the merger and the deepstack mergers come with the encoder
+        expectSame(start, (n) => (partOf(n) === 'decoder' ? step1 : step2).get(n)!);
+      });
+
+      it('the encoder alone, from a directory without the mergers: the rest keeps its init', async () => {
+        const noMerger = at('hf2-vit');
+        cpSync(at('hf2'), noMerger, { recursive: true });
+        const index = join(noMerger, 'model.safetensors.index.json');
+        const json = JSON.parse(readFileSync(index, 'utf8'));
+        for (const k of Object.keys(json.weight_map))
+          if (/merger/.test(k)) delete json.weight_map[k];
+        writeFileSync(index, JSON.stringify(json));
+        const init = await startOf(at('one'));
+        const start = await startOf(at('one'), '--load-hf-encoder', noMerger);
+        expectSame(start, (n) => (partOf(n) === 'encoder' ? step2 : init).get(n)!);
+      });
     }
+
+    if (c.bf16)
+      it('a bf16 plan loads a bf16 export exactly (its fp32 masters the bf16 values)', async () => {
+        const start = await startOf(plan('bf16', { bf16: true }), '--load-hf', at('hf2-bf16'));
+        const rounded = (t: Tensor): Tensor => ({
+          ...t,
+          data: new Float32Array(
+            Uint32Array.from(t.data as Float32Array, (x) => roundToBf16(x) << 16).buffer,
+          ),
+        });
+        expectSame(start, (n) => rounded(step2.get(n)!));
+      });
   });
-});
