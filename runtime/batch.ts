@@ -9,7 +9,7 @@
 
 import { UserError } from '../compiler/errors.js';
 import type { ModelConfig } from '../compiler/frontend/config.js';
-import type { NativeRuntimeOptions } from './native.js';
+import type { NativeAddon, NativeRuntimeOptions } from './native.js';
 import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
 
 export interface Image {
@@ -73,6 +73,35 @@ export function visionOptions(model: ModelConfig['model']): NativeRuntimeOptions
       e.position_embedding === 'interpolated' ? Math.round(Math.sqrt(e.num_position_embeddings)) : 0,
     imageTokenId: d.image_token_id,
     positionRows: d.mrope_section.length > 1 ? 3 : 1,
+  };
+}
+
+/**
+ * The microbatch in the contract's form: its images as patches with their grids, its window ids,
+ * its placeholder id. The tiny-vlm exchange files keep images (shared/reference/tiny-vlm.md); a
+ * model with temporal patches (the Qwen presets) is dumped this way.
+ */
+export function inContractForm(
+  mb: Microbatch,
+  v: NativeRuntimeOptions,
+  native: Pick<NativeAddon, 'patchify' | 'windowSegments'>,
+): Microbatch {
+  if (!mb.images.length && mb.grids) return mb;
+  const { pixelValues, grids } = native.patchify(
+    mb,
+    v.patchSize ?? 4,
+    v.mergeSize ?? 2,
+    v.temporalPatch ?? 1,
+  );
+  return {
+    ...mb,
+    images: [],
+    pixelValues,
+    grids,
+    ...(v.windowMerged
+      ? { windowSegments: native.windowSegments(grids, v.mergeSize ?? 2, v.windowMerged) }
+      : {}),
+    imageTokenId: mb.imageTokenId ?? v.imageTokenId ?? 1,
   };
 }
 

@@ -253,6 +253,13 @@ export interface NativeAddon {
     imageTokenId: number,
     mergeSize: number,
   ): Int32Array;
+  /** a microbatch's images cut into the contract's patches (merge-block order, (c, t, row, col)) */
+  patchify(
+    mb: NativeMicrobatch,
+    patchSize: number,
+    mergeSize: number,
+    temporalPatch: number,
+  ): { pixelValues: Float32Array; grids: Int32Array };
   /** each patch's attention window [N] (merge-block order), windows windowMerged merged tokens a side */
   windowSegments(grids: Int32Array, mergeSize: number, windowMerged: number): Int32Array;
 }

@@ -20,6 +20,7 @@ import {
   countOnes,
   readBatchFile,
   shuffleImages,
+  inContractForm,
   visionOptions,
   type Microbatch,
 } from './batch.js';
@@ -336,7 +337,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
     if (dumpShare) {
       captureGrads(dumpShare, state, program, groupRanksOf(plan, rank));
-      const share = { rank, dpIndex, dumpShare, mbs };
+      // the Qwen presets' batch in the contract's form (patches, grids, windows)
+      const contract = (vision.temporalPatch ?? 1) > 1;
+      const dumped = contract ? mbs.map((mb) => inContractForm(mb, vision, native)) : mbs;
+      const share = { rank, dpIndex, dumpShare, mbs: dumped };
       await dumpGathered(o.dumpStep!, metrics, lossTokens, loaded.programs, plan, share, globalSum);
     }
     o.onStep?.(metrics);

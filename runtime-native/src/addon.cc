@@ -584,8 +584,28 @@ Napi::Value WindowSegments(const Napi::CallbackInfo& info) {
   }
 }
 
+// patchify(microbatch, patchSize, mergeSize, temporalPatch) → {pixelValues, grids}: its images cut
+// into the contract's patches (data/microbatch.h)
+Napi::Value Patchify(const Napi::CallbackInfo& info) {
+  try {
+    const lfc::Microbatch mb = microbatchOf(info[0], "microbatch");
+    const lfc::Patches p = lfc::patchify(mb.images, integer(info[1], "patchSize"), integer(info[2], "mergeSize"),
+                                         integer(info[3], "temporalPatch"));
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("pixelValues", toTyped(info.Env(), p.values));
+    std::vector<int32_t> g;
+    for (const lfc::Grid& grid : p.grids)
+      for (int64_t x : {grid.t, grid.h, grid.w}) g.push_back(int32_t(x));
+    o.Set("grids", toTyped(info.Env(), g));
+    return o;
+  } catch (const lfc::RuntimeError& e) {
+    throw Napi::Error::New(info.Env(), e.what());
+  }
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Runtime", RuntimeWrap::Define(env));
+  exports.Set("patchify", Napi::Function::New(env, Patchify, "patchify"));
   exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
   exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
