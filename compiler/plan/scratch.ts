@@ -94,6 +94,23 @@ function ropeTemps(x: ScratchOperand, realBytes: number): number {
   return 2 * take(half * 8) + 2 * take(half * realBytes);
 }
 
+/**
+ * attention windows (kernels/cpu/attention.cc: segments that are not contiguous runs): the
+ * outer call's runs and ids, the token order (T i64) and sorted ids (T i32), and copies in that
+ * order — forward: q, out [T, nh, d], k, v [T, nkv, d], lse [T, nh]; backward (pass 2) also dout, dq
+ * [T, nh, d] and dk, dv — before the inner call takes its own runs, ids and tiles
+ */
+function windowCopies(q: ScratchOperand, k: ScratchOperand, realBytes: number, pass: 1 | 2): number {
+  const [T, nh, d] = q.shape;
+  const nkv = k.shape[1];
+  const nq = take(T * nh * d * realBytes);
+  const nk = take(T * nkv * d * realBytes);
+  const runs = take(T * 24) + take(T * 4) + take(T * 8) + take(T * 4);
+  return pass === 1
+    ? runs + 2 * nq + 2 * nk + take(T * nh * realBytes)
+    : runs + 4 * nq + 4 * nk + take(T * nh * realBytes);
+}
+
 // ---- the table ---------------------------------------------------------------------------------
 
 export const SCRATCH_RULES = {
@@ -121,7 +138,8 @@ export const SCRATCH_RULES = {
   attention: (a) => {
     const [q, k, v] = a.inputs;
     const ops = [...a.outputs, q, k, v];
-    return staged(ops) + attentionTiles(q.shape[0], real(ops), 1, false);
+    const tiles = attentionTiles(q.shape[0], real(ops), 1, false);
+    return staged(ops) + (a.attrs.windows ? windowCopies(q, k, real(ops), 1) : 0) + tiles;
   },
   gelu: kernelOverAll,
   swiglu: kernelOverAll,
@@ -190,12 +208,8 @@ export const SCRATCH_RULES = {
   attention_grad: (a) => {
     const [dout, q, k, v, , out, lse] = a.inputs;
     const ops = [...a.outputs, dout, q, k, v, out, lse];
-    // attention windows are not contiguous runs: the reference path, f64 accumulators of dq, dk, dv
-    const [T, nh, d] = q.shape;
-    const windows = a.attrs.windows
-      ? 2 * take(T * 24) + 3 * take(8 * T * d * Math.max(nh, k.shape[1]))
-      : 0;
-    return staged(ops) + Math.max(attentionTiles(T, real(ops), 2, true), windows);
+    const tiles = attentionTiles(q.shape[0], real(ops), 2, true);
+    return staged(ops) + (a.attrs.windows ? windowCopies(q, k, real(ops), 2) : 0) + tiles;
   },
   gelu_grad: kernelOverAll,
   swiglu_grad: kernelOverAll,

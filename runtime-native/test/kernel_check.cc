@@ -542,6 +542,8 @@ void ref_attention() {
       {"bidir T=512 one segment", 2, 2, 16, false, {{0, 512}}},
       {"all padding", 2, 1, 8, true, {{-1, 9}}},
       {"non-contiguous ids", 4, 2, 8, true, {{0, 5}, {1, 4}, {0, 6}, {-1, 2}}},
+      {"windows (bidir, interleaved, padding between)", 4, 4, 16, false,
+       {{0, 8}, {1, 8}, {0, 8}, {1, 8}, {-1, 3}, {2, 16}, {3, 8}, {2, 16}, {3, 8}}},
       {"tiny-vlm bench shape", 8, 4, 16, true, {{0, 48}, {1, 40}, {2, 40}}},
   };
   for (const AttentionCase& ac : cases) {

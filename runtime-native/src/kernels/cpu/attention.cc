@@ -54,6 +54,24 @@ int64_t segment_runs(const int32_t* segments, int64_t T, Run* runs, int32_t* ids
 
 constexpr int64_t kRowBlock = 64;  // rows of scores computed at once
 
+// Segments that are not contiguous runs (attention windows in merge-block order): the tokens in a
+// stable order by segment id, so that each segment is one run (its own order kept: causal masks
+// mean the same), with the segment ids in that order. perm (T), sorted (T).
+void sort_by_segment(const int32_t* segments, int64_t T, int64_t* perm, int32_t* sorted) {
+  for (int64_t t = 0; t < T; t++) perm[t] = t;
+  std::stable_sort(perm, perm + T, [&](int64_t a, int64_t b) { return segments[a] < segments[b]; });
+  for (int64_t t = 0; t < T; t++) sorted[t] = segments[perm[t]];
+}
+
+// dst[t] = src[perm[t]] (gather) or dst[perm[t]] = src[t] (scatter), rows of w values
+template <typename Real>
+void permute_rows(Real* dst, const Real* src, const int64_t* perm, int64_t T, int64_t w, bool scatter) {
+  for (int64_t t = 0; t < T; t++) {
+    const Real* from = src + (scatter ? t : perm[t]) * w;
+    std::copy(from, from + w, dst + (scatter ? perm[t] : t) * w);
+  }
+}
+
 }  // namespace
 
 // ---- reference: naive O(T²), double accumulators ---------------------------------------------
@@ -140,7 +158,21 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
   ScratchScope scratch;
   Run* runs = scratch.take<Run>(T);  // (T)
   const int64_t nruns = segment_runs(segments, T, runs, scratch.take<int32_t>(T));
-  if (nruns < 0) return ref::attention_forward(out, lse, q, k, v, segments, T, nh, nkv, d, scale, causal);
+  if (nruns < 0) {  // windows: through the run kernel in segment order, and back
+    int64_t* perm = scratch.take<int64_t>(T);
+    int32_t* sorted = scratch.take<int32_t>(T);
+    sort_by_segment(segments, T, perm, sorted);
+    Real *qs = scratch.take<Real>(T * nh * d), *os = scratch.take<Real>(T * nh * d);
+    Real *ks = scratch.take<Real>(T * nkv * d), *vs = scratch.take<Real>(T * nkv * d);
+    Real* ls = scratch.take<Real>(T * nh);
+    permute_rows(qs, q, perm, T, nh * d, false);
+    permute_rows(ks, k, perm, T, nkv * d, false);
+    permute_rows(vs, v, perm, T, nkv * d, false);
+    attention_forward(os, ls, qs, ks, vs, sorted, T, nh, nkv, d, scale, causal);
+    permute_rows(out, os, perm, T, nh * d, true);
+    permute_rows(lse, ls, perm, T, nh, true);
+    return;
+  }
   const int64_t g = nh / nkv;
   const int64_t ldq = nh * d, ldkv = nkv * d;  // row strides of one head's (L, d) matrices
   int64_t max_len = 0;
@@ -199,9 +231,26 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
   ScratchScope scratch;
   Run* runs = scratch.take<Run>(T);  // (T)
   const int64_t nruns = segment_runs(segments, T, runs, scratch.take<int32_t>(T));
-  if (nruns < 0)
-    return ref::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segments, T, nh, nkv, d, scale,
-                                   causal);
+  if (nruns < 0) {  // windows: through the run kernel in segment order, and back
+    int64_t* perm = scratch.take<int64_t>(T);
+    int32_t* sorted = scratch.take<int32_t>(T);
+    sort_by_segment(segments, T, perm, sorted);
+    const int64_t nq = T * nh * d, nk = T * nkv * d;
+    Real *dos = scratch.take<Real>(nq), *qs = scratch.take<Real>(nq), *os = scratch.take<Real>(nq);
+    Real *ks = scratch.take<Real>(nk), *vs = scratch.take<Real>(nk), *ls = scratch.take<Real>(T * nh);
+    Real *dqs = scratch.take<Real>(nq), *dks = scratch.take<Real>(nk), *dvs = scratch.take<Real>(nk);
+    permute_rows(dos, dout, perm, T, nh * d, false);
+    permute_rows(qs, q, perm, T, nh * d, false);
+    permute_rows(os, out, perm, T, nh * d, false);
+    permute_rows(ks, k, perm, T, nkv * d, false);
+    permute_rows(vs, v, perm, T, nkv * d, false);
+    permute_rows(ls, lse, perm, T, nh, false);
+    attention_backward(dqs, dks, dvs, dos, qs, ks, vs, os, ls, sorted, T, nh, nkv, d, scale, causal);
+    permute_rows(dq, dqs, perm, T, nh * d, true);
+    permute_rows(dk, dks, perm, T, nkv * d, true);
+    permute_rows(dv, dvs, perm, T, nkv * d, true);
+    return;
+  }
   const int64_t g = nh / nkv;
   const int64_t ldq = nh * d, ldkv = nkv * d;
   int64_t max_len = 0;
