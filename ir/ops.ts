@@ -444,7 +444,9 @@ export const OP_TABLE = {
     summary: 'GELU: the tanh approximation, or exact (erf) with exact',
     category: 'compute',
     inputs: [1, 1],
-    attrs: { exact: attr('bool', 'exact erf GELU (HF nn.GELU); absent: tanh approximation', false) },
+    attrs: {
+      exact: attr('bool', 'exact erf GELU (HF nn.GELU); absent: tanh approximation', false),
+    },
     shape: elementwise,
     flops: noFlops,
     pure: true,

@@ -50,14 +50,50 @@ export const MICROBATCH_FIELDS: readonly {
   readonly doc: string;
 }[] = [
   { name: 'tokens', dtype: 'I32', shape: 'S', required: true, doc: 'token ids; 0 padding' },
-  { name: 'labels', dtype: 'I32', shape: 'S', required: true, doc: 'next text token of the sample, else 0' },
+  {
+    name: 'labels',
+    dtype: 'I32',
+    shape: 'S',
+    required: true,
+    doc: 'next text token of the sample, else 0',
+  },
   { name: 'loss_mask', dtype: 'U8', shape: 'S', required: true, doc: '1 where the label counts' },
-  { name: 'segments', dtype: 'I32', shape: 'S', required: true, doc: 'sample index, -1 on padding' },
-  { name: 'positions', dtype: 'I32', shape: 'positions', required: true, doc: '[S] or M-RoPE [3, S]' },
-  { name: 'pixel_values', dtype: 'F32', shape: 'patches', required: false, doc: '[N, C·T·P·P] patches' },
+  {
+    name: 'segments',
+    dtype: 'I32',
+    shape: 'S',
+    required: true,
+    doc: 'sample index, -1 on padding',
+  },
+  {
+    name: 'positions',
+    dtype: 'I32',
+    shape: 'positions',
+    required: true,
+    doc: '[S] or M-RoPE [3, S]',
+  },
+  {
+    name: 'pixel_values',
+    dtype: 'F32',
+    shape: 'patches',
+    required: false,
+    doc: '[N, C·T·P·P] patches',
+  },
   { name: 'image_grid_thw', dtype: 'I32', shape: 'grids', required: false, doc: '[n, 3] grids' },
-  { name: 'window_segments', dtype: 'I32', shape: 'N', required: false, doc: '[N] window of each patch' },
-  { name: 'image_token_id', dtype: 'I32', shape: 'scalar', required: false, doc: 'the placeholder id' },
+  {
+    name: 'window_segments',
+    dtype: 'I32',
+    shape: 'N',
+    required: false,
+    doc: '[N] window of each patch',
+  },
+  {
+    name: 'image_token_id',
+    dtype: 'I32',
+    shape: 'scalar',
+    required: false,
+    doc: 'the placeholder id',
+  },
 ];
 
 /** The runtime's view of images for a model: patch, frames, merge, windows, table, tokens. */
@@ -70,7 +106,9 @@ export function visionOptions(model: ModelConfig['model']): NativeRuntimeOptions
     temporalPatch: e.temporal_patch_size,
     windowMerged: e.window_size > 0 ? e.window_size / e.patch_size / e.spatial_merge_size : 0,
     tableSide:
-      e.position_embedding === 'interpolated' ? Math.round(Math.sqrt(e.num_position_embeddings)) : 0,
+      e.position_embedding === 'interpolated'
+        ? Math.round(Math.sqrt(e.num_position_embeddings))
+        : 0,
     imageTokenId: d.image_token_id,
     positionRows: d.mrope_section.length > 1 ? 3 : 1,
   };
@@ -149,7 +187,8 @@ export function batchTensors(mbs: readonly Microbatch[]): Map<string, Tensor> {
       const n = mb.grids.length / 3;
       const pv = mb.pixelValues ?? new Float32Array(0);
       let patches = 0;
-      for (let i = 0; i < n; i++) patches += mb.grids[3 * i] * mb.grids[3 * i + 1] * mb.grids[3 * i + 2];
+      for (let i = 0; i < n; i++)
+        patches += mb.grids[3 * i] * mb.grids[3 * i + 1] * mb.grids[3 * i + 2];
       t.set(`mb${j}.pixel_values`, {
         dtype: 'F32',
         shape: [patches, patches ? pv.length / patches : 0],
@@ -220,7 +259,9 @@ export function readBatchFile(path: string): Microbatch[] {
     if (grids && (grids.shape.length !== 2 || grids.shape[1] !== 3))
       throw new UserError(`${where('image_grid_thw')} is [${grids.shape.join(', ')}]; want [n, 3]`);
     if (pixels && pixels.shape.length !== 2)
-      throw new UserError(`${where('pixel_values')} is [${pixels.shape.join(', ')}]; want [N, C·T·P·P]`);
+      throw new UserError(
+        `${where('pixel_values')} is [${pixels.shape.join(', ')}]; want [N, C·T·P·P]`,
+      );
     const windows = get('window_segments', 'I32', false);
     if (windows && windows.shape.length !== 1)
       throw new UserError(`${where('window_segments')} must be [N]`);

@@ -257,7 +257,11 @@ function buildProjector(
       : x;
     y = b.op1('reshape', [y], { shape: [tokensOf(x), String(wide)] });
     if (!normFirst) y = norm(b, pc.normalization, y, `${p}.norm`, wide, pc.norm_epsilon, trainable);
-    const a = gelu(b, linear(b, y, `${p}.fc1`, wide, wide, true, trainable), pc.activation === 'gelu');
+    const a = gelu(
+      b,
+      linear(b, y, `${p}.fc1`, wide, wide, true, trainable),
+      pc.activation === 'gelu',
+    );
     return linear(b, a, `${p}.fc2`, d.hidden_size, wide, true, trainable);
   };
   const embeds = b.in('visual.merger', () =>

@@ -100,7 +100,12 @@ function ropeTemps(x: ScratchOperand, realBytes: number): number {
  * order — forward: q, out [T, nh, d], k, v [T, nkv, d], lse [T, nh]; backward (pass 2) also dout, dq
  * [T, nh, d] and dk, dv — before the inner call takes its own runs, ids and tiles
  */
-function windowCopies(q: ScratchOperand, k: ScratchOperand, realBytes: number, pass: 1 | 2): number {
+function windowCopies(
+  q: ScratchOperand,
+  k: ScratchOperand,
+  realBytes: number,
+  pass: 1 | 2,
+): number {
   const [T, nh, d] = q.shape;
   const nkv = k.shape[1];
   const nq = take(T * nh * d * realBytes);

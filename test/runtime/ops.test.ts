@@ -310,7 +310,13 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
       [1, 0],
       [1, 1],
     ];
-    const want = plainRope(xs, 4, 2, 8, (p, j) => rc[p][j < 2 ? 0 : 1] * 10000 ** (-(4 * (j % 2)) / 8));
+    const want = plainRope(
+      xs,
+      4,
+      2,
+      8,
+      (p, j) => rc[p][j < 2 ? 0 : 1] * 10000 ** (-(4 * (j % 2)) / 8),
+    );
     expectClose(new Float64Array(rt.readBuffer(y)), want);
   });
 
@@ -353,7 +359,10 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
       [weights, [5, 2]],
     ]);
     const dlogits = f64(b, 'dlogits', [5, 4]);
-    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], { k: 2, normalize: false });
+    b.instr('compute', 'router_topk', [logits], [probs, weights, experts], {
+      k: 2,
+      normalize: false,
+    });
     b.instr('compute', 'router_topk_grad', [t[0].dy, t[1].dy, probs, experts], [dlogits], {
       normalize: false,
     });
