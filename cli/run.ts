@@ -20,7 +20,7 @@ import {
   rankFromEnv,
 } from '../runtime/launch-rank.js';
 import { runRank } from '../runtime/rank.js';
-import { checkSources, HF_FLAGS, type HfSource } from '../runtime/hf/load.js';
+import { checkSources, describeHfLoad, HF_FLAGS, type HfSource } from '../runtime/hf/load.js';
 import { readPlan } from '../runtime/plan-io.js';
 import { mergeTrace, traceFragment } from '../runtime/trace.js';
 
@@ -210,6 +210,7 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
     const rank = launching ? undefined : await rankFromEnv();
     if (rank) return runRank(opts, rank, io, !!f.quiet, isTTY());
     const plan = readPlanJson(dir);
+    if (opts.loadHf && !f.quiet) io.err(`${describeHfLoad(opts.loadHf, plan)}\n`);
     const nnodes = f.nnodes ?? 1;
     const nprocPerNode =
       f.nprocPerNode ?? Math.max(1, Math.floor(plan.topology.worldSize / nnodes));

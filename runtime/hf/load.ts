@@ -311,6 +311,29 @@ export function closeLoadPlan(lp: HfLoadPlan): void {
   for (const d of lp.dirs) d.close();
 }
 
+/**
+ * What --load-hf (or its part flags) will load of a plan's model, for the run's first line:
+ * parameters per directory and those that keep their init. Reads the directories' headers only.
+ */
+export function describeHfLoad(sources: readonly HfSource[], plan: PlanFile): string {
+  const lp = planHfLoad(
+    sources,
+    plan.model.name,
+    plan.model.config as ModelConfig['model'],
+    plan.params,
+    [],
+  );
+  closeLoadPlan(lp);
+  const from = sources.map((s) => {
+    const n = [...lp.loaded.values()].filter((d) => d === s.dir).length;
+    return `${HF_FLAGS[s.part]} ${s.dir}: ${n} parameter${n === 1 ? '' : 's'}`;
+  });
+  const kept = lp.kept.length
+    ? `; ${lp.kept.length} keep their init (${lp.kept.slice(0, 3).join(', ')}${lp.kept.length > 3 ? ', …' : ''})`
+    : '';
+  return `${from.join('; ')}${kept}`;
+}
+
 export interface HfLoadSummary {
   readonly loaded: number;
   readonly kept: number;

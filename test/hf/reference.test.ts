@@ -58,6 +58,24 @@ describe.each(['qwen2.5-vl-tiny', 'qwen3-vl-moe-tiny'])(
       expect(lossesOf(at('b.jsonl'))[0]).toBe(nextLoss);
     }, 120_000);
 
+    it('the run says what it loads: the decoder from the directory, the rest kept at init', async () => {
+      const r = await cli(
+        'run',
+        at('plan'),
+        ...['--train-iters', '1', '--batch', batch, '--load-hf-decoder', at('hf')],
+        ...['--metrics', at('c.jsonl')],
+      );
+      expect(r.code).toBe(0);
+      const { plan } = compile({ model, globalBatchSize: 3 });
+      const decoder = plan.params.filter((p) => !p.name.startsWith('visual.')).length;
+      const line = r.err.split('\n')[0];
+      expect(line).toMatch(
+        new RegExp(
+          `^--load-hf-decoder \\S+: ${decoder} parameters; ${plan.params.length - decoder} keep their init \\(visual\\.`,
+        ),
+      );
+    }, 60_000);
+
     it.skipIf(!hasTorch)(
       'the PyTorch reference reads it by its HF names: the same loss to 1e-5',
       () => {
