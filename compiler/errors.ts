@@ -1,6 +1,8 @@
 // Errors printed as one line, never a stack trace: a UserError is the user's input to fix (exit
 // code 2); an EnvironmentError is the machine's (a runtime not built, a package missing: exit 1).
 
+import { readFileSync } from 'node:fs';
+
 export class UserError extends Error {
   override readonly name = 'UserError';
 }
@@ -76,4 +78,27 @@ export function nearest(word: string, candidates: Iterable<string>): string | un
 export function didYouMean(word: string, candidates: Iterable<string>): string {
   const n = nearest(word, candidates);
   return n ? ` (did you mean '${n}'?)` : '';
+}
+
+/** Why a file cannot be read, for a one-line error: its path and the system's code. */
+export function cannotRead(path: string, e: unknown): string {
+  return `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`;
+}
+
+/**
+ * A text file parsed (JSON, YAML): an unreadable file or a parse error is a UserError naming the
+ * file, with the parser's first message line.
+ */
+export function parseFile<T>(path: string, format: string, parse: (text: string) => T): T {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new UserError(cannotRead(path, e));
+  }
+  try {
+    return parse(text);
+  } catch (e) {
+    throw new UserError(`${path}: malformed ${format}: ${(e as Error).message.split('\n')[0]}`);
+  }
 }

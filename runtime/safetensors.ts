@@ -3,7 +3,7 @@
 // then the raw little-endian bytes. Readers check every offset, so a truncated or foreign file
 // is refused with a message that names it.
 
-import { UserError } from '../compiler/errors.js';
+import { cannotRead, UserError } from '../compiler/errors.js';
 import {
   closeSync,
   fstatSync,
@@ -108,9 +108,7 @@ export function readSafetensors(path: string): SafetensorsFile {
   try {
     buf = readFileSync(path);
   } catch (e) {
-    throw new SafetensorsError(
-      `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
-    );
+    throw new SafetensorsError(cannotRead(path, e));
   }
   return parseSafetensors(buf, path);
 }
@@ -231,9 +229,7 @@ export function readSafetensorsHeader(path: string): SafetensorsHeader {
   try {
     fd = openSync(path, 'r');
   } catch (e) {
-    throw new SafetensorsError(
-      `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
-    );
+    throw new SafetensorsError(cannotRead(path, e));
   }
   try {
     const fileBytes = fstatSync(fd).size;

@@ -4,10 +4,10 @@
 // result is validated field by field against the schema below. Every problem is a UserError that
 // names the file or override and the key.
 
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import YAML from 'yaml';
-import { didYouMean, UserError } from '../errors.js';
+import { didYouMean, parseFile, UserError } from '../errors.js';
 import { configsDir } from '../paths.js';
 
 export interface EncoderConfig {
@@ -221,21 +221,7 @@ function isTree(v: unknown): v is Tree {
 }
 
 function readYaml(path: string): Tree {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (e) {
-    throw new UserError(
-      `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
-    );
-  }
-  let doc: unknown;
-  try {
-    doc = YAML.parse(text);
-  } catch (e) {
-    const msg = (e as Error).message.split('\n')[0];
-    throw new UserError(`${path}: malformed YAML: ${msg}`);
-  }
+  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text));
   if (!isTree(doc)) throw new UserError(`${path}: expected a mapping at the top level`);
   return doc;
 }

@@ -12,9 +12,9 @@
 //
 // Every problem names the file and the key. An architecture lfc does not build is refused.
 
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
-import { UserError } from '../errors.js';
+import { parseFile, UserError } from '../errors.js';
 import { loadModelConfig, type ModelConfig } from './config.js';
 
 /** The two name families of Hugging Face's Qwen-VL checkpoints (runtime/hf/names.ts). */
@@ -76,20 +76,7 @@ export function hfConfigPath(fileOrDir: string): string {
 /** A config.json (or a directory holding one), parsed; unreadable or malformed is a UserError. */
 export function readHfConfigJson(fileOrDir: string): { path: string; json: Json } {
   const path = hfConfigPath(fileOrDir);
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (e) {
-    throw new UserError(
-      `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
-    );
-  }
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch (e) {
-    throw new UserError(`${path}: malformed JSON: ${(e as Error).message.split('\n')[0]}`);
-  }
+  const json: unknown = parseFile(path, 'JSON', (text) => JSON.parse(text) as unknown);
   if (!isObject(json)) throw new UserError(`${path}: expected a JSON object at the top level`);
   return { path, json };
 }

@@ -5,9 +5,9 @@
 // row, runs that touch coalesced into one read of at most WINDOW_BYTES. Nothing holds more than a
 // window and the caller's piece. Every problem is a UserError that names the file (and the tensor).
 
-import { closeSync, existsSync, openSync, readFileSync, statSync } from 'node:fs';
+import { closeSync, existsSync, openSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { UserError } from '../../compiler/errors.js';
+import { parseFile, UserError } from '../../compiler/errors.js';
 import { roundToBf16 } from '../bf16.js';
 import { readRange, readSafetensorsHeader, type HeaderEntry } from '../safetensors.js';
 import type { LfcView } from './names.js';
@@ -164,13 +164,7 @@ export class HfCheckpointDir {
 
 /** The index's shards and the tensors it maps to each; a malformed index is a UserError. */
 function shardsOfIndex(index: string): Map<string, string[]> {
-  let json: unknown;
-  try {
-    json = JSON.parse(readFileText(index));
-  } catch (e) {
-    if (e instanceof UserError) throw e;
-    throw new UserError(`${index}: malformed JSON: ${(e as Error).message.split('\n')[0]}`);
-  }
+  const json: unknown = parseFile(index, 'JSON', (text) => JSON.parse(text) as unknown);
   const map = (json as { weight_map?: unknown } | null)?.weight_map;
   if (typeof map !== 'object' || map === null || Array.isArray(map))
     throw new UserError(`${index}: no weight_map object (not a safetensors index?)`);
@@ -185,14 +179,6 @@ function shardsOfIndex(index: string): Map<string, string[]> {
     shards.set(file, list);
   }
   return shards;
-}
-
-function readFileText(path: string): string {
-  try {
-    return readFileSync(path, 'utf8');
-  } catch (e) {
-    throw new UserError(`cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? String(e)}`);
-  }
 }
 
 /** `count` consecutive elements of a tensor, from `element`, and where they go in the piece. */
