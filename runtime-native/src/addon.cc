@@ -62,6 +62,22 @@ Napi::TypedArrayOf<T> toTyped(Napi::Env env, const std::vector<T>& values) {
   return a;
 }
 
+std::vector<lfc::Grid> gridsOf(const Napi::Value& v, const std::string& what) {
+  const std::vector<int32_t> g = typedArray<int32_t>(v, napi_int32_array, what, "Int32Array");
+  if (g.size() % 3) throw Napi::TypeError::New(v.Env(), what + " must hold (t, h, w) triples");
+  std::vector<lfc::Grid> out;
+  for (size_t i = 0; i < g.size(); i += 3) out.push_back(lfc::Grid{g[i], g[i + 1], g[i + 2]});
+  return out;
+}
+
+// grids as the flat (t, h, w) triples JS sees
+Napi::TypedArrayOf<int32_t> gridsToJs(Napi::Env env, const std::vector<lfc::Grid>& grids) {
+  std::vector<int32_t> g;
+  for (const lfc::Grid& grid : grids)
+    for (int64_t x : {grid.t, grid.h, grid.w}) g.push_back(int32_t(x));
+  return toTyped(env, g);
+}
+
 lfc::Microbatch microbatchOf(const Napi::Value& v, const std::string& what) {
   const Napi::Object o = object(v, what);
   lfc::Microbatch mb;
@@ -90,11 +106,7 @@ lfc::Microbatch microbatchOf(const Napi::Value& v, const std::string& what) {
   if (!pixels.IsUndefined() && !pixels.IsNull())
     mb.pixelValues = typedArray<float>(pixels, napi_float32_array, what + ".pixelValues", "Float32Array");
   const Napi::Value grids = o.Get("grids");
-  if (!grids.IsUndefined() && !grids.IsNull()) {
-    const std::vector<int32_t> g = typedArray<int32_t>(grids, napi_int32_array, what + ".grids", "Int32Array");
-    if (g.size() % 3) throw Napi::TypeError::New(v.Env(), what + ".grids must hold (t, h, w) triples");
-    for (size_t i = 0; i < g.size(); i += 3) mb.grids.push_back(lfc::Grid{g[i], g[i + 1], g[i + 2]});
-  }
+  if (!grids.IsUndefined() && !grids.IsNull()) mb.grids = gridsOf(grids, what + ".grids");
   const Napi::Value windows = o.Get("windowSegments");
   if (!windows.IsUndefined() && !windows.IsNull())
     mb.windowSegments = typedArray<int32_t>(windows, napi_int32_array, what + ".windowSegments", "Int32Array");
@@ -122,10 +134,7 @@ Napi::Object microbatchToJs(Napi::Env env, const lfc::Microbatch& mb) {
   o.Set("images", images);
   if (!mb.grids.empty() || !mb.pixelValues.empty()) {
     o.Set("pixelValues", toTyped(env, mb.pixelValues));
-    std::vector<int32_t> g;
-    for (const lfc::Grid& grid : mb.grids)
-      for (int64_t x : {grid.t, grid.h, grid.w}) g.push_back(int32_t(x));
-    o.Set("grids", toTyped(env, g));
+    o.Set("grids", gridsToJs(env, mb.grids));
   }
   if (!mb.windowSegments.empty()) o.Set("windowSegments", toTyped(env, mb.windowSegments));
   if (mb.imageTokenId >= 0) o.Set("imageTokenId", double(mb.imageTokenId));
@@ -554,13 +563,6 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
   std::shared_ptr<lfc::Runtime> rt_;
 };
 
-std::vector<lfc::Grid> gridsOf(const Napi::Value& v, const std::string& what) {
-  const std::vector<int32_t> g = typedArray<int32_t>(v, napi_int32_array, what, "Int32Array");
-  if (g.size() % 3) throw Napi::TypeError::New(v.Env(), what + " must hold (t, h, w) triples");
-  std::vector<lfc::Grid> out;
-  for (size_t i = 0; i < g.size(); i += 3) out.push_back(lfc::Grid{g[i], g[i + 1], g[i + 2]});
-  return out;
-}
 
 // ropeIndex(tokens, segments, grids, imageTokenId, mergeSize) → Int32Array (3·S): M-RoPE ids
 Napi::Value RopeIndex(const Napi::CallbackInfo& info) {
@@ -593,10 +595,7 @@ Napi::Value Patchify(const Napi::CallbackInfo& info) {
                                          integer(info[3], "temporalPatch"));
     Napi::Object o = Napi::Object::New(info.Env());
     o.Set("pixelValues", toTyped(info.Env(), p.values));
-    std::vector<int32_t> g;
-    for (const lfc::Grid& grid : p.grids)
-      for (int64_t x : {grid.t, grid.h, grid.w}) g.push_back(int32_t(x));
-    o.Set("grids", toTyped(info.Env(), g));
+    o.Set("grids", gridsToJs(info.Env(), p.grids));
     return o;
   } catch (const lfc::RuntimeError& e) {
     throw Napi::Error::New(info.Env(), e.what());

@@ -48,7 +48,6 @@ async function checkGradients(c: FdCase): Promise<void> {
   const rt = runtimeOf(program);
   if (c.mb) rt.setMicrobatch(0, c.mb);
   if (program.scalars.loss_tokens !== undefined) rt.setScalar('loss_tokens', 3);
-  if (program.scalars.image_token_id !== undefined) rt.setScalar('image_token_id', 1);
   const params = rt.region('param');
   const view = (id: number) =>
     new Float64Array(params, program.buffers[id].offset, program.buffers[id].bytes / 8);
