@@ -5,7 +5,7 @@
 // an image [3, h, w] that the runtime cuts into patches (docs/qwen-vl.md). Checked against PIL
 // itself: test/reference/image_processor.py.
 
-import { UserError } from '../compiler/errors.js';
+import { UserError } from '../../compiler/errors.js';
 
 export interface ProcessorSpec {
   /** patch × merge: both sides come out multiples of it (28 for Qwen2.5-VL, 32 for Qwen3-VL) */

@@ -1,4 +1,4 @@
-// The Qwen image processor (runtime/image-processor.ts) against Hugging Face's rules run with PIL
+// The Qwen image processor (runtime/data/image-processor.ts) against Hugging Face's rules run with PIL
 // (test/reference/image_processor.py, committed fixtures): smart_resize's size on images of
 // awkward sizes, Pillow's bicubic resize, the rescaled and normalized values.
 import { readFileSync } from 'node:fs';
@@ -10,7 +10,7 @@ import {
   resizeBicubic,
   smartResize,
   type ProcessorSpec,
-} from '../../runtime/image-processor.js';
+} from '../../runtime/data/image-processor.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 
 const dir = join(projectRoot(), 'test/fixtures/image-processor');

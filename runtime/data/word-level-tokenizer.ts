@@ -6,7 +6,7 @@
 //   model            {type: "WordLevel", vocab: {token: id}, unk_token}
 // Anything else is refused naming the file and the key.
 
-import { parseFile, UserError } from '../compiler/errors.js';
+import { parseFile, UserError } from '../../compiler/errors.js';
 
 type Json = Record<string, unknown>;
 

@@ -1,11 +1,11 @@
-// The WordLevel tokenizer.json reader (runtime/word-level-tokenizer.ts) on a hand-made
+// The WordLevel tokenizer.json reader (runtime/data/word-level-tokenizer.ts) on a hand-made
 // vocabulary in Hugging Face's format: special tokens first, words by the vocabulary, unknown
 // words to unk, the normalizer and pre-tokenizer it knows; anything else refused naming the file.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { loadWordLevelTokenizer } from '../../runtime/word-level-tokenizer.js';
+import { loadWordLevelTokenizer } from '../../runtime/data/word-level-tokenizer.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-tokenizer-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
