@@ -42,6 +42,16 @@ export interface EncoderConfig {
   fullatt_block_indexes: number[];
   tensor_model_parallel_size: number;
   freeze: boolean;
+  /**
+   * The image processor (HF's preprocessor_config.json): images are resized to at least
+   * min_pixels and at most max_pixels (absent: HF Qwen2-VL processor's defaults of 4 and 1280
+   * merged tokens at this encoder's patch × merge), then rescaled by 1/255 and normalized with
+   * image_mean and image_std, per RGB channel.
+   */
+  min_pixels?: number;
+  max_pixels?: number;
+  image_mean: [number, number, number];
+  image_std: [number, number, number];
 }
 
 export interface ProjectorConfig {
@@ -124,6 +134,8 @@ type FieldSpec =
         | 'bool'
         | 'nonnegints'
         | 'posints'
+        | 'rgb'
+        | 'posrgb'
         | 'string';
       def?: unknown;
       optional?: boolean;
@@ -158,6 +170,11 @@ const ENCODER_SCHEMA: Schema = {
   fullatt_block_indexes: { t: 'nonnegints', def: [] },
   tensor_model_parallel_size: { t: 'posint', def: 1 },
   freeze: { t: 'bool', def: false },
+  min_pixels: { t: 'posint', optional: true },
+  max_pixels: { t: 'posint', optional: true },
+  // HF's Qwen2-VL image processor's defaults (OpenAI CLIP's)
+  image_mean: { t: 'rgb', def: [0.48145466, 0.4578275, 0.40821073] },
+  image_std: { t: 'posrgb', def: [0.26862954, 0.26130258, 0.27577711] },
 };
 
 const PROJECTOR_SCHEMA: Schema = {
@@ -393,6 +410,17 @@ function checkField(where: string, spec: FieldSpec, v: unknown): unknown {
       }
       return v;
     }
+    case 'rgb':
+    case 'posrgb': {
+      const pos = spec.t === 'posrgb';
+      if (
+        !Array.isArray(v) ||
+        v.length !== 3 ||
+        !v.every((x) => typeof x === 'number' && Number.isFinite(x) && (!pos || x > 0))
+      )
+        throw bad(`a list of 3 ${pos ? 'positive ' : ''}numbers (R, G, B)`);
+      return v;
+    }
     case 'enum':
       if (typeof v !== 'string' || !spec.values.includes(v))
         throw bad(`one of ${spec.values.join(', ')}`);
@@ -441,6 +469,18 @@ function checkConsistency(c: ModelConfig): void {
       `${src}: model.image_encoder.max_image_size ${e.max_image_size} is not a multiple of patch_size × spatial_merge_size = ${e.patch_size * e.spatial_merge_size}`,
     );
   }
+  const factor = e.patch_size * e.spatial_merge_size;
+  for (const key of ['min_pixels', 'max_pixels'] as const) {
+    const v = e[key];
+    if (v !== undefined && v < factor * factor)
+      throw new UserError(
+        `${src}: model.image_encoder.${key} ${v} is below one merged token (patch_size × spatial_merge_size squared = ${factor * factor} pixels)`,
+      );
+  }
+  if (e.min_pixels !== undefined && e.max_pixels !== undefined && e.min_pixels > e.max_pixels)
+    throw new UserError(
+      `${src}: model.image_encoder.min_pixels ${e.min_pixels} is above max_pixels ${e.max_pixels}`,
+    );
   for (const l of [...e.deepstack_layers, ...e.fullatt_block_indexes]) {
     if (l >= e.num_layers)
       throw new UserError(

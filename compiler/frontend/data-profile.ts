@@ -55,7 +55,7 @@ export interface ProfileSizes {
 // merge 2 = 32, so 4096 and 1310720 pixels). Released checkpoints override these in their
 // preprocessor_config.json: Qwen2.5-VL 3136 … 12845056 (16384 tokens), Qwen3-VL 65536 (64 tokens)
 // … 16777216 (16384 tokens); the encoder's max_image_size bounds lfc's images well below either
-// maximum. EncoderConfig has no min/max pixels fields; when it gets them, they replace these.
+// maximum. An encoder's min_pixels and max_pixels, where its preset sets them, replace these.
 const MIN_MERGED_TOKENS = 4;
 const MAX_MERGED_TOKENS = 1280;
 /** the processor refuses images more elongated than this */
@@ -103,27 +103,64 @@ function fitSides(a: number, b: number, max: number): [number, number] {
   ];
 }
 
-/**
- * Merged (post-merger) visual tokens of a width × height image: smart_resize to multiples of
- * factor = patch_size × spatial_merge_size, then, where a side is still longer than the encoder's
- * max_image_size (lfc's graph bounds every image by max_image_size² pixels, a side per
- * position-table row), both sides shrunk to fit, floored to the factor: (h/factor)·(w/factor).
- */
-export function visualTokensOfImage(width: number, height: number, enc: EncoderConfig): number {
+/** The image processor of an encoder: its sizes, in pixels, and its normalization. */
+export interface ImageProcessorSpec {
+  readonly patchSize: number;
+  readonly mergeSize: number;
+  readonly temporalPatch: number;
+  /** patch × merge: both sides of a resized image are multiples of it */
+  readonly factor: number;
+  readonly minPixels: number;
+  readonly maxPixels: number;
+  /** the encoder's max_image_size: no side is longer */
+  readonly maxSide: number;
+  readonly mean: readonly [number, number, number];
+  readonly std: readonly [number, number, number];
+}
+
+export function imageProcessorOf(enc: EncoderConfig): ImageProcessorSpec {
   const factor = enc.patch_size * enc.spatial_merge_size;
+  return {
+    patchSize: enc.patch_size,
+    mergeSize: enc.spatial_merge_size,
+    temporalPatch: enc.temporal_patch_size,
+    factor,
+    minPixels: enc.min_pixels ?? MIN_MERGED_TOKENS * factor ** 2,
+    maxPixels: enc.max_pixels ?? MAX_MERGED_TOKENS * factor ** 2,
+    maxSide: enc.max_image_size,
+    mean: enc.image_mean,
+    std: enc.image_std,
+  };
+}
+
+/**
+ * [height, width] in pixels of a width × height image after the processor: smart_resize to
+ * multiples of factor = patch_size × spatial_merge_size within [min_pixels, max_pixels] (or the
+ * smaller maxPixels given), then, where a side is still longer than the encoder's max_image_size
+ * (lfc's graph bounds every image by max_image_size² pixels, a side per position-table row), both
+ * sides shrunk to fit, floored to the factor.
+ */
+export function processedSize(
+  width: number,
+  height: number,
+  spec: ImageProcessorSpec,
+  maxPixels: number = spec.maxPixels,
+): [number, number] {
+  const f = spec.factor;
   if (Math.max(width, height) / Math.min(width, height) > MAX_ASPECT_RATIO)
     throw new UserError(
       `image ${width}x${height}: aspect ratio above ${MAX_ASPECT_RATIO}, which the processor refuses`,
     );
-  const [h, w] = smartResize(
-    height,
-    width,
-    factor,
-    MIN_MERGED_TOKENS * factor ** 2,
-    MAX_MERGED_TOKENS * factor ** 2,
-  );
-  const [rows, cols] = fitSides(h / factor, w / factor, enc.max_image_size / factor);
-  return rows * cols;
+  const [h, w] = smartResize(height, width, f, Math.min(spec.minPixels, maxPixels), maxPixels);
+  const [rows, cols] = fitSides(h / f, w / f, spec.maxSide / f);
+  return [rows * f, cols * f];
+}
+
+/** Merged (post-merger) visual tokens of a width × height image (processedSize). */
+export function visualTokensOfImage(width: number, height: number, enc: EncoderConfig): number {
+  const spec = imageProcessorOf(enc);
+  const [h, w] = processedSize(width, height, spec);
+  return (h / spec.factor) * (w / spec.factor);
 }
 
 /** Merged tokens of an image given as its merged grid: taken as is, but for max_image_size. */
