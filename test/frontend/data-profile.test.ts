@@ -79,9 +79,12 @@ describe('visualTokensOfImage: the processor, then max_image_size on each side',
     expect(visualTokensOfImage(1920, 1080, qwen25)).toBe(15 * 28);
   });
 
-  it('tiny: an 8×8 image is scaled up to min_pixels = 4·8² (2×2 merged)', () => {
-    expect(visualTokensOfImage(8, 8, tiny)).toBe(4);
+  it("tiny: the preset's min_pixels of one merged token keeps an 8×8 image; without it, HF's 4·8²", () => {
+    expect(visualTokensOfImage(8, 8, tiny)).toBe(1);
+    expect(visualTokensOfImage(4, 4, tiny)).toBe(1); // scaled up to 8×8
     expect(visualTokensOfImage(32, 32, tiny)).toBe(16);
+    const hfDefaults = { ...tiny, min_pixels: undefined, max_pixels: undefined };
+    expect(visualTokensOfImage(8, 8, hfDefaults)).toBe(4);
   });
 
   it('a grid is taken as is, but for max_image_size', () => {
