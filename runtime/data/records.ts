@@ -1,11 +1,11 @@
 // The record both dataset formats hold, one JSON object per sample (a JSONL line, a WebDataset
 // sample's .json member), and its conversion to a RawSample. The fields read:
 //   conversations  [{from: human|gpt|system|user|assistant, value: string}]  (LLaVA, ShareGPT)
-//   messages       [{role: the same names, content: string}]                 (instead of conversations)
+//   messages       [{role: the same names, content: string}]  (instead of conversations)
 //   image          a string, or images: [string]; or neither (a text-only sample)
 // Other fields (id, …) are ignored. What an image string names is the reader's business (a path
 // beside the JSONL file, a member of the sample's tar group): it passes `image` to resolve one.
-// The number of `<image>` markers is not checked here: the text stage does that, with the tokenizer.
+// The count of `<image>` markers is not checked here: the text stage does that, with the tokenizer.
 
 import { closeSync, openSync, readSync } from 'node:fs';
 import { cannotRead } from '../../compiler/errors.js';
