@@ -19,9 +19,12 @@
 //             assistant turn whose content is empty. The whitespace after the end-of-turn token
 //             (ChatML's '\n') is not a target: generation stops at `<|im_end|>` (the eos), so the
 //             model never writes it, and it is the template's glue before the next header, as the
-//             header itself is. (LLaMA-Factory trains that '\n' too; HF's assistant masks of
-//             `{% generation %}` templates and Qwen's own fine-tuning code do not. Either way it
-//             is one token a turn, in a position that is always '\n'.)
+//             header itself is. (LLaMA-Factory's ChatML templates train that '\n'; the assistant
+//             masks of HF's `{% generation %}` templates, TRL's assistant-only loss, stop at
+//             `<|im_end|>` as here. Either way it is one token a turn, always the same.) What a
+//             template writes between the generation prompt and the content (a Qwen3-style empty
+//             `<think></think>`) is a target too: the model writes it. A template with no
+//             generation prompt leaves the role header after the prompt, so it becomes a target.
 //   pretrain  every token but the image placeholders.
 // Image placeholders are never targets nor reply tokens.
 //
@@ -38,9 +41,10 @@
 // The remaining cuts are where a reply begins, right after the header's '\n'; a pre-tokenizer
 // never joins a newline to the letters after it (Qwen's regex takes newline runs alone, and lets
 // a word take one leading character other than a newline; WordLevel's Whitespace drops spaces
-// and newlines), and BPE merges stay inside a pre-token. A reply that starts with whitespace or
-// a newline, or ends with whitespace before a non-added close, could break this; step 3 checks it
-// on every sample rather than assume it.
+// and newlines), and BPE merges stay inside a pre-token. A reply that starts with a newline (which
+// joins the header's), or a template whose close is not an added token, can break this; other
+// tokenizers (SentencePiece's Metaspace) have rules of their own: step 3 checks every sample
+// rather than assume it (the test checks the fixtures on purpose-made hard replies).
 //
 // Without a chat template (pretrain only; sft needs the turns a template marks): the contents
 // joined with '\n' between them, after the bos token and before the eos token when the tokenizer
@@ -161,7 +165,7 @@ function templatePieces(
     try {
       return template.render({
         ...specials,
-        messages: turns.slice(0, upTo).map((m) => ({ ...m })),
+        messages: turns.slice(0, upTo),
         add_generation_prompt: generationPrompt,
       });
     } catch (e) {

@@ -139,9 +139,9 @@ function specialTokensOf(config: Json, path: string): Partial<Record<SpecialToke
 
 /**
  * A BPE, Unigram or WordPiece tokenizer.json by @huggingface/tokenizers. It is given the config
- * with the special tokens as strings (Unigram reads eos_token), and decodes without HF's old
- * clean-up of spaces before punctuation unless the config asks for it (transformers' default is
- * off now; the library's own default is on, which breaks round trips).
+ * with the special tokens as strings (Unigram reads eos_token), and decodes without HF's clean-up
+ * of spaces before punctuation unless the config sets clean_up_tokenization_spaces (the library's
+ * own default is on, and 'a .' would decode as 'a.': no round trip).
  */
 function libraryModel(
   json: Json,
@@ -194,8 +194,9 @@ function libraryModel(
 }
 
 /**
- * Qwen-VL's placeholder, else LLaVA's. It must be an added token: a text can name it only then
- * (a plain vocabulary entry `<image>` would be cut into pieces by the model).
+ * Qwen-VL's placeholder, else LLaVA's. It must be an added token: only then is it one id wherever
+ * a text writes it (a plain vocabulary entry `<image>` is cut into pieces, or read as part of a
+ * word, when text touches it; two in a row show it).
  */
 function placeholderOf(model: Model, where: string): ImagePlaceholder | undefined {
   const qwen = model.idOf('<|image_pad|>');
@@ -207,7 +208,7 @@ function placeholderOf(model: Model, where: string): ImagePlaceholder | undefine
     const text = wrapped ? '<|vision_start|><|image_pad|><|vision_end|>' : '<|image_pad|>';
     image = { token: '<|image_pad|>', id: qwen, text };
   } else if (llava !== undefined) image = { token: '<image>', id: llava, text: '<image>' };
-  if (image && !sameIds(model.encode(image.token), [image.id]))
+  if (image && !sameIds(model.encode(image.token + image.token), [image.id, image.id]))
     throw new UserError(
       `${where}: ${image.token} is in the vocabulary but not in added_tokens, so a text cannot name it`,
     );
