@@ -77,13 +77,11 @@ export function loadTokenizer(path: string): TextTokenizer {
   const where = isDir ? join(path, 'tokenizer.json') : path;
   // a file given by name is read with the files beside it all the same: HF's files travel together
   const dir = isDir ? path : dirname(path);
-  const json = parseFile(where, 'JSON', (t) => JSON.parse(t) as unknown);
+  const json = readObject(where);
   const configPath = join(dir, 'tokenizer_config.json');
   const config = existsSync(configPath) ? readObject(configPath) : {};
 
-  const type = ((json as Json | null)?.model as Json | undefined)?.type;
-  if (typeof json !== 'object' || json === null || Array.isArray(json))
-    throw new UserError(`${where}: not a tokenizer.json (an object with a model)`);
+  const type = (json.model as Json | undefined)?.type;
   if (typeof type !== 'string' || !MODEL_TYPES.includes(type))
     throw new UserError(
       `${where}: model.type ${JSON.stringify(type)} is not supported (${MODEL_TYPES.join(', ')})`,
@@ -92,7 +90,7 @@ export function loadTokenizer(path: string): TextTokenizer {
   const model =
     type === 'WordLevel'
       ? wordLevelTokenizerOf(json, where)
-      : libraryModel(json as Json, config, specialTokens, where);
+      : libraryModel(json, config, specialTokens, where);
 
   for (const [name, token] of Object.entries(specialTokens))
     if (model.idOf(token) === undefined)

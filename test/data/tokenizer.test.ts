@@ -138,6 +138,25 @@ describe('loadTokenizer', () => {
     expect(tok.padId).toBe(0);
   });
 
+  it('reads models other than BPE with the library too: WordPiece', () => {
+    const d = dir('wordpiece', {
+      'tokenizer.json': {
+        normalizer: { type: 'BertNormalizer', lowercase: true },
+        pre_tokenizer: { type: 'BertPreTokenizer' },
+        decoder: { type: 'WordPiece', prefix: '##' },
+        model: {
+          type: 'WordPiece',
+          unk_token: '[UNK]',
+          continuing_subword_prefix: '##',
+          vocab: { '[UNK]': 0, the: 1, square: 2, '##s': 3, '.': 4 },
+        },
+      },
+    });
+    const tok = loadTokenizer(d);
+    expect(tok.encode('The squares. Zebra')).toEqual([1, 2, 3, 4, 0]);
+    expect(tok.vocabSize).toBe(5);
+  });
+
   it('counts added tokens past the model’s vocabulary in vocabSize', () => {
     const json = bpeWithAdded(['<|endoftext|>']);
     (json.added_tokens as Json[]).push({ id: 500, content: '<|far|>', special: true });
