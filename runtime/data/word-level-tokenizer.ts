@@ -27,7 +27,15 @@ const PRE_TOKENIZERS: Record<string, RegExp> = {
 };
 
 export function loadWordLevelTokenizer(path: string): WordLevelTokenizer {
-  const json = parseFile(path, 'JSON', (t) => JSON.parse(t) as unknown) as Json;
+  return wordLevelTokenizerOf(
+    parseFile(path, 'JSON', (t) => JSON.parse(t) as unknown),
+    path,
+  );
+}
+
+/** The tokenizer of a parsed tokenizer.json; `path` names the file in errors. */
+export function wordLevelTokenizerOf(parsed: unknown, path: string): WordLevelTokenizer {
+  const json = (typeof parsed === 'object' && parsed !== null ? parsed : {}) as Json;
   const fail = (what: string): never => {
     throw new UserError(`${path}: ${what}`);
   };
