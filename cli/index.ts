@@ -11,6 +11,7 @@ import { addRunCommand } from './run.js';
 import { addCalibrateCommand } from './calibrate.js';
 import { addVizCommand } from './viz.js';
 import { addExportHfCommand } from './export-hf.js';
+import { addDataCommand } from './data.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -41,7 +42,13 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addCalibrateCommand(program, io);
   addVizCommand(program, io);
   addExportHfCommand(program, io);
-  for (const cmd of program.commands) cmd.exitOverride().configureOutput(program.configureOutput());
+  addDataCommand(program, io, isTTY);
+  const override = (c: Command): void =>
+    c.commands.forEach((cmd) => {
+      cmd.exitOverride().configureOutput(program.configureOutput());
+      override(cmd);
+    });
+  override(program);
   return program;
 }
 

@@ -4,14 +4,15 @@
 // environment the launcher sets and trains as that rank. Under a cluster manager (torchrun-style
 // variables, or Slurm's), `lfc run DIR` is itself one rank (runtime/rank.ts).
 
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import { snake, train, type TrainOptions } from '../runtime/train.js';
+import { snake, train, type DataOptions, type TrainOptions } from '../runtime/train.js';
+import { parseDataPath, parseSplit } from '../runtime/data/sampler.js';
 import { describeStep, progressBar } from '../runtime/progress.js';
 import { launch, type MergedStep } from '../runtime/launch.js';
 import {
@@ -53,6 +54,12 @@ export interface RunFlags {
   rdzvBackend?: string;
   trace?: string;
   quiet?: boolean;
+  dataPath?: string[];
+  split?: string;
+  tokenizerModel?: string;
+  trainingPhase?: 'sft' | 'pretrain';
+  truncate?: boolean;
+  strictData?: boolean;
 }
 
 export function addTrainingOptions(cmd: Command): Command {
@@ -89,6 +96,23 @@ export function addTrainingOptions(cmd: Command): Command {
       '--load-hf-decoder <dir>',
       "a Hugging Face checkpoint's decoder (embeddings, layers, final norm, lm_head); the rest keeps its init",
     )
+    .option(
+      '--data-path <datasets...>',
+      'train on datasets: JSONL files or WebDataset shards (a .tar, or a directory of them); WEIGHT PATH pairs blend them',
+    )
+    .option(
+      '--tokenizer-model <path>',
+      "the datasets' tokenizer: a tokenizer.json, or a directory holding it beside tokenizer_config.json",
+    )
+    .addOption(
+      new Option(
+        '--training-phase <phase>',
+        'sft: loss on the assistant replies only; pretrain: on every text token (default sft)',
+      ).choices(['sft', 'pretrain']),
+    )
+    .option('--split <parts>', 'train,valid,test proportions of each dataset (default 100,0,0)')
+    .option('--truncate', 'cut a sample longer than the sequence instead of dropping it')
+    .option('--strict-data', 'a bad sample is an error (exit 2) instead of skipped and counted')
     .option('--batch <file>', 'replay this batch file (the --dump-step format) every step')
     .option('--shuffle-images', 'control run: move every image to another sample of the batch')
     .option('--metrics <file>', 'metrics JSONL (default: DIR/metrics.jsonl)')
@@ -147,6 +171,7 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
       `${starts.slice(0, -1).join(', ')} and ${starts.at(-1)} ${starts.length > 2 ? 'all' : 'both'} set the starting parameters; give one`,
     );
   if (f.saveInterval && !f.save) throw new UserError('--save-interval needs --save DIR');
+  const data = dataOptions(f);
   return {
     planDir,
     trainIters: f.trainIters ?? f.steps ?? 10,
@@ -162,10 +187,40 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
     weights: f.weights,
     ...(loadHf.length ? { loadHf } : {}),
     batch: f.batch,
+    ...(data ? { data } : {}),
     shuffleImages: f.shuffleImages,
     metricsPath: f.metrics ?? join(planDir, 'metrics.jsonl'),
     threads: f.threads,
     trace: f.trace === undefined ? undefined : resolve(f.trace),
+  };
+}
+
+/** The datasets of --data-path and the flags beside it; undefined: the synthetic task. */
+function dataOptions(f: RunFlags): DataOptions | undefined {
+  if (!f.dataPath) {
+    const stray = (
+      [
+        ['--tokenizer-model', f.tokenizerModel],
+        ['--training-phase', f.trainingPhase],
+        ['--split', f.split],
+        ['--truncate', f.truncate],
+        ['--strict-data', f.strictData],
+      ] as const
+    ).find(([, v]) => v !== undefined);
+    if (stray) throw new UserError(`${stray[0]} needs --data-path`);
+    return undefined;
+  }
+  if (!f.tokenizerModel)
+    throw new UserError(
+      '--data-path needs --tokenizer-model PATH (a tokenizer.json, or its directory; the tiny models take configs/tokenizers/tiny)',
+    );
+  return {
+    sources: parseDataPath(f.dataPath).map((s) => ({ ...s, path: resolve(s.path) })),
+    split: parseSplit(f.split ?? '100,0,0'),
+    tokenizer: resolve(f.tokenizerModel),
+    phase: f.trainingPhase ?? 'sft',
+    ...(f.truncate ? { truncate: true } : {}),
+    ...(f.strictData ? { strict: true } : {}),
   };
 }
 

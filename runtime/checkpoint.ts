@@ -35,8 +35,13 @@ export interface CheckpointState {
   /** the last completed step; training resumes at step + 1 */
   readonly step: number;
   readonly seed: number;
-  /** data position: the next step's index into the data stream */
+  /** the next step's index into the synthetic data stream */
   readonly dataStep: number;
+  /**
+   * a run on datasets (--data-path): the data position of the next step's first sample, a global
+   * sample index no layout changes (runtime/data/sampler.ts), and the data it indexes
+   */
+  readonly data?: { readonly position: number; readonly sources: readonly string[] };
   readonly lr: Record<string, unknown>;
 }
 

@@ -34,6 +34,9 @@ import {
   writeCheckpoint,
   type CheckpointMeta,
 } from './checkpoint.js';
+import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
+import { DataLoader, type DataCounts, type StepData, type TrainingPhase } from './data/loader.js';
+import type { DataSource } from './data/sampler.js';
 import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
 import { loadHfWeights, type HfSource } from './hf/load.js';
 import { commConfig, speaksForItsData, type RankContext } from './launch-rank.js';
@@ -70,6 +73,8 @@ export interface TrainOptions {
   readonly loadHf?: readonly HfSource[];
   /** replay this batch file every step instead of the synthetic data */
   readonly batch?: string;
+  /** train on datasets instead of the synthetic data (runtime/data/loader.ts) */
+  readonly data?: DataOptions;
   /** the control run: images moved across samples */
   readonly shuffleImages?: boolean;
   readonly metricsPath?: string;
@@ -85,6 +90,18 @@ export interface TrainOptions {
   /** write the last step's timeline here as a Chrome trace (runtime/trace.ts); a rank of a
    * multi-rank run writes its fragment beside it, for the launcher to merge */
   readonly trace?: string;
+}
+
+/** The data of a run on datasets: lfc run's --data-path and the flags beside it. */
+export interface DataOptions {
+  readonly sources: readonly DataSource[];
+  /** train, valid, test proportions (--split) */
+  readonly split: readonly [number, number, number];
+  /** a tokenizer.json, or a directory holding it (--tokenizer-model) */
+  readonly tokenizer: string;
+  readonly phase: TrainingPhase;
+  readonly truncate?: boolean;
+  readonly strict?: boolean;
 }
 
 export interface StepMetrics {
@@ -108,6 +125,8 @@ export interface StepMetrics {
   readonly scratchHighBytes: number;
   /** --use-vit-dp-balance: images of the step encoded on another rank than their own */
   readonly vitImagesMoved?: number;
+  /** a run on datasets: the data position after this step (the next step's first sample) */
+  readonly dataPosition?: number;
 }
 
 export interface TrainResult {
@@ -116,6 +135,8 @@ export interface TrainResult {
   readonly plan: PlanFile;
   /** parameters after the run, whole tensors */
   readonly params: Map<string, Float32Array>;
+  /** a run on datasets: what this rank's loader met (bad, dropped, shrunk samples) */
+  readonly data?: DataCounts;
 }
 
 export async function train(o: TrainOptions): Promise<TrainResult> {
@@ -135,7 +156,20 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const programId = plan.rankPrograms[rank];
   const program = loaded.programs.get(programId)!;
   const native = loadNative();
-  const vision = visionOptions(plan.model.config as unknown as ModelConfig['model']);
+  const model = plan.model.config as unknown as ModelConfig['model'];
+  const dpIndex = plan.dataParallel?.rankIndex[rank] ?? 0;
+  const dpSize = plan.dataParallel?.size ?? 1;
+  const seed = o.seed ?? 1234;
+  const m = plan.training.numMicrobatches;
+  const padded = plan.training.seqLength * plan.training.microBatchSize;
+  const loader = o.data
+    ? await openLoader(o, o.data, plan, program, native, dpIndex, seed)
+    : undefined;
+  // the model's image token follows the tokenizer's placeholder
+  const vision = {
+    ...visionOptions(model),
+    ...(loader?.tokenizer.image ? { imageTokenId: loader.tokenizer.image.id } : {}),
+  };
   // the runtime validates the program before anything runs; a bad program is the user's file
   const rt: NativeRuntime = userErrors(
     join(o.planDir, 'programs', `${programId}.json`),
@@ -168,11 +202,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     : 0;
   const globalSum = async (values: number[]): Promise<number[]> =>
     o.rank ? [...(await rt.worldSum(Float64Array.from(values)))] : values;
-  const dpIndex = plan.dataParallel?.rankIndex[rank] ?? 0;
-  const dpSize = plan.dataParallel?.size ?? 1;
   const state = new RankState(program, rt);
-  const seed = o.seed ?? 1234;
-  const m = plan.training.numMicrobatches;
   const vocab = (plan.model.config as { text_decoder: { vocab_size: number } }).text_decoder
     .vocab_size;
 
@@ -181,6 +211,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (o.load) {
     const meta = loadCheckpoint(o.load, state, plan, program, rank);
     startStep = meta.step;
+    if (loader) {
+      if (!meta.data)
+        throw new UserError(
+          `--load ${o.load}: a checkpoint of a run on synthetic data has no data position; start the run on --data-path without --load, or from its weights (--weights)`,
+        );
+      loader.seek(meta.data.position);
+    }
   } else {
     // whole tensors, or this rank's pieces of them (tensor and expert parallelism)
     const groupRank = groupRanksOf(plan, rank);
@@ -208,6 +245,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // mixed precision: the distributed optimizer's fp32 master slices from those parameters
     state.initShardMasters(groupRank);
   }
+  if (loader && (o.batch || o.shuffleImages))
+    throw new UserError(
+      `--data-path and ${o.batch ? '--batch' : '--shuffle-images'} both choose the data; give one (the control of a dataset is a copy with its images shuffled, as lfc demo makes)`,
+    );
   const replay = o.batch ? readBatchFile(o.batch) : undefined;
   if (replay && replay.length !== m * dpSize) {
     throw new UserError(
@@ -232,7 +273,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   // mock slots that encode under the ViT balance (their data slots follow the real ones): an
   // empty microbatch, no text and no image, the same every step
-  const padded = plan.training.seqLength * plan.training.microBatchSize;
   const dataSlots = Math.max(m, ...program.inputs.map((i) => i.microbatch + 1));
   for (let j = m; j < dataSlots; j++)
     rt.setMicrobatch(j, {
@@ -245,10 +285,18 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       captionMask: new Uint8Array(padded),
     });
   const steps: StepMetrics[] = [];
+  // a run on datasets: the next step's data is read while this step runs (decoded whole for the
+  // step dump, which holds every image)
+  let nextData: Promise<StepData> | undefined = loader?.nextStep({ decodeAll: !!o.dumpStep });
   for (let step = startStep + 1; step <= o.trainIters; step++) {
     // 1. this rank's microbatches of the global batch
     let mbs: Microbatch[];
-    if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
+    let data: StepData | undefined;
+    if (nextData) {
+      data = await nextData;
+      mbs = data.microbatches;
+      nextData = step < o.trainIters ? loader!.nextStep() : undefined;
+    } else if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
     else {
       // the control moves images across the whole global batch: each rank synthesizes all of it
       // (a pure function of seed, step and index), shuffles it alike, and keeps its own share
@@ -269,7 +317,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       if (o.shuffleImages)
         mbs = shuffleImages(mbs, seed * 1_000_003 + step).slice(dpIndex * m, (dpIndex + 1) * m);
     }
-    const captions = mbs.map(captionMask);
+    const captions = mbs.map((mb) => mb.captionMask ?? captionMask(mb));
     mbs.forEach((mb, j) =>
       userErrors(o.batch ?? 'synthetic data', () =>
         rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
@@ -332,6 +380,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       deviceHighBytes: r.memory.deviceHighBytes,
       scratchHighBytes: Object.values(r.memory.scratchHighBytes).reduce((a, b) => a + b, 0),
       ...(has('vit_images_moved') ? { vitImagesMoved: sum('vit_images_moved') } : {}),
+      ...(data ? { dataPosition: data.endPosition } : {}),
     };
     steps.push(metrics);
     if (metricsPath) appendFileSync(metricsPath, JSON.stringify(snake(metrics)) + '\n');
@@ -348,13 +397,67 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // 3. checkpoints: whole tensors, gathered from every rank's share
     const last = step === o.trainIters;
     if (o.save && ((o.saveInterval && step % o.saveInterval === 0) || last)) {
-      const meta = { model: plan.model.name, step, seed, dataStep: step, lr: { ...schedule } };
+      const meta = {
+        model: plan.model.name,
+        step,
+        seed,
+        dataStep: step,
+        lr: { ...schedule },
+        ...(data && o.data
+          ? { data: { position: data.endPosition, sources: o.data.sources.map((s) => s.path) } }
+          : {}),
+      };
       if (world === 1) saveCheckpoint(o.save, plan, program, state, meta);
       else await saveGathered(o.save, meta, loaded.programs, plan, program, state, rank, globalSum);
     }
   }
   const params = new Map(state.names().map((n) => [n, state.read(n, 'param')]));
-  return { steps, finalStep: o.trainIters, plan, params };
+  return {
+    steps,
+    finalStep: o.trainIters,
+    plan,
+    params,
+    ...(loader ? { data: loader.counts } : {}),
+  };
+}
+
+/**
+ * This rank's loader: the plan's microbatch sizes, its replica's share of the global batch, and
+ * the slots whose images its program encodes (the others get their grids alone).
+ */
+async function openLoader(
+  o: TrainOptions,
+  d: DataOptions,
+  plan: PlanFile,
+  program: ProgramFile,
+  native: ReturnType<typeof loadNative>,
+  replica: number,
+  seed: number,
+): Promise<DataLoader> {
+  const model = plan.model.config as unknown as ModelConfig['model'];
+  const m = plan.training.numMicrobatches;
+  const rope = model.text_decoder.mrope_section.length > 1;
+  return DataLoader.open({
+    sources: d.sources,
+    split: d.split,
+    part: 'train',
+    tokenizer: d.tokenizer,
+    phase: d.phase,
+    seed: o.seed ?? seed,
+    bounds: {
+      seqLength: plan.training.seqLength * plan.training.microBatchSize,
+      maxVisualTokens: plan.training.maxVisualTokens,
+    },
+    globalMicrobatches: m * (plan.dataParallel?.size ?? 1),
+    perReplica: m,
+    replica,
+    processor: imageProcessorOf(model.image_encoder),
+    vocabSize: model.text_decoder.vocab_size,
+    encodes: (slot) => program.inputs.some((i) => i.microbatch === slot && i.name === 'patches'),
+    ...(rope ? { ropeIndex: native.ropeIndex.bind(native) } : {}),
+    truncate: d.truncate,
+    strict: d.strict,
+  });
 }
 
 /**

@@ -168,8 +168,11 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
   const VisionSpec spec = options_.vision();
   Patches patches;
   VisionInputs vision;
+  const bool encodes = std::any_of(program_.inputs.begin(), program_.inputs.end(), [&](const ProgramInput& in) {
+    return in.microbatch == slot && in.field == DataField::patches;
+  });
   try {
-    patches = patchesOf(mb, spec);
+    patches = patchesOf(mb, spec, encodes);
     vision = visionInputs(patches.grids, spec);
   } catch (const std::exception& e) {
     throw RuntimeError(cat(who, ": ", e.what()));

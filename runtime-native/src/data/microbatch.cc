@@ -45,7 +45,7 @@ Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int
   return out;
 }
 
-Patches patchesOf(const Microbatch& mb, const VisionSpec& spec) {
+Patches patchesOf(const Microbatch& mb, const VisionSpec& spec, bool valuesRequired) {
   if (!mb.images.empty()) {
     if (!mb.pixelValues.empty() || !mb.grids.empty())
       throw RuntimeError("give images or pixel values with their grids, not both");
@@ -62,6 +62,7 @@ Patches patchesOf(const Microbatch& mb, const VisionSpec& spec) {
       throw RuntimeError(cat("image_grid_thw[", i, "] = (", g.t, ", ", g.h, ", ", g.w, ") must be positive"));
     out.count += g.t * g.h * g.w;
   }
+  if (!valuesRequired && mb.pixelValues.empty()) return out;  // the grids alone: sizes, no pixels
   if (int64_t(mb.pixelValues.size()) != out.count * out.width)
     throw RuntimeError(cat("pixel_values has ", mb.pixelValues.size(), " values; its grids give ", out.count,
                            " patches of ", out.width, " (", spec.channels, " channels · ", spec.temporalPatch,

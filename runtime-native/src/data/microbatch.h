@@ -64,8 +64,11 @@ struct Patches {
 Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int64_t temporal = 1);
 
 // The microbatch's patches: its images cut (patchify), or its pixelValues checked against its
-// grids and the spec's patch width. Throws RuntimeError naming what disagrees.
-Patches patchesOf(const Microbatch& mb, const VisionSpec& spec);
+// grids and the spec's patch width. Throws RuntimeError naming what disagrees. Where the values
+// are not required (a program that does not encode this microbatch), grids with no pixelValues
+// give the patch count and grids with no values: the data loader decodes images only where a
+// rank encodes them.
+Patches patchesOf(const Microbatch& mb, const VisionSpec& spec, bool valuesRequired = true);
 
 struct SynthArgs {
   uint64_t seed = 0;
