@@ -1,11 +1,17 @@
 // lfc demo: the embedded default. Compiles tiny-vlm-moe for 4 local CPU ranks with full
-// encoder/decoder separation (level 3) and MoE all-to-all overlap, trains it on the synthetic
-// task, then trains the same run with images shuffled across samples (the control), and compares
-// their caption-token losses: captions are only predictable from the image, so a model that
-// learned to see ends well below the control. Flags change the model, the ranks and the layout.
+// encoder/decoder separation (level 3) and MoE all-to-all overlap, trains it through the data
+// path on the synthetic task's dataset (PNG files and a JSONL of captions, made once in
+// runs/demo-data: runtime/data/demo-dataset.ts), with the project's tiny tokenizer and its chat
+// template, then trains the same run on the control (the same JSONL with its image files
+// shuffled across samples), and compares their caption losses: captions are only predictable
+// from the image, so a model that learned to see ends well below the control. Flags change the
+// model, the ranks and the layout.
 
 import type { Command } from 'commander';
-import { join, resolve } from 'node:path';
+import { UserError } from '../compiler/errors.js';
+import { join, relative, resolve } from 'node:path';
+import { configsDir, projectRoot } from '../compiler/paths.js';
+import { demoDataset } from '../runtime/data/demo-dataset.js';
 import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
 import type { CliIO } from './index.js';
@@ -34,6 +40,7 @@ interface DemoFlags extends RunFlags {
   ep?: number;
   fullHeteroDp: boolean;
   overlap: boolean;
+  dataDir: string;
 }
 
 /** The demo's defaults: what trains fastest here among layouts that show the article's features. */
@@ -45,6 +52,8 @@ export const DEMO_DEFAULTS = {
   trainIters: 300,
   /** microbatches of one sequence per step, at least (rounded up to what the layout needs) */
   minGlobalBatch: 8,
+  /** samples of the demo's dataset: more than the default run reads (about 13k), so no epoch repeats */
+  samples: 16384,
 } as const;
 
 /** A layout of the demo: the parallel sizes and the features on. */
@@ -135,6 +144,11 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
       )
       .option('--no-control', 'skip the shuffled-image control run')
       .option(
+        '--data-dir <dir>',
+        "where the demo's dataset is made once and reused",
+        join(projectRoot(), 'runs', 'demo-data'),
+      )
+      .option(
         '--bf16',
         'mixed precision: bf16 activations and weights, fp32 main gradients and master weights',
       ),
@@ -169,9 +183,24 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
         '',
       ].join('\n'),
     );
+    if (f.dataPath)
+      throw new UserError(
+        'lfc demo trains on its own dataset and its control; train on yours with lfc compile and lfc run --data-path',
+      );
     const iters = f.trainIters ?? f.steps ?? DEMO_DEFAULTS.trainIters;
+    const t0 = performance.now();
+    const data = await demoDataset(resolve(f.dataDir), DEMO_DEFAULTS.samples);
+    const shown = relative(process.cwd(), data.dir) || '.';
+    io.out(
+      `data: ${shown}: ${data.samples} PNG images with a caption each (train.jsonl; control.jsonl has the images shuffled), ` +
+        (data.made ? `made in ${((performance.now() - t0) / 1000).toFixed(0)} s` : 'made before') +
+        '; tokenizer configs/tokenizers/tiny, sft\n',
+    );
     const base: RunFlags = {
       ...f,
+      dataPath: [data.train],
+      tokenizerModel: f.tokenizerModel ?? configsDir('tokenizers', 'tiny'),
+      trainingPhase: f.trainingPhase ?? 'sft',
       trainIters: iters,
       steps: undefined,
       lrWarmupIters: f.lrWarmupIters ?? DEMO_DEFAULTS.warmupIters,
@@ -199,7 +228,7 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
     );
     const control = await train({
       ...base,
-      shuffleImages: true,
+      dataPath: [data.control],
       save: undefined,
       saveInterval: undefined,
       metrics: join(out, 'metrics-control.jsonl'),

@@ -35,7 +35,8 @@ import {
   type CheckpointMeta,
 } from './checkpoint.js';
 import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
-import { DataLoader, type DataCounts, type StepData, type TrainingPhase } from './data/loader.js';
+import type { DataCounts, StepData, TrainingPhase } from './data/loader.js';
+import { PrefetchingLoader } from './data/prefetch.js';
 import type { DataSource } from './data/sampler.js';
 import { assembleDump, captureGrads, captureWeights, writeDump, type DumpShare } from './dump.js';
 import { loadHfWeights, type HfSource } from './hf/load.js';
@@ -162,13 +163,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const seed = o.seed ?? 1234;
   const m = plan.training.numMicrobatches;
   const padded = plan.training.seqLength * plan.training.microBatchSize;
-  const loader = o.data
-    ? await openLoader(o, o.data, plan, program, native, dpIndex, seed)
-    : undefined;
+  const loader = o.data ? await openLoader(o, o.data, plan, program, dpIndex, seed) : undefined;
   // the model's image token follows the tokenizer's placeholder
   const vision = {
     ...visionOptions(model),
-    ...(loader?.tokenizer.image ? { imageTokenId: loader.tokenizer.image.id } : {}),
+    ...(loader?.image ? { imageTokenId: loader.image.id } : {}),
   };
   // the runtime validates the program before anything runs; a bad program is the user's file
   const rt: NativeRuntime = userErrors(
@@ -216,7 +215,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         throw new UserError(
           `--load ${o.load}: a checkpoint of a run on synthetic data has no data position; start the run on --data-path without --load, or from its weights (--weights)`,
         );
-      loader.seek(meta.data.position);
+      await loader.seek(meta.data.position);
     }
   } else {
     // whole tensors, or this rank's pieces of them (tensor and expert parallelism)
@@ -412,32 +411,33 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     }
   }
   const params = new Map(state.names().map((n) => [n, state.read(n, 'param')]));
+  const counts = loader ? await loader.counts() : undefined;
+  await loader?.close();
   return {
     steps,
     finalStep: o.trainIters,
     plan,
     params,
-    ...(loader ? { data: loader.counts } : {}),
+    ...(counts ? { data: counts } : {}),
   };
 }
 
 /**
- * This rank's loader: the plan's microbatch sizes, its replica's share of the global batch, and
- * the slots whose images its program encodes (the others get their grids alone).
+ * This rank's loader, in its worker thread: the plan's microbatch sizes, its replica's share of
+ * the global batch, and the slots whose images its program encodes (the others get their grids
+ * alone).
  */
 async function openLoader(
   o: TrainOptions,
   d: DataOptions,
   plan: PlanFile,
   program: ProgramFile,
-  native: ReturnType<typeof loadNative>,
   replica: number,
   seed: number,
-): Promise<DataLoader> {
+): Promise<PrefetchingLoader> {
   const model = plan.model.config as unknown as ModelConfig['model'];
   const m = plan.training.numMicrobatches;
-  const rope = model.text_decoder.mrope_section.length > 1;
-  return DataLoader.open({
+  return PrefetchingLoader.open({
     sources: d.sources,
     split: d.split,
     part: 'train',
@@ -453,8 +453,10 @@ async function openLoader(
     replica,
     processor: imageProcessorOf(model.image_encoder),
     vocabSize: model.text_decoder.vocab_size,
-    encodes: (slot) => program.inputs.some((i) => i.microbatch === slot && i.name === 'patches'),
-    ...(rope ? { ropeIndex: native.ropeIndex.bind(native) } : {}),
+    encodes: Array.from({ length: m }, (_, slot) =>
+      program.inputs.some((i) => i.microbatch === slot && i.name === 'patches'),
+    ),
+    rope: model.text_decoder.mrope_section.length > 1,
     truncate: d.truncate,
     strict: d.strict,
   });
