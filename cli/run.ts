@@ -12,6 +12,7 @@ import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
 import { snake, train, type DataOptions, type TrainOptions } from '../runtime/train.js';
+import type { DataCounts } from '../runtime/data/loader.js';
 import { parseDataPath, parseSplit } from '../runtime/data/sampler.js';
 import { describeStep, progressBar } from '../runtime/progress.js';
 import { launch, type MergedStep } from '../runtime/launch.js';
@@ -235,6 +236,18 @@ function hfSources(f: RunFlags): HfSource[] {
   return sources;
 }
 
+/** What the loader met: samples packed, and those skipped, dropped, cut or shrunk. */
+export function describeData(c: DataCounts, position: number): string {
+  const parts = [
+    `${c.packed} samples packed (data position ${position})`,
+    `${c.bad} bad sample${c.bad === 1 ? '' : 's'} skipped`,
+    `${c.dropped} dropped for not fitting a microbatch`,
+    ...(c.truncated ? [`${c.truncated} cut to the sequence`] : []),
+    ...(c.shrunk ? [`${c.shrunk} images shrunk to the visual-token bound`] : []),
+  ];
+  return `data: ${parts.join(', ')}\n${c.examples.map((e) => `  ${e}\n`).join('')}`;
+}
+
 function describeRanks(m: MergedStep): string {
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)}`;
   return `peak memory per rank (MiB): ${m.ranks.map((r) => `r${r.rank} ${mib(r.peakRssBytes)}`).join(', ')}`;
@@ -275,7 +288,8 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
       if (last)
         io.out(
           `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n` +
-            (opts.trace ? `trace: ${opts.trace}\n` : ''),
+            (opts.trace ? `trace: ${opts.trace}\n` : '') +
+            (r.data ? describeData(r.data, last.dataPosition ?? 0) : ''),
         );
       return;
     }

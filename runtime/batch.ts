@@ -6,6 +6,8 @@
 //   mb{j}.pixel_values, mb{j}.image_grid_thw [N, C·T·P·P] patches and [n, 3] grids
 //   mb{j}.window_segments                    [N] (window attention; optional, checked)
 //   mb{j}.image_token_id                     [] the placeholder id (optional: the model's)
+//   mb{j}.caption_mask                       [S] where the caption metric counts (optional: the
+//                                            synthetic task's caption tokens; data: the replies)
 
 import { UserError } from '../compiler/errors.js';
 import type { ModelConfig } from '../compiler/frontend/config.js';
@@ -93,6 +95,13 @@ export const MICROBATCH_FIELDS: readonly {
     shape: 'scalar',
     required: false,
     doc: 'the placeholder id',
+  },
+  {
+    name: 'caption_mask',
+    dtype: 'U8',
+    shape: 'S',
+    required: false,
+    doc: '1 where the caption metric counts',
   },
 ];
 
@@ -202,6 +211,8 @@ export function batchTensors(mbs: readonly Microbatch[]): Map<string, Tensor> {
         shape: [mb.windowSegments.length],
         data: mb.windowSegments,
       });
+    if (mb.captionMask)
+      t.set(`mb${j}.caption_mask`, { dtype: 'U8', shape: s, data: mb.captionMask });
     if (mb.imageTokenId !== undefined)
       t.set(`mb${j}.image_token_id`, {
         dtype: 'I32',
@@ -265,6 +276,7 @@ export function readBatchFile(path: string): Microbatch[] {
     const windows = get('window_segments', 'I32', false);
     if (windows && windows.shape.length !== 1)
       throw new UserError(`${where('window_segments')} must be [N]`);
+    const caption = tensors.has(`mb${j}.caption_mask`) ? perToken('caption_mask', 'U8') : undefined;
     const token = get('image_token_id', 'I32', false);
     if (token && token.data.length !== 1)
       throw new UserError(`${where('image_token_id')} must hold one value`);
@@ -279,6 +291,7 @@ export function readBatchFile(path: string): Microbatch[] {
       ...(grids ? { grids: grids.data as Int32Array } : {}),
       ...(windows ? { windowSegments: windows.data as Int32Array } : {}),
       ...(token ? { imageTokenId: (token.data as Int32Array)[0] } : {}),
+      ...(caption ? { captionMask: caption.data as Uint8Array } : {}),
     });
   }
   if (!out.length) throw new UserError(`${path}: no microbatch (want mb0.tokens, …)`);

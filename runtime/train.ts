@@ -76,6 +76,8 @@ export interface TrainOptions {
   readonly batch?: string;
   /** train on datasets instead of the synthetic data (runtime/data/loader.ts) */
   readonly data?: DataOptions;
+  /** a run on datasets: each rank writes DIR/rank-R.jsonl, the samples it read each step */
+  readonly dataLog?: string;
   /** the control run: images moved across samples */
   readonly shuffleImages?: boolean;
   readonly metricsPath?: string;
@@ -286,7 +288,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const steps: StepMetrics[] = [];
   // a run on datasets: the next step's data is read while this step runs (decoded whole for the
   // step dump, which holds every image)
-  let nextData: Promise<StepData> | undefined = loader?.nextStep({ decodeAll: !!o.dumpStep });
+  // (its failure surfaces where it is awaited, not as an unhandled rejection meanwhile)
+  const fetch = (decodeAll = false) => {
+    const p = loader!.nextStep({ decodeAll });
+    p.catch(() => undefined);
+    return p;
+  };
+  let nextData: Promise<StepData> | undefined = loader ? fetch(!!o.dumpStep) : undefined;
   for (let step = startStep + 1; step <= o.trainIters; step++) {
     // 1. this rank's microbatches of the global batch
     let mbs: Microbatch[];
@@ -294,7 +302,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (nextData) {
       data = await nextData;
       mbs = data.microbatches;
-      nextData = step < o.trainIters ? loader!.nextStep() : undefined;
+      if (o.dataLog) {
+        mkdirSync(o.dataLog, { recursive: true });
+        appendFileSync(
+          join(o.dataLog, `rank-${rank}.jsonl`),
+          JSON.stringify({ step, replica: dpIndex, samples: data.samples }) + '\n',
+        );
+      }
+      nextData = step < o.trainIters ? fetch() : undefined;
     } else if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
     else {
       // the control moves images across the whole global batch: each rank synthesizes all of it

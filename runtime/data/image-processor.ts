@@ -136,16 +136,20 @@ export function resizeBicubic(img: RgbImage, height: number, width: number): Rgb
   return out;
 }
 
-/** The processed image: resized, rescaled and normalized, channel-major [3, h, w]. */
+/**
+ * The processed image: resized (to smart_resize's size, or to `size` [h, w] where the caller
+ * decided it), rescaled and normalized, channel-major [3, h, w].
+ */
 export function processImage(
   img: RgbImage,
   s: ProcessorSpec,
+  size?: readonly [number, number],
 ): { height: number; width: number; pixels: Float32Array } {
   if (img.data.length !== img.height * img.width * 3)
     throw new UserError(
       `an image of ${img.height}×${img.width} pixels has ${img.data.length} bytes, not ${img.height * img.width * 3}`,
     );
-  const [h, w] = smartResize(img.height, img.width, s);
+  const [h, w] = size ?? smartResize(img.height, img.width, s);
   const r = resizeBicubic(img, h, w);
   const pixels = new Float32Array(3 * h * w);
   for (let ch = 0; ch < 3; ch++) {

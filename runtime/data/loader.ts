@@ -88,7 +88,7 @@ export interface DataCounts {
   truncated: number;
   /** images shrunk below the processor's size to fit the visual bound */
   shrunk: number;
-  /** the first few problems, for the run's summary */
+  /** the first few distinct problems, for the run's summary */
   examples: string[];
 }
 
@@ -100,6 +100,8 @@ export interface StepData {
   readonly endPosition: number;
   /** each microbatch of the global batch: its samples' data positions */
   readonly positions: readonly (readonly number[])[];
+  /** this replica's microbatches: their samples, by dataset and index */
+  readonly samples: readonly (readonly { readonly dataset: number; readonly index: number }[])[];
 }
 
 interface Prepared extends PackedSample {
@@ -108,6 +110,9 @@ interface Prepared extends PackedSample {
   /** each image's processed [height, width] */
   readonly sizes: readonly (readonly [number, number])[];
 }
+
+/** Problems kept for the run's summary (distinct ones: the same sample comes back each epoch). */
+const MAX_EXAMPLES = 8;
 
 /** Consecutive bad or dropped samples after which the data is taken to be unusable. */
 const MAX_CONSECUTIVE_BAD = 1000;
@@ -207,6 +212,7 @@ export class DataLoader {
       startPosition,
       endPosition: this.position,
       positions: packed.map((mb) => mb.map((s) => s.draw.position)),
+      samples: mine.map((mb) => mb.map((s) => ({ dataset: s.draw.dataset, index: s.draw.index }))),
     };
   }
 
@@ -336,7 +342,8 @@ export class DataLoader {
 
   private note(kind: 'bad' | 'dropped', message: string): void {
     this.counts[kind]++;
-    if (this.counts.examples.length < 5) this.counts.examples.push(message);
+    const seen = this.counts.examples;
+    if (seen.length < MAX_EXAMPLES && !seen.includes(message)) seen.push(message);
   }
 }
 

@@ -1,0 +1,189 @@
+// Training on data from disk (runtime/data/): the demo's dataset (PNG files and a JSONL, made by
+// runtime/data/demo-dataset.ts) trains tiny-vlm through the tokenizer, the chat template and the
+// packer; a WebDataset copy of it gives the same losses bit for bit; a batch dumped by
+// --dump-step reproduces its loss on replay; a resume mid-epoch gives the same losses as the run
+// straight through; and bad samples are skipped and counted, or refused under --strict-data.
+
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { cli } from '../helpers.js';
+import { configsDir } from '../../compiler/paths.js';
+import { demoDataset, encodePng } from '../../runtime/data/demo-dataset.js';
+import { jsonlToWebDataset } from '../../runtime/data/webdataset.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'lfc-data-'));
+const PLAN = join(dir, 'plan');
+const TOKENIZER = configsDir('tokenizers', 'tiny');
+let jsonl = '';
+let shards = '';
+
+interface Metrics {
+  step: number;
+  loss: number;
+  caption_loss: number;
+  loss_tokens: number;
+}
+const metrics = (file: string): Metrics[] =>
+  readFileSync(file, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Metrics);
+
+/** lfc run PLAN on the data, its metrics */
+async function run(name: string, data: string, ...flags: string[]): Promise<Metrics[]> {
+  const file = join(dir, `${name}.jsonl`);
+  const r = await cli(
+    'run',
+    PLAN,
+    '--data-path',
+    data,
+    '--tokenizer-model',
+    TOKENIZER,
+    '--metrics',
+    file,
+    '--seed',
+    '3',
+    '--quiet',
+    ...flags,
+  );
+  expect(r.err).toBe('');
+  expect(r.code).toBe(0);
+  return metrics(file);
+}
+
+beforeAll(async () => {
+  const data = await demoDataset(join(dir, 'demo'), 256, 5);
+  jsonl = data.train;
+  shards = join(dir, 'shards');
+  await jsonlToWebDataset(jsonl, shards, 100);
+  const r = await cli('compile', 'tiny-vlm', '--global-batch-size', '2', '-o', PLAN);
+  expect(r.code).toBe(0);
+}, 120_000);
+
+describe('training on data from disk', () => {
+  it('a WebDataset copy of the JSONL gives the same losses, bit for bit', async () => {
+    const a = await run('jsonl', jsonl, '--train-iters', '4');
+    const b = await run('wds', shards, '--train-iters', '4');
+    expect(a.length).toBe(4);
+    expect(b.map((m) => m.loss)).toEqual(a.map((m) => m.loss));
+    // the chat template's reply tokens carry the loss: 7 caption words and the end of turn
+    expect(a[0].loss_tokens).toBeGreaterThan(16);
+  });
+
+  it('a resume mid-epoch continues with the same losses', async () => {
+    const straight = await run('straight', jsonl, '--train-iters', '6');
+    const save = join(dir, 'ckpt');
+    await run('first', jsonl, '--train-iters', '3', '--save', save);
+    const state = JSON.parse(readFileSync(join(save, 'iter_0000003', 'state.json'), 'utf8')) as {
+      data: { position: number };
+    };
+    expect(state.data.position).toBeGreaterThan(3 * 2 * 2); // several samples a microbatch
+    const resumed = await run('resumed', jsonl, '--train-iters', '6', '--load', save);
+    expect(resumed.map((m) => m.loss)).toEqual(straight.slice(3).map((m) => m.loss));
+  });
+
+  it('a batch dumped by --dump-step reproduces its loss on replay', async () => {
+    const dump = join(dir, 'dump');
+    const [first] = await run('dumped', jsonl, '--train-iters', '1', '--dump-step', dump);
+    const weights = join(dump, 'weights.safetensors');
+    const batch = join(dump, 'batch.safetensors');
+    expect(existsSync(batch)).toBe(true);
+    const file = join(dir, 'replay.jsonl');
+    const r = await cli(
+      'run',
+      PLAN,
+      '--batch',
+      batch,
+      '--weights',
+      weights,
+      '--train-iters',
+      '1',
+      '--metrics',
+      file,
+      '--quiet',
+    );
+    expect(r.code).toBe(0);
+    const [replayed] = metrics(file);
+    expect(replayed.loss).toBe(first.loss);
+    expect(replayed.caption_loss).toBe(first.caption_loss);
+  });
+});
+
+describe('bad samples', () => {
+  let bad = '';
+  beforeAll(() => {
+    const good = readFileSync(jsonl, 'utf8').trim().split('\n');
+    const png = encodePng(new Uint8Array(8 * 8 * 3).fill(200), 8, 8);
+    writeFileSync(join(dir, 'demo', 'broken.png'), Buffer.from('not an image'));
+    writeFileSync(join(dir, 'demo', 'ok.png'), png);
+    const conv = (user: string, reply = 'red square') => [
+      { from: 'human', value: user },
+      { from: 'gpt', value: reply },
+    ];
+    const lines = [
+      ...good.slice(0, 40),
+      '{"image": "images/000001.png", "conversations": [', // line 41: not JSON
+      JSON.stringify({ image: 'images/nonesuch.png', conversations: conv('<image>\ndescribe') }),
+      JSON.stringify({ image: 'broken.png', conversations: conv('<image>\ndescribe') }),
+      JSON.stringify({ image: 'ok.png', conversations: conv('describe, no marker') }),
+      JSON.stringify({
+        image: 'ok.png',
+        conversations: [{ from: 'human', value: '<image>\ndescribe' }],
+      }),
+      ...good.slice(40),
+    ];
+    bad = join(dir, 'demo', 'bad.jsonl');
+    writeFileSync(bad, lines.join('\n') + '\n');
+  });
+
+  it('are skipped and counted by default, each named by file and line', async () => {
+    const r = await cli(
+      'run',
+      PLAN,
+      '--data-path',
+      bad,
+      '--tokenizer-model',
+      TOKENIZER,
+      '--train-iters',
+      '40',
+      '--metrics',
+      join(dir, 'bad-metrics.jsonl'),
+      '--quiet',
+    );
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    // counted each time they are drawn: the 40 steps read more than one epoch
+    expect(Number(/(\d+) bad samples skipped/.exec(r.out)?.[1])).toBeGreaterThanOrEqual(5);
+    expect(r.out).toMatch(/bad\.jsonl:41: not JSON/);
+    expect(r.out).toMatch(/bad\.jsonl:42: image .*nonesuch\.png/);
+    expect(r.out).toMatch(/bad\.jsonl:43.*broken\.png.*cannot decode/);
+    expect(r.out).toMatch(/bad\.jsonl:44: .*0 <image> markers?, 1 image/);
+    expect(r.out).toMatch(/bad\.jsonl:45: no loss token/);
+  });
+
+  it('--strict-data: the first is an error, one line, exit 2', async () => {
+    const metricsFile = join(dir, 'strict-metrics.jsonl');
+    writeFileSync(metricsFile, '{"kept": true}\n');
+    const r = await cli(
+      'run',
+      PLAN,
+      '--data-path',
+      bad,
+      '--tokenizer-model',
+      TOKENIZER,
+      '--train-iters',
+      '40',
+      '--metrics',
+      metricsFile,
+      '--strict-data',
+      '--quiet',
+    );
+    expect(r.code).toBe(2);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+    expect(r.err).toMatch(/^lfc: error: .*bad\.jsonl:4[1-5]: /);
+    // what was written before is kept
+    expect(readFileSync(metricsFile, 'utf8').startsWith('{"kept": true}\n')).toBe(true);
+  });
+});
