@@ -61,6 +61,7 @@ export interface RunFlags {
   trainingPhase?: 'sft' | 'pretrain';
   truncate?: boolean;
   strictData?: boolean;
+  dataLog?: string;
 }
 
 export function addTrainingOptions(cmd: Command): Command {
@@ -114,6 +115,10 @@ export function addTrainingOptions(cmd: Command): Command {
     .option('--split <parts>', 'train,valid,test proportions of each dataset (default 100,0,0)')
     .option('--truncate', 'cut a sample longer than the sequence instead of dropping it')
     .option('--strict-data', 'a bad sample is an error (exit 2) instead of skipped and counted')
+    .option(
+      '--data-log <dir>',
+      'each rank writes DIR/rank-R.jsonl: the samples (data position, dataset, index) it read each step',
+    )
     .option('--batch <file>', 'replay this batch file (the --dump-step format) every step')
     .option('--shuffle-images', 'control run: move every image to another sample of the batch')
     .option('--metrics <file>', 'metrics JSONL (default: DIR/metrics.jsonl)')
@@ -189,6 +194,7 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
     ...(loadHf.length ? { loadHf } : {}),
     batch: f.batch,
     ...(data ? { data } : {}),
+    ...(f.dataLog ? { dataLog: resolve(f.dataLog) } : {}),
     shuffleImages: f.shuffleImages,
     metricsPath: f.metrics ?? join(planDir, 'metrics.jsonl'),
     threads: f.threads,
@@ -206,6 +212,7 @@ function dataOptions(f: RunFlags): DataOptions | undefined {
         ['--split', f.split],
         ['--truncate', f.truncate],
         ['--strict-data', f.strictData],
+        ['--data-log', f.dataLog],
       ] as const
     ).find(([, v]) => v !== undefined);
     if (stray) throw new UserError(`${stray[0]} needs --data-path`);

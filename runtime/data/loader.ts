@@ -101,7 +101,11 @@ export interface StepData {
   /** each microbatch of the global batch: its samples' data positions */
   readonly positions: readonly (readonly number[])[];
   /** this replica's microbatches: their samples, by dataset and index */
-  readonly samples: readonly (readonly { readonly dataset: number; readonly index: number }[])[];
+  readonly samples: readonly (readonly {
+    readonly position: number;
+    readonly dataset: number;
+    readonly index: number;
+  }[])[];
 }
 
 interface Prepared extends PackedSample {
@@ -212,7 +216,9 @@ export class DataLoader {
       startPosition,
       endPosition: this.position,
       positions: packed.map((mb) => mb.map((s) => s.draw.position)),
-      samples: mine.map((mb) => mb.map((s) => ({ dataset: s.draw.dataset, index: s.draw.index }))),
+      samples: mine.map((mb) =>
+        mb.map((s) => ({ position: s.draw.position, dataset: s.draw.dataset, index: s.draw.index })),
+      ),
     };
   }
 

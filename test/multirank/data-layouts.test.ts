@@ -1,0 +1,108 @@
+// Datasets under parallel layouts: every rank of a data-parallel replica reads that replica's
+// samples, the same ones, and the replicas together read each sample exactly once per epoch
+// (counted from each rank's --data-log); the global batch is the same under every layout, so the
+// first step's loss equals the one-rank run's.
+
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { cli } from '../helpers.js';
+import { configsDir } from '../../compiler/paths.js';
+import { demoDataset } from '../../runtime/data/demo-dataset.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'lfc-data-layouts-'));
+const SAMPLES = 48;
+const BATCH = ['--global-batch-size', '4', '--micro-batch-size', '1'];
+let jsonl = '';
+
+interface Logged {
+  step: number;
+  replica: number;
+  samples: { position: number; dataset: number; index: number }[][];
+}
+
+const LAYOUTS = [
+  { name: 'one', ranks: 1, flags: [] as string[] },
+  { name: 'dp2', ranks: 2, flags: [] },
+  { name: 'tp2', ranks: 2, flags: ['--tp', '2'] },
+  { name: 'pp2', ranks: 2, flags: ['--pp', '2'] },
+  {
+    name: 'level3-tp2-pp2',
+    ranks: 4,
+    flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
+  },
+] as const;
+
+const firstLoss = new Map<string, number>();
+
+beforeAll(async () => {
+  jsonl = (await demoDataset(join(dir, 'demo'), SAMPLES, 9)).train;
+}, 60_000);
+
+describe('the ranks together read each sample once per epoch', () => {
+  it.each(LAYOUTS)(
+    '$name',
+    async ({ name, ranks, flags }) => {
+      const plan = join(dir, name);
+      const c = await cli(
+        'compile',
+        'tiny-vlm-moe',
+        ...BATCH,
+        '--nproc-per-node',
+        String(ranks),
+        ...flags,
+        '-o',
+        plan,
+      );
+      expect(c.err).toBe('');
+      const log = join(plan, 'data-log');
+      const r = await cli(
+        'run',
+        plan,
+        ...(ranks > 1 ? ['--nproc-per-node', String(ranks)] : []),
+        '--data-path',
+        jsonl,
+        '--tokenizer-model',
+        configsDir('tokenizers', 'tiny'),
+        '--train-iters',
+        '3',
+        '--data-log',
+        log,
+        '--quiet',
+      );
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+      const byRank = Array.from({ length: ranks }, (_, k) =>
+        readFileSync(join(log, `rank-${k}.jsonl`), 'utf8')
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l) as Logged),
+      );
+      // the ranks of a replica read the same samples; one rank speaks for each replica
+      const replicas = new Map<number, Logged[]>();
+      for (const steps of byRank) {
+        const replica = steps[0].replica;
+        const seen = replicas.get(replica);
+        if (seen) expect(steps).toEqual(seen);
+        else replicas.set(replica, steps);
+      }
+      const read = [...replicas.values()].flatMap((steps) =>
+        steps.flatMap((s) => s.samples.flat()),
+      );
+      // three steps of 4 microbatches of several samples pass one epoch: its positions are read
+      // once each, and they are the epoch's samples, each once
+      const epoch = read.filter((s) => s.position < SAMPLES);
+      expect(epoch.map((s) => s.position).sort((a, b) => a - b)).toEqual([
+        ...Array(SAMPLES).keys(),
+      ]);
+      expect(epoch.map((s) => s.index).sort((a, b) => a - b)).toEqual([...Array(SAMPLES).keys()]);
+      expect(new Set(read.map((s) => s.position)).size).toBe(read.length);
+      const metrics = readFileSync(join(plan, 'metrics.jsonl'), 'utf8').trim().split('\n');
+      firstLoss.set(name, (JSON.parse(metrics[0]) as { loss: number }).loss);
+      const one = firstLoss.get('one')!;
+      expect(Math.abs(firstLoss.get(name)! - one) / one).toBeLessThan(1e-5);
+    },
+    240_000,
+  );
+});
