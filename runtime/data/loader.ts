@@ -217,7 +217,11 @@ export class DataLoader {
       endPosition: this.position,
       positions: packed.map((mb) => mb.map((s) => s.draw.position)),
       samples: mine.map((mb) =>
-        mb.map((s) => ({ position: s.draw.position, dataset: s.draw.dataset, index: s.draw.index })),
+        mb.map((s) => ({
+          position: s.draw.position,
+          dataset: s.draw.dataset,
+          index: s.draw.index,
+        })),
       ),
     };
   }
