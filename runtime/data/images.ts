@@ -1,7 +1,9 @@
 // The images of the data path: encoded bytes (PNG, JPEG; what else sharp's libvips reads, e.g.
 // WebP and GIF, passes too) in, the processed image the runtime patchifies out. Decoding follows
 // what Hugging Face's pipeline gets from PIL: `load_image`'s EXIF transpose, then the Qwen2-VL
-// processor's `convert_to_rgb` (a non-RGB image goes to RGBA and is alpha-composited onto white).
+// processor's `convert_to_rgb` (a non-RGB image goes to RGBA and is alpha-composited onto white),
+// as when the processor is given the image PIL opened. (`load_image` itself ends with
+// convert('RGB'), which drops alpha without compositing; qwen-vl-utils pastes onto white.)
 // Checked against PIL itself: test/reference/image_processor.py writes the files and PIL's pixels.
 //
 // Decoding is libvips (through sharp) with PIL's choices where the two differ:
@@ -81,7 +83,10 @@ function checkAspect(size: ImageSize, where: string): void {
     );
 }
 
-/** The image's width and height after EXIF orientation, from its header alone. */
+/**
+ * The image's width and height after EXIF orientation, from its header alone: the pixel data is
+ * not read, so a truncated file passes here and fails in decodeImage.
+ */
 export async function imageInfo(bytes: Buffer, where: string): Promise<ImageSize> {
   let size: ImageSize;
   try {
