@@ -59,11 +59,24 @@ function bicubic(x: number): number {
 
 /** Pillow's fixed-point precision of 8-bit resampling */
 const PRECISION_BITS = 32 - 8 - 2;
+/** 0.5 in fixed point: each sum starts at it, so that the shift rounds */
+const HALF = 1 << (PRECISION_BITS - 1);
+
+/** the fixed-point sum shifted back (Pillow's `ss >> PRECISION_BITS`), clipped to 8 bits */
+function clip8(ss: number): number {
+  // |ss| < 2³¹: 255 × the positive weights (at most about 1.15 × 2²²) + HALF
+  const v = ss >> PRECISION_BITS;
+  return v <= 0 ? 0 : v >= 255 ? 255 : v;
+}
 
 interface Coefficients {
-  /** per output index: the first input index and the integer weights from it */
+  /** per output index: the first input index it reads */
   readonly first: Int32Array;
-  readonly weights: Int32Array[];
+  /** per output index: how many inputs it reads, at most `taps` */
+  readonly count: Int32Array;
+  /** [outSize, taps] fixed-point weights: output o's from o·taps */
+  readonly weights: Int32Array;
+  readonly taps: number;
 }
 
 /**
@@ -75,64 +88,87 @@ function coefficients(inSize: number, outSize: number): Coefficients {
   const scale = inSize / outSize;
   const filterScale = Math.max(scale, 1);
   const support = 2 * filterScale;
+  // Pillow multiplies by the inverse of the filter scale (a division differs in the last bit)
+  const inverse = 1 / filterScale;
+  const taps = Math.ceil(support) * 2 + 1;
   const first = new Int32Array(outSize);
-  const weights: Int32Array[] = [];
+  const count = new Int32Array(outSize);
+  const weights = new Int32Array(outSize * taps);
+  const w = new Float64Array(taps);
   for (let x = 0; x < outSize; x++) {
     const center = (x + 0.5) * scale;
     const lo = Math.max(0, Math.trunc(center - support + 0.5));
     const hi = Math.min(inSize, Math.trunc(center + support + 0.5));
-    const w: number[] = [];
     let sum = 0;
     for (let i = lo; i < hi; i++) {
-      const k = bicubic((i - center + 0.5) / filterScale);
-      w.push(k);
-      sum += k;
+      w[i - lo] = bicubic((i - center + 0.5) * inverse);
+      sum += w[i - lo];
     }
-    const one = 2 ** PRECISION_BITS;
     first[x] = lo;
-    weights.push(
-      Int32Array.from(w, (k) => {
-        const v = (sum !== 0 ? k / sum : k) * one;
-        return Math.trunc(v < 0 ? v - 0.5 : v + 0.5);
-      }),
-    );
+    count[x] = hi - lo;
+    for (let k = 0; k < hi - lo; k++) {
+      const v = (sum !== 0 ? w[k] / sum : w[k]) * 2 ** PRECISION_BITS;
+      weights[x * taps + k] = Math.trunc(v < 0 ? v - 0.5 : v + 0.5);
+    }
   }
-  return { first, weights };
+  return { first, count, weights, taps };
 }
 
-const clip8 = (v: number) => (v <= 0 ? 0 : v >= 255 ? 255 : v);
-
-/** one pass of Pillow's 8-bit resampling along rows (horizontal) or columns */
-function pass(src: RgbImage, out: number, horizontal: boolean): RgbImage {
-  const [inSize, height, width] = horizontal
-    ? [src.width, src.height, out]
-    : [src.height, out, src.width];
-  const c = coefficients(inSize, out);
-  const data = new Uint8Array(height * width * 3);
-  const half = 2 ** (PRECISION_BITS - 1);
-  for (let y = 0; y < height; y++)
-    for (let x = 0; x < width; x++) {
-      const o = horizontal ? x : y;
-      const w = c.weights[o];
-      for (let ch = 0; ch < 3; ch++) {
-        let ss = half;
-        for (let k = 0; k < w.length; k++) {
-          const i = c.first[o] + k;
-          const at = horizontal ? (y * src.width + i) * 3 : (i * src.width + x) * 3;
-          ss += src.data[at + ch] * w[k];
-        }
-        // the fixed-point sum shifted back: Pillow's (ss >> PRECISION_BITS), clipped to 8 bits
-        data[(y * width + x) * 3 + ch] = clip8(Math.floor(ss / 2 ** PRECISION_BITS));
+/** Pillow's horizontal pass: each row resampled to `outWidth`, the three channels together */
+function horizontalPass(src: RgbImage, outWidth: number): RgbImage {
+  const { height, width, data: s } = src;
+  const { first, count, weights, taps } = coefficients(width, outWidth);
+  const data = new Uint8Array(height * outWidth * 3);
+  for (let y = 0; y < height; y++) {
+    const rowIn = y * width * 3;
+    let o = y * outWidth * 3;
+    for (let x = 0; x < outWidth; x++, o += 3) {
+      const n = count[x];
+      const wk = x * taps;
+      let at = rowIn + first[x] * 3;
+      let r = HALF;
+      let g = HALF;
+      let b = HALF;
+      for (let k = 0; k < n; k++, at += 3) {
+        const w = weights[wk + k];
+        r += s[at] * w;
+        g += s[at + 1] * w;
+        b += s[at + 2] * w;
       }
+      data[o] = clip8(r);
+      data[o + 1] = clip8(g);
+      data[o + 2] = clip8(b);
     }
-  return { height, width, data };
+  }
+  return { height, width: outWidth, data };
+}
+
+/** Pillow's vertical pass: each output row a weighted sum of input rows, sample by sample */
+function verticalPass(src: RgbImage, outHeight: number): RgbImage {
+  const { height, width, data: s } = src;
+  const { first, count, weights, taps } = coefficients(height, outHeight);
+  const row = width * 3;
+  const data = new Uint8Array(outHeight * row);
+  // an output row's sums, input row by input row (a pass over contiguous memory each)
+  const sums = new Int32Array(row);
+  for (let y = 0; y < outHeight; y++) {
+    sums.fill(HALF);
+    for (let k = 0; k < count[y]; k++) {
+      const w = weights[y * taps + k];
+      const rowIn = (first[y] + k) * row;
+      for (let j = 0; j < row; j++) sums[j] += s[rowIn + j] * w;
+    }
+    const o = y * row;
+    for (let j = 0; j < row; j++) data[o + j] = clip8(sums[j]);
+  }
+  return { height: outHeight, width, data };
 }
 
 /** Pillow's Image.resize(…, BICUBIC) of an 8-bit RGB image: horizontal pass, then vertical. */
 export function resizeBicubic(img: RgbImage, height: number, width: number): RgbImage {
   let out = img;
-  if (width !== img.width) out = pass(out, width, true);
-  if (height !== img.height) out = pass(out, height, false);
+  if (width !== img.width) out = horizontalPass(out, width);
+  if (height !== img.height) out = verticalPass(out, height);
   return out;
 }
 
@@ -153,13 +189,14 @@ export function processImage(
   const r = resizeBicubic(img, h, w);
   const pixels = new Float32Array(3 * h * w);
   for (let ch = 0; ch < 3; ch++) {
-    // HF rescales in float32, then normalizes in float32
+    // HF rescales to float32, then normalizes in float32: a value per byte, looked up
     const mean = Math.fround(s.mean[ch]);
     const std = Math.fround(s.std[ch]);
-    for (let i = 0; i < h * w; i++) {
-      const x = Math.fround(r.data[i * 3 + ch] * (1 / 255));
-      pixels[ch * h * w + i] = Math.fround(Math.fround(x - mean) / std);
-    }
+    const normalized = Float32Array.from({ length: 256 }, (_, v) =>
+      Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std),
+    );
+    const plane = pixels.subarray(ch * h * w, (ch + 1) * h * w);
+    for (let i = 0, at = ch; i < h * w; i++, at += 3) plane[i] = normalized[r.data[at]];
   }
   return { height: h, width: w, pixels };
 }
