@@ -146,18 +146,29 @@ export function encodeConversation(
   return { tokens, target, reply };
 }
 
+/** Parsed templates by tokenizer: parsing costs more than rendering a short conversation. */
+const parsed = new WeakMap<TextTokenizer, Template>();
+
+function templateOf(tok: TextTokenizer): Template {
+  let template = parsed.get(tok);
+  if (!template) {
+    try {
+      template = new Template(tok.chatTemplate!);
+    } catch (e) {
+      throw new UserError(`${tok.where}: chat template: ${firstLine(e)}`);
+    }
+    parsed.set(tok, template);
+  }
+  return template;
+}
+
 /** The template's text cut into pieces (see the file header); rendering errors are the sample's. */
 function templatePieces(
   tok: TextTokenizer,
   turns: readonly { role: string; content: string }[],
   where: string,
 ): Piece[] {
-  let template: Template;
-  try {
-    template = new Template(tok.chatTemplate!);
-  } catch (e) {
-    throw new UserError(`${tok.where}: chat template: ${firstLine(e)}`);
-  }
+  const template = templateOf(tok);
   const specials = Object.fromEntries(
     SPECIAL_TOKEN_NAMES.map((n) => [`${n}_token`, tok.specialTokens[n] ?? '']),
   );

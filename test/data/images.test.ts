@@ -5,7 +5,9 @@
 // at worst (JPEG decoders may round differently), PNGs exactly. Refusals name the file.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import sharp from 'sharp';
 import { afterAll, describe, expect, it } from 'vitest';
+import { imageHeader, orientedSize } from '../../runtime/data/image-headers.js';
 import { projectRoot } from '../../compiler/paths.js';
 import {
   decodeImage,
@@ -60,6 +62,13 @@ describe.each(meta.files.map((f) => [f.file, f] as const))('%s', (file, f) => {
   const png = file.endsWith('.png');
   it(`reads its size after EXIF orientation from the header: ${f.width}×${f.height}`, async () => {
     expect(await imageInfo(bytesOf(file), file)).toEqual({ width: f.width, height: f.height });
+    // lfc's own header reader (image-headers.ts), not sharp's fallback, and the same as sharp's
+    const header = imageHeader(bytesOf(file))!;
+    expect(header.format).toBe(png ? 'png' : 'jpeg');
+    expect(orientedSize(header)).toEqual({ width: f.width, height: f.height });
+    const m = await sharp(bytesOf(file)).metadata();
+    expect(header.orientation).toBe(m.orientation ?? 1);
+    if (!png) expect(header.components === 4).toBe(m.space === 'cmyk');
   });
 
   it(`decodes and processes as PIL does (${f.what}, PIL mode ${f.pil_mode})`, async () => {
