@@ -188,7 +188,7 @@ function decodePng(bytes: Buffer): RgbImage {
   try {
     png = PNG.sync.read(bytes, { skipRescale: true });
   } catch (e) {
-    throw new Error(`PNG: ${(e as Error).message}`);
+    throw new Error(`PNG: ${(e as Error).message}`, { cause: e });
   }
   const { width, height } = png;
   const sixteen = png.depth === 16;
