@@ -78,6 +78,9 @@ export interface TrainOptions {
   readonly data?: DataOptions;
   /** a run on datasets: each rank writes DIR/rank-R.jsonl, the samples it read each step */
   readonly dataLog?: string;
+  /** a run on datasets: every step's data read before the first step (bench/data.ts: the same
+   * batches as a run that loads them as it goes, with no loading in the steps) */
+  readonly preloadData?: boolean;
   /** the control run: images moved across samples */
   readonly shuffleImages?: boolean;
   readonly metricsPath?: string;
@@ -295,6 +298,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     return p;
   };
   let nextData: Promise<StepData> | undefined = loader ? fetch(!!o.dumpStep) : undefined;
+  const preloaded: StepData[] = [];
+  if (loader && o.preloadData) {
+    for (let step = startStep + 1; step <= o.trainIters; step++) {
+      preloaded.push(await nextData!);
+      nextData = step < o.trainIters ? fetch() : undefined;
+    }
+    nextData = preloaded.length ? Promise.resolve(preloaded.shift()!) : undefined;
+  }
   for (let step = startStep + 1; step <= o.trainIters; step++) {
     // 1. this rank's microbatches of the global batch
     let mbs: Microbatch[];

@@ -195,7 +195,8 @@ function templatePieces(
         where,
         `the chat template's prompt for messages[${k}] (messages[:${k}] and the generation prompt) does not begin the conversation's text`,
       );
-    const closed = render(k + 1, false);
+    // the last turn closed is the whole conversation
+    const closed = k + 1 === turns.length ? whole : render(k + 1, false);
     // the content as written, or trimmed (templates that `| trim` it)
     let content = turns[k].content;
     let at = whole.indexOf(content, prompt.length);

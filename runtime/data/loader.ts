@@ -110,6 +110,9 @@ export interface StepData {
 
 interface Prepared extends PackedSample {
   readonly raw: RawSample;
+  /** its images' bytes, read once for their sizes and kept for decoding (dropped once it is
+   * packed into another replica's microbatch: a rank holds its own replica's images only) */
+  bytes: readonly Buffer[];
   readonly draw: Draw;
   /** each image's processed [height, width] */
   readonly sizes: readonly (readonly [number, number])[];
@@ -205,6 +208,8 @@ export class DataLoader {
         visual += s.visual;
       }
       packed.push(mb);
+      const mine = g >= o.replica * o.perReplica && g < (o.replica + 1) * o.perReplica;
+      if (!mine) for (const s of mb) s.bytes = [];
     }
     this.counts.packed += packed.reduce((a, mb) => a + mb.length, 0);
     const mine = packed.slice(o.replica * o.perReplica, (o.replica + 1) * o.perReplica);
@@ -255,8 +260,10 @@ export class DataLoader {
     const sizes: [number, number][] = [];
     const visualTokens: number[] = [];
     const infos: { width: number; height: number }[] = [];
+    const bytes: Buffer[] = [];
     for (const im of raw.images) {
-      const info = await imageInfo(im.read(), im.where);
+      bytes.push(im.read());
+      const info = await imageInfo(bytes[bytes.length - 1], im.where);
       infos.push(info);
       let [h, w] = processedSize(info.width, info.height, spec);
       if ((h / f) * (w / f) > o.bounds.maxVisualTokens) {
@@ -275,6 +282,7 @@ export class DataLoader {
     const P = spec.patchSize;
     let s: Prepared = {
       raw,
+      bytes,
       draw,
       sizes,
       position: draw.position,
@@ -334,9 +342,17 @@ export class DataLoader {
       for (const s of samples)
         for (let i = 0; i < s.grids.length; i++) {
           const src = s.raw.images[i];
-          const rgb = await decodeImage(src.read(), src.where);
           const [h, w] = s.sizes[i];
-          images.push(processImage(rgb, o.processor, [h, w]));
+          try {
+            const rgb = await decodeImage(s.bytes[i], src.where);
+            images.push(processImage(rgb, o.processor, [h, w]));
+          } catch (e) {
+            // its header read, its data not: the sample is packed on every rank already, so
+            // it trains with a blank image (the processor's mean) rather than move the packing
+            if (!(e instanceof DataError) || o.strict) throw e;
+            this.note('bad', `${e.message} (its header reads: trained with a blank image)`);
+            images.push({ height: h, width: w, pixels: new Float32Array(3 * h * w) });
+          }
         }
     }
     const imageTokenId = this.tokenizer.image?.id ?? 0;

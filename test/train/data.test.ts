@@ -118,6 +118,13 @@ describe('bad samples', () => {
     const png = encodePng(new Uint8Array(8 * 8 * 3).fill(200), 8, 8);
     writeFileSync(join(dir, 'demo', 'broken.png'), Buffer.from('not an image'));
     writeFileSync(join(dir, 'demo', 'ok.png'), png);
+    // a header that reads, data that does not: found only when the image is decoded
+    const big = encodePng(
+      new Uint8Array(32 * 32 * 3).map((_, i) => (i * 37) & 255),
+      32,
+      32,
+    );
+    writeFileSync(join(dir, 'demo', 'truncated.png'), big.subarray(0, 60));
     const conv = (user: string, reply = 'red square') => [
       { from: 'human', value: user },
       { from: 'gpt', value: reply },
@@ -132,6 +139,7 @@ describe('bad samples', () => {
         image: 'ok.png',
         conversations: [{ from: 'human', value: '<image>\ndescribe' }],
       }),
+      JSON.stringify({ image: 'truncated.png', conversations: conv('<image>\ndescribe') }),
       ...good.slice(40),
     ];
     bad = join(dir, 'demo', 'bad.jsonl');
@@ -155,12 +163,13 @@ describe('bad samples', () => {
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     // counted each time they are drawn: the 40 steps read more than one epoch
-    expect(Number(/(\d+) bad samples skipped/.exec(r.out)?.[1])).toBeGreaterThanOrEqual(5);
+    expect(Number(/(\d+) bad samples skipped/.exec(r.out)?.[1])).toBeGreaterThanOrEqual(6);
     expect(r.out).toMatch(/bad\.jsonl:41: not JSON/);
     expect(r.out).toMatch(/bad\.jsonl:42: image .*nonesuch\.png/);
     expect(r.out).toMatch(/bad\.jsonl:43.*broken\.png.*cannot decode/);
     expect(r.out).toMatch(/bad\.jsonl:44: .*0 <image> markers?, 1 image/);
     expect(r.out).toMatch(/bad\.jsonl:45: no loss token/);
+    expect(r.out).toMatch(/bad\.jsonl:46: image .*truncated\.png: cannot decode .*blank image/);
   });
 
   it('--strict-data: the first is an error, one line, exit 2', async () => {
@@ -182,7 +191,7 @@ describe('bad samples', () => {
     );
     expect(r.code).toBe(2);
     expect(r.err.trim().split('\n')).toHaveLength(1);
-    expect(r.err).toMatch(/^lfc: error: .*bad\.jsonl:4[1-5]: /);
+    expect(r.err).toMatch(/^lfc: error: .*bad\.jsonl:4[1-6]: /);
     // what was written before is kept
     expect(readFileSync(metricsFile, 'utf8').startsWith('{"kept": true}\n')).toBe(true);
   });
