@@ -190,7 +190,8 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
     const iters = f.trainIters ?? f.steps ?? DEMO_DEFAULTS.trainIters;
     const t0 = performance.now();
     const data = await demoDataset(resolve(f.dataDir), DEMO_DEFAULTS.samples);
-    const shown = relative(process.cwd(), data.dir) || '.';
+    const inside = relative(process.cwd(), data.dir);
+    const shown = inside && !inside.startsWith('..') ? inside : data.dir;
     io.out(
       `data: ${shown}: ${data.samples} PNG images with a caption each (train.jsonl; control.jsonl has the images shuffled), ` +
         (data.made ? `made in ${((performance.now() - t0) / 1000).toFixed(0)} s` : 'made before') +

@@ -1,8 +1,11 @@
 // Learning for real, a short version for CI: after 150 steps the tiny VLM predicts caption
 // tokens clearly better with its images than the same run with images shuffled across samples
-// (captions can only come from the image), in f32 and in bf16 (--bf16); so does `lfc demo`'s default (tiny-vlm-moe on 4 local
-// ranks, full separation and A2A overlap) after 60 of its 300 steps. The full criterion — below
-// half the control — is what `lfc demo` shows in under four minutes (README).
+// (captions can only come from the image), in f32 and in bf16 (--bf16), on the runtime's
+// synthetic task; so does `lfc demo`'s default (tiny-vlm-moe on 4 local ranks, full separation
+// and A2A overlap) after 60 of its 300 steps, through the data path: its dataset of PNG files
+// and captions, the tiny tokenizer's chat template, the control's images shuffled across its
+// samples. The full criterion — below half the control — is what `lfc demo` shows in under five
+// minutes (README).
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -41,7 +44,16 @@ describe('the tiny VLM learns to read its images', () => {
 
   it('lfc demo (4 ranks, pp 2 × vpp 2, ep 2, full separation, A2A overlap): caption loss < 0.8 × the control after 60 steps', async () => {
     const out = mkdtempSync(join(tmpdir(), 'lfc-demo-'));
-    const r = await cli('demo', '--steps', '60', '--out', out, '--quiet');
+    const r = await cli(
+      'demo',
+      '--steps',
+      '60',
+      '--out',
+      out,
+      '--data-dir',
+      join(out, 'data'),
+      '--quiet',
+    );
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     // the layout it chose, in the compile report's words
@@ -62,7 +74,11 @@ describe('the tiny VLM learns to read its images', () => {
       );
     const a = caption('metrics.jsonl');
     const b = caption('metrics-control.jsonl');
-    expect(b).toBeGreaterThan(1.6);
+    // the demo's dataset: a reply of 7 words, 4 of which only the image tells (square and
+    // background colour, top or bottom, left or right): the control cannot beat
+    // (ln 8 + ln 7 + 2 ln 2) / 7 ≈ 0.77 a reply token
+    expect(b).toBeGreaterThan(0.7);
     expect(a).toBeLessThan(0.8 * b);
+    expect(r.out).toMatch(/data: .*16384 PNG images with a caption each/);
   }, 300_000);
 });
