@@ -337,7 +337,11 @@ export async function launchTraining(
   const bar = progressBar(opts.trainIters, io.err, isTTY);
   const quiet = !!f.quiet || nodeRank !== 0;
   mkdirSync(join(metricsPath, '..'), { recursive: true });
+  let data: { counts: DataCounts; position: number } | undefined;
   const steps = await launch({
+    onData: (rank, counts, position) => {
+      if (rank === 0) data = { counts, position };
+    },
     planDir: dir,
     plan,
     nnodes,
@@ -366,6 +370,7 @@ export async function launchTraining(
     },
   });
   if (!quiet) bar.done();
+  if (data && nodeRank === 0) io.out(describeData(data.counts, data.position));
   return steps;
 }
 

@@ -20,6 +20,7 @@ import type { PlanFile } from '../compiler/plan/format.js';
 import { DEFAULT_MASTER_PORT, localAddressToward } from './launch-rank.js';
 import { StoreClient, StoreServer } from './store.js';
 import type { StepMetrics, TrainOptions } from './train.js';
+import type { DataCounts } from './data/loader.js';
 
 /** How long a rank may take to end after SIGTERM before SIGKILL. */
 export const KILL_GRACE_MS = 3_000;
@@ -41,6 +42,9 @@ export interface LaunchOptions {
   readonly rankOptions: RankTrainOptions;
   readonly logDir: string;
   readonly onStep?: (m: MergedStep) => void;
+  /** a run on datasets: what a rank's loader met, once it is done (rank 0's plans the whole
+   * global batch, so its counts of packed, bad and dropped samples are the run's) */
+  readonly onData?: (rank: number, counts: DataCounts, position: number) => void;
 }
 
 /**
@@ -75,11 +79,14 @@ export class RankFailure extends UserError {
 }
 
 /** Messages a launched rank sends its launcher over IPC. */
-export interface RankMessage {
-  readonly type: 'step';
-  readonly rank: number;
-  readonly metrics: StepMetrics;
-}
+export type RankMessage =
+  | { readonly type: 'step'; readonly rank: number; readonly metrics: StepMetrics }
+  | {
+      readonly type: 'data';
+      readonly rank: number;
+      readonly counts: DataCounts;
+      readonly position: number;
+    };
 
 /** The entry a rank runs (rank-main.ts): this checkout's, compiled or through tsx. */
 function rankCommand(): { execArgv: string[]; entry: string } {
@@ -257,6 +264,7 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     child.stdout!.on('data', keep);
     child.stderr!.on('data', keep);
     child.on('message', (m: RankMessage) => {
+      if (m?.type === 'data') o.onData?.(m.rank, m.counts, m.position);
       if (m?.type !== 'step') return;
       let byRank = steps.get(m.metrics.step);
       if (!byRank) steps.set(m.metrics.step, (byRank = new Map()));

@@ -58,6 +58,13 @@ export async function runRank(
     });
     if (talk) bar.done();
     const last = r.steps[r.steps.length - 1];
+    if (rank.launched && r.data)
+      process.send!({
+        type: 'data',
+        rank: rank.rank,
+        counts: r.data,
+        position: last?.dataPosition ?? 0,
+      } satisfies RankMessage);
     if (last && talk)
       io.out(`trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\n`);
   } finally {

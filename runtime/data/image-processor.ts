@@ -6,6 +6,7 @@
 // itself: test/reference/image_processor.py.
 
 import { UserError } from '../../compiler/errors.js';
+import { smartResize as hfSmartResize } from '../../compiler/frontend/data-profile.js';
 
 export interface ProcessorSpec {
   /** patch × merge: both sides come out multiples of it (28 for Qwen2.5-VL, 32 for Qwen3-VL) */
@@ -23,29 +24,11 @@ export interface RgbImage {
   readonly data: Uint8Array;
 }
 
-/** Python's round(): half to even. */
-function roundHalfEven(x: number): number {
-  const r = Math.round(x);
-  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
-}
-
-/** HF's smart_resize: [height, width] of the resized image. */
+/** HF's smart_resize: [height, width] of the resized image (compiler/frontend/data-profile.ts). */
 export function smartResize(height: number, width: number, s: ProcessorSpec): [number, number] {
   if (Math.max(height, width) / Math.min(height, width) > 200)
     throw new UserError(`an image of ${height}×${width} pixels has an aspect ratio over 200`);
-  const f = s.factor;
-  let h = roundHalfEven(height / f) * f;
-  let w = roundHalfEven(width / f) * f;
-  if (h * w > s.maxPixels) {
-    const beta = Math.sqrt((height * width) / s.maxPixels);
-    h = Math.max(f, Math.floor(height / beta / f) * f);
-    w = Math.max(f, Math.floor(width / beta / f) * f);
-  } else if (h * w < s.minPixels) {
-    const beta = Math.sqrt(s.minPixels / (height * width));
-    h = Math.ceil((height * beta) / f) * f;
-    w = Math.ceil((width * beta) / f) * f;
-  }
-  return [h, w];
+  return hfSmartResize(height, width, s.factor, s.minPixels, s.maxPixels);
 }
 
 /** Pillow's bicubic kernel (a = −0.5), support 2 */

@@ -19,8 +19,8 @@
 import { PNG } from 'pngjs';
 import sharp from 'sharp';
 import { imageHeader, orientedSize } from './image-headers.js';
-import { UserError } from '../../compiler/errors.js';
-import { processImage, smartResize, type ProcessorSpec, type RgbImage } from './image-processor.js';
+import { processedSize, type ImageProcessorSpec } from '../../compiler/frontend/data-profile.js';
+import { processImage, type RgbImage } from './image-processor.js';
 import { DataError } from './sample.js';
 
 /**
@@ -35,15 +35,7 @@ import { DataError } from './sample.js';
 sharp.concurrency(1);
 sharp.cache(false);
 
-/** The Qwen-VL image processor's settings (preprocessor_config.json). */
-export interface ImageProcessorSpec extends ProcessorSpec {
-  /** the vision encoder's patch side in pixels (14 for Qwen2.5-VL, 16 for Qwen3-VL) */
-  readonly patchSize: number;
-  /** merged patches per side: merge² patches become one visual token */
-  readonly mergeSize: number;
-  /** frames per patch in time; a still image is one temporal patch (the frame repeated) */
-  readonly temporalPatch: number;
-}
+export type { ImageProcessorSpec };
 
 /** A processed image, ready to be cut into patches. */
 export interface ProcessedImage {
@@ -211,28 +203,20 @@ function decodePng(bytes: Buffer): RgbImage {
   return { height, width, data: rgb };
 }
 
-/** the spec with its bound on pixels, and a check that its factor is patch × merge */
-function boundSpec(spec: ImageProcessorSpec, maxPixels?: number): ImageProcessorSpec {
-  if (spec.factor !== spec.patchSize * spec.mergeSize)
-    throw new UserError(
-      `the image processor's factor is ${spec.factor}, not patch ${spec.patchSize} × merge ${spec.mergeSize}`,
-    );
-  return maxPixels === undefined ? spec : { ...spec, maxPixels };
-}
-
 /**
- * The decoded image resized (smart_resize, Pillow's bicubic), rescaled and normalized, with its
- * grid. `maxPixels` replaces the spec's bound (the loader's, for an image whose visual tokens
- * alone would exceed what a microbatch holds).
+ * The decoded image resized (processedSize: smart_resize, then the encoder's max_image_size;
+ * Pillow's bicubic), rescaled and normalized, with its grid. `maxPixels` replaces the spec's
+ * bound (the loader's, for an image whose visual tokens alone would exceed what a microbatch
+ * holds).
  */
 export function processDecoded(
   img: RgbImage,
   spec: ImageProcessorSpec,
   maxPixels?: number,
 ): ProcessedImage {
-  const s = boundSpec(spec, maxPixels);
-  const { height, width, pixels } = processImage(img, s);
-  return { height, width, pixels, grid: [1, height / s.patchSize, width / s.patchSize] };
+  const size = processedSize(img.width, img.height, spec, maxPixels);
+  const { height, width, pixels } = processImage(img, spec, size);
+  return { height, width, pixels, grid: [1, height / spec.patchSize, width / spec.patchSize] };
 }
 
 /** The merged visual tokens of an image of this size once processed: t·gh·gw / merge². */
@@ -241,7 +225,6 @@ export function visualTokensOf(
   spec: ImageProcessorSpec,
   maxPixels?: number,
 ): number {
-  const s = boundSpec(spec, maxPixels);
-  const [h, w] = smartResize(info.height, info.width, s);
-  return (h / s.factor) * (w / s.factor);
+  const [h, w] = processedSize(info.width, info.height, spec, maxPixels);
+  return (h / spec.factor) * (w / spec.factor);
 }

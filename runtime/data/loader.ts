@@ -149,7 +149,11 @@ export class DataLoader {
       throw new UserError(
         `--tokenizer-model ${tokenizer.where} has ${tokenizer.vocabSize} ids; the model's vocabulary has ${o.vocabSize}`,
       );
-    if (tokenizer.image && tokenizer.image.id >= o.vocabSize)
+    if (!tokenizer.image)
+      throw new UserError(
+        `--tokenizer-model ${tokenizer.where} has no image placeholder (Qwen's <|image_pad|>, LLaVA's <image>) for the model's images`,
+      );
+    if (tokenizer.image.id >= o.vocabSize)
       throw new UserError(
         `--tokenizer-model ${tokenizer.where}: the image placeholder ${tokenizer.image.token} is id ${tokenizer.image.id}, past the model's vocabulary of ${o.vocabSize}`,
       );

@@ -35,6 +35,12 @@ const LAYOUTS = [
 ] as const;
 
 const firstLoss = new Map<string, number>();
+const losses = new Map<string, number[]>();
+const lossesOf = (file: string) =>
+  readFileSync(file, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => (JSON.parse(l) as { loss: number }).loss);
 
 beforeAll(async () => {
   jsonl = (await demoDataset(join(dir, 'demo'), SAMPLES, 9)).train;
@@ -98,11 +104,48 @@ describe('the ranks together read each sample once per epoch', () => {
       ]);
       expect(epoch.map((s) => s.index).sort((a, b) => a - b)).toEqual([...Array(SAMPLES).keys()]);
       expect(new Set(read.map((s) => s.position)).size).toBe(read.length);
-      const metrics = readFileSync(join(plan, 'metrics.jsonl'), 'utf8').trim().split('\n');
-      firstLoss.set(name, (JSON.parse(metrics[0]) as { loss: number }).loss);
+      losses.set(name, lossesOf(join(plan, 'metrics.jsonl')));
+      firstLoss.set(name, losses.get(name)![0]);
       const one = firstLoss.get('one')!;
       expect(Math.abs(firstLoss.get(name)! - one) / one).toBeLessThan(1e-5);
     },
     240_000,
   );
+
+  it('a checkpoint saved under dp 2 resumes on one rank: step 3 continues, same data', async () => {
+    const data = ['--data-path', jsonl, '--tokenizer-model', configsDir('tokenizers', 'tiny')];
+    const save = join(dir, 'dp2-ckpt');
+    const a = await cli(
+      'run',
+      join(dir, 'dp2'),
+      '--nproc-per-node',
+      '2',
+      ...data,
+      '--train-iters',
+      '2',
+      '--save',
+      save,
+      '--metrics',
+      join(dir, 'dp2-first.jsonl'),
+      '--quiet',
+    );
+    expect(a.code).toBe(0);
+    const metrics = join(dir, 'resumed.jsonl');
+    const b = await cli(
+      'run',
+      join(dir, 'one'),
+      ...data,
+      '--train-iters',
+      '3',
+      '--load',
+      save,
+      '--metrics',
+      metrics,
+      '--quiet',
+    );
+    expect(b.err).toBe('');
+    const [step3] = lossesOf(metrics);
+    const straight = losses.get('one')![2];
+    expect(Math.abs(step3 - straight) / straight).toBeLessThan(1e-5);
+  }, 120_000);
 });
