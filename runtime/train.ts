@@ -169,10 +169,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const m = plan.training.numMicrobatches;
   const padded = plan.training.seqLength * plan.training.microBatchSize;
   const loader = o.data ? await openLoader(o, o.data, plan, program, dpIndex, seed) : undefined;
-  // the model's image token follows the tokenizer's placeholder
+  const replay = o.batch ? readBatchFile(o.batch) : undefined;
+  // the model's image token follows the tokenizer's placeholder, or a replayed batch's
+  const batchToken = replay?.find((mb) => mb.imageTokenId !== undefined)?.imageTokenId;
   const vision = {
     ...visionOptions(model),
     ...(loader?.image ? { imageTokenId: loader.image.id } : {}),
+    ...(batchToken !== undefined ? { imageTokenId: batchToken } : {}),
   };
   // the runtime validates the program before anything runs; a bad program is the user's file
   const rt: NativeRuntime = userErrors(
@@ -253,7 +256,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     throw new UserError(
       `--data-path and ${o.batch ? '--batch' : '--shuffle-images'} both choose the data; give one (the control of a dataset is a copy with its images shuffled, as lfc demo makes)`,
     );
-  const replay = o.batch ? readBatchFile(o.batch) : undefined;
   if (replay && replay.length !== m * dpSize) {
     throw new UserError(
       `${o.batch} holds ${replay.length} microbatches; the plan takes ${m * dpSize} per step (compile with --global-batch-size ${replay.length})`,

@@ -1,5 +1,6 @@
-// Datasets under parallel layouts: every rank of a data-parallel replica reads that replica's
-// samples, the same ones, and the replicas together read each sample exactly once per epoch
+// Datasets under parallel layouts (dp 2, tp 2, pp 2, level 3, the ViT balance): every rank of a
+// data-parallel replica reads that replica's samples, the same ones, and the replicas together
+// read each sample exactly once per epoch
 // (counted from each rank's --data-log); the global batch is the same under every layout, so the
 // first step's loss equals the one-rank run's.
 
@@ -32,6 +33,8 @@ const LAYOUTS = [
     ranks: 4,
     flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
   },
+  // images encoded away from their microbatch's rank: each rank still reads its own replica's
+  { name: 'vit-balance-dp2', ranks: 2, flags: ['--use-vit-dp-balance'] },
 ] as const;
 
 const firstLoss = new Map<string, number>();

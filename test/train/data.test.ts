@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { cli } from '../helpers.js';
-import { configsDir } from '../../compiler/paths.js';
+import { configsDir, projectRoot } from '../../compiler/paths.js';
+import { readSafetensors } from '../../runtime/safetensors.js';
 import { demoDataset, encodePng } from '../../runtime/data/demo-dataset.js';
 import { jsonlToWebDataset } from '../../runtime/data/webdataset.js';
 
@@ -109,6 +110,60 @@ describe('training on data from disk', () => {
     expect(replayed.loss).toBe(first.loss);
     expect(replayed.caption_loss).toBe(first.caption_loss);
   });
+});
+
+describe('the Qwen presets on data', () => {
+  it.each(['qwen2.5-vl-tiny', 'qwen3-vl-moe-tiny'])(
+    '%s with a byte-level BPE tokenizer: M-RoPE ids per sample, and its dump replays',
+    async (model) => {
+      const plan = join(dir, model);
+      const c = await cli('compile', model, '--global-batch-size', '2', '-o', plan);
+      expect(c.code).toBe(0);
+      const dump = join(plan, 'dump');
+      const file = join(plan, 'data-metrics.jsonl');
+      const bpe = join(projectRoot(), 'test/fixtures/tokenizers/bpe-tiny');
+      const r = await cli(
+        'run',
+        plan,
+        '--data-path',
+        jsonl,
+        '--tokenizer-model',
+        bpe,
+        '--train-iters',
+        '1',
+        '--dump-step',
+        dump,
+        '--metrics',
+        file,
+        '--quiet',
+      );
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+      const [first] = metrics(file);
+      // the batch in the contract's form: patches, grids, [3, S] positions, the tokenizer's id
+      const batch = readSafetensors(join(dump, 'batch.safetensors')).tensors;
+      expect(batch.get('mb0.positions')!.shape).toEqual([3, 128]);
+      expect(batch.get('mb0.image_grid_thw')!.shape[1]).toBe(3);
+      expect([...(batch.get('mb0.image_token_id')!.data as Int32Array)]).toEqual([412]);
+      const replay = join(plan, 'replay.jsonl');
+      const p = await cli(
+        'run',
+        plan,
+        '--batch',
+        join(dump, 'batch.safetensors'),
+        '--weights',
+        join(dump, 'weights.safetensors'),
+        '--train-iters',
+        '1',
+        '--metrics',
+        replay,
+        '--quiet',
+      );
+      expect(p.err).toBe('');
+      expect(metrics(replay)[0].loss).toBe(first.loss);
+    },
+    120_000,
+  );
 });
 
 describe('bad samples', () => {
