@@ -369,12 +369,60 @@ export interface HfModelRequest {
 export function hfModelRequest(fileOrDir: string, preset?: string): HfModelRequest {
   const { path, json } = readHfConfigJson(fileOrDir);
   const { architecture, keys } = lfcKeysOfHfConfig(json, path);
-  const overrides = Object.entries(keys).map(([k, v]) => `++${k}=${JSON.stringify(v)}`);
+  const base = preset ?? FAMILY_BASE[architecture];
+  const overrides = Object.entries({ ...keys, ...processorKeys(path, keys, base) }).map(
+    ([k, v]) => `++${k}=${JSON.stringify(v)}`,
+  );
   if (preset === undefined) {
     const name = basename(dirname(resolve(path))) || 'hf-model';
     overrides.unshift(`++name=${JSON.stringify(name)}`, '++aliases=[]');
   }
-  return { model: preset ?? FAMILY_BASE[architecture], overrides, path, architecture };
+  return { model: base, overrides, path, architecture };
+}
+
+/**
+ * The image processor's keys of a model from config.json: preprocessor_config.json's, beside it
+ * (Qwen2.5-VL's min_pixels and max_pixels, Qwen3-VL's size.shortest_edge and longest_edge, both
+ * image_mean and image_std); without it, the preset's, but for its min and max pixels where
+ * config.json's patch × merge differs from the preset's (they belong to its own patch size: HF's
+ * defaults at config.json's apply).
+ */
+function processorKeys(
+  configPath: string,
+  keys: Record<string, unknown>,
+  preset: string,
+): Record<string, unknown> {
+  const E = 'model.image_encoder.';
+  const file = join(dirname(configPath), 'preprocessor_config.json');
+  if (!existsSync(file)) {
+    const e = loadModelConfig(preset, []).model.image_encoder;
+    const patch = (keys[`${E}patch_size`] as number | undefined) ?? e.patch_size;
+    const merge = (keys[`${E}spatial_merge_size`] as number | undefined) ?? e.spatial_merge_size;
+    if (patch * merge === e.patch_size * e.spatial_merge_size) return {};
+    return { [`${E}min_pixels`]: null, [`${E}max_pixels`]: null };
+  }
+  const json = parseFile(file, 'JSON', (text) => JSON.parse(text) as unknown);
+  if (!isObject(json)) throw new UserError(`${file}: expected a JSON object at the top level`);
+  const size = isObject(json.size) ? json.size : {};
+  const pixels = (key: string, v: unknown) => {
+    if (v === undefined) return null;
+    if (!Number.isInteger(v) || (v as number) <= 0)
+      throw new UserError(`${file}: ${key} must be a positive integer, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const rgb = (key: string) => {
+    const v = json[key];
+    if (v === undefined) return {};
+    if (!Array.isArray(v) || v.length !== 3 || !v.every((x) => typeof x === 'number'))
+      throw new UserError(`${file}: ${key} must be 3 numbers, got ${JSON.stringify(v)}`);
+    return { [`${E}${key}`]: v };
+  };
+  return {
+    [`${E}min_pixels`]: pixels('min_pixels', json.min_pixels ?? size.shortest_edge),
+    [`${E}max_pixels`]: pixels('max_pixels', json.max_pixels ?? size.longest_edge),
+    ...rgb('image_mean'),
+    ...rgb('image_std'),
+  };
 }
 
 /** config.json's model: the preset, config.json's keys over it, then the user's overrides. */

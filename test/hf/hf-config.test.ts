@@ -143,6 +143,36 @@ describe('config.json over a preset', () => {
     expect(c.model.image_encoder.max_image_size).toBe(tiny.model.image_encoder.max_image_size); // preset
     expect(c.training).toEqual(tiny.training);
     expect(c.model.image_encoder.freeze).toBe(true); // command line
+    // the tiny preset's pixel bounds belong to its patch 4: config.json's patch 16 takes HF's
+    expect(c.model.image_encoder.min_pixels).toBeUndefined();
+    expect(c.model.image_encoder.image_mean).toEqual(tiny.model.image_encoder.image_mean);
+  });
+
+  it("the image processor's keys come from preprocessor_config.json beside config.json", () => {
+    const file = configFile('Qwen3-VL-processor', QWEN3_VL_30B_A3B_INSTRUCT);
+    const processor = {
+      size: { longest_edge: 16777216, shortest_edge: 65536 },
+      image_mean: [0.5, 0.5, 0.5],
+      image_std: [0.5, 0.5, 0.5],
+    };
+    writeFileSync(
+      join(dir, 'Qwen3-VL-processor', 'preprocessor_config.json'),
+      JSON.stringify(processor),
+    );
+    const e = loadHfModelConfig(file).model.image_encoder;
+    expect([e.min_pixels, e.max_pixels, e.image_mean, e.image_std]).toEqual([
+      65536,
+      16777216,
+      [0.5, 0.5, 0.5],
+      [0.5, 0.5, 0.5],
+    ]);
+    writeFileSync(
+      join(dir, 'Qwen3-VL-processor', 'preprocessor_config.json'),
+      JSON.stringify({ min_pixels: -3 }),
+    );
+    expect(() => loadHfModelConfig(file)).toThrow(
+      /preprocessor_config\.json: min_pixels must be a positive integer/,
+    );
   });
 
   it('an override may stand where the model argument would', () => {
