@@ -14,7 +14,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { crc32, deflateSync } from 'node:zlib';
-import { permutation } from './sampler.js';
+import { generator, permutation } from './sampler.js';
 
 /** The RGB-cube corners: colour c has channel k at level c's bit (2 − k). */
 export const COLOUR_NAMES = [
@@ -29,7 +29,7 @@ export const COLOUR_NAMES = [
 ] as const;
 const LEVELS = [0.15, 0.85];
 const NOISE_STD = 0.03;
-const VERSION = 1;
+const VERSION = 2;
 
 export interface DemoDataset {
   readonly dir: string;
@@ -68,18 +68,6 @@ export function encodePng(rgb: Uint8Array, width: number, height: number): Buffe
   ]);
 }
 
-/** A generator of uniform [0, 1) from a 32-bit seed (mulberry32). */
-function uniform(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
-
 interface DemoSample {
   readonly height: number;
   readonly width: number;
@@ -89,7 +77,7 @@ interface DemoSample {
 }
 
 function drawSample(i: number, seed: number): { s: DemoSample; rgb: Buffer } {
-  const rand = uniform(Math.imul(seed + 1, 0x9e3779b1) ^ Math.imul(i + 1, 0x85ebca6b));
+  const rand = generator(seed, i);
   const below = (n: number) => Math.floor(rand() * n);
   const height = 8 * (1 + below(4));
   const width = 8 * (1 + below(4));

@@ -74,8 +74,8 @@ export function splitRange(
   return { start: edge(k), end: edge(k + 1) };
 }
 
-/** A 32-bit generator (mulberry32) seeded by a hash of integers: the epochs' permutations. */
-function generator(...keys: number[]): () => number {
+/** Uniform [0, 1) from a 32-bit generator (mulberry32) seeded by a hash of integers. */
+export function generator(...keys: number[]): () => number {
   let h = 0x9e3779b9;
   for (const k of keys) {
     h = Math.imul(h ^ (k >>> 0), 0x85ebca6b);

@@ -201,8 +201,9 @@ describe('bad samples', () => {
     writeFileSync(bad, lines.join('\n') + '\n');
   });
 
-  it('are skipped and counted by default, each named by file and line', async () => {
-    const r = await cli(
+  /** 40 steps on the bad data: more than an epoch, so every bad sample is drawn */
+  const runOnBad = (metricsFile: string, ...flags: string[]) =>
+    cli(
       'run',
       PLAN,
       '--data-path',
@@ -212,9 +213,13 @@ describe('bad samples', () => {
       '--train-iters',
       '40',
       '--metrics',
-      join(dir, 'bad-metrics.jsonl'),
+      metricsFile,
       '--quiet',
+      ...flags,
     );
+
+  it('are skipped and counted by default, each named by file and line', async () => {
+    const r = await runOnBad(join(dir, 'bad-metrics.jsonl'));
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     // counted each time they are drawn: the 40 steps read more than one epoch
@@ -230,20 +235,7 @@ describe('bad samples', () => {
   it('--strict-data: the first is an error, one line, exit 2', async () => {
     const metricsFile = join(dir, 'strict-metrics.jsonl');
     writeFileSync(metricsFile, '{"kept": true}\n');
-    const r = await cli(
-      'run',
-      PLAN,
-      '--data-path',
-      bad,
-      '--tokenizer-model',
-      TOKENIZER,
-      '--train-iters',
-      '40',
-      '--metrics',
-      metricsFile,
-      '--strict-data',
-      '--quiet',
-    );
+    const r = await runOnBad(metricsFile, '--strict-data');
     expect(r.code).toBe(2);
     expect(r.err.trim().split('\n')).toHaveLength(1);
     expect(r.err).toMatch(/^lfc: error: .*bad\.jsonl:4[1-6]: /);
