@@ -1,16 +1,17 @@
 // bench/data: what reading real data costs a training step (issue 19, acceptance 6).
 //
-//   npx tsx bench/data.ts [--steps 30] [--samples 2048] [--jpegs 64]
+//   npx tsx bench/data.ts [--rounds 6] [--steps 16] [--samples 2048] [--jpegs 64]
 //
 // 1. The step with data against the step without. tiny-vlm-moe on one rank (8 microbatches of
 //    128 tokens a step) trains on the demo's dataset (PNG images at the demo's sizes, captions in
 //    the chat template; runtime/data/demo-dataset.ts) through the loader in its worker thread,
 //    which prefetches the next step while this one runs; then on the same steps' batches
 //    preloaded (every step's data read before the first step: no loading in the steps). Runs
-//    alternate, A B A B, and each step's wall time is taken from one progress callback to the
-//    next. Printed: the median step of each, and data − preloaded as a share of the step (the
-//    target: under 5%). Also the loader alone, in this thread, with nothing to overlap: its time
-//    per step, which the worker hides.
+//    alternate, A B A B … (this machine is shared: drift hits both alike), and each step's wall
+//    time is taken from one progress callback to the next. Printed: the median step of each, and
+//    data − preloaded as a share of the step (the target: under 5%), with the range of the
+//    rounds' own medians. Also the loader alone, in this thread, with nothing to overlap: its
+//    time per step, which the worker hides.
 // 2. Decode + process throughput: 448×448 JPEGs (quality 90, photo-like noise) through sharp's
 //    decoder and Qwen2.5-VL's processor (smart_resize to 448×448, Pillow's bicubic, normalize),
 //    on this thread: images per second on one core.
@@ -41,7 +42,8 @@ const median = (xs: readonly number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-const STEPS = arg('steps', '30');
+const STEPS = arg('steps', '16');
+const ROUNDS = arg('rounds', '6');
 const SAMPLES = arg('samples', '2048');
 const JPEGS = arg('jpegs', '64');
 const dir = benchDir('lfc-bench-data-');
@@ -82,17 +84,19 @@ async function stepTimes(o: TrainOptions): Promise<number[]> {
 
 const withData: number[] = [];
 const preloaded: number[] = [];
-for (let round = 0; round < 2; round++) {
-  withData.push(...(await stepTimes({ planDir, trainIters: STEPS, data: dataOptions, seed: 1 })));
-  preloaded.push(
-    ...(await stepTimes({
-      planDir,
-      trainIters: STEPS,
-      data: dataOptions,
-      preloadData: true,
-      seed: 1,
-    })),
-  );
+const rounds: number[] = [];
+for (let round = 0; round < ROUNDS; round++) {
+  const a = await stepTimes({ planDir, trainIters: STEPS, data: dataOptions, seed: 1 });
+  const b = await stepTimes({
+    planDir,
+    trainIters: STEPS,
+    data: dataOptions,
+    preloadData: true,
+    seed: 1,
+  });
+  withData.push(...a);
+  preloaded.push(...b);
+  rounds.push((median(a) - median(b)) / median(b));
 }
 const a = median(withData);
 const b = median(preloaded);
@@ -119,12 +123,13 @@ for (let k = 0; k < STEPS; k++) {
 }
 
 console.log(
-  `tiny-vlm-moe, one rank, 8 microbatches × 128 tokens a step, ${2 * (STEPS - 1)} steps each (median):`,
+  `tiny-vlm-moe, one rank, 8 microbatches × 128 tokens a step, ${ROUNDS} rounds of ${STEPS - 1} steps each (median):`,
 );
 console.log(`  step with data (loader in its worker, prefetching)  ${a.toFixed(1)} ms`);
 console.log(`  step with the same batches preloaded               ${b.toFixed(1)} ms`);
+const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 console.log(
-  `  data − preloaded: ${(a - b).toFixed(1)} ms = ${((100 * (a - b)) / b).toFixed(1)}% of the step (target < 5%)`,
+  `  data − preloaded: ${(a - b).toFixed(1)} ms = ${pct((a - b) / b)} of the step (target < 5%); rounds ${pct(Math.min(...rounds))} … ${pct(Math.max(...rounds))}, median ${pct(median(rounds))}`,
 );
 console.log(
   `  the loader alone, on this thread: ${median(loads).toFixed(1)} ms a step (${loader.counts.packed} samples packed), hidden by the worker`,
