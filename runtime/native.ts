@@ -14,6 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import type { ProgramRegion, StreamName } from '../compiler/plan/format.js';
+import { chooseOpenblasKernel } from './blas.js';
 import { EnvironmentError } from '../compiler/errors.js';
 
 export interface NativeRuntimeOptions {
@@ -237,6 +238,8 @@ export interface NativeAddon {
   readonly Runtime: new (programJson: string, options?: NativeRuntimeOptions) => NativeRuntime;
   /** schema.h: the plan version the runtime reads */
   readonly planVersion: number;
+  /** the kernels OpenBLAS runs (openblas_get_corename: 'SkylakeX', 'Prescott', …) */
+  readonly blasCore: string;
   /** schema.h: the op kinds, in ir/ops.ts order */
   readonly opNames: readonly string[];
   readonly streams: readonly string[];
@@ -292,6 +295,8 @@ export function loadNative(): NativeAddon {
         'on first use, or run npm run build:native',
     );
   }
+  // OpenBLAS reads OPENBLAS_CORETYPE once, as the addon loads it
+  chooseOpenblasKernel();
   const require = createRequire(import.meta.url);
   cached = require(path) as NativeAddon;
   return cached;

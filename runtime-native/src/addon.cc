@@ -2,6 +2,7 @@
 // constants. runtime/native.ts declares the TypeScript types of everything exported here.
 // Argument errors throw TypeError/Error naming the argument; runtime errors carry the core's
 // message unchanged.
+#include <cblas.h>
 #include <napi.h>
 
 #include <cmath>
@@ -608,6 +609,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
   exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
+  // the kernels OpenBLAS runs (runtime/blas.ts names them through OPENBLAS_CORETYPE)
+  exports.Set("blasCore", Napi::String::New(env, openblas_get_corename()));
   Napi::Array ops = Napi::Array::New(env);
   for (const char* name : lfc::schema::kOpNames) ops.Set(ops.Length(), name);
   exports.Set("opNames", ops);

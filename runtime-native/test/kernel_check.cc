@@ -11,6 +11,7 @@
 // One line per check: name, max error, tolerance, PASS/FAIL; exit status 1 on any failure.
 // `kernel_check --bench` times optimized against reference versions instead.
 
+#include <cblas.h>
 #include "check.h"
 
 // ---- finite-difference checks of every backward (double) --------------------------------------
@@ -1363,6 +1364,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: kernel_check [--bench]\n");
     return 2;
   }
+  // the kernels OpenBLAS runs: the test that starts this checks they are lfc's choice
+  std::printf("OpenBLAS core: %s\n", openblas_get_corename());
   const auto t0 = std::chrono::steady_clock::now();
   fd_linear();
   fd_grouped_linear();

@@ -6,8 +6,13 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { projectRoot } from '../../compiler/paths.js';
+import { chooseOpenblasKernel } from '../../runtime/blas.js';
 
 const exe = join(projectRoot(), 'runtime-native/build/kernel-test/kernel_check');
+// the kernels run under the OpenBLAS kernels lfc chooses for this CPU (runtime/blas.ts): a wrong
+// choice fails here
+const env = { ...process.env };
+const choice = chooseOpenblasKernel(env);
 
 describe('C++ kernel checks', () => {
   it('all pass', () => {
@@ -17,7 +22,7 @@ describe('C++ kernel checks', () => {
     let out: string;
     let code = 0;
     try {
-      out = execFileSync(exe, { encoding: 'utf8', timeout: 120_000 });
+      out = execFileSync(exe, { encoding: 'utf8', timeout: 120_000, env });
     } catch (e) {
       const err = e as { status: number; stdout: string };
       code = err.status;
@@ -27,6 +32,8 @@ describe('C++ kernel checks', () => {
     const failed = lines.filter((l) => /FAIL/.test(l));
     expect(failed).toEqual([]);
     expect(code).toBe(0);
+    const core = /^OpenBLAS core: (\S+)/m.exec(out)?.[1];
+    if (choice.coretype) expect(core?.toLowerCase()).toBe(choice.coretype.toLowerCase());
     // finite-difference checks of every differentiable kernel family are among them
     for (const family of [
       'linear',
