@@ -238,23 +238,25 @@ void ShmGroup::reduceChunk(T* data, int64_t n) {
   }
 }
 
-// A round: rank j writes into lane k of its slot the round's piece of its block k (k ≠ j), a
-// barrier, and rank r sums lane r of every slot with its own piece, in group order.
+// A round: rank j writes into lane k of its slot the round's piece of its block k (P − 1 lanes, one
+// per other rank: lane k for k < j, k − 1 for k > j), a barrier, and rank r sums its lane of every
+// other slot with its own piece, in group order.
 template <typename T>
 void ShmGroup::reduceScatterOf(const T* in, T* out, int64_t blockCount) {
   const int P = size_;
-  const int64_t lane = int64_t(kSlotBytes) / P / 64 * 64 / int64_t(sizeof(T));  // elements
+  const int64_t lane = int64_t(kSlotBytes) / (P - 1) / 64 * 64 / int64_t(sizeof(T));  // elements
+  const auto laneOf = [](int k, int j) { return k < j ? k : k - 1; };  // rank k's lane in slot j
   std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
   for (int64_t at = 0; at < blockCount; at += lane) {
     const int64_t n = std::min(lane, blockCount - at);
     const int set = nextSet();
     T* mine = reinterpret_cast<T*>(slot(set, rank_));
     for (int k = 0; k < P; k++)
-      if (k != rank_) std::memcpy(mine + k * lane, in + k * blockCount + at, size_t(n) * sizeof(T));
+      if (k != rank_) std::memcpy(mine + laneOf(k, rank_) * lane, in + k * blockCount + at, size_t(n) * sizeof(T));
     barrier();
     for (int j = 0; j < P; j++)
       parts[size_t(j)] = j == rank_ ? in + rank_ * blockCount + at
-                                    : reinterpret_cast<const T*>(slot(set, j)) + rank_ * lane;
+                                    : reinterpret_cast<const T*>(slot(set, j)) + laneOf(rank_, j) * lane;
     sumParts(out + at, parts.data(), P, n);
   }
 }

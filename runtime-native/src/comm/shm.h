@@ -14,9 +14,9 @@
 //                of every slot in group order into its own slot, barrier, copy every part out.
 //                Every element is summed once in one fixed order, so every rank gets the same bits;
 //                bf16 is summed in f32 and rounded once, when its part is written back
-//   reduce_scatter a slot is P lanes, lane k carrying this round's piece of the rank's block k;
-//                rank r sums lane r of every slot (its own piece straight from its data) in group
-//                order into its block. Each rank writes and reads (P−1)/P of the data once, against
+//   reduce_scatter a slot is P − 1 lanes, one per other rank k, carrying this round's piece of the
+//                rank's block k; rank r sums its lane of every slot (its own piece straight from
+//                its data) in group order into its block. Each rank writes and reads (P−1)/P of the data once, against
 //                the all-reduce's copy in, sum and copy out of all of it
 //   all_gather   each rank's block, a slot's worth per round
 //   broadcast    the root's data, a slot's worth per round

@@ -34,7 +34,9 @@ inline void storeSum(T* out, const T* sum, int64_t m) {
 inline void storeSum(bf16* out, const float* sum, int64_t m) { bf16FromFloat(out, sum, m); }
 
 // out[0:n] ← parts[0][i] + parts[1][i] + … + parts[P−1][i], left to right. out may be one of the
-// parts (each block of kBlock elements is read whole before it is written).
+// parts (each block of kBlock elements is read whole before it is written). A pass over the block
+// adds up to four parts (the first) or three more (the others) to its running sum, so a group of
+// up to four ranks sums in one pass; the order of the additions is the same either way.
 template <typename T>
 void sumParts(T* out, const T* const* parts, int P, int64_t n) {
   using Sum = typename SumOf<T>::type;
@@ -42,11 +44,37 @@ void sumParts(T* out, const T* const* parts, int P, int64_t n) {
   alignas(64) Sum acc[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
-    const T* first = parts[0] + b;
-    for (int64_t i = 0; i < m; i++) acc[i] = widen(first[i]);
-    for (int j = 1; j < P; j++) {
-      const T* s = parts[j] + b;
-      for (int64_t i = 0; i < m; i++) acc[i] += widen(s[i]);
+    const T* p[4] = {};
+    const int first = std::min(P, 4);
+    for (int j = 0; j < first; j++) p[j] = parts[j] + b;
+    switch (first) {
+      case 1:
+        for (int64_t i = 0; i < m; i++) acc[i] = widen(p[0][i]);
+        break;
+      case 2:
+        for (int64_t i = 0; i < m; i++) acc[i] = widen(p[0][i]) + widen(p[1][i]);
+        break;
+      case 3:
+        for (int64_t i = 0; i < m; i++) acc[i] = widen(p[0][i]) + widen(p[1][i]) + widen(p[2][i]);
+        break;
+      default:
+        for (int64_t i = 0; i < m; i++)
+          acc[i] = widen(p[0][i]) + widen(p[1][i]) + widen(p[2][i]) + widen(p[3][i]);
+    }
+    for (int j = first; j < P;) {
+      const int k = std::min(P - j, 3);
+      for (int q = 0; q < k; q++) p[q] = parts[j + q] + b;
+      switch (k) {
+        case 1:
+          for (int64_t i = 0; i < m; i++) acc[i] += widen(p[0][i]);
+          break;
+        case 2:
+          for (int64_t i = 0; i < m; i++) acc[i] = acc[i] + widen(p[0][i]) + widen(p[1][i]);
+          break;
+        default:
+          for (int64_t i = 0; i < m; i++) acc[i] = acc[i] + widen(p[0][i]) + widen(p[1][i]) + widen(p[2][i]);
+      }
+      j += k;
     }
     storeSum(out + b, acc, m);
   }
