@@ -5,7 +5,7 @@
 //
 //   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12]
 //
-// Each rank process runs one program holding every (op, size) REPEATS times in a row; the time of
+// Each rank process runs one program holding REPEATS rounds of every (op, size) once; the time of
 // one instance is the slowest rank's, the figure the median over the repeats. OpenMPI runs the
 // same schedule in a small C program (compiled here with mpicc, run with mpirun); the setup
 // installs libopenmpi-dev and openmpi-bin (scripts/setup.mjs, 'bench collectives'). Bus bandwidth as in nccl-tests, for S bytes
@@ -89,22 +89,23 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     outputs: number[],
     attrs: Record<string, unknown>,
   ) => {
-    for (let k = 0; k < REPEATS; k++) {
-      instructions.push({
-        stream: 'comm',
-        op,
-        inputs,
-        outputs,
-        attrs,
-        wait: [],
-        record: [],
-        microbatch: -1,
-        phase: 'backward',
-        scope: `bench.${op}.${size}MiB`,
-      });
-      order.push([op, size]);
-    }
+    const instruction: PlanInstruction = {
+      stream: 'comm',
+      op,
+      inputs,
+      outputs,
+      attrs,
+      wait: [],
+      record: [],
+      microbatch: -1,
+      phase: 'backward',
+      scope: `bench.${op}.${size}MiB`,
+    };
+    round.push([instruction, [op, size]]);
   };
+  // one round holds every (op, size) once; the program runs REPEATS rounds, so that a burst of
+  // load on a shared machine falls on every op alike (the ratios below compare ops)
+  const round: [PlanInstruction, [Op, number]][] = [];
   for (const size of SIZES_MIB) {
     const bytes = size * MiB;
     const rows = bytes / (ROW_FLOATS * 4);
@@ -122,6 +123,11 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     add('gather_v', size, [gvIn], [gvOut], { ...g, root: 0, out_rows: [String(rows)] });
     add('reduce_scatter', size, [x], [x], g);
   }
+  for (let k = 0; k < REPEATS; k++)
+    for (const [instruction, key] of round) {
+      instructions.push(instruction);
+      order.push(key);
+    }
   const program: ProgramFile = {
     format: PROGRAM_FORMAT,
     version: PLAN_VERSION,
@@ -209,24 +215,31 @@ int main(int argc, char** argv) {
   for (int s = 2; s < argc; s++) if ((size_t)atoi(argv[s]) << 20 > maxBytes) maxBytes = (size_t)atoi(argv[s]) << 20;
   float* a = calloc(maxBytes / 4, 4); float* b = calloc(maxBytes / 4, 4);
   int* counts = malloc(P * sizeof(int)); int* displs = malloc(P * sizeof(int));
-  double* t = malloc(repeats * sizeof(double)); double* tmax = malloc(repeats * sizeof(double));
   const char* names[4] = {"all_reduce", "all_to_all_v", "gather_v", "reduce_scatter"};
-  for (int s = 2; s < argc; s++) {
-    int mib = atoi(argv[s]); size_t bytes = (size_t)mib << 20; int n = (int)(bytes / 4);
-    for (int op = 0; op < 4; op++) {
+  int S = argc - 2;
+  double* t = malloc((size_t)4 * S * repeats * sizeof(double)); double* tmax = malloc((size_t)4 * S * repeats * sizeof(double));
+  // rounds of every (size, op) once, as lfc's program runs them
+  for (int k = 0; k < repeats; k++)
+    for (int s = 0; s < S; s++) {
+      size_t bytes = (size_t)atoi(argv[s + 2]) << 20; int n = (int)(bytes / 4);
       for (int i = 0; i < P; i++) { counts[i] = n / P; displs[i] = i * (n / P); }
-      for (int k = 0; k < repeats; k++) {
+      for (int op = 0; op < 4; op++) {
         double t0 = MPI_Wtime();
         if (op == 0) MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else if (op == 1) MPI_Alltoallv(a, counts, displs, MPI_FLOAT, b, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
         else if (op == 2) MPI_Gatherv(a, n / P, MPI_FLOAT, b, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
         else MPI_Reduce_scatter_block(MPI_IN_PLACE, a, n / P, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        t[k] = (MPI_Wtime() - t0) * 1e3;
+        t[((size_t)op * S + s) * repeats + k] = (MPI_Wtime() - t0) * 1e3;
       }
-      MPI_Reduce(t, tmax, repeats, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-      if (rank == 0) { qsort(tmax, repeats, sizeof(double), cmp); printf("%s/%d %f\n", names[op], mib, tmax[repeats / 2]); }
     }
-  }
+  MPI_Reduce(t, tmax, 4 * S * repeats, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (rank == 0)
+    for (int op = 0; op < 4; op++)
+      for (int s = 0; s < S; s++) {
+        double* m = tmax + ((size_t)op * S + s) * repeats;
+        qsort(m, repeats, sizeof(double), cmp);
+        printf("%s/%d %f\n", names[op], atoi(argv[s + 2]), m[repeats / 2]);
+      }
   MPI_Finalize();
   return 0;
 }
