@@ -1,9 +1,10 @@
 // The collective backend: what the collective instructions of a plan (all_reduce … recv) run on.
 //
 // A Communicator is one group of the plan on one stream: a few blocking primitives over byte
-// buffers (sum all-reduce, sum reduce-scatter of equal blocks, equal-block all-gather, broadcast, all-to-all of variable blocks,
-// point-to-point send/recv). The collective ops (collectives.cc) build the plan's semantics from
-// them, so a second backend (NCCL) only implements this interface. A Backend holds one
+// buffers (sum all-reduce, sum reduce-scatter of equal blocks, equal-block all-gather, broadcast,
+// all-to-all of variable blocks, point-to-point send/recv). The collective ops (collectives.cc)
+// build the plan's semantics from them, so a second backend (NCCL) only implements this
+// interface. A Backend holds one
 // Communicator per (group, stream) this rank takes part in, so the comm stream runs beside the
 // compute stream without sharing a connection, plus one over every rank (the control
 // communicator) that the training loop uses between steps.

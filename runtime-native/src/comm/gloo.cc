@@ -9,8 +9,9 @@
 // loopback), an integer one Gloo's ring with segments of at least kMinSegmentBytes (its default
 // 1 MiB segments are slow over loopback, ../shared/reference/anchors.md); reduce_scatter is direct
 // (tcpReduceScatter: each rank receives only its block, and sums it in group order as shared
-// memory does); all_gather, broadcast and all-to-all are Gloo's; send/recv are unbound-buffer transfers in a slot range of their own. Each
-// call carries the timeout; Gloo's exceptions become CommError.
+// memory does); all_gather, broadcast and all-to-all are Gloo's; send/recv are unbound-buffer
+// transfers in a slot range of their own. Each call carries the timeout; Gloo's exceptions become
+// CommError.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -271,7 +272,8 @@ class GlooComm : public Communicator {
     const int P = size(), r = rank();
     const int64_t seg = std::min(blockCount, int64_t(kReduceScatterSegmentBytes / sizeof(T)));  // elements
     const int64_t rounds = (blockCount + seg - 1) / seg;
-    if (rounds > int64_t(UINT32_MAX)) throw CommError(cat("reduce-scatter of ", blockCount, " elements a block is too large"));
+    if (rounds > int64_t(UINT32_MAX))
+      throw CommError(cat("reduce-scatter of ", blockCount, " elements a block is too large"));
     const size_t halfBytes = size_t(P - 1) * size_t(seg) * sizeof(T);
     if (staging_.size() < 2 * halfBytes) staging_.assign(2 * halfBytes, std::byte{0});
     T* staged[2] = {reinterpret_cast<T*>(staging_.data()), reinterpret_cast<T*>(staging_.data() + halfBytes)};

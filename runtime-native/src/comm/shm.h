@@ -16,8 +16,8 @@
 //                bf16 is summed in f32 and rounded once, when its part is written back
 //   reduce_scatter a slot is P − 1 lanes, one per other rank k, carrying this round's piece of the
 //                rank's block k; rank r sums its lane of every slot (its own piece straight from
-//                its data) in group order into its block. Each rank writes and reads (P−1)/P of the data once, against
-//                the all-reduce's copy in, sum and copy out of all of it
+//                its data) in group order into its block. Each rank writes and reads (P−1)/P of
+//                the data once, against the all-reduce's copy in, sum and copy out of all of it
 //   all_gather   each rank's block, a slot's worth per round
 //   broadcast    the root's data, a slot's worth per round
 //   all_to_all_v a slot is P lanes, one per destination; a round moves a lane's worth of every
