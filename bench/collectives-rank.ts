@@ -1,5 +1,5 @@
 // One rank of bench/collectives.ts: runs one program holding every timed collective (each op at
-// each size, REPEATS times in a row on the comm stream) twice and prints the per-instruction
+// each size, once a round, REPEATS rounds on the comm stream) twice and prints the per-instruction
 // times of the second run.
 //   node --import tsx bench/collectives-rank.ts SPEC.json RANK
 

@@ -1,15 +1,16 @@
 // Bus bandwidth of lfc's collectives (the Gloo backend of the native runtime) against OpenMPI,
 // on 2 and 4 local ranks, 1–64 MiB: all_reduce, all_to_all_v (equal blocks), gather_v (equal
-// blocks to rank 0).
+// blocks to rank 0), reduce_scatter (in place, as the distributed optimizer's buckets; OpenMPI's
+// MPI_Reduce_scatter_block), and reduce_scatter's time over all_reduce's of the same buffer.
 //
 //   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12]
 //
-// Each rank process runs one program holding every (op, size) REPEATS times in a row; the time of
+// Each rank process runs one program holding REPEATS rounds of every (op, size) once; the time of
 // one instance is the slowest rank's, the figure the median over the repeats. OpenMPI runs the
 // same schedule in a small C program (compiled here with mpicc, run with mpirun); the setup
 // installs libopenmpi-dev and openmpi-bin (scripts/setup.mjs, 'bench collectives'). Bus bandwidth as in nccl-tests, for S bytes
-// (all_reduce: the buffer; all_to_all_v: what one rank sends; gather_v: what the root receives):
-// all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
+// (all_reduce, reduce_scatter: the buffer; all_to_all_v: what one rank sends; gather_v: what the
+// root receives): all_reduce S/t · 2(P−1)/P, the others S/t · (P−1)/P.
 //
 // lfc's collectives run through shared memory between ranks of one machine (runtime-native
 // src/comm/shm.h); the "tcp" columns are the same program with LFC_COMM_SHM=0, Gloo over loopback
@@ -35,7 +36,7 @@ import { setupOrExit } from '../scripts/setup.mjs';
 // the Debian packages and the native runtime this bench needs (scripts/setup.mjs)
 setupOrExit('bench collectives');
 
-const OPS = ['all_reduce', 'all_to_all_v', 'gather_v'] as const;
+const OPS = ['all_reduce', 'all_to_all_v', 'gather_v', 'reduce_scatter'] as const;
 type Op = (typeof OPS)[number];
 const MiB = 2 ** 20;
 const ROW_FLOATS = 256; // rows of 1 KiB
@@ -88,22 +89,23 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     outputs: number[],
     attrs: Record<string, unknown>,
   ) => {
-    for (let k = 0; k < REPEATS; k++) {
-      instructions.push({
-        stream: 'comm',
-        op,
-        inputs,
-        outputs,
-        attrs,
-        wait: [],
-        record: [],
-        microbatch: -1,
-        phase: 'backward',
-        scope: `bench.${op}.${size}MiB`,
-      });
-      order.push([op, size]);
-    }
+    const instruction: PlanInstruction = {
+      stream: 'comm',
+      op,
+      inputs,
+      outputs,
+      attrs,
+      wait: [],
+      record: [],
+      microbatch: -1,
+      phase: 'backward',
+      scope: `bench.${op}.${size}MiB`,
+    };
+    round.push([instruction, [op, size]]);
   };
+  // one round holds every (op, size) once; the program runs REPEATS rounds, so that a burst of
+  // load on a shared machine falls on every op alike (the ratios below compare ops)
+  const round: [PlanInstruction, [Op, number]][] = [];
   for (const size of SIZES_MIB) {
     const bytes = size * MiB;
     const rows = bytes / (ROW_FLOATS * 4);
@@ -119,7 +121,13 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     const gvIn = buffer(`gv.in.${size}`, 'arena', 'f32', [rows / P, ROW_FLOATS], 0);
     const gvOut = buffer(`gv.out.${size}`, 'arena', 'f32', [rows, ROW_FLOATS], maxBytes);
     add('gather_v', size, [gvIn], [gvOut], { ...g, root: 0, out_rows: [String(rows)] });
+    add('reduce_scatter', size, [x], [x], g);
   }
+  for (let k = 0; k < REPEATS; k++)
+    for (const [instruction, key] of round) {
+      instructions.push(instruction);
+      order.push(key);
+    }
   const program: ProgramFile = {
     format: PROGRAM_FORMAT,
     version: PLAN_VERSION,
@@ -134,7 +142,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
       host: 0,
       scratch: 0,
     },
-    // f32 collectives with one output take no scratch (compiler/plan/scratch.ts)
+    // f32 collectives with one output, and reduce_scatter, take no scratch (compiler/plan/scratch.ts)
     scratchBytes: { compute: 0, comm: 0, copy: 0 },
     arenaLowerBoundBytes: 0,
     buffers,
@@ -207,23 +215,31 @@ int main(int argc, char** argv) {
   for (int s = 2; s < argc; s++) if ((size_t)atoi(argv[s]) << 20 > maxBytes) maxBytes = (size_t)atoi(argv[s]) << 20;
   float* a = calloc(maxBytes / 4, 4); float* b = calloc(maxBytes / 4, 4);
   int* counts = malloc(P * sizeof(int)); int* displs = malloc(P * sizeof(int));
-  double* t = malloc(repeats * sizeof(double)); double* tmax = malloc(repeats * sizeof(double));
-  const char* names[3] = {"all_reduce", "all_to_all_v", "gather_v"};
-  for (int s = 2; s < argc; s++) {
-    int mib = atoi(argv[s]); size_t bytes = (size_t)mib << 20; int n = (int)(bytes / 4);
-    for (int op = 0; op < 3; op++) {
+  const char* names[4] = {"all_reduce", "all_to_all_v", "gather_v", "reduce_scatter"};
+  int S = argc - 2;
+  double* t = malloc((size_t)4 * S * repeats * sizeof(double)); double* tmax = malloc((size_t)4 * S * repeats * sizeof(double));
+  // rounds of every (size, op) once, as lfc's program runs them
+  for (int k = 0; k < repeats; k++)
+    for (int s = 0; s < S; s++) {
+      size_t bytes = (size_t)atoi(argv[s + 2]) << 20; int n = (int)(bytes / 4);
       for (int i = 0; i < P; i++) { counts[i] = n / P; displs[i] = i * (n / P); }
-      for (int k = 0; k < repeats; k++) {
+      for (int op = 0; op < 4; op++) {
         double t0 = MPI_Wtime();
         if (op == 0) MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else if (op == 1) MPI_Alltoallv(a, counts, displs, MPI_FLOAT, b, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
-        else MPI_Gatherv(a, n / P, MPI_FLOAT, b, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
-        t[k] = (MPI_Wtime() - t0) * 1e3;
+        else if (op == 2) MPI_Gatherv(a, n / P, MPI_FLOAT, b, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        else MPI_Reduce_scatter_block(MPI_IN_PLACE, a, n / P, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        t[((size_t)op * S + s) * repeats + k] = (MPI_Wtime() - t0) * 1e3;
       }
-      MPI_Reduce(t, tmax, repeats, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-      if (rank == 0) { qsort(tmax, repeats, sizeof(double), cmp); printf("%s/%d %f\n", names[op], mib, tmax[repeats / 2]); }
     }
-  }
+  MPI_Reduce(t, tmax, 4 * S * repeats, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (rank == 0)
+    for (int op = 0; op < 4; op++)
+      for (int s = 0; s < S; s++) {
+        double* m = tmax + ((size_t)op * S + s) * repeats;
+        qsort(m, repeats, sizeof(double), cmp);
+        printf("%s/%d %f\n", names[op], atoi(argv[s + 2]), m[repeats / 2]);
+      }
   MPI_Finalize();
   return 0;
 }
@@ -273,10 +289,18 @@ console.log(`bus bandwidth GB/s (median of ${REPEATS}; slowest rank per instance
 console.log(
   'ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI   tcp (ms)   tcp/MPI',
 );
+const ratios: string[] = [];
 for (const P of RANKS) {
   const lfc = await runLfc(P, true);
   const tcp = await runLfc(P, false);
   const mpi = runMpi(P, mpiExe);
+  for (const size of SIZES_MIB) {
+    const over = (m: Map<string, number> | undefined) =>
+      m ? (m.get(`reduce_scatter/${size}`)! / m.get(`all_reduce/${size}`)!).toFixed(2) : '-';
+    ratios.push(
+      `${String(P).padEnd(6)} ${`${size} MiB`.padStart(7)} ${over(lfc).padStart(10)} ${over(tcp).padStart(10)} ${over(mpi).padStart(10)}`,
+    );
+  }
   for (const op of OPS)
     for (const size of SIZES_MIB) {
       const key = `${op}/${size}`;
@@ -298,3 +322,6 @@ for (const P of RANKS) {
       console.log(cells.join(' '));
     }
 }
+console.log('\nreduce_scatter time / all_reduce time, same buffer');
+console.log('ranks     size        lfc        tcp        MPI');
+for (const line of ratios) console.log(line);

@@ -278,13 +278,9 @@ export const SCRATCH_RULES = {
   // [n]; planned whenever the group has more than one rank (shared memory sums in place)
   all_reduce: (a) => gloo32(a.inputs[0], a),
   all_gather: none,
-  // run_reduce_scatter (comm/collectives.cc): in place (the distributed optimizer's buckets) an
-  // all-reduce of the buffer; otherwise the whole sum in scratch [P·n] and its all-reduce
-  reduce_scatter: (a) => {
-    const [x] = a.inputs;
-    const inPlace = numelOf(a.outputs[0]) === numelOf(x) && groupSize(a) > 1;
-    return (inPlace ? 0 : take(numelOf(x) * DTYPE_BYTES[x.dtype])) + gloo32(x, a);
-  },
+  // run_reduce_scatter (comm/collectives.cc): the communicator's reduceScatter, in place or into
+  // the block; no scratch on any transport (bf16 travels as bf16 and is summed on arrival)
+  reduce_scatter: none,
   broadcast: none,
   all_to_all_v: none,
   // run_gather_v with one output per group rank: the root receives every block into scratch

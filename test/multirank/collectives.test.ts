@@ -4,65 +4,18 @@
 // exactly (small integers in f32), through shared memory and over Gloo's TCP. Large collectives,
 // over many of the shared-memory transport's rounds, match their plain results too. A collective one
 // rank never joins fails after the collective timeout, naming its op and group.
-import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ProgramBuilder } from '../runtime/program-builder.js';
 import { StoreServer } from '../../runtime/store.js';
 import { generated, type Generator } from './generated.js';
 import type { WorkerSpec } from './rank-worker.js';
+import { range, runRanks } from './run-ranks.js';
 
 const H = 3; // values per row
-const WORKER = fileURLToPath(new URL('./rank-worker.ts', import.meta.url));
-const TSX = createRequire(import.meta.url).resolve('tsx');
 
-type Result = {
-  /** number lists, or base64 of the bytes with the spec's `binary` */
-  buffers?: Record<number, number[] | string>;
-  communicators?: { name: string; transport: string }[];
-  error?: string;
-};
-
-/** Runs every rank of the spec as a process; resolves with each rank's printed result. */
-async function runRanks(
-  spec: WorkerSpec,
-  world: number,
-  env: NodeJS.ProcessEnv = process.env,
-): Promise<Result[]> {
-  const file = join(mkdtempSync(join(tmpdir(), 'lfc-coll-')), 'spec.json');
-  writeFileSync(file, JSON.stringify(spec));
-  const children = range(world, (rank) =>
-    spawn(process.execPath, ['--import', TSX, WORKER, file, String(rank)], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-      env,
-    }),
-  );
-  const results = children.map(
-    (child) =>
-      new Promise<Result>((resolve) => {
-        let out = '';
-        child.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-        child.on('exit', () =>
-          resolve(
-            out ? (JSON.parse(out.trim().split('\n').pop()!) as Result) : { error: 'killed' },
-          ),
-        );
-      }),
-  );
-  // idle ranks (the timeout test) end once the others are done
-  const idle = spec.idle ?? [];
-  await Promise.all(results.filter((_, r) => !idle.includes(r)));
-  for (const r of idle) children[r].kill('SIGKILL');
-  return Promise.all(results);
-}
-
-function range<T>(n: number, f: (i: number) => T): T[] {
-  return Array.from({ length: n }, (_, i) => f(i));
-}
 const rowsOf = (S: number, f: (k: number, h: number) => number) =>
   range(S * H, (i) => f(Math.floor(i / H), i % H));
 

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { loadNative } from '../../runtime/native.js';
 import type { NativeCommConfig } from '../../runtime/native.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
+import { f32ToBf16 } from '../../runtime/bf16.js';
 import { generated, type Generator } from './generated.js';
 
 export interface WorkerSpec {
@@ -61,11 +62,10 @@ try {
   for (const [id, values] of fills) {
     const b = program.buffers[Number(id)];
     const region = rt.region(b.region as 'param');
-    const view =
-      b.dtype === 'i32'
-        ? new Int32Array(region, b.offset, values.length)
-        : new Float32Array(region, b.offset, values.length);
-    view.set(values);
+    if (b.dtype === 'bf16')
+      f32ToBf16(Float32Array.from(values), new Uint16Array(region, b.offset, values.length));
+    else if (b.dtype === 'i32') new Int32Array(region, b.offset, values.length).set(values);
+    else new Float32Array(region, b.offset, values.length).set(values);
   }
   const idle = spec.idle?.includes(rank);
   const steps = idle ? (spec.idleAfterSteps ?? 0) : (spec.steps ?? 1);

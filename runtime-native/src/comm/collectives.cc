@@ -76,22 +76,19 @@ int64_t run_all_gather(const Instr&, StepCtx& c, Group& g) {
   return -1;
 }
 
-int64_t run_reduce_scatter(const Instr& in, StepCtx& c, Group& g) {
+int64_t run_reduce_scatter(const Instr&, StepCtx& c, Group& g) {
   const Tensor &x = c.in(0), &y = c.out(0);
   requireFloatOrInt(x, "input 0");
   if (x.numel % g.P != 0) throw OpError(cat("input 0 ", formatShape(x.shape), " does not split in ", g.P, " blocks"));
-  if (y.numel == x.numel && y.numel % g.P == 0 && g.P > 1 && y.data == x.data) {
+  const int64_t blockCount = x.numel / g.P;
+  if (y.data == x.data && y.numel == x.numel) {
     // in place (the distributed optimizer's gradient buckets): block r of x becomes block r of
     // the sum; the other blocks are left undefined
-    g.comm.allReduce(y.data, y.dtype, y.numel, in.commOrdinal);
+    g.comm.reduceScatter(x.data, x.data + g.r * blockCount * dtypeBytes(x.dtype), x.dtype, blockCount);
     return -1;
   }
-  requireSameType(y, x, x.numel / g.P, "output 0 (one block of the sum)");
-  // the sum of the whole input in scratch, then this rank's block
-  std::byte* sum = c.scratch<std::byte>(x.bytes());
-  std::memcpy(sum, x.data, size_t(x.bytes()));
-  g.comm.allReduce(sum, x.dtype, x.numel);
-  std::memcpy(y.data, sum + g.r * y.bytes(), size_t(y.bytes()));
+  requireSameType(y, x, blockCount, "output 0 (one block of the sum)");
+  g.comm.reduceScatter(x.data, y.data, x.dtype, blockCount);
   return -1;
 }
 

@@ -6,9 +6,10 @@
 //   all_reduce      y = Σ x                          (f32, f64, bf16, i32, i64; in place; bf16 is
 //                   summed in f32 and rounded once per element, see the backends in comm.h)
 //   all_gather      y = x_0 ‖ … ‖ x_{P−1} along dim 0
-//   reduce_scatter  y = block r of Σ x along dim 0 (an all_reduce, then the block); in place (y is
-//                   x): block r of x becomes block r of Σ x, the others are undefined (the
-//                   distributed optimizer's gradient buckets)
+//   reduce_scatter  y = block r of Σ x along dim 0 (Communicator::reduceScatter: each rank
+//                   receives only its block, summed in group order); in place (y is x): block r of
+//                   x becomes block r of Σ x, the others are undefined (the distributed
+//                   optimizer's gradient buckets); no scratch
 //   broadcast       y = x of group rank `root`                    (in place)
 //   all_to_all_v    rows x [N, H] go in consecutive blocks of send_counts i32 [P] to each rank;
 //                   counts are exchanged first; y [out_rows, H] = the received blocks in group

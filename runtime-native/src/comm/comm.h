@@ -1,9 +1,10 @@
 // The collective backend: what the collective instructions of a plan (all_reduce … recv) run on.
 //
 // A Communicator is one group of the plan on one stream: a few blocking primitives over byte
-// buffers (sum all-reduce, equal-block all-gather, broadcast, all-to-all of variable blocks,
-// point-to-point send/recv). The collective ops (collectives.cc) build the plan's semantics from
-// them, so a second backend (NCCL) only implements this interface. A Backend holds one
+// buffers (sum all-reduce, sum reduce-scatter of equal blocks, equal-block all-gather, broadcast,
+// all-to-all of variable blocks, point-to-point send/recv). The collective ops (collectives.cc)
+// build the plan's semantics from them, so a second backend (NCCL) only implements this
+// interface. A Backend holds one
 // Communicator per (group, stream) this rank takes part in, so the comm stream runs beside the
 // compute stream without sharing a connection, plus one over every rank (the control
 // communicator) that the training loop uses between steps.
@@ -80,6 +81,13 @@ class Communicator {
   // per call (buffers bound to algorithms) and every member decides alike whether it has some;
   // -1: no such name (the data's address may change from call to call)
   virtual void allReduce(void* data, DType dtype, int64_t count, int64_t key = -1) = 0;
+  // in[0 : P·blockCount] is P consecutive blocks; out[0 : blockCount] ← Σ over the group of block r,
+  // r this rank's group rank (same dtypes as allReduce). Every backend sums a block's P
+  // contributions in group order, rank 0 first, with comm/sum.h's sumParts (bf16 in f32, rounded
+  // once per element), so the bits are the same on every run and over every transport, and equal
+  // the shared-memory allReduce's block r. out may be in + r·blockCount (in place); otherwise
+  // in is left as it was. Each rank moves about (P−1)/P of `in`, half an all-reduce's traffic
+  virtual void reduceScatter(const void* in, void* out, DType dtype, int64_t blockCount) = 0;
   // out ← every rank's `in` (blockBytes each) concatenated in group order
   virtual void allGather(const void* in, void* out, int64_t blockBytes) = 0;
   // data ← root's data

@@ -17,7 +17,9 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "comm/sum.h"
 #include "core/bf16.h"
 #include "core/error.h"
 
@@ -219,58 +221,57 @@ void ShmGroup::requirePeers() const {
   }
 }
 
-namespace {
-
-// A chunk's sum runs in SumOf<T>: T itself, f32 for bf16 (widened on load, rounded to nearest
-// even once, when the sum is written back to the slot).
-template <typename T>
-struct SumOf {
-  using type = T;
-};
-template <>
-struct SumOf<bf16> {
-  using type = float;
-};
-
-template <typename T>
-T widen(T v) {
-  return v;
-}
-float widen(bf16 v) { return toFloat(v); }
-
-template <typename T>
-void storeSum(T* out, const T* sum, int64_t m) {
-  std::memcpy(out, sum, size_t(m) * sizeof(T));
-}
-void storeSum(bf16* out, const float* sum, int64_t m) { bf16FromFloat(out, sum, m); }
-
-}  // namespace
-
 template <typename T>
 void ShmGroup::reduceChunk(T* data, int64_t n) {
-  using Sum = typename SumOf<T>::type;
   const int set = nextSet();
   std::memcpy(slot(set, rank_), data, size_t(n) * sizeof(T));
   barrier();
-  // part `rank_` of every slot, summed in group order a block at a time, into this rank's slot
+  // part `rank_` of every slot, summed in group order, into this rank's slot
   const auto [lo, hi] = partOf<T>(n, rank_, size_);
-  constexpr int64_t kBlock = 2048;
-  alignas(64) Sum acc[kBlock];
-  T* out = reinterpret_cast<T*>(slot(set, rank_));
-  for (int64_t b = lo; b < hi; b += kBlock) {
-    const int64_t m = std::min(kBlock, hi - b);
-    const T* first = reinterpret_cast<const T*>(slot(set, 0)) + b;
-    for (int64_t i = 0; i < m; i++) acc[i] = widen(first[i]);
-    for (int j = 1; j < size_; j++) {
-      const T* s = reinterpret_cast<const T*>(slot(set, j)) + b;
-      for (int64_t i = 0; i < m; i++) acc[i] += widen(s[i]);
-    }
-    storeSum(out + b, acc, m);
-  }
+  std::vector<const T*> parts(static_cast<size_t>(size_), nullptr);
+  for (int j = 0; j < size_; j++) parts[size_t(j)] = reinterpret_cast<const T*>(slot(set, j)) + lo;
+  if (hi > lo) sumParts(reinterpret_cast<T*>(slot(set, rank_)) + lo, parts.data(), size_, hi - lo);
   barrier();
   for (int j = 0; j < size_; j++) {
     const auto [l, h] = partOf<T>(n, j, size_);
     if (h > l) std::memcpy(data + l, reinterpret_cast<const T*>(slot(set, j)) + l, size_t(h - l) * sizeof(T));
+  }
+}
+
+// A round: rank j writes into lane k of its slot the round's piece of its block k (P − 1 lanes, one
+// per other rank: lane k for k < j, k − 1 for k > j), a barrier, and rank r sums its lane of every
+// other slot with its own piece, in group order.
+template <typename T>
+void ShmGroup::reduceScatterOf(const T* in, T* out, int64_t blockCount) {
+  const int P = size_;
+  const int64_t lane = int64_t(kSlotBytes) / (P - 1) / 64 * 64 / int64_t(sizeof(T));  // elements
+  const auto laneOf = [](int k, int j) { return k < j ? k : k - 1; };  // rank k's lane in slot j
+  std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
+  for (int64_t at = 0; at < blockCount; at += lane) {
+    const int64_t n = std::min(lane, blockCount - at);
+    const int set = nextSet();
+    T* mine = reinterpret_cast<T*>(slot(set, rank_));
+    for (int k = 0; k < P; k++)
+      if (k != rank_) std::memcpy(mine + laneOf(k, rank_) * lane, in + k * blockCount + at, size_t(n) * sizeof(T));
+    barrier();
+    for (int j = 0; j < P; j++)
+      parts[size_t(j)] = j == rank_ ? in + rank_ * blockCount + at
+                                    : reinterpret_cast<const T*>(slot(set, j)) + laneOf(rank_, j) * lane;
+    sumParts(out + at, parts.data(), P, n);
+  }
+}
+
+void ShmGroup::reduceScatter(const void* in, void* out, DType dtype, int64_t blockCount) {
+  switch (dtype) {
+    case DType::f32: return reduceScatterOf(static_cast<const float*>(in), static_cast<float*>(out), blockCount);
+    case DType::f64: return reduceScatterOf(static_cast<const double*>(in), static_cast<double*>(out), blockCount);
+    case DType::bf16: return reduceScatterOf(static_cast<const bf16*>(in), static_cast<bf16*>(out), blockCount);
+    case DType::i32:
+      return reduceScatterOf(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), blockCount);
+    case DType::i64:
+      return reduceScatterOf(static_cast<const int64_t*>(in), static_cast<int64_t*>(out), blockCount);
+    default:
+      throw CommError(cat("reduce-scatter of ", dtypeName(dtype), " is not supported (f32, f64, bf16, i32, i64)"));
   }
 }
 

@@ -14,6 +14,10 @@
 //                of every slot in group order into its own slot, barrier, copy every part out.
 //                Every element is summed once in one fixed order, so every rank gets the same bits;
 //                bf16 is summed in f32 and rounded once, when its part is written back
+//   reduce_scatter a slot is P − 1 lanes, one per other rank k, carrying this round's piece of the
+//                rank's block k; rank r sums its lane of every slot (its own piece straight from
+//                its data) in group order into its block. Each rank writes and reads (P−1)/P of
+//                the data once, against the all-reduce's copy in, sum and copy out of all of it
 //   all_gather   each rank's block, a slot's worth per round
 //   broadcast    the root's data, a slot's worth per round
 //   all_to_all_v a slot is P lanes, one per destination; a round moves a lane's worth of every
@@ -66,6 +70,7 @@ class ShmGroup {
 
   // The Communicator primitives (comm.h), same contracts.
   void allReduce(void* data, DType dtype, int64_t count);
+  void reduceScatter(const void* in, void* out, DType dtype, int64_t blockCount);
   void allGather(const void* in, void* out, int64_t blockBytes);
   void broadcast(void* data, int64_t bytes, int root);
   void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
@@ -80,6 +85,8 @@ class ShmGroup {
   void requirePeers() const;  // throws when a member's process is gone
   template <typename T>
   void reduceChunk(T* data, int64_t count);
+  template <typename T>
+  void reduceScatterOf(const T* in, T* out, int64_t blockCount);
 
   int rank_, size_;
   void* base_;
