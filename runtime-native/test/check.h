@@ -144,3 +144,7 @@ bool throws_kernel_error(F&& f, const char* must_contain) {
 // bf16_check.cc: the bf16/ tier (bf16 storage against the f32 kernels) and the exact checks of
 // the bf16 conversion.
 void bf16_checks();
+
+// pool_check.cc: the pool/ tier (the kernel thread pool; pooled kernels against ref and across
+// thread counts).
+void pool_checks();

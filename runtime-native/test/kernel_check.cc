@@ -5,6 +5,8 @@
 //               and edge cases (error = max|opt − ref| / max|ref|)
 //   fwd/...     forwards of the single-implementation kernels against the formula, evaluated here
 //               independently (long double), or against hand-worked cases
+//   pool/...    the kernel thread pool, and every pooled kernel against its ref loop and against
+//               itself at 1, 2 and 3 threads byte for byte (pool_check.cc)
 //   bf16/...    every kernel's entry point on bf16 storage against the f32 kernel on the same
 //               bf16-rounded inputs (error = NMSE), and the bf16 conversion exactly (bf16_check.cc)
 //   err/...     bad arguments throw KernelError
@@ -1405,6 +1407,7 @@ int main(int argc, char** argv) {
   fwd_image_sizes();
   fwd_balance_rule();
   fwd_balance_exchange();
+  pool_checks();
   bf16_checks();
   err_checks();
   err_balance();
