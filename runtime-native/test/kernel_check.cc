@@ -1101,23 +1101,6 @@ void err_checks() {
 
 // ---- --bench: median time, optimized against ref ------------------------------------------------
 
-template <typename F>
-double median_ms(F&& f, int reps = 21) {
-  f();  // warm-up
-  std::vector<double> ms;
-  for (int i = 0; i < reps; i++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-void bench_line(const std::string& name, double opt_ms, double ref_ms) {
-  std::printf("%-62s opt %8.3f ms   ref %8.3f ms   ×%.1f\n", name.c_str(), opt_ms, ref_ms, ref_ms / opt_ms);
-}
-
 int bench() {
   std::printf("float32, median of 21 runs\n");
   {  // tiny-vlm dense gate_proj: (T, Hd) · (F, Hd)ᵀ
@@ -1185,6 +1168,7 @@ int bench() {
                  cpu::ref::grouped_linear_backward_weight(dwp.data(), dy.data(), x.data(), counts.data(), E, N, in, out);
                }));
   }
+  pool_bench();
   return 0;
 }
 

@@ -325,3 +325,72 @@ void pool_checks() {
   pool_norms();
   pool_losses();
 }
+
+// ---- --bench -----------------------------------------------------------------------------------
+
+namespace {
+// pooled(…) at 1 and at 2 threads, against ref
+template <typename Pooled, typename Ref>
+void pool_bench_line(const std::string& name, Pooled&& pooled, Ref&& ref) {
+  const int before = lfc::kernelThreads();
+  lfc::setKernelThreads(1);
+  const double one = median_ms(pooled, 51);
+  lfc::setKernelThreads(2);
+  const double two = median_ms(pooled, 51);
+  lfc::setKernelThreads(before);
+  const double r = median_ms(ref, 51);
+  std::printf("%-48s 2 threads %7.3f ms   1 thread %7.3f ms   ref %7.3f ms   ×%.1f\n", name.c_str(), two, one, r,
+              r / two);
+}
+}  // namespace
+
+void pool_bench() {
+  std::printf("pooled kernels (core/thread_pool.h), float32, median of 51 runs\n");
+  // tiny-vlm's decoder: T = 3 microbatches × 128 tokens, H = 128, F = 384; a vocab of 1024
+  const int64_t T = 384, H = 128, F = 384, V = 1024, n = T * F;
+  Rng rng(7);
+  const VecF a = to_float(rng.vec(sz(n))), b = to_float(rng.vec(sz(n))), dy = to_float(rng.vec(sz(n)));
+  VecF y(sz(n)), y2(sz(n));
+  pool_bench_line("swiglu_forward T·F = 384·384",
+                  [&] { cpu::swiglu_forward(y.data(), a.data(), b.data(), n); },
+                  [&] { cpu::ref::swiglu_forward(y.data(), a.data(), b.data(), n); });
+  pool_bench_line("swiglu_backward",
+                  [&] { cpu::swiglu_backward(y.data(), y2.data(), dy.data(), a.data(), b.data(), n); },
+                  [&] { cpu::ref::swiglu_backward(y.data(), y2.data(), dy.data(), a.data(), b.data(), n); });
+  pool_bench_line("gelu_backward T·F", [&] { cpu::gelu_backward(y.data(), dy.data(), a.data(), n); },
+                  [&] { cpu::ref::gelu_backward(y.data(), dy.data(), a.data(), n); });
+  VecF p = a, m(sz(n), 0.f), v(sz(n), 0.f);
+  const cpu::AdamWParams hp{1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5};
+  pool_bench_line("adamw_step n = 147456", [&] { cpu::adamw_step(p.data(), b.data(), m.data(), v.data(), n, hp, 2); },
+                  [&] { cpu::ref::adamw_step(p.data(), b.data(), m.data(), v.data(), n, hp, 2); });
+  volatile double sink = 0;
+  pool_bench_line("sum_squares n = 147456", [&] { sink = cpu::sum_squares(a.data(), n); },
+                  [&] { sink = cpu::ref::sum_squares(a.data(), n); });
+  VecF x(sz(T * H)), w(sz(H)), rstd(sz(T)), dx(sz(T * H)), dw(sz(H));
+  std::copy(a.begin(), a.begin() + T * H, x.begin());
+  std::copy(b.begin(), b.begin() + H, w.begin());
+  pool_bench_line("rmsnorm_forward R = 384, H = 128",
+                  [&] { cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, H, 1e-6); },
+                  [&] { cpu::ref::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, H, 1e-6); });
+  pool_bench_line("rmsnorm_backward",
+                  [&] { cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, H); },
+                  [&] {
+                    cpu::ref::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, H);
+                  });
+  const VecF logits = to_float(rng.vec(sz(T * V), -4, 4));
+  const Ints labels = rng.ints(sz(T), 0, int32_t(V - 1));
+  const std::vector<uint8_t> mask(sz(T), 1);
+  VecF lse(sz(T)), dlogits(sz(T * V));
+  pool_bench_line("cross_entropy forward + backward T = 384, V = 1024",
+                  [&] {
+                    cpu::cross_entropy_forward(lse.data(), logits.data(), labels.data(), mask.data(), 384.0, T, V);
+                    cpu::cross_entropy_backward(dlogits.data(), 1.f, logits.data(), lse.data(), labels.data(),
+                                                mask.data(), 384.0, T, V);
+                  },
+                  [&] {
+                    cpu::ref::cross_entropy_forward(lse.data(), logits.data(), labels.data(), mask.data(), 384.0, T,
+                                                    V);
+                    cpu::ref::cross_entropy_backward(dlogits.data(), 1.f, logits.data(), lse.data(), labels.data(),
+                                                     mask.data(), 384.0, T, V);
+                  });
+}
