@@ -13,7 +13,7 @@
 namespace {
 
 constexpr int kThreadCounts[] = {1, 2, 3};
-const int64_t kElems = 3 * cpu::kElementGrain + 123;  // 4 blocks, the last one short
+const int64_t kElems = 9 * cpu::kElementGrain + 123;  // 10 blocks (sum_squares: 3), the last one short
 
 using Bytes = std::vector<unsigned char>;
 inline size_t sz(int64_t n) { return size_t(n); }

@@ -24,7 +24,7 @@ namespace lfc::cpu {
 
 // Block sizes of the pooled kernels (core/thread_pool.h): fixed, so that a kernel's blocks, and the
 // order its partials are summed in, never depend on the thread count.
-constexpr int64_t kElementGrain = 16384;  // elements of an elementwise loop, or of a sum's partial
+constexpr int64_t kElementGrain = 16384;  // elements of a block of an elementwise loop
 constexpr int64_t kRowGrainBytes = 65536; // rows of a row kernel (a norm, a loss): about this much input
 
 // rows (of `rowBytes` each) in a block of a pooled row kernel: ≥ 1
