@@ -1,13 +1,10 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace lfc {
 
 namespace {
-constexpr std::chrono::microseconds kSpin{200};
-
 // whether this thread is running a block now (a nested parallelFor then runs inline: the caller
 // holds callerMu_, a worker is the pool)
 thread_local bool tInBlock = false;
@@ -55,12 +52,6 @@ void ThreadPool::stopWorkers() {
 
 void ThreadPool::workerLoop(uint64_t seen) {
   for (;;) {
-    // Stay awake a little after a job, yielding the core to any runnable thread (OpenBLAS's among
-    // them): a sleeping thread takes 50–200 µs to wake on a VM, as long as a 49152-element SwiGLU
-    // takes, so back-to-back pooled kernels find the workers awake.
-    const auto until = std::chrono::steady_clock::now() + kSpin;
-    while (generation_.load() == seen && !stop_.load() && std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });

@@ -15,8 +15,7 @@
 //   - one caller at a time: a parallelFor that finds the pool busy (another stream's kernel, or a
 //     parallelFor inside a block) runs its blocks inline on its own thread, in block order;
 //   - a block never calls a GEMM: OpenBLAS runs its own threads only between pooled regions, on the
-//     caller's thread. The workers stay awake 200 µs after a job, yielding the core to any runnable
-//     thread at every turn (as OpenBLAS's own idle threads do), then sleep.
+//     caller's thread, while the workers sleep.
 #pragma once
 
 #include <atomic>
@@ -62,8 +61,8 @@ class ThreadPool {
   std::mutex callerMu_;  // held by the one caller whose job the workers run, and by resize
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  std::atomic<bool> stop_{false};  // set under mu_
-  std::atomic<uint64_t> generation_{0};  // bumped per job, under mu_; a worker joins each generation once
+  bool stop_ = false;
+  uint64_t generation_ = 0;  // bumped per job; a worker joins each generation once
   // the current job
   BlockFn fn_ = nullptr;
   void* ctx_ = nullptr;
