@@ -9,6 +9,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "data/init.h"
 #include "kernels/cpu/storage.h"
 #include "ops/registry.h"
@@ -47,7 +48,12 @@ Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
   if (options_.patchSize < 1 || options_.mergeSize < 1)
     throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
                            " must be ≥ 1"));
-  if (options_.threads > 0) openblas_set_num_threads(options_.threads);
+  // --threads bounds every computing thread: OpenBLAS's GEMMs and the kernel pool's blocks, which
+  // never run at once (core/thread_pool.h)
+  if (options_.threads > 0) {
+    openblas_set_num_threads(options_.threads);
+    setKernelThreads(options_.threads);
+  }
   memory_ = std::make_shared<Memory>(program_);
   slots_.resize(size_t(program_.slots));
   sizes_.resize(size_t(program_.slots));

@@ -22,7 +22,7 @@
 namespace lfc {
 
 struct RuntimeOptions {
-  int threads = 0;  // OpenBLAS threads (process-wide); 0 leaves OpenBLAS's default
+  int threads = 0;  // computing threads, process-wide: OpenBLAS and the kernel pool; 0 leaves their defaults (the cores)
   int patchSize = 4;
   int mergeSize = 2;
   int temporalPatch = 1;  // frames per patch: a still image is repeated in time this many times

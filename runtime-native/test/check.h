@@ -141,6 +141,30 @@ bool throws_kernel_error(F&& f, const char* must_contain) {
   return false;
 }
 
+// --bench: the median time of f over reps runs (after one warm-up), and one report line
+template <typename F>
+inline double median_ms(F&& f, int reps = 21) {
+  f();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; i++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+inline void bench_line(const std::string& name, double opt_ms, double ref_ms) {
+  std::printf("%-62s opt %8.3f ms   ref %8.3f ms   ×%.1f\n", name.c_str(), opt_ms, ref_ms, ref_ms / opt_ms);
+}
+
 // bf16_check.cc: the bf16/ tier (bf16 storage against the f32 kernels) and the exact checks of
 // the bf16 conversion.
 void bf16_checks();
+
+// pool_check.cc: the pool/ tier (the kernel thread pool; pooled kernels against ref and across
+// thread counts).
+void pool_checks();
+// --bench: the pooled kernels at tiny-vlm's shapes, on 1 and 2 threads, against ref
+void pool_bench();

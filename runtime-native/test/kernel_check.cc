@@ -5,6 +5,8 @@
 //               and edge cases (error = max|opt − ref| / max|ref|)
 //   fwd/...     forwards of the single-implementation kernels against the formula, evaluated here
 //               independently (long double), or against hand-worked cases
+//   pool/...    the kernel thread pool, and every pooled kernel against its ref loop and against
+//               itself at 1, 2 and 3 threads byte for byte (pool_check.cc)
 //   bf16/...    every kernel's entry point on bf16 storage against the f32 kernel on the same
 //               bf16-rounded inputs (error = NMSE), and the bf16 conversion exactly (bf16_check.cc)
 //   err/...     bad arguments throw KernelError
@@ -1099,23 +1101,6 @@ void err_checks() {
 
 // ---- --bench: median time, optimized against ref ------------------------------------------------
 
-template <typename F>
-double median_ms(F&& f, int reps = 21) {
-  f();  // warm-up
-  std::vector<double> ms;
-  for (int i = 0; i < reps; i++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-void bench_line(const std::string& name, double opt_ms, double ref_ms) {
-  std::printf("%-62s opt %8.3f ms   ref %8.3f ms   ×%.1f\n", name.c_str(), opt_ms, ref_ms, ref_ms / opt_ms);
-}
-
 int bench() {
   std::printf("float32, median of 21 runs\n");
   {  // tiny-vlm dense gate_proj: (T, Hd) · (F, Hd)ᵀ
@@ -1183,6 +1168,7 @@ int bench() {
                  cpu::ref::grouped_linear_backward_weight(dwp.data(), dy.data(), x.data(), counts.data(), E, N, in, out);
                }));
   }
+  pool_bench();
   return 0;
 }
 
@@ -1405,6 +1391,7 @@ int main(int argc, char** argv) {
   fwd_image_sizes();
   fwd_balance_rule();
   fwd_balance_exchange();
+  pool_checks();
   bf16_checks();
   err_checks();
   err_balance();

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/thread_pool.h"
+
 namespace lfc::cpu {
 
 namespace {
@@ -13,6 +15,10 @@ Real sigmoid(Real g) {
   return Real(1) / (Real(1) + std::exp(-g));  // exp overflow → σ = 0, no NaN
 }
 }  // namespace
+
+// ---- reference: one loop over the elements ---------------------------------------------------
+
+namespace ref {
 
 template <typename Real>
 void gelu_forward(Real* y, const Real* x, int64_t n) {
@@ -81,17 +87,70 @@ void add_backward(Real* da, Real* db, const Real* dy, int64_t n) {
   }
 }
 
-#define LFC_INSTANTIATE_ACTIVATION(Real)                                                           \
-  template void gelu_forward<Real>(Real*, const Real*, int64_t);                                   \
-  template void gelu_backward<Real>(Real*, const Real*, const Real*, int64_t);                     \
-  template void gelu_exact_forward<Real>(Real*, const Real*, int64_t);                             \
-  template void gelu_exact_backward<Real>(Real*, const Real*, const Real*, int64_t);               \
-  template void swiglu_forward<Real>(Real*, const Real*, const Real*, int64_t);                    \
-  template void swiglu_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t); \
-  template void add_forward<Real>(Real*, const Real*, const Real*, int64_t);                       \
-  template void add_backward<Real>(Real*, Real*, const Real*, int64_t);
+}  // namespace ref
+
+// ---- pooled: fixed blocks of kElementGrain elements, each the reference loop on its range (no
+// element depends on another: the same bits as ref at any thread count) ----------------------
+
+template <typename Real>
+void gelu_forward(Real* y, const Real* x, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::gelu_forward(y + b, x + b, e - b); });
+}
+
+template <typename Real>
+void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::gelu_backward(dx + b, dy + b, x + b, e - b); });
+}
+
+template <typename Real>
+void gelu_exact_forward(Real* y, const Real* x, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::gelu_exact_forward(y + b, x + b, e - b); });
+}
+
+template <typename Real>
+void gelu_exact_backward(Real* dx, const Real* dy, const Real* x, int64_t n) {
+  parallelFor(n, kElementGrain,
+              [&](int64_t b, int64_t e) { ref::gelu_exact_backward(dx + b, dy + b, x + b, e - b); });
+}
+
+template <typename Real>
+void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::swiglu_forward(y + b, gate + b, up + b, e - b); });
+}
+
+template <typename Real>
+void swiglu_backward(Real* dgate, Real* dup, const Real* dy, const Real* gate, const Real* up, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+    ref::swiglu_backward(dgate + b, dup + b, dy + b, gate + b, up + b, e - b);
+  });
+}
+
+template <typename Real>
+void add_forward(Real* y, const Real* a, const Real* b, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t i, int64_t e) { ref::add_forward(y + i, a + i, b + i, e - i); });
+}
+
+template <typename Real>
+void add_backward(Real* da, Real* db, const Real* dy, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::add_backward(da + b, db + b, dy + b, e - b); });
+}
+
+#define LFC_INSTANTIATE_ACTIVATION_IN(NS, Real)                                                           \
+  template void NS gelu_forward<Real>(Real*, const Real*, int64_t);                                   \
+  template void NS gelu_backward<Real>(Real*, const Real*, const Real*, int64_t);                     \
+  template void NS gelu_exact_forward<Real>(Real*, const Real*, int64_t);                             \
+  template void NS gelu_exact_backward<Real>(Real*, const Real*, const Real*, int64_t);               \
+  template void NS swiglu_forward<Real>(Real*, const Real*, const Real*, int64_t);                    \
+  template void NS swiglu_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t); \
+  template void NS add_forward<Real>(Real*, const Real*, const Real*, int64_t);                       \
+  template void NS add_backward<Real>(Real*, Real*, const Real*, int64_t);
+#define LFC_INSTANTIATE_ACTIVATION(Real)    \
+  LFC_INSTANTIATE_ACTIVATION_IN(, Real) \
+  LFC_INSTANTIATE_ACTIVATION_IN(ref::, Real)
 LFC_INSTANTIATE_ACTIVATION(float)
 LFC_INSTANTIATE_ACTIVATION(double)
+#undef LFC_INSTANTIATE_ACTIVATION
+#undef LFC_INSTANTIATE_ACTIVATION_IN
 
 // ---- by storage dtype ---------------------------------------------------------------------------
 

@@ -38,6 +38,30 @@ void add_forward(Real* y, const Real* a, const Real* b, int64_t n);
 template <typename Real>
 void add_backward(Real* da, Real* db, const Real* dy, int64_t n);
 
+// Pooled (core/thread_pool.h) in fixed blocks of kElementGrain elements, each ref's loop on its
+// range: the same bits as ref at any thread count.
+namespace ref {
+template <typename Real>
+void gelu_forward(Real* y, const Real* x, int64_t n);
+template <typename Real>
+void gelu_backward(Real* dx, const Real* dy, const Real* x, int64_t n);
+
+template <typename Real>
+void gelu_exact_forward(Real* y, const Real* x, int64_t n);
+template <typename Real>
+void gelu_exact_backward(Real* dx, const Real* dy, const Real* x, int64_t n);
+
+template <typename Real>
+void swiglu_forward(Real* y, const Real* gate, const Real* up, int64_t n);
+template <typename Real>
+void swiglu_backward(Real* dgate, Real* dup, const Real* dy, const Real* gate, const Real* up, int64_t n);
+
+template <typename Real>
+void add_forward(Real* y, const Real* a, const Real* b, int64_t n);
+template <typename Real>
+void add_backward(Real* da, Real* db, const Real* dy, int64_t n);
+}  // namespace ref
+
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
 void gelu_forward(Dst y, Src x, int64_t n);
 void gelu_backward(Dst dx, Src dy, Src x, int64_t n);

@@ -22,6 +22,14 @@
 
 namespace lfc::cpu {
 
+// Block sizes of the pooled kernels (core/thread_pool.h): fixed, so that a kernel's blocks, and the
+// order its partials are summed in, never depend on the thread count.
+constexpr int64_t kElementGrain = 16384;  // elements of a block of an elementwise loop
+constexpr int64_t kRowGrainBytes = 65536; // rows of a row kernel (a norm, a loss): about this much input
+
+// rows (of `rowBytes` each) in a block of a pooled row kernel: ≥ 1
+inline int64_t row_grain(int64_t rowBytes) { return rowBytes >= kRowGrainBytes ? 1 : kRowGrainBytes / rowBytes; }
+
 // A kernel reports a bad argument (an id out of range, counts that do not add up, a placeholder
 // count that differs from the visual rows) by throwing KernelError, whose message starts with the
 // kernel's name. Nothing is written to the outputs before the check fails, except where the

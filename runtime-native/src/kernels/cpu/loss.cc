@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "core/thread_pool.h"
 
 namespace lfc::cpu {
 
@@ -43,6 +46,8 @@ int64_t target_column(const char* kernel, const int32_t* labels, const uint8_t* 
 
 }  // namespace
 
+namespace ref {
+
 template <typename Real>
 Real cross_entropy_forward(Real* lse, const Real* logits, const int32_t* labels, const uint8_t* mask,
                            double loss_tokens, int64_t T, int64_t V) {
@@ -81,6 +86,62 @@ void cross_entropy_backward(Real* dlogits, Real g, const Real* logits, const Rea
   }
 }
 
+}  // namespace ref
+
+namespace {
+// cross_entropy_forward's row t: lse[t], and the row's loss term in double (0 when masked out)
+template <typename Real>
+double cross_entropy_row(Real* lse, const Real* logits, const int32_t* labels, const uint8_t* mask, int64_t t,
+                         int64_t V) {
+  lse[t] = Real(0);
+  if (!mask[t]) return 0;
+  const Real* lt = logits + t * V;  // (V)
+  const double m = *std::max_element(lt, lt + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; v++) sum += std::exp(double(lt[v]) - m);
+  const double l = m + std::log(sum);
+  lse[t] = Real(l);
+  return l - double(lt[labels[t]]);
+}
+}  // namespace
+
+// Pooled over fixed blocks of rows; each row's term is kept in double and the terms summed in row
+// order on the calling thread, as ref sums them: ref's bits at any thread count (and so still
+// ce_from_stats ∘ lse_combine's bits on one rank).
+template <typename Real>
+Real cross_entropy_forward(Real* lse, const Real* logits, const int32_t* labels, const uint8_t* mask,
+                           double loss_tokens, int64_t T, int64_t V) {
+  check_args("cross_entropy_forward", labels, mask, loss_tokens, T, V);
+  std::vector<double> term(static_cast<size_t>(T));  // (T)
+  parallelFor(T, row_grain(V * int64_t(sizeof(Real))), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) term[size_t(t)] = cross_entropy_row(lse, logits, labels, mask, t, V);
+  });
+  double total = 0;
+  for (int64_t t = 0; t < T; t++)
+    if (mask[t]) total += term[size_t(t)];
+  return Real(total / loss_tokens);
+}
+
+// Rows are independent: ref's loop on each fixed block of rows (ref's bits).
+template <typename Real>
+void cross_entropy_backward(Real* dlogits, Real g, const Real* logits, const Real* lse,
+                            const int32_t* labels, const uint8_t* mask, double loss_tokens, int64_t T,
+                            int64_t V) {
+  check_args("cross_entropy_backward", labels, mask, loss_tokens, T, V);
+  parallelFor(T, row_grain(V * int64_t(sizeof(Real))), [&](int64_t t0, int64_t t1) {
+    ref::cross_entropy_backward(dlogits + t0 * V, g, logits + t0 * V, lse + t0, labels + t0, mask + t0, loss_tokens,
+                                t1 - t0, V);
+  });
+}
+
+template float ref::cross_entropy_forward<float>(float*, const float*, const int32_t*, const uint8_t*,
+                                                 double, int64_t, int64_t);
+template double ref::cross_entropy_forward<double>(double*, const double*, const int32_t*, const uint8_t*,
+                                                   double, int64_t, int64_t);
+template void ref::cross_entropy_backward<float>(float*, float, const float*, const float*, const int32_t*,
+                                                 const uint8_t*, double, int64_t, int64_t);
+template void ref::cross_entropy_backward<double>(double*, double, const double*, const double*,
+                                                  const int32_t*, const uint8_t*, double, int64_t, int64_t);
 template float cross_entropy_forward<float>(float*, const float*, const int32_t*, const uint8_t*,
                                             double, int64_t, int64_t);
 template double cross_entropy_forward<double>(double*, const double*, const int32_t*, const uint8_t*,
@@ -95,17 +156,21 @@ template void cross_entropy_backward<double>(double*, double, const double*, con
 template <typename Real>
 void vocab_logsumexp_forward(Real* lse, const Real* logits, int64_t T, int64_t V) {
   LFC_KERNEL_CHECK(V >= 1 || T == 0, "vocab_logsumexp_forward: no vocabulary columns");
-  for (int64_t t = 0; t < T; t++) lse[t] = Real(logsumexp(logits + t * V, V, 1));
+  parallelFor(T, row_grain(V * int64_t(sizeof(Real))), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) lse[t] = Real(logsumexp(logits + t * V, V, 1));
+  });
 }
 
 template <typename Real>
 void vocab_logsumexp_backward(Real* dlogits, const Real* dy, const Real* logits, const Real* lse, int64_t T,
                               int64_t V) {
-  for (int64_t t = 0; t < T; t++) {
-    const Real* lt = logits + t * V;  // (V)
-    Real* dt = dlogits + t * V;       // (V)
-    for (int64_t v = 0; v < V; v++) dt[v] = dy[t] * std::exp(lt[v] - lse[t]);
-  }
+  parallelFor(T, row_grain(V * int64_t(sizeof(Real))), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      const Real* lt = logits + t * V;  // (V)
+      Real* dt = dlogits + t * V;       // (V)
+      for (int64_t v = 0; v < V; v++) dt[v] = dy[t] * std::exp(lt[v] - lse[t]);
+    }
+  });
 }
 
 template <typename Real>

@@ -23,12 +23,25 @@ void cross_entropy_backward(Real* dlogits, Real g, const Real* logits, const Rea
                             const int32_t* labels, const uint8_t* mask, double loss_tokens, int64_t T,
                             int64_t V);
 
+// Pooled over fixed blocks of rows (core/thread_pool.h), ref's bits at any thread count: the rows'
+// loss terms are summed in row order on the calling thread. ref: the one-thread loop.
+namespace ref {
+template <typename Real>
+Real cross_entropy_forward(Real* lse, const Real* logits, const int32_t* labels, const uint8_t* mask,
+                           double loss_tokens, int64_t T, int64_t V);
+template <typename Real>
+void cross_entropy_backward(Real* dlogits, Real g, const Real* logits, const Real* lse,
+                            const int32_t* labels, const uint8_t* mask, double loss_tokens, int64_t T,
+                            int64_t V);
+}  // namespace ref
+
 // ---- vocab-parallel cross-entropy: cross_entropy over a vocabulary split in column blocks --------
 // A rank holds logits (T, V) = columns [first, first + V) of a vocabulary of `vocab` ids. With the
 // per-rank lse gathered into (P, T) and the target logits summed over the ranks:
 //   ce_from_stats(lse_combine(lse_p), Σ_p target_p, mask) = cross_entropy over the whole vocabulary.
 // Every log-sum-exp is shifted by its max and summed in double, as cross_entropy_forward does, so
 // on one rank (P = 1) the composition gives cross_entropy's value and gradient bit for bit.
+// vocab_logsumexp's forward and backward are pooled over fixed blocks of rows (rows independent).
 
 // lse (T) = log Σ_v exp(logits (T, V)[t, v]), every row (no mask).
 template <typename Real>

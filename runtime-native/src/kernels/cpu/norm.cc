@@ -1,10 +1,17 @@
 #include "norm.h"
 
 #include <cmath>
+#include <vector>
+
+#include "core/thread_pool.h"
 
 namespace lfc::cpu {
 
 // Row reductions accumulate in double; the per-element work stays in Real.
+
+// ---- reference: one pass over the rows -------------------------------------------------------
+
+namespace ref {
 
 template <typename Real>
 void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Real* w, const Real* b,
@@ -86,17 +93,84 @@ void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const R
   }
 }
 
-#define LFC_INSTANTIATE_NORM(Real)                                                                  \
-  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
+}  // namespace ref
+
+// ---- pooled: fixed blocks of row_grain(H) rows ------------------------------------------------
+// Rows are independent but for the weight gradients: each block accumulates its own partial of
+// dw (and db) from zero with ref's loop over its rows, and the partials are added to dw in block
+// order on the calling thread (the determinism rule of core/thread_pool.h). dx, y and the
+// statistics are ref's bits; dw and db are ref's within rounding (Σ in another order).
+
+template <typename Real>
+void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Real* w, const Real* b,
+                       int64_t R, int64_t H, double eps) {
+  parallelFor(R, row_grain(H * int64_t(sizeof(Real))), [&](int64_t r0, int64_t r1) {
+    ref::layernorm_forward(y + r0 * H, mean + r0, rstd + r0, x + r0 * H, w, b, r1 - r0, H, eps);
+  });
+}
+
+namespace {
+// dst (H) += Σ_k partial[k·H …] over k in order (the blocks' weight-gradient partials)
+template <typename Real>
+void add_partials(Real* dst, const std::vector<Real>& partial, int64_t H) {
+  const int64_t blocks = H == 0 ? 0 : int64_t(partial.size()) / H;
+  for (int64_t i = 0; i < H; i++) {
+    Real acc = Real(0);
+    for (int64_t k = 0; k < blocks; k++) acc += partial[size_t(k * H + i)];
+    dst[i] += acc;
+  }
+}
+}  // namespace
+
+template <typename Real>
+void layernorm_backward(Real* dx, Real* dw, Real* db, const Real* dy, const Real* x, const Real* w,
+                        const Real* mean, const Real* rstd, int64_t R, int64_t H) {
+  const int64_t grain = row_grain(H * int64_t(sizeof(Real)));
+  const int64_t blocks = (R + grain - 1) / grain;
+  std::vector<Real> dw_part(size_t(blocks * H), Real(0)), db_part(size_t(blocks * H), Real(0));  // (blocks, H)
+  parallelFor(R, grain, [&](int64_t r0, int64_t r1) {
+    const int64_t k = r0 / grain;
+    ref::layernorm_backward(dx + r0 * H, dw_part.data() + k * H, db_part.data() + k * H, dy + r0 * H, x + r0 * H,
+                            w, mean + r0, rstd + r0, r1 - r0, H);
+  });
+  add_partials(dw, dw_part, H);
+  add_partials(db, db_part, H);
+}
+
+template <typename Real>
+void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t R, int64_t H, double eps) {
+  parallelFor(R, row_grain(H * int64_t(sizeof(Real))), [&](int64_t r0, int64_t r1) {
+    ref::rmsnorm_forward(y + r0 * H, rstd + r0, x + r0 * H, w, r1 - r0, H, eps);
+  });
+}
+
+template <typename Real>
+void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
+                      const Real* rstd, int64_t R, int64_t H) {
+  const int64_t grain = row_grain(H * int64_t(sizeof(Real)));
+  const int64_t blocks = (R + grain - 1) / grain;
+  std::vector<Real> dw_part(size_t(blocks * H), Real(0));  // (blocks, H)
+  parallelFor(R, grain, [&](int64_t r0, int64_t r1) {
+    ref::rmsnorm_backward(dx + r0 * H, dw_part.data() + (r0 / grain) * H, dy + r0 * H, x + r0 * H, w, rstd + r0,
+                          r1 - r0, H);
+  });
+  add_partials(dw, dw_part, H);
+}
+
+#define LFC_INSTANTIATE_NORM_IN(NS, Real)                                                                  \
+  template void NS layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
                                         int64_t, int64_t, double);                                  \
-  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,             \
+  template void NS layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,             \
                                          const Real*, const Real*, const Real*, int64_t, int64_t);  \
-  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t,     \
+  template void NS rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t,     \
                                       double);                                                      \
-  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,         \
+  template void NS rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,         \
                                        const Real*, int64_t, int64_t);
+#define LFC_INSTANTIATE_NORM(Real) LFC_INSTANTIATE_NORM_IN(, Real) LFC_INSTANTIATE_NORM_IN(ref::, Real)
 LFC_INSTANTIATE_NORM(float)
 LFC_INSTANTIATE_NORM(double)
+#undef LFC_INSTANTIATE_NORM
+#undef LFC_INSTANTIATE_NORM_IN
 
 // ---- by storage dtype ---------------------------------------------------------------------------
 

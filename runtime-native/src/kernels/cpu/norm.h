@@ -2,8 +2,9 @@
 // q_norm / k_norm are RMSNorm with R = T·nh, H = d.
 //
 // forward saves per-row statistics for backward; backward OVERWRITES dx and ACCUMULATES dw, db.
-// One implementation each (a single pass over memory; the reference is the formula itself, which
-// the tests evaluate independently).
+// The forwards' reference is the formula itself, which the tests evaluate independently; the
+// pooled kernels (core/thread_pool.h: fixed blocks of rows) run ref's loop, one pass over memory,
+// on each block of rows, and the tests compare them with it.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,22 @@ void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t 
 template <typename Real>
 void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
                       const Real* rstd, int64_t R, int64_t H);
+
+// The one-thread loops the pooled kernels above run on each block of rows (their dw, db summed per
+// block, then the blocks in order).
+namespace ref {
+template <typename Real>
+void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Real* w, const Real* b,
+                       int64_t R, int64_t H, double eps);
+template <typename Real>
+void layernorm_backward(Real* dx, Real* dw, Real* db, const Real* dy, const Real* x, const Real* w,
+                        const Real* mean, const Real* rstd, int64_t R, int64_t H);
+template <typename Real>
+void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t R, int64_t H, double eps);
+template <typename Real>
+void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
+                      const Real* rstd, int64_t R, int64_t H);
+}  // namespace ref
 
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
 // mean, rstd: the statistics in the compute type (f32, or f64 on the f64 path).

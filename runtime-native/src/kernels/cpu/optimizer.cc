@@ -2,7 +2,13 @@
 
 #include <cmath>
 
+#include "core/thread_pool.h"
+
 namespace lfc::cpu {
+
+// ---- reference: one pass, one running sum ------------------------------------------------------
+
+namespace ref {
 
 template <typename Real>
 void grad_accumulate(Real* acc, const Real* g, int64_t n) {
@@ -14,12 +20,6 @@ double sum_squares(const Real* x, int64_t n) {
   double acc = 0;
   for (int64_t i = 0; i < n; i++) acc += double(x[i]) * double(x[i]);
   return acc;
-}
-
-template <typename Real>
-void scale(Real* x, double factor, int64_t n) {
-  const Real f = Real(factor);
-  for (int64_t i = 0; i < n; i++) x[i] *= f;
 }
 
 template <typename Real>
@@ -47,12 +47,66 @@ void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, cons
   }
 }
 
-#define LFC_INSTANTIATE_OPTIMIZER(Real)                                                        \
-  template void grad_accumulate<Real>(Real*, const Real*, int64_t);                            \
-  template double sum_squares<Real>(const Real*, int64_t);                                     \
-  template void scale<Real>(Real*, double, int64_t);                                           \
-  template void adamw_step<Real>(Real*, const Real*, Real*, Real*, int64_t, const AdamWParams&, \
-                                 int64_t);
+}  // namespace ref
+
+// ---- pooled: fixed blocks of kElementGrain elements ------------------------------------------
+
+template <typename Real>
+void grad_accumulate(Real* acc, const Real* g, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) { ref::grad_accumulate(acc + b, g + b, e - b); });
+}
+
+namespace {
+// Σ x² over x (n) in 8 interleaved double sums (they vectorize), added in lane order
+template <typename Real>
+double sum_squares_lanes(const Real* x, int64_t n) {
+  constexpr int64_t L = 8;
+  double lane[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int64_t l = 0; l < L; l++) lane[l] += double(x[i + l]) * double(x[i + l]);
+  for (; i < n; i++) lane[i % L] += double(x[i]) * double(x[i]);
+  double total = 0;
+  for (int64_t l = 0; l < L; l++) total += lane[l];
+  return total;
+}
+}  // namespace
+
+// 4·kElementGrain elements a partial: a block of kElementGrain sums in ~3 µs, less than waking a
+// worker costs (kernel_check --bench)
+constexpr int64_t kSumSquaresGrain = 4 * kElementGrain;
+
+template <typename Real>
+double sum_squares(const Real* x, int64_t n) {
+  // determinism: one partial per fixed block, summed in block order (parallelSum)
+  return parallelSum(n, kSumSquaresGrain, [&](int64_t b, int64_t e) { return sum_squares_lanes(x + b, e - b); });
+}
+
+template <typename Real>
+void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, const AdamWParams& hp,
+                int64_t t) {
+  LFC_KERNEL_CHECK(t >= 1, "adamw_step: step ", t, " must be ≥ 1");
+  parallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+    ref::adamw_step(param + b, grad + b, m + b, v + b, e - b, hp, t);
+  });
+}
+
+template <typename Real>
+void scale(Real* x, double factor, int64_t n) {
+  const Real f = Real(factor);
+  for (int64_t i = 0; i < n; i++) x[i] *= f;
+}
+
+#define LFC_INSTANTIATE_OPTIMIZER(Real)                                                              \
+  template void grad_accumulate<Real>(Real*, const Real*, int64_t);                                  \
+  template double sum_squares<Real>(const Real*, int64_t);                                           \
+  template void scale<Real>(Real*, double, int64_t);                                                 \
+  template void adamw_step<Real>(Real*, const Real*, Real*, Real*, int64_t, const AdamWParams&,       \
+                                 int64_t);                                                           \
+  template void ref::grad_accumulate<Real>(Real*, const Real*, int64_t);                             \
+  template double ref::sum_squares<Real>(const Real*, int64_t);                                      \
+  template void ref::adamw_step<Real>(Real*, const Real*, Real*, Real*, int64_t, const AdamWParams&,  \
+                                      int64_t);
 LFC_INSTANTIATE_OPTIMIZER(float)
 LFC_INSTANTIATE_OPTIMIZER(double)
 

@@ -37,6 +37,20 @@ template <typename Real>
 void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, const AdamWParams& hp,
                 int64_t t);
 
+// Pooled (core/thread_pool.h) in fixed blocks: grad_accumulate and adamw_step element by element
+// in blocks of kElementGrain (the same bits as ref), sum_squares as one partial per block of
+// 4·kElementGrain (8 interleaved double sums, in lane order), the partials summed in block order:
+// the same bits at any thread count, within rounding of ref's single running sum.
+namespace ref {
+template <typename Real>
+void grad_accumulate(Real* acc, const Real* g, int64_t n);
+template <typename Real>
+double sum_squares(const Real* x, int64_t n);
+template <typename Real>
+void adamw_step(Real* param, const Real* grad, Real* m, Real* v, int64_t n, const AdamWParams& hp,
+                int64_t t);
+}  // namespace ref
+
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
 // grad_accumulate: acc += g in f32, written in acc's dtype (a bf16 g into an f32 acc is the usual
 // mixed case). sum_squares: any float dtype, summed in double.
