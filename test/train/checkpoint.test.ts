@@ -48,7 +48,13 @@ describe('checkpoint and resume', () => {
     // full ran on the machine's cores; the pooled kernels' blocks and partial sums do not depend
     // on the thread count (runtime-native/src/core/thread_pool.h)
     for (const threads of [1, 3]) {
-      const resumed = await train({ planDir, trainIters: 5, seed: 7, load: iterDir(save, 2), threads });
+      const resumed = await train({
+        planDir,
+        trainIters: 5,
+        seed: 7,
+        load: iterDir(save, 2),
+        threads,
+      });
       expect(resumed.steps.map((s) => s.loss)).toEqual(full.steps.slice(2).map((s) => s.loss));
       for (const [name, p] of full.params)
         expect(Buffer.from(resumed.params.get(name)!.buffer).equals(Buffer.from(p.buffer))).toBe(
