@@ -2,13 +2,13 @@
 // and the data profile `lfc compile --data-profile` plans memory for (--profile FILE).
 
 import { Option, type Command } from 'commander';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { basename, dirname, extname, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
 import type { CliIO } from './index.js';
-import { positiveInt } from './options.js';
+import { nonNegativeInt, positiveInt } from './options.js';
 import { parseDataPath, parseSplit, SPLIT_PARTS, type SplitPart } from '../runtime/data/sampler.js';
 import { dataStats, profileYaml, type Summary } from '../runtime/data/stats.js';
 import { progressBar } from '../runtime/progress.js';
@@ -71,7 +71,7 @@ export function addDataCommand(program: Command, io: CliIO, isTTY: () => boolean
       new Option('--part <part>', 'which part of the split').choices(SPLIT_PARTS).default('train'),
     )
     .option('--samples <n>', 'read only the first n of the epoch', positiveInt('--samples'))
-    .option('--seed <n>', 'the shuffle seed', positiveInt('--seed'), 1234)
+    .option('--seed <n>', 'the shuffle seed', nonNegativeInt('--seed'), 1234)
     .option('--truncate', 'cut samples longer than the sequence (as lfc run --truncate)')
     .option('--profile <file>', 'write the data profile (YAML) here')
     .option('--quiet', 'no progress bar')
@@ -80,7 +80,7 @@ export function addDataCommand(program: Command, io: CliIO, isTTY: () => boolean
         throw new UserError(
           'lfc data stats needs --tokenizer-model PATH (the tiny models take configs/tokenizers/tiny)',
         );
-      if (f.profile && existsSync(f.profile) && !f.profile.endsWith('.yaml'))
+      if (f.profile && !/\.ya?ml$/.test(f.profile))
         throw new UserError(`--profile ${f.profile}: want a .yaml path`);
       const model = loadModelConfig(f.model, []);
       const seqLength = f.seqLength ?? model.training.seq_length;

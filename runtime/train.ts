@@ -292,22 +292,22 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     });
   const steps: StepMetrics[] = [];
   // a run on datasets: the next step's data is read while this step runs (decoded whole for the
-  // step dump, which holds every image)
-  // (its failure surfaces where it is awaited, not as an unhandled rejection meanwhile)
-  const fetch = (decodeAll = false) => {
+  // step dump, which holds every image); its failure surfaces where it is awaited, not as an
+  // unhandled rejection meanwhile. preloadData: every step's data read first, then served.
+  const prefetch = (decodeAll = false) => {
     const p = loader!.nextStep({ decodeAll });
     p.catch(() => undefined);
     return p;
   };
-  let nextData: Promise<StepData> | undefined = loader ? fetch(!!o.dumpStep) : undefined;
   const preloaded: StepData[] = [];
-  if (loader && o.preloadData) {
-    for (let step = startStep + 1; step <= o.trainIters; step++) {
-      preloaded.push(await nextData!);
-      nextData = step < o.trainIters ? fetch() : undefined;
-    }
-    nextData = preloaded.length ? Promise.resolve(preloaded.shift()!) : undefined;
-  }
+  if (loader && o.preloadData)
+    for (let step = startStep + 1; step <= o.trainIters; step++)
+      preloaded.push(await prefetch(!!o.dumpStep && step === startStep + 1));
+  const following = (step: number): Promise<StepData> | undefined => {
+    if (o.preloadData) return preloaded.length ? Promise.resolve(preloaded.shift()!) : undefined;
+    return step < o.trainIters ? prefetch(step === startStep && !!o.dumpStep) : undefined;
+  };
+  let nextData = loader ? following(startStep) : undefined;
   for (let step = startStep + 1; step <= o.trainIters; step++) {
     // 1. this rank's microbatches of the global batch
     let mbs: Microbatch[];
@@ -322,7 +322,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
           JSON.stringify({ step, replica: dpIndex, samples: data.samples }) + '\n',
         );
       }
-      nextData = step < o.trainIters ? fetch() : undefined;
+      nextData = following(step);
     } else if (replay) mbs = replay.slice(dpIndex * m, (dpIndex + 1) * m);
     else {
       // the control moves images across the whole global batch: each rank synthesizes all of it

@@ -296,35 +296,23 @@ export class DataLoader {
       grids: sizes.map(([h, w]) => [1, h / P, w / P] as const),
       visual: visualTokens.reduce((a, b) => a + b, 0),
     };
-    const imageId = this.tokenizer.image?.id;
-    if (raw.images.length && imageId !== undefined) {
-      let placeholders = 0;
-      for (const t of s.tokens) placeholders += +(t === imageId);
-      if (placeholders !== s.visual)
-        throw new DataError(
-          raw.where,
-          `${placeholders} image placeholder tokens for ${s.visual} visual tokens (does the text hold ${this.tokenizer.image!.token} itself?)`,
-        );
-    }
+    // encodeConversation has checked the placeholders against the images and found a loss token
     if (s.tokens.length > o.bounds.seqLength && o.truncate) {
-      s = {
-        ...s,
-        ...truncated(s, imageRuns(s, imageId, spec.mergeSize), o.bounds.seqLength, spec.mergeSize),
-      };
-      s = { ...s, sizes: s.sizes.slice(0, s.grids.length) };
+      const runs = imageRuns(s, this.tokenizer.image?.id, spec.mergeSize);
+      const cut = truncated(s, runs, o.bounds.seqLength, spec.mergeSize);
+      s = { ...s, ...cut, sizes: s.sizes.slice(0, cut.grids.length) };
       this.counts.truncated++;
       if (!s.target.some((t, i) => t && i > 0))
         throw new DataError(raw.where, 'no loss token left after --truncate');
     }
     const dropped = !fits(s, 0, 0, o.bounds);
-    if (!s.target.some((t, i) => t && i > 0)) throw new DataError(raw.where, 'no loss token');
     o.observe?.({
       position: draw.position,
       where: raw.where,
       images: infos,
       textTokens: s.tokens.length - s.visual,
       visualTokens: s.visual,
-      lossTokens: s.target.reduce((a, t, i) => a + (i > 0 ? t : 0), 0),
+      lossTokens: s.target.reduce((a, t) => a + t, 0), // target[0] is never one
       dropped,
     });
     if (dropped) {

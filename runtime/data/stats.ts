@@ -163,17 +163,16 @@ export function binned<K extends number | string>(
 
 /** The data profile of these statistics, as YAML (configs/data's schema). */
 export function profileYaml(s: DataStats, name: string, sources: readonly string[]): string {
-  const histogram = <K extends number | string>(m: ReadonlyMap<K, number>) =>
+  /** counts → shares of `total`, keys in order */
+  const histogram = <K extends number | string>(m: ReadonlyMap<K, number>, total = s.samples) =>
     Object.fromEntries(
       [...m.entries()]
         .sort(([a], [b]) =>
           typeof a === 'number' ? a - (b as number) : String(a).localeCompare(String(b)),
         )
-        .map(([k, n]) => [String(k), +(n / s.samples).toFixed(6)]),
+        .map(([k, n]) => [String(k), +(n / total).toFixed(6)]),
     );
   const images = [...s.resolutions.values()].reduce((a, b) => a + b, 0);
-  const share = (m: ReadonlyMap<string, number>) =>
-    new Map([...m].map(([k, n]) => [k, (n / Math.max(images, 1)) * s.samples]));
   return YAML.stringify({
     name,
     description: `measured by lfc data stats on ${s.samples} samples of ${sources.join(', ')}`,
@@ -187,7 +186,7 @@ export function profileYaml(s: DataStats, name: string, sources: readonly string
     images_per_sample: histogram(s.imagesPerSample),
     // text-only data: the schema still wants an image size, never drawn
     ...(images
-      ? { image_resolution: histogram(share(binned(s.resolutions, 24))) }
+      ? { image_resolution: histogram(binned(s.resolutions, 24), images) }
       : { image_grid: { '1x1': 1 } }),
     text_tokens: histogram(binned(s.textTokens, 16)),
     caps: { max_visual_tokens: s.maxVisualTokens },
