@@ -162,17 +162,19 @@ function templateOf(tok: TextTokenizer): Template {
   return template;
 }
 
-/** The template's text cut into pieces (see the file header); rendering errors are the sample's. */
-function templatePieces(
+type Turn = { readonly role: string; readonly content: string };
+
+/** The template's rendering of messages[:upTo], with or without the generation prompt. */
+function renderer(
   tok: TextTokenizer,
-  turns: readonly { role: string; content: string }[],
+  turns: readonly Turn[],
   where: string,
-): Piece[] {
+): (upTo: number, generationPrompt: boolean) => string {
   const template = templateOf(tok);
   const specials = Object.fromEntries(
     SPECIAL_TOKEN_NAMES.map((n) => [`${n}_token`, tok.specialTokens[n] ?? '']),
   );
-  const render = (upTo: number, generationPrompt: boolean): string => {
+  return (upTo, generationPrompt) => {
     try {
       return template.render({
         ...specials,
@@ -183,7 +185,55 @@ function templatePieces(
       throw new DataError(where, `the chat template of ${tok.where}: ${firstLine(e)}`);
     }
   };
+}
 
+// Rendering is most of a sample's cost (about 50 µs a render of a short ChatML template), and
+// cutting the text renders the conversation twice per assistant turn. So the cuts are
+// found once per shape of conversation (its roles, in order) on a stand-in whose contents are
+// markers, and a sample takes them when its own rendering, the one render it pays, is the
+// stand-in's text with the markers replaced by its contents. That holds for templates that write
+// a content as given; a template that looks into a content (Qwen3's `'</think>' in content`, a
+// `| trim`) renders another text for it, and that sample is cut the long way, as are contents
+// that hold a marker character or are blank (their turns are skipped, which changes the cuts).
+const MARK_OPEN = '\uE000';
+const MARK_CLOSE = '\uE001';
+const MARKS = /\uE000(\d+)\uE001/g;
+const MAX_SHAPES = 64;
+
+/** The stand-in's pieces by shape (roles), per tokenizer. */
+const shapes = new WeakMap<TextTokenizer, Map<string, Piece[]>>();
+
+/** The template's text cut into pieces (see the file header); rendering errors are the sample's. */
+function templatePieces(tok: TextTokenizer, turns: readonly Turn[], where: string): Piece[] {
+  const plain = turns.every(
+    (t) =>
+      t.content.trim() !== '' && !t.content.includes(MARK_OPEN) && !t.content.includes(MARK_CLOSE),
+  );
+  if (!plain) return cutPieces(tok, turns, where);
+  let byShape = shapes.get(tok);
+  if (!byShape) shapes.set(tok, (byShape = new Map()));
+  const key = turns.map((t) => t.role).join('\n');
+  let stand = byShape.get(key);
+  if (!stand) {
+    const marked = turns.map((t, i) => ({ role: t.role, content: MARK_OPEN + i + MARK_CLOSE }));
+    try {
+      stand = cutPieces(tok, marked, where);
+    } catch (e) {
+      if (!(e instanceof DataError)) throw e;
+      return cutPieces(tok, turns, where); // the markers do not pass: this sample's own error
+    }
+    if (byShape.size >= MAX_SHAPES) byShape.delete(byShape.keys().next().value!);
+    byShape.set(key, stand);
+  }
+  const fill = (text: string) => text.replace(MARKS, (_, i: string) => turns[+i].content);
+  const whole = renderer(tok, turns, where)(turns.length, false);
+  if (whole !== fill(stand.map((p) => p.text).join(''))) return cutPieces(tok, turns, where);
+  return stand.map((p) => ({ text: fill(p.text), kind: p.kind }));
+}
+
+/** The pieces found by rendering each turn's prompt and close (see the file header). */
+function cutPieces(tok: TextTokenizer, turns: readonly Turn[], where: string): Piece[] {
+  const render = renderer(tok, turns, where);
   const whole = render(turns.length, false);
   const pieces: Piece[] = [];
   let done = 0; // whole[0, done) is in pieces

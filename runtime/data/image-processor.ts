@@ -171,15 +171,31 @@ export function processImage(
   const [h, w] = size ?? smartResize(img.height, img.width, s);
   const r = resizeBicubic(img, h, w);
   const pixels = new Float32Array(3 * h * w);
+  const table = normalizeTable(s);
   for (let ch = 0; ch < 3; ch++) {
-    // HF rescales to float32, then normalizes in float32: a value per byte, looked up
-    const mean = Math.fround(s.mean[ch]);
-    const std = Math.fround(s.std[ch]);
-    const normalized = Float32Array.from({ length: 256 }, (_, v) =>
-      Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std),
-    );
     const plane = pixels.subarray(ch * h * w, (ch + 1) * h * w);
+    const normalized = table.subarray(ch * 256, (ch + 1) * 256);
     for (let i = 0, at = ch; i < h * w; i++, at += 3) plane[i] = normalized[r.data[at]];
   }
   return { height: h, width: w, pixels };
+}
+
+/** [3, 256] normalized values of each byte, by mean and std (a few per run: built once each). */
+const tables = new Map<string, Float32Array>();
+
+/** HF rescales to float32, then normalizes in float32: a value per byte, looked up. */
+function normalizeTable(s: ProcessorSpec): Float32Array {
+  const key = `${s.mean.join(',')}/${s.std.join(',')}`;
+  let table = tables.get(key);
+  if (!table) {
+    table = new Float32Array(3 * 256);
+    for (let ch = 0; ch < 3; ch++) {
+      const mean = Math.fround(s.mean[ch]);
+      const std = Math.fround(s.std[ch]);
+      for (let v = 0; v < 256; v++)
+        table[ch * 256 + v] = Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std);
+    }
+    tables.set(key, table);
+  }
+  return table;
 }

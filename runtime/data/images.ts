@@ -19,6 +19,7 @@
 import { PNG } from 'pngjs';
 import sharp from 'sharp';
 import { imageHeader, orientedSize } from './image-headers.js';
+import { decodeSimplePng, overWhite } from './png.js';
 import { processedSize, type ImageProcessorSpec } from '../../compiler/frontend/data-profile.js';
 import { processImage, type RgbImage } from './image-processor.js';
 import { DataError } from './sample.js';
@@ -99,12 +100,6 @@ export async function imageInfo(bytes: Buffer, where: string): Promise<ImageSize
   return size;
 }
 
-/** v·a/255 + 255·(1 − a/255) rounded: PIL's alpha_composite of (v, a) onto opaque white */
-function overWhite(v: number, a: number): number {
-  // the numerator is never a half: 255 is odd
-  return Math.floor((v * a + 255 * (255 - a) + 127) / 255);
-}
-
 /** PIL's CMYK → RGB: each channel (255 − k) − c·(255 − k)/255, the product rounded */
 function cmykToRgb(cmyk: Uint8Array, pixels: number): Uint8Array {
   const rgb = new Uint8Array(pixels * 3);
@@ -138,10 +133,10 @@ function toRgb(data: Uint8Array, pixels: number, channels: number): Uint8Array {
 export async function decodeImage(bytes: Buffer, where: string): Promise<RgbImage> {
   let img: RgbImage;
   try {
-    const input = sharp(bytes, READ);
     const header = imageHeader(bytes);
     if (header?.format === 'png' && header.orientation === 1)
       return checked(decodePng(bytes), where);
+    const input = sharp(bytes, READ);
     if (header?.format === 'jpeg' && header.components === 4) {
       // the CMYK samples themselves (Adobe's inverted ones already inverted back), no profile
       const { data, info } = await input
@@ -170,12 +165,14 @@ function checked(img: RgbImage, where: string): RgbImage {
 }
 
 /**
- * A PNG by pngjs, in this thread (a call into sharp costs ~0.5 ms, most of a small image's
- * decode): palettes, grayscale and tRNS expanded to RGBA by pngjs, bit depths below 8 scaled to
+ * A PNG in this thread (a call into sharp costs ~0.5 ms, most of a small image's decode): the
+ * common kinds by png.ts, the rest by pngjs: palettes, grayscale and tRNS expanded to RGBA by pngjs, bit depths below 8 scaled to
  * 8 as PIL does (v·255/(2^d − 1)), 16-bit samples to their high byte, alpha onto white. Its
  * errors (truncated data, a bad CRC) are the file's.
  */
 function decodePng(bytes: Buffer): RgbImage {
+  const simple = decodeSimplePng(bytes); // 8-bit grey/RGB(A): png.ts, ten times faster
+  if (simple) return simple;
   let png: ReturnType<typeof PNG.sync.read>;
   try {
     png = PNG.sync.read(bytes, { skipRescale: true });

@@ -313,6 +313,59 @@ describe('sft targets', () => {
   });
 });
 
+describe('cuts found once per shape of conversation (chat.ts: one render a sample)', () => {
+  const o = { phase: 'sft', visualTokens: [], where: 'sft.jsonl:3' } as const;
+  // a template that looks into a content: a reply holding 'red' gets ' square' after it
+  const looks = withConfig('configs/tokenizers/tiny', 'looks', {
+    chat_template:
+      "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content }}{% if 'red' in m.content %}{{ ' square' }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}" +
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+  });
+  const ask = (reply: string): Message[] => [
+    { role: 'user', content: 'What colour?' },
+    { role: 'assistant', content: reply },
+  ];
+
+  it("a sample the template writes as the stand-in: the stand-in's cuts", () => {
+    // <|im_start|> user what colour ? <|im_end|> <|im_start|> assistant blue . <|im_end|>
+    const got = encodeConversation(looks, ask('Blue.'), o);
+    expect(Array.from(got.tokens)).toEqual([4, 6, 32, 35, 38, 5, 4, 7, 10, 37, 5]);
+    expect(Array.from(got.target)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]);
+    expect(Array.from(got.reply)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]);
+  });
+
+  it('a sample it writes otherwise: cut the long way, what the template adds is no reply', () => {
+    // … <|im_start|> assistant it is red . square <|im_end|>
+    const got = encodeConversation(looks, ask('It is red.'), o);
+    expect(Array.from(got.tokens)).toEqual([4, 6, 32, 35, 38, 5, 4, 7, 94, 33, 13, 37, 18, 5]);
+    expect(Array.from(got.target)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1]);
+    expect(Array.from(got.reply)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0]);
+    // and the next sample of the shape takes the stand-in's cuts again
+    expect(Array.from(encodeConversation(looks, ask('Blue.'), o).reply)).toEqual([
+      0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0,
+    ]);
+  });
+
+  it('shapes do not mix: alternating two give what each gives alone', () => {
+    const template = (
+      JSON.parse(readFileSync('configs/tokenizers/tiny/tokenizer_config.json', 'utf8')) as {
+        chat_template: string;
+      }
+    ).chat_template;
+    let made = 0;
+    const fresh = () =>
+      withConfig('configs/tokenizers/tiny', `fresh-${made++}`, { chat_template: template });
+    const q = { ...o, visualTokens: [4] };
+    const alone = [
+      encodeConversation(fresh(), TWO_TURNS, q),
+      encodeConversation(fresh(), CAPTION, q),
+    ];
+    const one = fresh();
+    for (let k = 0; k < 4; k++)
+      expect(encodeConversation(one, k % 2 ? CAPTION : TWO_TURNS, q)).toEqual(alone[k % 2]);
+  });
+});
+
 describe('refuses a sample', () => {
   const o = { phase: 'sft', visualTokens: [4], where: 'train.jsonl:9' } as const;
 
