@@ -126,7 +126,6 @@ export function recordToSample(
 
 /** Bytes [start, start + length) of a file, or a DataError when the file is shorter now. */
 export function readRange(path: string, start: number, length: number, where: string): Buffer {
-  const bytes = Buffer.allocUnsafe(length);
   let fd: number;
   try {
     fd = openSync(path, 'r');
@@ -134,16 +133,48 @@ export function readRange(path: string, start: number, length: number, where: st
     throw new DataError(where, cannotRead(path, e));
   }
   try {
-    let done = 0;
-    while (done < length) {
-      const n = readSync(fd, bytes, done, length - done, start + done);
-      if (n === 0) throw new DataError(where, `${path} is shorter than when it was opened`);
-      done += n;
-    }
+    return readAt(fd, path, start, length, where);
   } finally {
     closeSync(fd);
   }
+}
+
+function readAt(fd: number, path: string, start: number, length: number, where: string): Buffer {
+  const bytes = Buffer.allocUnsafe(length);
+  let done = 0;
+  while (done < length) {
+    const n = readSync(fd, bytes, done, length - done, start + done);
+    if (n === 0) throw new DataError(where, `${path} is shorter than when it was opened`);
+    done += n;
+  }
   return bytes;
+}
+
+/** A file kept open: its byte ranges read without an open and a close each (about 10 µs). */
+export interface OpenFile {
+  readonly fd: number;
+  /** bytes [start, start + length), or a DataError when the file is shorter now */
+  read(start: number, length: number, where: string): Buffer;
+}
+
+// the descriptor is closed when its OpenFile is collected
+const descriptors = new FinalizationRegistry<number>((fd) => {
+  try {
+    closeSync(fd);
+  } catch {
+    // closed already
+  }
+});
+
+/** The file, opened once for reading (it throws what openSync throws). */
+export function openFile(path: string): OpenFile {
+  const fd = openSync(path, 'r');
+  const file: OpenFile = {
+    fd,
+    read: (start, length, where) => readAt(fd, path, start, length, where),
+  };
+  descriptors.register(file, fd);
+  return file;
 }
 
 /** A one-line reason a file cannot be read. */
