@@ -1,6 +1,6 @@
 // bench/data: what reading real data costs a training step (issue 19, acceptance 6).
 //
-//   npx tsx bench/data.ts [--rounds 6] [--steps 16] [--samples 2048] [--jpegs 64]
+//   npx tsx bench/data.ts [--rounds 6] [--steps 40] [--warmup 4] [--samples 2048] [--jpegs 64]
 //
 // 1. The step with data against the step without. tiny-vlm-moe on one rank (8 microbatches of
 //    128 tokens a step) trains on the demo's dataset (PNG images at the demo's sizes, captions in
@@ -8,14 +8,16 @@
 //    which prefetches the next step while this one runs; then on the same steps' batches
 //    preloaded (every step's data read before the first step: no loading in the steps). Runs
 //    alternate, A B A B … (this machine is shared: drift hits both alike), and each step's wall
-//    time is taken from one progress callback to the next. Printed: the median step of each, and
-//    data − preloaded as a share of the step (the target: under 5%), with the range of the
-//    rounds' own medians. Also the loader alone, in this thread, with nothing to overlap: its
-//    time per step, which the worker hides.
+//    time is taken from one progress callback to the next, the first --warmup steps of a run left
+//    out (start-up, and the worker's code not yet compiled: a long training run has neither).
+//    Printed: the median step of each, and data − preloaded as a share of the step (the target:
+//    under 5%), with the range of the rounds' own medians. Also the loader alone, in this thread,
+//    with nothing to overlap: its time per step and CPU per sample, which the worker hides.
 // 2. Decode + process throughput: 448×448 JPEGs (quality 90, photo-like noise) through sharp's
 //    decoder and Qwen2.5-VL's processor (smart_resize to 448×448, Pillow's bicubic, normalize),
 //    on this thread: images per second on one core.
 
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import sharp from 'sharp';
@@ -42,7 +44,8 @@ const median = (xs: readonly number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-const STEPS = arg('steps', '16');
+const STEPS = arg('steps', '40');
+const WARMUP = arg('warmup', '4');
 const ROUNDS = arg('rounds', '6');
 const SAMPLES = arg('samples', '2048');
 const JPEGS = arg('jpegs', '64');
@@ -79,7 +82,8 @@ async function stepTimes(o: TrainOptions): Promise<number[]> {
       last = now;
     },
   });
-  return times.slice(1); // the first step pays the start-up
+  // the first steps pay the start-up, and the worker's code is not yet compiled (JIT)
+  return times.slice(WARMUP);
 }
 
 const withData: number[] = [];
@@ -115,15 +119,28 @@ const loader = await DataLoader.open({
   vocabSize: model.text_decoder.vocab_size,
   encodes: () => true,
 });
+/** CPU time of this (the main) thread so far, in ms: /proc's clock ticks of 10 ms */
+const threadCpuMs = (): number => {
+  const stat = readFileSync(`/proc/self/task/${process.pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * 10;
+};
 const loads: number[] = [];
+let cpuMs = 0;
+let cpuSamples = 0;
 for (let k = 0; k < STEPS; k++) {
   const t = performance.now();
+  const c = threadCpuMs();
+  const before = loader.counts.packed;
   await loader.nextStep();
+  if (k < WARMUP) continue;
   loads.push(performance.now() - t);
+  cpuMs += threadCpuMs() - c;
+  cpuSamples += loader.counts.packed - before;
 }
 
 console.log(
-  `tiny-vlm-moe, one rank, 8 microbatches × 128 tokens a step, ${ROUNDS} rounds of ${STEPS - 1} steps each (median):`,
+  `tiny-vlm-moe, one rank, 8 microbatches × 128 tokens a step, ${ROUNDS} rounds of ${STEPS - WARMUP} steps each after ${WARMUP} of warm-up (median):`,
 );
 console.log(`  step with data (loader in its worker, prefetching)  ${a.toFixed(1)} ms`);
 console.log(`  step with the same batches preloaded               ${b.toFixed(1)} ms`);
@@ -132,7 +149,7 @@ console.log(
   `  data − preloaded: ${(a - b).toFixed(1)} ms = ${pct((a - b) / b)} of the step (target < 5%); rounds ${pct(Math.min(...rounds))} … ${pct(Math.max(...rounds))}, median ${pct(median(rounds))}`,
 );
 console.log(
-  `  the loader alone, on this thread: ${median(loads).toFixed(1)} ms a step (${loader.counts.packed} samples packed), hidden by the worker`,
+  `  the loader alone, on this thread, after ${WARMUP} steps of warm-up: ${median(loads).toFixed(1)} ms a step, ${((1000 * cpuMs) / cpuSamples).toFixed(0)} µs of this thread's CPU a sample (${loader.counts.packed} samples packed), hidden by the worker`,
 );
 
 // ---- 2. decode + process throughput of 448×448 JPEGs ----------------------------------------
