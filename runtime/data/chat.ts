@@ -55,6 +55,7 @@
 import { Template } from '@huggingface/jinja';
 import { UserError } from '../../compiler/errors.js';
 import { DataError, IMAGE_MARKER, type Message } from './sample.js';
+import { writesContentsAsGiven } from './template-contents.js';
 import { SPECIAL_TOKEN_NAMES, type TextTokenizer } from './tokenizer.js';
 
 export interface EncodedText {
@@ -188,13 +189,16 @@ function renderer(
 }
 
 // Rendering is most of a sample's cost (about 50 µs a render of a short ChatML template), and
-// cutting the text renders the conversation twice per assistant turn. So the cuts are
-// found once per shape of conversation (its roles, in order) on a stand-in whose contents are
-// markers, and a sample takes them when its own rendering, the one render it pays, is the
-// stand-in's text with the markers replaced by its contents. That holds for templates that write
-// a content as given; a template that looks into a content (Qwen3's `'</think>' in content`, a
-// `| trim`) renders another text for it, and that sample is cut the long way, as are contents
-// that hold a marker character or are blank (their turns are skipped, which changes the cuts).
+// cutting the text renders the conversation twice per assistant turn. So the cuts are found once
+// per shape of conversation (its roles, in order) on a stand-in whose contents are markers, and a
+// sample takes them with the markers replaced by its contents:
+//   - without rendering, when the template writes contents as given (template-contents.ts reads
+//     it: ChatML's plain templates do);
+//   - else when the sample's own rendering, the one render it pays, is the stand-in's text filled
+//     in. A template that looks into a content (Qwen3's `'</think>' in content`, a `| trim`)
+//     renders another text for some, and such a sample is cut the long way,
+// as are contents that hold a marker character or are blank (their turns are skipped, which
+// changes the cuts).
 const MARK_OPEN = '\uE000';
 const MARK_CLOSE = '\uE001';
 const MARKS = /\uE000(\d+)\uE001/g;
@@ -202,6 +206,8 @@ const MAX_SHAPES = 64;
 
 /** The stand-in's pieces by shape (roles), per tokenizer. */
 const shapes = new WeakMap<TextTokenizer, Map<string, Piece[]>>();
+/** Whether the tokenizer's template writes contents as given. */
+const asGiven = new WeakMap<TextTokenizer, boolean>();
 
 /** The template's text cut into pieces (see the file header); rendering errors are the sample's. */
 function templatePieces(tok: TextTokenizer, turns: readonly Turn[], where: string): Piece[] {
@@ -226,6 +232,9 @@ function templatePieces(tok: TextTokenizer, turns: readonly Turn[], where: strin
     byShape.set(key, stand);
   }
   const fill = (text: string) => text.replace(MARKS, (_, i: string) => turns[+i].content);
+  let given = asGiven.get(tok);
+  if (given === undefined) asGiven.set(tok, (given = writesContentsAsGiven(templateOf(tok))));
+  if (given) return stand.map((p) => ({ text: fill(p.text), kind: p.kind }));
   const whole = renderer(tok, turns, where)(turns.length, false);
   if (whole !== fill(stand.map((p) => p.text).join(''))) return cutPieces(tok, turns, where);
   return stand.map((p) => ({ text: fill(p.text), kind: p.kind }));
