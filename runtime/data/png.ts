@@ -3,8 +3,9 @@
 // checked (PIL refuses a bad one too), the IDAT data inflated by zlib, the five row filters undone,
 // and the samples turned into 8-bit RGB as PIL's `convert('RGBA')` then compositing onto white
 // gives (images.ts). Anything else (palettes, other depths, Adam7, tRNS) is not taken:
-// `decodeSimplePng` answers undefined and images.ts hands the file to pngjs, which is about ten
-// times slower on the demo's small images, its cost per call rather than per pixel.
+// `decodeSimplePng` answers undefined and images.ts hands the file to pngjs, which took about
+// 55 µs a demo image (8–32 pixels a side) against about 20 here, its cost per call rather than
+// per pixel (CPU profiles of the loader).
 
 import { crc32, inflateSync } from 'node:zlib';
 
