@@ -191,20 +191,18 @@ export const SCRATCH_RULES = {
   embedding_grad: kernelOverAll,
   linear_dgrad: kernelOverAll,
   linear_wgrad: kernelOverAll,
-  // run_layernorm_grad (ops/backward.cc): y [R, H], mean, rstd [R], zeros [H] in scratch; then
-  // layernorm_forward stages x, w and layernorm_backward dx, dw, db, dy, x, w
+  // run_layernorm_grad (ops/backward.cc): mean, rstd [R] in scratch; then layernorm_stats
+  // stages x and layernorm_backward dx, dw, db, dy, x, w
   layernorm_grad: (a) => {
     const [dy, x, w] = a.inputs;
-    const own =
-      take(numelOf(x) * stat(x)) + 2 * take(rows(x) * stat(x)) + take(numelOf(w) * stat(x));
-    return own + Math.max(staged([x, w]), staged([...a.outputs, dy, x, w]));
+    const own = 2 * take(rows(x) * stat(x));
+    return own + Math.max(staged([x]), staged([...a.outputs, dy, x, w]));
   },
-  // run_rmsnorm_grad: y [R, H], rstd [R]; rmsnorm_forward stages x, w, rmsnorm_backward
-  // dx, dw, dy, x, w
+  // run_rmsnorm_grad: rstd [R]; rmsnorm_stats stages x, rmsnorm_backward dx, dw, dy, x, w
   rmsnorm_grad: (a) => {
     const [dy, x, w] = a.inputs;
-    const own = take(numelOf(x) * stat(x)) + take(rows(x) * stat(x));
-    return own + Math.max(staged([x, w]), staged([...a.outputs, dy, x, w]));
+    const own = take(rows(x) * stat(x));
+    return own + Math.max(staged([x]), staged([...a.outputs, dy, x, w]));
   },
   rope_grad: (a) =>
     staged([a.outputs[0], a.inputs[0]]) + ropeTemps(a.inputs[0], real([a.outputs[0], a.inputs[0]])),

@@ -219,6 +219,22 @@ void pool_norms() {
   append_bytes(ref_bytes, mean);
   append_bytes(ref_bytes, rstd);
   report_pooled("layernorm_forward", ln_fwd() == ref_bytes ? 0.0 : 1.0, 0.0, same_bits_at_thread_counts(ln_fwd));
+  // the statistics alone (the backward's recomputation): the forward's bits, pooled and ref
+  const auto ln_stats = [&](bool pooled) {
+    VecF mu(sz(R)), rs(sz(R));
+    (pooled ? cpu::layernorm_stats<float> : cpu::ref::layernorm_stats<float>)(mu.data(), rs.data(), x.data(), R,
+                                                                               H, eps);
+    Bytes out;
+    append_bytes(out, mu);
+    append_bytes(out, rs);
+    return out;
+  };
+  Bytes stats_bytes;
+  append_bytes(stats_bytes, mean);
+  append_bytes(stats_bytes, rstd);
+  report("pool/layernorm_stats ref = the forward's mean, rstd", ln_stats(false) == stats_bytes ? 0.0 : 1.0, 0.0);
+  report_pooled("layernorm_stats", ln_stats(true) == stats_bytes ? 0.0 : 1.0, 0.0,
+                same_bits_at_thread_counts([&] { return ln_stats(true); }));
 
   // backward: dx is ref's bits; dw, db are summed per block, then over blocks
   const auto ln_bwd = [&](bool pooled, VecF& dx, VecF& dw, VecF& db) {
@@ -255,6 +271,18 @@ void pool_norms() {
   append_bytes(ref_bytes, y_ref);
   append_bytes(ref_bytes, rstd);
   report_pooled("rmsnorm_forward", rms_fwd() == ref_bytes ? 0.0 : 1.0, 0.0, same_bits_at_thread_counts(rms_fwd));
+  const auto rms_stats = [&](bool pooled) {
+    VecF rs(sz(R));
+    (pooled ? cpu::rmsnorm_stats<float> : cpu::ref::rmsnorm_stats<float>)(rs.data(), x.data(), R, H, eps);
+    Bytes out;
+    append_bytes(out, rs);
+    return out;
+  };
+  stats_bytes.clear();
+  append_bytes(stats_bytes, rstd);
+  report("pool/rmsnorm_stats ref = the forward's rstd", rms_stats(false) == stats_bytes ? 0.0 : 1.0, 0.0);
+  report_pooled("rmsnorm_stats", rms_stats(true) == stats_bytes ? 0.0 : 1.0, 0.0,
+                same_bits_at_thread_counts([&] { return rms_stats(true); }));
 
   const auto rms_bwd = [&](bool pooled, VecF& dx, VecF& dw) {
     dx.assign(sz(R * H), 0.f);

@@ -91,12 +91,10 @@ void run_layernorm_grad(const Instr&, StepCtx& c) {
   requireFloat(db, H, "output 2 (db)");
   zero(dw);
   zero(db);
-  // recompute mean and rstd (the forward's y goes to scratch; bias 0 does not change them)
+  // mean and rstd recomputed from x, the forward's bits (layernorm_stats: no y written)
   const DType acc = computeDType(x);
-  const cpu::Dst y = scratchOf(c, x.numel, acc), mean = scratchOf(c, R, acc),
-                 rstd = scratchOf(c, R, acc), zeros = scratchOf(c, H, acc);
-  std::memset(zeros.data, 0, size_t(H * dtypeBytes(acc)));
-  cpu::layernorm_forward(y, mean, rstd, src(x), src(w), zeros, R, H, c.num("eps"));
+  const cpu::Dst mean = scratchOf(c, R, acc), rstd = scratchOf(c, R, acc);
+  cpu::layernorm_stats(mean, rstd, src(x), R, H, c.num("eps"));
   cpu::layernorm_backward(dst(dx), dst(dw), dst(db), src(dy), src(x), src(w), mean, rstd, R, H);
 }
 
@@ -110,8 +108,8 @@ void run_rmsnorm_grad(const Instr&, StepCtx& c) {
   requireFloat(dw, H, "output 1 (dw)");
   zero(dw);
   const DType acc = computeDType(x);
-  const cpu::Dst y = scratchOf(c, x.numel, acc), rstd = scratchOf(c, R, acc);
-  cpu::rmsnorm_forward(y, rstd, src(x), src(w), R, H, c.num("eps"));
+  const cpu::Dst rstd = scratchOf(c, R, acc);
+  cpu::rmsnorm_stats(rstd, src(x), R, H, c.num("eps"));
   cpu::rmsnorm_backward(dst(dx), dst(dw), src(dy), src(x), src(w), rstd, R, H);
 }
 

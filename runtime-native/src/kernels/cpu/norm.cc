@@ -11,6 +11,28 @@ namespace lfc::cpu {
 
 // ---- reference: one pass over the rows -------------------------------------------------------
 
+namespace {
+// a row's mean and rstd, in double: the forward and the statistics alone both use this, so the
+// backward's recomputed statistics are the forward's bits
+template <typename Real>
+void layernorm_row_stats(const Real* xr, int64_t H, double eps, double& m, double& s) {
+  double sum = 0;
+  for (int64_t i = 0; i < H; i++) sum += xr[i];
+  m = sum / double(H);
+  double var = 0;  // two passes: no cancellation when |mean| ≫ std
+  for (int64_t i = 0; i < H; i++) var += (xr[i] - m) * (xr[i] - m);
+  var /= double(H);
+  s = 1.0 / std::sqrt(var + eps);
+}
+
+template <typename Real>
+Real rmsnorm_row_rstd(const Real* xr, int64_t H, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < H; i++) ss += double(xr[i]) * double(xr[i]);
+  return Real(1.0 / std::sqrt(ss / double(H) + eps));
+}
+}  // namespace
+
 namespace ref {
 
 template <typename Real>
@@ -19,14 +41,19 @@ void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Rea
   for (int64_t r = 0; r < R; r++) {
     const Real* xr = x + r * H;  // (H)
     Real* yr = y + r * H;        // (H)
-    double sum = 0;
-    for (int64_t i = 0; i < H; i++) sum += xr[i];
-    const double m = sum / double(H);
-    double var = 0;  // two passes: no cancellation when |mean| ≫ std
-    for (int64_t i = 0; i < H; i++) var += (xr[i] - m) * (xr[i] - m);
-    var /= double(H);
-    const double s = 1.0 / std::sqrt(var + eps);
+    double m, s;
+    layernorm_row_stats(xr, H, eps, m, s);
     for (int64_t i = 0; i < H; i++) yr[i] = Real((xr[i] - m) * s) * w[i] + b[i];
+    mean[r] = Real(m);
+    rstd[r] = Real(s);
+  }
+}
+
+template <typename Real>
+void layernorm_stats(Real* mean, Real* rstd, const Real* x, int64_t R, int64_t H, double eps) {
+  for (int64_t r = 0; r < R; r++) {
+    double m, s;
+    layernorm_row_stats(x + r * H, H, eps, m, s);
     mean[r] = Real(m);
     rstd[r] = Real(s);
   }
@@ -65,12 +92,15 @@ void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t 
   for (int64_t r = 0; r < R; r++) {
     const Real* xr = x + r * H;  // (H)
     Real* yr = y + r * H;        // (H)
-    double ss = 0;
-    for (int64_t i = 0; i < H; i++) ss += double(xr[i]) * double(xr[i]);
-    const Real s = Real(1.0 / std::sqrt(ss / double(H) + eps));
+    const Real s = rmsnorm_row_rstd(xr, H, eps);
     for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * s * w[i];
     rstd[r] = s;
   }
+}
+
+template <typename Real>
+void rmsnorm_stats(Real* rstd, const Real* x, int64_t R, int64_t H, double eps) {
+  for (int64_t r = 0; r < R; r++) rstd[r] = rmsnorm_row_rstd(x + r * H, H, eps);
 }
 
 template <typename Real>
@@ -106,6 +136,20 @@ void layernorm_forward(Real* y, Real* mean, Real* rstd, const Real* x, const Rea
                        int64_t R, int64_t H, double eps) {
   parallelFor(R, row_grain(H * int64_t(sizeof(Real))), [&](int64_t r0, int64_t r1) {
     ref::layernorm_forward(y + r0 * H, mean + r0, rstd + r0, x + r0 * H, w, b, r1 - r0, H, eps);
+  });
+}
+
+template <typename Real>
+void layernorm_stats(Real* mean, Real* rstd, const Real* x, int64_t R, int64_t H, double eps) {
+  parallelFor(R, row_grain(H * int64_t(sizeof(Real))), [&](int64_t r0, int64_t r1) {
+    ref::layernorm_stats(mean + r0, rstd + r0, x + r0 * H, r1 - r0, H, eps);
+  });
+}
+
+template <typename Real>
+void rmsnorm_stats(Real* rstd, const Real* x, int64_t R, int64_t H, double eps) {
+  parallelFor(R, row_grain(H * int64_t(sizeof(Real))), [&](int64_t r0, int64_t r1) {
+    ref::rmsnorm_stats(rstd + r0, x + r0 * H, r1 - r0, H, eps);
   });
 }
 
@@ -165,7 +209,9 @@ void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const R
   template void NS rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t,     \
                                       double);                                                      \
   template void NS rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,         \
-                                       const Real*, int64_t, int64_t);
+                                       const Real*, int64_t, int64_t);                                 \
+  template void NS layernorm_stats<Real>(Real*, Real*, const Real*, int64_t, int64_t, double);         \
+  template void NS rmsnorm_stats<Real>(Real*, const Real*, int64_t, int64_t, double);
 #define LFC_INSTANTIATE_NORM(Real) LFC_INSTANTIATE_NORM_IN(, Real) LFC_INSTANTIATE_NORM_IN(ref::, Real)
 LFC_INSTANTIATE_NORM(float)
 LFC_INSTANTIATE_NORM(double)
@@ -192,6 +238,15 @@ void rmsnorm_forward(Dst y, Dst rstd, Src x, Src w, int64_t R, int64_t H, double
   by_dtype("rmsnorm_forward", {y, rstd, x, w}, [&](auto& s) {
     rmsnorm_forward(s.out(y, R * H), s.out(rstd, R), s.in(x, R * H), s.in(w, H), R, H, eps);
   });
+}
+
+void layernorm_stats(Dst mean, Dst rstd, Src x, int64_t R, int64_t H, double eps) {
+  by_dtype("layernorm_stats", {mean, rstd, x},
+           [&](auto& s) { layernorm_stats(s.out(mean, R), s.out(rstd, R), s.in(x, R * H), R, H, eps); });
+}
+
+void rmsnorm_stats(Dst rstd, Src x, int64_t R, int64_t H, double eps) {
+  by_dtype("rmsnorm_stats", {rstd, x}, [&](auto& s) { rmsnorm_stats(s.out(rstd, R), s.in(x, R * H), R, H, eps); });
 }
 
 void rmsnorm_backward(Dst dx, Dst dw, Src dy, Src x, Src w, Src rstd, int64_t R, int64_t H) {

@@ -32,6 +32,12 @@ template <typename Real>
 void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
                       const Real* rstd, int64_t R, int64_t H);
 
+// The forwards' statistics alone, the same bits (the backwards' recomputation: no y is written).
+template <typename Real>
+void layernorm_stats(Real* mean, Real* rstd, const Real* x, int64_t R, int64_t H, double eps);
+template <typename Real>
+void rmsnorm_stats(Real* rstd, const Real* x, int64_t R, int64_t H, double eps);
+
 // The one-thread loops the pooled kernels above run on each block of rows (their dw, db summed per
 // block, then the blocks in order).
 namespace ref {
@@ -46,6 +52,10 @@ void rmsnorm_forward(Real* y, Real* rstd, const Real* x, const Real* w, int64_t 
 template <typename Real>
 void rmsnorm_backward(Real* dx, Real* dw, const Real* dy, const Real* x, const Real* w,
                       const Real* rstd, int64_t R, int64_t H);
+template <typename Real>
+void layernorm_stats(Real* mean, Real* rstd, const Real* x, int64_t R, int64_t H, double eps);
+template <typename Real>
+void rmsnorm_stats(Real* rstd, const Real* x, int64_t R, int64_t H, double eps);
 }  // namespace ref
 
 // ---- entry points by storage dtype (storage.h): each operand f32 or bf16, or all f64 -----------
@@ -54,5 +64,7 @@ void layernorm_forward(Dst y, Dst mean, Dst rstd, Src x, Src w, Src b, int64_t R
 void layernorm_backward(Dst dx, Dst dw, Dst db, Src dy, Src x, Src w, Src mean, Src rstd, int64_t R, int64_t H);
 void rmsnorm_forward(Dst y, Dst rstd, Src x, Src w, int64_t R, int64_t H, double eps);
 void rmsnorm_backward(Dst dx, Dst dw, Src dy, Src x, Src w, Src rstd, int64_t R, int64_t H);
+void layernorm_stats(Dst mean, Dst rstd, Src x, int64_t R, int64_t H, double eps);
+void rmsnorm_stats(Dst rstd, Src x, int64_t R, int64_t H, double eps);
 
 }  // namespace lfc::cpu
