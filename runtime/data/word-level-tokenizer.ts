@@ -75,29 +75,30 @@ export function wordLevelTokenizerOf(parsed: unknown, path: string): WordLevelTo
   const byId = new Map<number, string>();
   for (const [t, id] of ids) byId.set(id, t);
   for (const [t, id] of special) byId.set(id, t);
-  // special tokens, longest first, so that one that contains another wins
+  // special tokens in one alternation, longest first, so that at a position where one begins
+  // that contains another, the longer wins; the earliest position wins over a longer one later
   const specials = [...special.keys()].sort((a, b) => b.length - a.length);
-  const words = (text: string) =>
-    [...(lowercase ? text.toLowerCase() : text).matchAll(split)].map((m) => ids.get(m[0]) ?? unkId);
+  const escape = (t: string) => t.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const anySpecial = specials.length ? new RegExp(specials.map(escape).join('|'), 'gu') : undefined;
+  const words = (text: string, out: number[]) => {
+    for (const m of (lowercase ? text.toLowerCase() : text).matchAll(split))
+      out.push(ids.get(m[0]) ?? unkId);
+  };
 
   return {
     encode(text) {
       const out: number[] = [];
-      let rest = text;
-      while (rest.length) {
-        let at = -1;
-        let hit = '';
-        for (const s of specials) {
-          const i = rest.indexOf(s);
-          if (i >= 0 && (at < 0 || i < at)) [at, hit] = [i, s];
-        }
-        if (at < 0) {
-          out.push(...words(rest));
-          break;
-        }
-        out.push(...words(rest.slice(0, at)), special.get(hit)!);
-        rest = rest.slice(at + hit.length);
+      if (!anySpecial) {
+        words(text, out);
+        return out;
       }
+      let done = 0;
+      for (const m of text.matchAll(anySpecial)) {
+        words(text.slice(done, m.index), out);
+        out.push(special.get(m[0])!);
+        done = m.index + m[0].length;
+      }
+      words(text.slice(done), out);
       return out;
     },
     decode(list) {
