@@ -240,8 +240,6 @@ export interface NativeAddon {
   readonly planVersion: number;
   /** the kernels OpenBLAS runs (openblas_get_corename: 'SkylakeX', 'Prescott', …) */
   readonly blasCore: string;
-  /** the calling thread into the idle scheduling class (Linux's SCHED_IDLE); false: not taken */
-  idleThread(): boolean;
   /** schema.h: the op kinds, in ir/ops.ts order */
   readonly opNames: readonly string[];
   readonly streams: readonly string[];

@@ -4,7 +4,6 @@
 // message unchanged.
 #include <cblas.h>
 #include <napi.h>
-#include <sched.h>
 
 #include <cmath>
 #include <cstring>
@@ -604,27 +603,11 @@ Napi::Value Patchify(const Napi::CallbackInfo& info) {
   }
 }
 
-// The calling thread into Linux's idle scheduling class (SCHED_IDLE): it runs only on a core that
-// no other thread wants, and gives it up as soon as one does. The data worker takes it
-// (runtime/data/prefetch-worker.ts), so that reading the next step never delays this step's
-// kernel threads; when the step waits on the data, the cores are free and the worker runs at full
-// speed. An unprivileged thread may enter the class (not leave it). false where it cannot.
-Napi::Value IdleThread(const Napi::CallbackInfo& info) {
-#ifdef SCHED_IDLE
-  sched_param param{};
-  param.sched_priority = 0;
-  return Napi::Boolean::New(info.Env(), sched_setscheduler(0, SCHED_IDLE, &param) == 0);
-#else
-  return Napi::Boolean::New(info.Env(), false);
-#endif
-}
-
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Runtime", RuntimeWrap::Define(env));
   exports.Set("patchify", Napi::Function::New(env, Patchify, "patchify"));
   exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
   exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
-  exports.Set("idleThread", Napi::Function::New(env, IdleThread, "idleThread"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
   // the kernels OpenBLAS runs (runtime/blas.ts names them through OPENBLAS_CORETYPE)
   exports.Set("blasCore", Napi::String::New(env, openblas_get_corename()));

@@ -1,6 +1,7 @@
 // The data worker (prefetch.ts): opens a DataLoader with the options it is given, says ready, then
 // answers requests in order: the next step's data (arrays transferred), a seek, the counts.
 
+import { setPriority } from 'node:os';
 import { parentPort, workerData } from 'node:worker_threads';
 import { UserError } from '../../compiler/errors.js';
 import { loadNative } from '../native.js';
@@ -20,7 +21,23 @@ const failed = (e: unknown): WorkerReply => ({
   message: e instanceof UserError ? e.message : ((e as Error).stack ?? String(e)),
 });
 
+/**
+ * The worker's nice value (Linux's is per thread: this one alone). Where the step's kernel threads
+ * take every core, the kernels win a core from the worker when they want it back (CFS weighs nice
+ * 10 about a tenth of nice 0), rather than wait out its time slice; where the step leaves a core
+ * idle, the worker runs there as fast as at 0. Not lower: while the step waits on the data, the
+ * worker should not starve behind other processes' threads.
+ */
+export const DATA_WORKER_NICE = 10;
+
 async function main(): Promise<void> {
+  // LFC_DATA_WORKER_NICE=0 … 19 replaces it (docs/data.md)
+  const nice = Number(process.env.LFC_DATA_WORKER_NICE ?? DATA_WORKER_NICE);
+  try {
+    if (Number.isInteger(nice) && nice >= 0 && nice <= 19) setPriority(nice);
+  } catch {
+    // not permitted here: the worker runs at the process's priority
+  }
   const { options } = workerData as { options: WorkerLoaderOptions };
   let loader: DataLoader;
   try {
