@@ -170,12 +170,15 @@ export function processImage(
     );
   const [h, w] = size ?? smartResize(img.height, img.width, s);
   const r = resizeBicubic(img, h, w);
-  const pixels = new Float32Array(3 * h * w);
+  const hw = h * w;
+  const pixels = new Float32Array(3 * hw);
   const table = normalizeTable(s);
-  for (let ch = 0; ch < 3; ch++) {
-    const plane = pixels.subarray(ch * h * w, (ch + 1) * h * w);
-    const normalized = table.subarray(ch * 256, (ch + 1) * 256);
-    for (let i = 0, at = ch; i < h * w; i++, at += 3) plane[i] = normalized[r.data[at]];
+  // one pass over the interleaved bytes, three planes written
+  const data = r.data;
+  for (let i = 0, at = 0; i < hw; i++, at += 3) {
+    pixels[i] = table[data[at]];
+    pixels[hw + i] = table[256 + data[at + 1]];
+    pixels[2 * hw + i] = table[512 + data[at + 2]];
   }
   return { height: h, width: w, pixels };
 }
