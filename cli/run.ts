@@ -11,10 +11,10 @@ import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
 import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
-import { snake, train, type DataOptions, type TrainOptions } from '../runtime/train.js';
+import { evalLine, snake, train, type DataOptions, type TrainOptions } from '../runtime/train.js';
 import type { DataCounts } from '../runtime/data/loader.js';
 import { parseDataPath, parseSplit } from '../runtime/data/sampler.js';
-import { describeStep, progressBar } from '../runtime/progress.js';
+import { describeEval, describeStep, progressBar } from '../runtime/progress.js';
 import { launch, type MergedStep } from '../runtime/launch.js';
 import {
   DEFAULT_COLLECTIVE_TIMEOUT_S,
@@ -57,6 +57,8 @@ export interface RunFlags {
   quiet?: boolean;
   dataPath?: string[];
   split?: string;
+  evalInterval?: number;
+  evalIters?: number;
   tokenizerModel?: string;
   trainingPhase?: 'sft' | 'pretrain';
   truncate?: boolean;
@@ -113,6 +115,16 @@ export function addTrainingOptions(cmd: Command): Command {
       ).choices(['sft', 'pretrain']),
     )
     .option('--split <parts>', 'train,valid,test proportions of each dataset (default 100,0,0)')
+    .option(
+      '--eval-interval <n>',
+      'every N steps and after the last, the loss on the validation split (forward only)',
+      positiveInt('--eval-interval'),
+    )
+    .option(
+      '--eval-iters <n>',
+      'global batches of the validation split each evaluation reads (default 10)',
+      positiveInt('--eval-iters'),
+    )
     .option('--truncate', 'cut a sample longer than the sequence instead of dropping it')
     .option('--strict-data', 'a bad sample is an error (exit 2) instead of skipped and counted')
     .option(
@@ -177,7 +189,13 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
       `${starts.slice(0, -1).join(', ')} and ${starts.at(-1)} ${starts.length > 2 ? 'all' : 'both'} set the starting parameters; give one`,
     );
   if (f.saveInterval && !f.save) throw new UserError('--save-interval needs --save DIR');
+  if (f.evalIters !== undefined && f.evalInterval === undefined)
+    throw new UserError('--eval-iters needs --eval-interval N');
   const data = dataOptions(f);
+  if (f.evalInterval !== undefined && !data)
+    throw new UserError(
+      '--eval-interval evaluates on the validation split of --data-path (with --split, e.g. 98,2,0)',
+    );
   return {
     planDir,
     trainIters: f.trainIters ?? f.steps ?? 10,
@@ -195,6 +213,9 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
     batch: f.batch,
     ...(data ? { data } : {}),
     ...(f.dataLog ? { dataLog: resolve(f.dataLog) } : {}),
+    ...(f.evalInterval !== undefined
+      ? { evalInterval: f.evalInterval, evalIters: f.evalIters ?? 10 }
+      : {}),
     shuffleImages: f.shuffleImages,
     metricsPath: f.metrics ?? join(planDir, 'metrics.jsonl'),
     threads: f.threads,
@@ -265,6 +286,7 @@ export async function runTraining(opts: TrainOptions, io: CliIO, quiet: boolean,
   const result = await train({
     ...opts,
     onStep: (m) => quiet || bar.update(m.step, describeStep(m)),
+    onEval: (e) => quiet || bar.note(describeEval(e)),
   });
   if (!quiet) bar.done();
   return result;
@@ -296,6 +318,7 @@ export function addRunCommand(program: Command, io: CliIO, isTTY: () => boolean)
         io.out(
           `trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\nmetrics: ${opts.metricsPath}\n` +
             (opts.trace ? `trace: ${opts.trace}\n` : '') +
+            (r.evals.length ? `${describeEval(r.evals[r.evals.length - 1])}\n` : '') +
             (r.data ? describeData(r.data, last.dataPosition ?? 0) : ''),
         );
       return;
@@ -367,6 +390,10 @@ export async function launchTraining(
         );
       }
       if (!quiet) bar.update(m.step, describeStep(m));
+    },
+    onEval: (e) => {
+      if (nodeRank === 0) appendFileSync(metricsPath, JSON.stringify(evalLine(e)) + '\n');
+      if (!quiet) bar.note(describeEval(e));
     },
   });
   if (!quiet) bar.done();

@@ -19,7 +19,7 @@ import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import { DEFAULT_MASTER_PORT, localAddressToward } from './launch-rank.js';
 import { StoreClient, StoreServer } from './store.js';
-import type { StepMetrics, TrainOptions } from './train.js';
+import type { EvalMetrics, StepMetrics, TrainOptions } from './train.js';
 import type { DataCounts } from './data/loader.js';
 
 /** How long a rank may take to end after SIGTERM before SIGKILL. */
@@ -45,6 +45,8 @@ export interface LaunchOptions {
   /** a run on datasets: what a rank's loader met, once it is done (rank 0's plans the whole
    * global batch, so its counts of packed, bad and dropped samples are the run's) */
   readonly onData?: (rank: number, counts: DataCounts, position: number) => void;
+  /** an evaluation (rank 0 reports it: its figures are global), after its step's onStep */
+  readonly onEval?: (e: EvalMetrics) => void;
 }
 
 /**
@@ -53,7 +55,7 @@ export interface LaunchOptions {
  */
 export type RankTrainOptions = Omit<
   TrainOptions,
-  'planDir' | 'rank' | 'onStep' | 'onConnected' | 'onTiming'
+  'planDir' | 'rank' | 'onStep' | 'onConnected' | 'onTiming' | 'onEval'
 >;
 
 /** A step as the launcher reports it: the global figures, the slowest rank's time. */
@@ -81,6 +83,7 @@ export class RankFailure extends UserError {
 /** Messages a launched rank sends its launcher over IPC. */
 export type RankMessage =
   | { readonly type: 'step'; readonly rank: number; readonly metrics: StepMetrics }
+  | { readonly type: 'eval'; readonly rank: number; readonly eval: EvalMetrics }
   | {
       readonly type: 'data';
       readonly rank: number;
@@ -179,6 +182,7 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
   const threads = Math.max(1, Math.floor(cpus().length / o.nprocPerNode));
   const ranks: Rank[] = [];
   const steps = new Map<number, Map<number, StepMetrics>>();
+  const heldEvals = new Map<number, EvalMetrics>();
   const merged: MergedStep[] = [];
   let failure: RankFailure | undefined;
   let settle: () => void = () => {};
@@ -265,6 +269,11 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     child.stderr!.on('data', keep);
     child.on('message', (m: RankMessage) => {
       if (m?.type === 'data') o.onData?.(m.rank, m.counts, m.position);
+      if (m?.type === 'eval') {
+        // after its step's line: held while that step waits on a rank
+        if (steps.has(m.eval.step)) heldEvals.set(m.eval.step, m.eval);
+        else o.onEval?.(m.eval);
+      }
       if (m?.type !== 'step') return;
       let byRank = steps.get(m.metrics.step);
       if (!byRank) steps.set(m.metrics.step, (byRank = new Map()));
@@ -274,6 +283,11 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
         steps.delete(step.step);
         merged.push(step);
         o.onStep?.(step);
+        const held = heldEvals.get(step.step);
+        if (held) {
+          heldEvals.delete(step.step);
+          o.onEval?.(held);
+        }
       }
     });
     child.on('error', (e) =>

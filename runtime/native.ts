@@ -133,6 +133,8 @@ export interface NativeStepOptions {
   readonly lr: number;
   /** AdamW step t, from 1 */
   readonly step: number;
+  /** the forward phase alone: the loss of the set microbatches, no gradient, no update */
+  readonly forwardOnly?: boolean;
 }
 
 export interface NativeStepResult {

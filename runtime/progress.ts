@@ -1,10 +1,12 @@
 // A one-line progress bar on stderr (redrawn on a terminal; every ~5% of the run otherwise), and
 // the line a training step shows in it.
 
-import type { StepMetrics } from './train.js';
+import type { EvalMetrics, StepMetrics } from './train.js';
 
 export interface Progress {
   update(step: number, text: string): void;
+  /** a line of its own above the bar (an evaluation's figures) */
+  note(text: string): void;
   done(): void;
 }
 
@@ -26,6 +28,10 @@ export function progressBar(
       if (isTTY) write(`\r\x1b[2K${last}`);
       else if (step === first || step % every === 0 || step === total) write(`${last}\n`);
     },
+    note(text) {
+      if (isTTY) write(`\r\x1b[2K${text}\n${last}`);
+      else write(`${text}\n`);
+    },
     done() {
       if (isTTY && last) write('\n');
     },
@@ -37,4 +43,10 @@ export function describeStep(m: StepMetrics): string {
   const caption = m.captionLoss === null ? '' : ` caption ${m.captionLoss.toFixed(3)}`;
   const aux = m.auxLoss ? ` aux ${m.auxLoss.toFixed(4)}` : '';
   return `loss ${m.loss.toFixed(4)}${caption}${aux} | ${(m.tokensPerSecond / 1000).toFixed(1)}k tok/s | ${m.stepMs.toFixed(0)} ms`;
+}
+
+/** An evaluation's line: `validation after step 20: loss 1.2345 caption 1.234 (10 batches)`. */
+export function describeEval(e: EvalMetrics): string {
+  const caption = e.captionLoss === null ? '' : ` caption ${e.captionLoss.toFixed(3)}`;
+  return `validation after step ${e.step}: loss ${e.loss.toFixed(4)}${caption} (${e.batches} batches, ${e.lossTokens} loss tokens)`;
 }

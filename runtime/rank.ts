@@ -5,7 +5,7 @@
 // the progress line and the final step.
 
 import { StoreServer } from './store.js';
-import { describeStep, progressBar } from './progress.js';
+import { describeEval, describeStep, progressBar } from './progress.js';
 import { train, type TrainOptions } from './train.js';
 import type { RankContext } from './launch-rank.js';
 import type { RankMessage } from './launch.js';
@@ -54,6 +54,12 @@ export async function runRank(
         if (rank.launched)
           process.send!({ type: 'step', rank: rank.rank, metrics: m } satisfies RankMessage);
         else if (talk) bar.update(m.step, describeStep(m));
+      },
+      // every rank has the same global figures: rank 0 reports them
+      onEval: (e) => {
+        if (rank.launched && rank.rank === 0)
+          process.send!({ type: 'eval', rank: rank.rank, eval: e } satisfies RankMessage);
+        else if (talk) bar.note(describeEval(e));
       },
     });
     if (talk) bar.done();

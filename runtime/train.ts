@@ -81,6 +81,12 @@ export interface TrainOptions {
   /** a run on datasets: every step's data read before the first step (bench/data.ts: the same
    * batches as a run that loads them as it goes, with no loading in the steps) */
   readonly preloadData?: boolean;
+  /** a run on datasets: every evalInterval steps (and after the last), the loss of the first
+   * evalIters global batches of the validation split, forward only (--eval-interval) */
+  readonly evalInterval?: number;
+  /** global batches an evaluation reads (--eval-iters; default 10) */
+  readonly evalIters?: number;
+  readonly onEval?: (e: EvalMetrics) => void;
   /** the control run: images moved across samples */
   readonly shuffleImages?: boolean;
   readonly metricsPath?: string;
@@ -135,8 +141,21 @@ export interface StepMetrics {
   readonly dataPosition?: number;
 }
 
+/** An evaluation on the validation split: means over its global batches of each one's loss. */
+export interface EvalMetrics {
+  /** after this training step */
+  readonly step: number;
+  readonly loss: number;
+  readonly ceLoss: number;
+  readonly captionLoss: number | null;
+  /** global batches read */
+  readonly batches: number;
+  readonly lossTokens: number;
+}
+
 export interface TrainResult {
   readonly steps: StepMetrics[];
+  readonly evals: EvalMetrics[];
   readonly finalStep: number;
   readonly plan: PlanFile;
   /** parameters after the run, whole tensors */
@@ -169,6 +188,18 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const m = plan.training.numMicrobatches;
   const padded = plan.training.seqLength * plan.training.microBatchSize;
   const loader = o.data ? await openLoader(o, o.data, plan, program, dpIndex, seed) : undefined;
+  if (o.evalInterval !== undefined && !o.data)
+    throw new UserError(
+      '--eval-interval evaluates on the validation split of --data-path; this run has no --data-path',
+    );
+  if (o.evalInterval !== undefined && o.data && !(o.data.split[1] > 0))
+    throw new UserError(
+      `--eval-interval needs a validation split: the split gives it nothing (train ${+(100 * o.data.split[0]).toFixed(2)}%, test ${+(100 * o.data.split[2]).toFixed(2)}%); e.g. --split 98,2,0`,
+    );
+  const evalLoader =
+    o.evalInterval !== undefined && o.data
+      ? await openLoader(o, o.data, plan, program, dpIndex, seed, 'valid')
+      : undefined;
   const replay = o.batch ? readBatchFile(o.batch) : undefined;
   // the model's image token follows the tokenizer's placeholder, or a replayed batch's
   const batchToken = replay?.find((mb) => mb.imageTokenId !== undefined)?.imageTokenId;
@@ -290,6 +321,84 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       images: [],
       captionMask: new Uint8Array(padded),
     });
+  /** The microbatches into the runtime, and the global batch's token counts as its scalars. */
+  const setBatch = async (mbs: readonly Microbatch[], what: string) => {
+    const captions = mbs.map((mb) => mb.captionMask ?? captionMask(mb));
+    mbs.forEach((mb, j) =>
+      userErrors(o.batch ?? 'synthetic data', () =>
+        rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
+      ),
+    );
+    const [lossTokens, captionTokens, tokens] = await globalSum([
+      dataWeight * mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0),
+      dataWeight * captions.reduce((a, c) => a + countOnes(c), 0),
+      dataWeight * mbs.reduce((a, mb) => a + mb.tokens.length, 0),
+    ]);
+    if (lossTokens === 0)
+      throw new UserError(`${what}: the global batch has no loss token (every loss_mask is 0)`);
+    // pipeline stages without the loss have no loss scalars
+    if ('loss_tokens' in program.scalars) rt.setScalar('loss_tokens', lossTokens);
+    if ('caption_tokens' in program.scalars)
+      rt.setScalar('caption_tokens', Math.max(1, captionTokens));
+    return { lossTokens, captionTokens, tokens };
+  };
+  /** The program's outputs summed over the ranks that speak for them. */
+  const outputSums = async (r: NativeStepResult) => {
+    // the ViT balance's count is the same on every rank of a balancing group, and rank 0's
+    // groups see every image: rank 0 speaks for it
+    const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss', 'vit_images_moved'];
+    const sums = await globalSum(
+      OUTPUTS.flatMap((name) => {
+        const weight = name === 'vit_images_moved' ? +(rank === 0) : lossWeight;
+        const mine = r.outputs.filter((x) => x.name === name);
+        return [weight * mine.reduce((a, x) => a + x.value, 0), weight * +!!mine.length];
+      }),
+    );
+    return {
+      sum: (name: string) => sums[2 * OUTPUTS.indexOf(name)],
+      has: (name: string) => sums[2 * OUTPUTS.indexOf(name) + 1] > 0,
+    };
+  };
+  /** The validation loss after a step: the first evalIters global batches, forward only. */
+  const evalIters = o.evalIters ?? 10;
+  const evals: EvalMetrics[] = [];
+  const evaluate = async (after: number): Promise<void> => {
+    await evalLoader!.seek(0);
+    let loss = 0;
+    let ceLoss = 0;
+    let captionLoss = 0;
+    let captioned = 0;
+    let lossTokens = 0;
+    for (let k = 0; k < evalIters; k++) {
+      const d = await evalLoader!.nextStep();
+      const what = `the evaluation after step ${after}, batch ${k + 1}`;
+      const counts = await setBatch(d.microbatches, what);
+      const r = await rt
+        .step({ lr: 0, step: Math.max(1, after), forwardOnly: true })
+        .catch((e: Error) => {
+          throw overBound(e, plan, after);
+        });
+      const { sum, has } = await outputSums(r);
+      loss += sum('loss');
+      ceLoss += has('ce_loss') ? sum('ce_loss') : sum('loss');
+      if (has('caption_loss') && counts.captionTokens > 0) {
+        captionLoss += sum('caption_loss');
+        captioned++;
+      }
+      lossTokens += counts.lossTokens;
+    }
+    const e: EvalMetrics = {
+      step: after,
+      loss: loss / evalIters,
+      ceLoss: ceLoss / evalIters,
+      captionLoss: captioned ? captionLoss / captioned : null,
+      batches: evalIters,
+      lossTokens,
+    };
+    evals.push(e);
+    if (metricsPath) appendFileSync(metricsPath, JSON.stringify(evalLine(e)) + '\n');
+    o.onEval?.(e);
+  };
   const steps: StepMetrics[] = [];
   // a run on datasets: the next step's data is read while this step runs (decoded whole for the
   // step dump, which holds every image); its failure surfaces where it is awaited, not as an
@@ -344,25 +453,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       if (o.shuffleImages)
         mbs = shuffleImages(mbs, seed * 1_000_003 + step).slice(dpIndex * m, (dpIndex + 1) * m);
     }
-    const captions = mbs.map((mb) => mb.captionMask ?? captionMask(mb));
-    mbs.forEach((mb, j) =>
-      userErrors(o.batch ?? 'synthetic data', () =>
-        rt.setMicrobatch(j, { ...mb, captionMask: captions[j] }),
-      ),
-    );
-    const [lossTokens, captionTokens, tokens] = await globalSum([
-      dataWeight * mbs.reduce((a, mb) => a + countOnes(mb.lossMask), 0),
-      dataWeight * captions.reduce((a, c) => a + countOnes(c), 0),
-      dataWeight * mbs.reduce((a, mb) => a + mb.tokens.length, 0),
-    ]);
-    if (lossTokens === 0)
-      throw new UserError(
-        `step ${step}: the global batch has no loss token (every loss_mask is 0)`,
-      );
-    // pipeline stages without the loss have no loss scalars
-    if ('loss_tokens' in program.scalars) rt.setScalar('loss_tokens', lossTokens);
-    if ('caption_tokens' in program.scalars)
-      rt.setScalar('caption_tokens', Math.max(1, captionTokens));
+    const { lossTokens, captionTokens, tokens } = await setBatch(mbs, `step ${step}`);
 
     const dumping = o.dumpStep !== undefined && step === startStep + 1;
     const dumpShare = dumping ? captureWeights(state) : undefined;
@@ -378,18 +469,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       if (world === 1) writeTrace(o.trace, [part], { plan: o.planDir, model: plan.model.name });
       else writeRankTrace(traceFragment(o.trace, rank), part);
     }
-    // the ViT balance's count is the same on every rank of a balancing group, and rank 0's
-    // groups see every image: rank 0 speaks for it
-    const OUTPUTS = ['loss', 'ce_loss', 'aux_loss', 'caption_loss', 'vit_images_moved'];
-    const sums = await globalSum(
-      OUTPUTS.flatMap((name) => {
-        const weight = name === 'vit_images_moved' ? +(rank === 0) : lossWeight;
-        const mine = r.outputs.filter((x) => x.name === name);
-        return [weight * mine.reduce((a, x) => a + x.value, 0), weight * +!!mine.length];
-      }),
-    );
-    const sum = (name: string) => sums[2 * OUTPUTS.indexOf(name)];
-    const has = (name: string) => sums[2 * OUTPUTS.indexOf(name) + 1] > 0;
+    const { sum, has } = await outputSums(r);
     const loss = sum('loss');
     const metrics: StepMetrics = {
       step,
@@ -420,6 +500,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       await dumpGathered(o.dumpStep!, metrics, lossTokens, loaded.programs, plan, share, globalSum);
     }
     o.onStep?.(metrics);
+    if (evalLoader && (step % o.evalInterval! === 0 || step === o.trainIters)) await evaluate(step);
 
     // 3. checkpoints: whole tensors, gathered from every rank's share
     const last = step === o.trainIters;
@@ -441,8 +522,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const params = new Map(state.names().map((n) => [n, state.read(n, 'param')]));
   const counts = loader ? await loader.counts() : undefined;
   await loader?.close();
+  await evalLoader?.close();
   return {
     steps,
+    evals,
     finalStep: o.trainIters,
     plan,
     params,
@@ -462,13 +545,14 @@ async function openLoader(
   program: ProgramFile,
   replica: number,
   seed: number,
+  part: 'train' | 'valid' = 'train',
 ): Promise<PrefetchingLoader> {
   const model = plan.model.config as unknown as ModelConfig['model'];
   const m = plan.training.numMicrobatches;
   return PrefetchingLoader.open({
     sources: d.sources,
     split: d.split,
-    part: 'train',
+    part,
     tokenizer: d.tokenizer,
     phase: d.phase,
     seed: o.seed ?? seed,
@@ -595,6 +679,18 @@ async function dumpGathered(
   );
   writeDump(dir, dump, metrics, plan, lossTokens);
   rmSync(shares, { recursive: true, force: true });
+}
+
+/** An evaluation's line in the metrics file (beside the steps' lines, which have `step`). */
+export function evalLine(e: EvalMetrics): Record<string, number | null> {
+  return {
+    eval_after_step: e.step,
+    validation_loss: e.loss,
+    validation_ce_loss: e.ceLoss,
+    validation_caption_loss: e.captionLoss,
+    validation_batches: e.batches,
+    validation_loss_tokens: e.lossTokens,
+  };
 }
 
 export function snake(m: StepMetrics): Record<string, number | null> {

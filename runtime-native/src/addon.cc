@@ -519,6 +519,7 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
     lfc::StepParams params;
     params.lr = number(o.Get("lr"), "options.lr");
     params.step = integer(o.Get("step"), "options.step");
+    params.forwardOnly = o.Has("forwardOnly") && o.Get("forwardOnly").ToBoolean().Value();
     rt_->beginStep();
     try {
       auto* worker = new StepWorker(info.Env(), rt_, params);  // deletes itself after OnOK/OnError

@@ -115,6 +115,57 @@ describe('the ranks together read each sample once per epoch', () => {
     240_000,
   );
 
+  it('an evaluation on the validation split gives the one-rank figures under pp 2 and level 3', async () => {
+    const evalOf = async (name: string, ranks: number) => {
+      const metrics = join(dir, `${name}-eval.jsonl`);
+      const r = await cli(
+        'run',
+        join(dir, name),
+        ...(ranks > 1 ? ['--nproc-per-node', String(ranks)] : []),
+        '--data-path',
+        jsonl,
+        '--tokenizer-model',
+        configsDir('tokenizers', 'tiny'),
+        '--split',
+        '75,25,0',
+        '--train-iters',
+        '2',
+        '--eval-interval',
+        '1',
+        '--eval-iters',
+        '2',
+        '--metrics',
+        metrics,
+        '--quiet',
+      );
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+      const lines = readFileSync(metrics, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Record<string, number>);
+      // each step's line, then its evaluation's
+      expect(lines.map((l) => l.step ?? `eval ${l.eval_after_step}`)).toEqual([
+        1,
+        'eval 1',
+        2,
+        'eval 2',
+      ]);
+      return lines.filter((l) => 'eval_after_step' in l).map((l) => l.validation_loss);
+    };
+    const one = await evalOf('one', 1);
+    expect(one[1]).not.toBe(one[0]); // the weights moved between the two
+    for (const [name, ranks] of [
+      ['pp2', 2],
+      ['level3-tp2-pp2', 4],
+    ] as const) {
+      const got = await evalOf(name, ranks);
+      got.forEach((v, k) =>
+        expect(Math.abs(v - one[k]) / one[k], `${name} eval ${k}`).toBeLessThan(1e-5),
+      );
+    }
+  }, 240_000);
+
   it('a checkpoint saved under dp 2 resumes on one rank: step 3 continues, same data', async () => {
     const data = ['--data-path', jsonl, '--tokenizer-model', configsDir('tokenizers', 'tiny')];
     const save = join(dir, 'dp2-ckpt');

@@ -279,6 +279,41 @@ describe('native runtime: a training step', () => {
   });
 });
 
+describe('native runtime: forward only (an evaluation)', () => {
+  it("gives the training step's loss, bit for bit, and changes no parameter or optimizer state", async () => {
+    const { b } = tinyModel();
+    const program = b.build();
+    const rt = new native.Runtime(b.json(), { timing: true });
+    rt.initParams(7, PARAM_INITS);
+    const mb = textMicrobatch([[3, 5, 7, 9, 11]], S);
+    rt.setMicrobatch(0, mb);
+    rt.setScalar('loss_tokens', 4);
+    const params = Float32Array.from(new Float32Array(rt.region('param')));
+    const optim = Float32Array.from(new Float32Array(rt.region('optim')));
+
+    const e1 = await rt.step({ lr: 0.01, step: 1, forwardOnly: true });
+    const e2 = await rt.step({ lr: 0.01, step: 1, forwardOnly: true });
+    // the forward's instructions alone ran: embedding, linear, cross_entropy
+    const forward = program.instructions.filter((i) => i.phase === 'forward').length;
+    expect(forward).toBe(3);
+    expect(e1.instructionsRun).toBe(forward);
+    expect(e1.perInstruction!.filter((t) => t.end > 0)).toHaveLength(forward);
+    expect(new Float32Array(rt.region('param'))).toEqual(params);
+    expect(new Float32Array(rt.region('optim'))).toEqual(optim);
+    expect(e2.outputs[0].value).toBe(e1.outputs[0].value);
+
+    // the training step computes its loss before it updates: the same bits
+    const t1 = await rt.step({ lr: 0.01, step: 1 });
+    expect(t1.instructionsRun).toBe(program.instructions.length);
+    expect(t1.outputs[0].value).toBe(e1.outputs[0].value);
+    expect(new Float32Array(rt.region('param'))).not.toEqual(params);
+    const e3 = await rt.step({ lr: 0.01, step: 2, forwardOnly: true });
+    const t2 = await rt.step({ lr: 0.01, step: 2 });
+    expect(e3.outputs[0].value).toBe(t2.outputs[0].value);
+    expect(e3.outputs[0].value).toBeLessThan(e1.outputs[0].value); // it learned meanwhile
+  });
+});
+
 describe('native runtime: views', () => {
   it('a reshape with viewOf shares bytes; one without copies; rope reads the view', async () => {
     const b = new ProgramBuilder('views', { S: 6, Nv: 0 });

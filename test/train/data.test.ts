@@ -13,6 +13,7 @@ import { configsDir, projectRoot } from '../../compiler/paths.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 import { demoDataset, encodePng } from '../../runtime/data/demo-dataset.js';
 import { jsonlToWebDataset } from '../../runtime/data/webdataset.js';
+import { train } from '../../runtime/train.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-data-'));
 const PLAN = join(dir, 'plan');
@@ -109,6 +110,83 @@ describe('training on data from disk', () => {
     const [replayed] = metrics(file);
     expect(replayed.loss).toBe(first.loss);
     expect(replayed.caption_loss).toBe(first.caption_loss);
+  });
+});
+
+describe('evaluation on the validation split (--eval-interval)', () => {
+  const evalFlags = ['--split', '90,10,0', '--train-iters', '4', '--eval-interval', '2'];
+  const lines = (file: string) =>
+    readFileSync(file, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number | null>);
+
+  it('every N steps and after the last, forward only: the training is the same without it', async () => {
+    const file = join(dir, 'eval.jsonl');
+    const r = await cli(
+      'run',
+      PLAN,
+      '--data-path',
+      jsonl,
+      '--tokenizer-model',
+      TOKENIZER,
+      '--metrics',
+      file,
+      '--seed',
+      '3',
+      ...evalFlags,
+      '--eval-iters',
+      '3',
+    );
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(
+      /validation after step 4: loss \d+\.\d{4} caption \d+\.\d{3} \(3 batches, \d+ loss tokens\)/,
+    );
+    const all = lines(file);
+    const evals = all.filter((l) => 'eval_after_step' in l);
+    expect(evals.map((e) => e.eval_after_step)).toEqual([2, 4]);
+    for (const e of evals) {
+      expect(e.validation_batches).toBe(3);
+      expect(Number.isFinite(e.validation_loss)).toBe(true);
+      expect(e.validation_caption_loss).not.toBeNull();
+    }
+    // the same steps without the evaluations: the same losses, bit for bit
+    const plain = await run('no-eval', jsonl, '--split', '90,10,0', '--train-iters', '4');
+    expect(all.filter((l) => 'step' in l).map((l) => l.loss)).toEqual(plain.map((m) => m.loss));
+  });
+
+  it('reads the same batches each time: at lr 0 every evaluation gives the same loss', async () => {
+    const r = await train({
+      planDir: PLAN,
+      trainIters: 4,
+      lr: 0,
+      seed: 3,
+      data: {
+        sources: [{ weight: 1, path: jsonl }],
+        split: [0.9, 0.1, 0],
+        tokenizer: TOKENIZER,
+        phase: 'sft',
+      },
+      evalInterval: 2,
+      evalIters: 2,
+    });
+    expect(r.evals.map((e) => e.step)).toEqual([2, 4]);
+    expect(r.evals[1].loss).toBe(r.evals[0].loss);
+    expect(r.evals[1].captionLoss).toBe(r.evals[0].captionLoss);
+  });
+
+  it.each([
+    [['--eval-interval', '2'], '--eval-interval evaluates on the validation split of --data-path'],
+    [['--eval-iters', '2'], '--eval-iters needs --eval-interval N'],
+    [
+      ['--data-path', 'DATA', '--tokenizer-model', TOKENIZER, '--eval-interval', '2'],
+      '--eval-interval needs a validation split: the split gives it nothing (train 100%, test 0%); e.g. --split 98,2,0',
+    ],
+  ])('%j is refused, one line, exit 2', async (flags, message) => {
+    const r = await cli('run', PLAN, ...flags.map((f) => (f === 'DATA' ? jsonl : f)), '--quiet');
+    expect(r.code).toBe(2);
+    expect(r.err).toContain(message);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
   });
 });
 

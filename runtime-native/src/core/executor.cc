@@ -124,6 +124,8 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
     st.cv.notify_all();
   };
   const std::vector<int>& order = p.streamInstrs[size_t(stream)];
+  // an evaluation runs the forward phase alone
+  const auto skipped = [&](const Instr& x) { return st.params.forwardOnly && x.phase != "forward"; };
   // the batch of a batched send/recv (-1: none)
   const auto batchOf = [&](int idx) -> int64_t {
     const Instr& x = p.instrs[size_t(idx)];
@@ -135,10 +137,17 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
     std::vector<Tensor>& ins = st.operands[size_t(idx)];
     std::vector<Tensor>& outs = st.results[size_t(idx)];
     bool stop = false;
+    const bool skip = skipped(in);
     {
       std::unique_lock<std::mutex> lock(st.mu);
       for (int e : in.wait) st.cv.wait(lock, [&] { return st.failed || st.recorded[size_t(e)]; });
       stop = st.failed;
+      if (skip && !stop) {
+        for (int e : in.record) st.recorded[size_t(e)] = 1;
+        lock.unlock();
+        if (!in.record.empty()) st.cv.notify_all();
+        continue;
+      }
       applySymbols(p, in, ins, st.sizes);
       applySymbols(p, in, outs, st.sizes);
       applyRows(ins, st.rows);
@@ -152,7 +161,10 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
       if (opEntry(in.op).cls == OpClass::collective) {
         if (!st.backend) throw OpError("no collective backend (the runtime was not connected)");
         const int64_t batch = batchOf(idx);
-        const bool batchEnd = batch >= 0 && (k + 1 == order.size() || batchOf(order[k + 1]) != batch);
+        // the batch's last member that runs (forward only skips the backward's sends and receives)
+        bool batchEnd = batch >= 0;
+        for (size_t j = k + 1; batchEnd && j < order.size() && batchOf(order[j]) == batch; j++)
+          batchEnd = skipped(p.instrs[size_t(order[j])]);
         rows = comm::runCollective(in, ctx, *st.backend, batchEnd);
       } else {
         opEntry(in.op).run(in, ctx);

@@ -71,6 +71,9 @@ class GroupRanks {
 struct StepParams {
   double lr = 0;
   int64_t step = 1;  // t ≥ 1 for AdamW
+  // the forward phase alone (an evaluation): the other instructions are skipped, each still
+  // waiting on and recording its events, so the streams keep the step's order
+  bool forwardOnly = false;
   // this rank's group ranks (owned by the runtime, constant over the run); null: every kind is 0
   const GroupRanks* groupRanks = nullptr;
 };
