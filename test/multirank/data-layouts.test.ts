@@ -115,7 +115,7 @@ describe('the ranks together read each sample once per epoch', () => {
     240_000,
   );
 
-  it('an evaluation on the validation split gives the one-rank figures under pp 2 and level 3', async () => {
+  it('an evaluation on the validation split gives the one-rank figures under dp 2, pp 2 and level 3', async () => {
     const evalOf = async (name: string, ranks: number) => {
       const metrics = join(dir, `${name}-eval.jsonl`);
       const r = await cli(
@@ -156,6 +156,7 @@ describe('the ranks together read each sample once per epoch', () => {
     const one = await evalOf('one', 1);
     expect(one[1]).not.toBe(one[0]); // the weights moved between the two
     for (const [name, ranks] of [
+      ['dp2', 2],
       ['pp2', 2],
       ['level3-tp2-pp2', 4],
     ] as const) {
