@@ -42,6 +42,11 @@ torch 1.13 does its matmuls in a pthreads OpenBLAS that
 torch.set_num_threads does not reach), and omp_wait_policy (PASSIVE
 unless the environment sets it, see below the imports).
 
+    /usr/bin/python3 bench/step_torch.py --config CONFIG.json --weights ... --batch ...
+
+takes the model's sizes from a JSON object of Config fields instead of a
+tiny preset (bench/mfu.ts writes one for vlm-moe-150m).
+
     ... --check-loss
 
 runs one step only and prints one JSON line with its loss, ce_loss,
@@ -323,8 +328,8 @@ def load_batch(path) -> List[dict]:
     return batch
 
 
-def build(model_name, weights_path):
-    cfg = CONFIGS[model_name]
+def build(cfg, weights_path):
+    model_name = cfg.name
     model = TinyVLM(cfg)
     w = load_safetensors(weights_path)
     missing, unexpected = model.load_state_dict(w, strict=False)
@@ -387,7 +392,11 @@ def set_blas_threads(n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--model', required=True, choices=sorted(CONFIGS))
+    ap.add_argument('--model', choices=sorted(CONFIGS),
+                    help='a tiny model of test/reference/tiny_vlm.py (or give --config)')
+    ap.add_argument('--config',
+                    help='instead of --model: a JSON file of Config fields (test/reference/'
+                         'tiny_vlm.py), the same architecture at other sizes (bench/mfu.ts)')
     ap.add_argument('--weights', required=True)
     ap.add_argument('--batch', required=True)
     ap.add_argument('--steps', type=int, default=10)
@@ -398,11 +407,19 @@ def main():
                          'beside the weights if there is one)')
     ap.add_argument('--rtol', type=float, default=1e-5)
     args = ap.parse_args()
+    if (args.model is None) == (args.config is None):
+        ap.error('give one of --model and --config')
+    if args.config is not None:
+        with open(args.config) as f:
+            cfg = Config(**json.load(f))
+        args.model = cfg.name
+    else:
+        cfg = CONFIGS[args.model]
 
     torch.set_num_threads(args.threads)
     blas_threads = set_blas_threads(args.threads)
     torch.manual_seed(0)
-    model, opt = build(args.model, args.weights)
+    model, opt = build(cfg, args.weights)
     batch = load_batch(args.batch)
 
     if args.check_loss:

@@ -242,6 +242,8 @@ export interface NativeAddon {
   readonly planVersion: number;
   /** the kernels OpenBLAS runs (openblas_get_corename: 'SkylakeX', 'Prescott', …) */
   readonly blasCore: string;
+  /** the best GFLOP/s of `reps` cblas_sgemm calls at n×n×n on `threads` threads (bench/mfu.ts) */
+  sgemmGflops(n: number, threads: number, reps: number): number;
   /** schema.h: the op kinds, in ir/ops.ts order */
   readonly opNames: readonly string[];
   readonly streams: readonly string[];

@@ -5,6 +5,8 @@
 #include <cblas.h>
 #include <napi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -604,11 +606,43 @@ Napi::Value Patchify(const Napi::CallbackInfo& info) {
   }
 }
 
+// sgemmGflops(n, threads, reps) → the best GFLOP/s of `reps` timed cblas_sgemm calls C = A·B at
+// n×n×n on `threads` OpenBLAS threads, after one untimed call (bench/mfu.ts: this machine's
+// peak under the kernels blasCore names). It leaves OpenBLAS at `threads` threads; a Runtime sets
+// its own count when it is made.
+Napi::Value SgemmGflops(const Napi::CallbackInfo& info) {
+  const int64_t n = integer(info[0], "n"), threads = integer(info[1], "threads"),
+                reps = integer(info[2], "reps");
+  if (n < 1 || n > 16384 || threads < 1 || reps < 1)
+    throw Napi::RangeError::New(info.Env(), "sgemmGflops: n in 1..16384, threads and reps ≥ 1");
+  std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
+  for (size_t i = 0; i < a.size(); i++) {
+    a[i] = float(i % 13) * 0.01f - 0.06f;
+    b[i] = float(i % 7) * 0.02f - 0.06f;
+  }
+  openblas_set_num_threads(int(threads));
+  const int m = int(n);
+  const auto gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, a.data(), m, b.data(), m,
+                0.0f, c.data(), m);
+  };
+  gemm();
+  double best = 0;
+  for (int64_t r = 0; r < reps; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
+  }
+  return Napi::Number::New(info.Env(), best);
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Runtime", RuntimeWrap::Define(env));
   exports.Set("patchify", Napi::Function::New(env, Patchify, "patchify"));
   exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
   exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
+  exports.Set("sgemmGflops", Napi::Function::New(env, SgemmGflops, "sgemmGflops"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
   // the kernels OpenBLAS runs (runtime/blas.ts names them through OPENBLAS_CORETYPE)
   exports.Set("blasCore", Napi::String::New(env, openblas_get_corename()));

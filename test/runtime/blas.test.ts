@@ -55,4 +55,12 @@ describe('the OpenBLAS kernels for a CPU', () => {
     if (chosen) expect(native.blasCore.toLowerCase()).toBe(chosen.toLowerCase());
     expect(native.blasCore).not.toBe('');
   });
+
+  it('sgemmGflops times cblas_sgemm (bench/mfu.ts) and refuses sizes it cannot run', () => {
+    const native = loadNative();
+    const gflops = native.sgemmGflops(64, 1, 2);
+    expect(Number.isFinite(gflops) && gflops > 0).toBe(true);
+    expect(() => native.sgemmGflops(0, 1, 1)).toThrow(/n in 1..16384/);
+    expect(() => native.sgemmGflops(64, 0, 1)).toThrow(/threads and reps/);
+  });
 });
