@@ -12,6 +12,13 @@
 // memory does; 0.41–0.49 of the all-reduce's time at 64 MiB on 2 and 4 ranks); all_gather, broadcast and all-to-all are Gloo's; send/recv are unbound-buffer
 // transfers in a slot range of their own. Each call carries the timeout; Gloo's exceptions become
 // CommError.
+//
+// Failures (comm.h): abort puts the reason in the store, sets the shared-memory abort word, and
+// fails every TCP connection of the backend's contexts from this side (Gloo's pair error, which
+// closes the socket): this rank's own waiters wake with it, each peer reads the closed connection
+// and finds the reason in the store. A connection closed with no reason in the store is a member
+// gone: errors name it by its end of the connection, which each rank learns from the others when
+// the context opens (learnPeerAddresses).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -23,9 +30,17 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include "comm/comm.h"
 #include "comm/shm.h"
@@ -91,10 +106,111 @@ const char* streamName(int stream) {
   return stream == kControlStream ? "control" : schema::kStreams[stream];
 }
 
+// Gloo's FileStore, with the look-up without waiting that its own wait polls with
+using FileStoreBase = gloo::rendezvous::FileStore;
+class FileStore : public FileStoreBase {
+ public:
+  using FileStoreBase::FileStoreBase;
+  std::optional<std::vector<char>> tryGet(const std::string& key) {
+    if (!check({key})) return std::nullopt;
+    return get(key);
+  }
+};
+
+// Shuts down (both ways) every socket of this process whose local end is one of `ends`, as Gloo's
+// Address::str writes them ("[127.0.0.1]:41234"): both Gloo pairs of each connection then read
+// the end of their stream, fail every operation pending on them and close. Gloo offers no way to
+// fail a pair from outside that reaches this side's waiters too (Pair::close only closes the
+// socket; its TCP headers are not all installed), so the sockets are found by their addresses.
+void shutDownSockets(const std::vector<std::string>& ends) noexcept {
+  if (ends.empty()) return;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (const dirent* e = readdir(dir)) {
+    char* endOfNumber = nullptr;
+    const long fd = std::strtol(e->d_name, &endOfNumber, 10);
+    if (endOfNumber == e->d_name || *endOfNumber != 0 || fd == dirfd(dir)) continue;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    char ip[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+      inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+      inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+      port = ntohs(a->sin6_port);
+    } else {
+      continue;
+    }
+    const std::string suffix = cat("]:", port);
+    for (const std::string& end : ends)
+      if (end.size() > suffix.size() && end.compare(end.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          end.find(ip) != std::string::npos) {
+        shutdown(int(fd), SHUT_RDWR);
+        break;
+      }
+  }
+  closedir(dir);
+}
+
+// What the communicators of a backend share about a failure: this rank's reason, once it aborted,
+// and the run's store, where an aborting rank leaves its reason for the others (key `prefix/abort`).
+class AbortBoard {
+ public:
+  AbortBoard(gloo::rendezvous::Store& store, std::string key) : store_(store), key_(std::move(key)) {}
+
+  // The first reason stays. True for the call that set it.
+  bool set(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!reason_.empty()) return false;
+    reason_ = reason;
+    return true;
+  }
+  std::string local() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+  // Into the store, unless another rank's reason is there already. Best effort: the store may be
+  // gone with the rank that hosted it.
+  void post(const std::string& reason) noexcept {
+    try {
+      if (!posted().empty()) return;
+      store_.set(key_, std::vector<char>(reason.begin(), reason.end()));
+    } catch (...) {
+    }
+  }
+  // The reason some rank left in the store, or "".
+  std::string posted() noexcept {
+    try {
+      std::optional<std::vector<char>> v;
+      if (auto* tcp = dynamic_cast<TcpStore*>(&store_)) v = tcp->tryGet(key_, kLookupTimeout);
+      else if (auto* file = dynamic_cast<FileStore*>(&store_)) v = file->tryGet(key_);
+      return v ? std::string(v->begin(), v->end()) : "";
+    } catch (...) {
+      return "";
+    }
+  }
+
+ private:
+  // a look-up on a failure path: the store answers at once or is gone
+  static constexpr std::chrono::milliseconds kLookupTimeout{2000};
+  gloo::rendezvous::Store& store_;
+  const std::string key_;
+  mutable std::mutex mu_;
+  std::string reason_;
+};
+
 class GlooComm : public Communicator {
  public:
-  GlooComm(std::string name, std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
-      : name_(std::move(name)), ctx_(std::move(ctx)), timeout_(timeout) {}
+  // ranks: the global rank of each group rank
+  GlooComm(std::string name, std::shared_ptr<gloo::Context> ctx, std::vector<int> ranks,
+           std::shared_ptr<AbortBoard> board, std::chrono::milliseconds timeout)
+      : name_(std::move(name)), ctx_(std::move(ctx)), ranks_(std::move(ranks)), board_(std::move(board)),
+        timeout_(timeout) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -108,8 +224,36 @@ class GlooComm : public Communicator {
         [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
         [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
     };
-    shm_ = ShmGroup::connect(rank(), size(), allowed, timeout_, exchange);
+    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange);
   }
+
+  // Collective over the group, before shared memory opens: how each peer's end of its connection
+  // with this rank reads in Gloo's errors ("[127.0.0.1]:41234"), so that a closed connection names
+  // its rank. Block j of the exchange is this rank's end of the connection with rank j.
+  void learnPeerAddresses() {
+    constexpr int64_t kBytes = 64;
+    const int P = size();
+    std::vector<char> mine(size_t(P * kBytes), 0), theirs(size_t(P * kBytes), 0);
+    for (int j = 0; j < P; j++) {
+      if (j == rank()) continue;
+      const std::string at = ctx_->getPair(j)->address().str();
+      localEnds_.push_back(at);
+      std::memcpy(mine.data() + j * kBytes, at.data(), std::min<size_t>(at.size(), kBytes - 1));
+    }
+    const std::vector<int64_t> blocks(size_t(P), kBytes);
+    allToAllV(mine.data(), blocks, theirs.data(), blocks);
+    peerAddresses_.assign(size_t(P), "");
+    for (int j = 0; j < P; j++)
+      if (j != rank()) peerAddresses_[size_t(j)] = std::string(theirs.data() + j * kBytes, strnlen(theirs.data() + j * kBytes, kBytes));
+  }
+
+  // Backend::abort's part for this communicator: the shared-memory word (its TCP connections are
+  // shut down with the backend's, localEnds)
+  void abort(const std::string& reason) noexcept {
+    if (shm_) shm_->abort(reason);
+  }
+  // this rank's end of its connection with each peer
+  const std::vector<std::string>& localEnds() const { return localEnds_; }
 
   void allReduce(void* data, DType dtype, int64_t count, int64_t key) override {
     if (count == 0) return;
@@ -315,7 +459,9 @@ class GlooComm : public Communicator {
     o.setReduceFunction(&sumInto<T>);
   }
 
-  // Gloo's exceptions as CommError: a timeout says which timeout it was
+  // Gloo's exceptions as CommError: a failure this rank or another aborted with is a PeerFailure
+  // with its reason, a timeout says which timeout it was, a connection closed without a reason
+  // names the rank at its other end
   template <typename F>
   void guard(F&& f) {
     try {
@@ -323,11 +469,16 @@ class GlooComm : public Communicator {
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& e) {
+      if (const std::string reason = board_->local(); !reason.empty()) throw PeerFailure(reason);
+      if (const std::string reason = board_->posted(); !reason.empty()) throw PeerFailure(reason);
       const std::string what = e.what();
       // the unbound-buffer ops say "Timed out waiting …", the bound ones "Read timeout …"
       if (what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos)
         throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
                             " s (--collective-timeout): a rank of the group did not take part"));
+      for (size_t j = 0; j < peerAddresses_.size(); j++)
+        if (!peerAddresses_[j].empty() && what.find(peerAddresses_[j]) != std::string::npos)
+          throw PeerFailure(cat("rank ", ranks_[j], " closed its connection (its process exited, or its machine went away)"));
       // Gloo prefixes messages with its source location in brackets
       const size_t cut = what.find("] ");
       throw CommError(cut == std::string::npos ? what : what.substr(cut + 2));
@@ -336,6 +487,10 @@ class GlooComm : public Communicator {
 
   std::string name_;
   std::shared_ptr<gloo::Context> ctx_;
+  std::vector<int> ranks_;                   // global rank of each group rank
+  std::vector<std::string> peerAddresses_;  // per group rank: its end of the connection with this one
+  std::vector<std::string> localEnds_;      // this rank's ends of its connections
+  std::shared_ptr<AbortBoard> board_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
   std::chrono::milliseconds timeout_;
   struct Bound {
@@ -399,10 +554,11 @@ class GlooBackend : public Backend {
       store_ = std::make_unique<TcpStore>(hostPort.substr(0, colon), std::stoi(hostPort.substr(colon + 1)),
                                           c.timeout);
     } else if (c.store.rfind("file:", 0) == 0) {
-      store_ = std::make_unique<gloo::rendezvous::FileStore>(c.store.substr(5));
+      store_ = std::make_unique<FileStore>(c.store.substr(5));
     } else {
       throw CommError(cat("store address '", c.store, "' is neither tcp:HOST:PORT nor file:DIR"));
     }
+    board_ = std::make_shared<AbortBoard>(*store_, cat(c.prefix, "/abort"));
     gloo::transport::tcp::attr attr;
     attr.hostname = c.host;
     try {
@@ -436,6 +592,24 @@ class GlooBackend : public Backend {
     return out;
   }
 
+  void abort(const std::string& reason) noexcept override {
+    try {
+      if (!board_->set(reason)) return;
+    } catch (...) {
+      return;
+    }
+    // the reason first, so that a peer that sees a closed connection finds it
+    board_->post(reason);
+    std::vector<std::string> ends;
+    for (GlooComm* c : gloo_) {
+      c->abort(reason);
+      ends.insert(ends.end(), c->localEnds().begin(), c->localEnds().end());
+    }
+    shutDownSockets(ends);
+  }
+
+  std::string broken() const override { return board_->local(); }
+
  private:
   std::string groupName(int group) const {
     return group == kWorldGroup ? "world" : config_.groups.at(size_t(group)).name;
@@ -467,19 +641,23 @@ class GlooBackend : public Backend {
     } catch (const std::exception& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }
-    auto comm = std::make_unique<GlooComm>(name, ctx, config_.timeout);
+    auto comm = std::make_unique<GlooComm>(name, ctx, ranks, board_, config_.timeout);
     try {
+      comm->learnPeerAddresses();
       comm->openSharedMemory(shmAllowed());
     } catch (const CommError& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }
+    gloo_.push_back(comm.get());
     comms_[{s.group, s.stream}] = std::move(comm);
   }
 
   Config config_;
   std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<AbortBoard> board_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms_;
+  std::vector<GlooComm*> gloo_;  // the communicators of comms_ over more than one rank
 };
 
 }  // namespace

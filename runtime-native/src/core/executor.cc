@@ -17,12 +17,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Everything the stream threads of one step use, shared with them so that a thread left behind
-// in a collective still points at live memory. One lock for all (instructions are coarse).
+// in a collective still points at live memory: the program and the backend too, which the
+// runtime shares with them. One lock for all (instructions are coarse).
 struct StepState {
-  const Program& p;
+  const std::shared_ptr<const Program> program;
+  const Program& p;  // *program
   std::vector<std::vector<Tensor>> operands, results;
+  const GroupRanks groupRanks;  // a copy of the runtime's, which params point to
   const StepParams params;
-  comm::Backend* backend;
+  const std::shared_ptr<comm::Backend> backend;
   Clock::time_point t0;
   bool timed = false;
   std::vector<InstrTiming> timing;  // per instruction when timed
@@ -42,9 +45,12 @@ struct StepState {
   std::shared_ptr<const void> keepAlive;  // the scratch slices' owner
   std::array<int64_t, kStreamCount> scratchHigh{};  // each written by its stream's thread only
 
-  StepState(const Program& prog, std::vector<std::vector<Tensor>> ops, std::vector<std::vector<Tensor>> res,
-            const StepParams& sp, comm::Backend* b)
-      : p(prog), operands(std::move(ops)), results(std::move(res)), params(sp), backend(b) {}
+  StepState(std::shared_ptr<const Program> prog, std::vector<std::vector<Tensor>> ops,
+            std::vector<std::vector<Tensor>> res, const StepParams& sp, std::shared_ptr<comm::Backend> b)
+      : program(std::move(prog)), p(*program), operands(std::move(ops)), results(std::move(res)),
+        groupRanks(sp.groupRanks ? *sp.groupRanks : GroupRanks{}),
+        params(StepParams{sp.lr, sp.step, &groupRanks}),
+        backend(std::move(b)) {}
 
   void fail(const std::string& msg) {
     {
@@ -107,6 +113,15 @@ void applyRows(std::vector<Tensor>& ts, const std::vector<int64_t>& rows) {
   }
 }
 
+int rankOf(const StepState& st) { return st.backend ? st.backend->config().rank : 0; }
+
+// A failed step aborts the backend before the step throws: the members of every group this rank
+// is in fail too, instead of waiting in a collective for the timeout, and this rank's other
+// stream threads blocked in one wake up (comm.h). The first reason stays.
+void abortBackend(StepState& st, const std::string& reason) {
+  if (st.backend) st.backend->abort(reason);
+}
+
 void runStream(std::shared_ptr<StepState> stp, int stream) {
   StepState& st = *stp;
   const Program& p = st.p;
@@ -157,12 +172,20 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
       } else {
         opEntry(in.op).run(in, ctx);
       }
+    } catch (const comm::PeerFailedError& e) {
+      // another rank's failure: pass its reason on, so that every rank names the one that failed
+      scratch.release(0);
+      abortBackend(st, e.reason);
+      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
+      return finish();
     } catch (const std::exception& e) {
       scratch.release(0);
+      abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", e.what()));
       st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
       return finish();
     } catch (...) {
       scratch.release(0);
+      abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": unknown exception"));
       st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"));
       return finish();
     }
@@ -178,6 +201,7 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
           for (int e : in.record) st.recorded[size_t(e)] = 1;
       }
       if (!problem.empty()) {
+        abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", problem));
         st.fail(cat("step failed at ", describeInstr(in), ": ", problem));
         return finish();
       }
@@ -189,11 +213,13 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
 
 }  // namespace
 
-ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
+ExecResult execute(std::shared_ptr<const Program> program, std::vector<std::vector<Tensor>> operands,
                    std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
                    const StepParams& params, const std::array<ScratchSlice, kStreamCount>& scratch,
-                   std::shared_ptr<const void> keepAlive, bool timing, comm::Backend* backend) {
-  auto st = std::make_shared<StepState>(p, std::move(operands), std::move(results), params, backend);
+                   std::shared_ptr<const void> keepAlive, bool timing, std::shared_ptr<comm::Backend> backend) {
+  const Program& p = *program;
+  auto st = std::make_shared<StepState>(std::move(program), std::move(operands), std::move(results), params,
+                                        std::move(backend));
   st->scratch = scratch;
   st->keepAlive = std::move(keepAlive);
   st->recorded.assign(size_t(p.events), 0);
