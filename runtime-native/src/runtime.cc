@@ -424,7 +424,8 @@ StepResult Runtime::runStep(const StepParams& params) {
   // refused rather than recovered
   if (backend_)
     if (const std::string why = backend_->broken(); !why.empty())
-      throw RuntimeError(cat("step: the communicators are broken by an earlier failure (", why, "); start a new run"));
+      throw CollectiveStepError(
+          cat("step: the communicators are broken by an earlier failure (", why, "); start a new run"));
   if (hasCollectives_ && !backend_)
     throw RuntimeError("step: the program has collectives; connect the runtime to its ranks first");
 

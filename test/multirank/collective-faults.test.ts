@@ -119,11 +119,18 @@ describe('a failure inside a two-phase collective', () => {
 });
 
 describe('lfc run: a failed collective ends the run', () => {
-  const plan = join(dir, 'moe-ep2');
+  // an all_to_all_v per MoE layer (ep 2), a gather_v to rank 0 (full hetero DP over pp 2)
+  const moe = join(dir, 'moe-ep2');
+  const full = join(dir, 'full-pp2');
   const LFC = join(projectRoot(), 'bin/lfc.js');
   beforeAll(async () => {
-    const r = await cli('compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--ep', '2', '-o', plan);
-    expect(r.err).toBe('');
+    for (const [plan, flags] of [
+      [moe, ['tiny-vlm-moe', '--ep', '2']],
+      [full, ['tiny-vlm', '--pp', '2', '--enable-full-hetero-dp']],
+    ] as const) {
+      const r = await cli('compile', ...flags, '--nproc-per-node', '2', '-o', plan);
+      expect(r.err).toBe('');
+    }
   }, 60_000);
 
   /** `lfc args…` in a process of its own: its exit code, output and when it ended */
@@ -140,30 +147,70 @@ describe('lfc run: a failed collective ends the run', () => {
     });
   }
 
-  it("under lfc's launcher: exits non-zero naming the rank and the check", async () => {
-    const r = await lfc(['run', plan, '--nproc-per-node', '2', '--steps', '3'], {
-      LFC_TEST_FAULT: 'all_to_all_v_bound:rank=1',
-    });
-    expect(r.code).not.toBe(0);
-    expect(r.out).toMatch(/rank 1 failed in all_to_all_v: receive bound exceeded|rank 1 exited with code 1; its last message: step failed at instruction \d+ \(all_to_all_v.*receive bound exceeded/);
-  }, 60_000);
-
-  it('ranks started as torchrun starts them: both exit non-zero within 5 s of each other', async () => {
-    const port = String(20000 + ((process.pid * 7 + 303) % 20000));
-    const rank = (r: number) =>
-      lfc(['run', plan, '--steps', '3'], {
-        RANK: String(r),
-        WORLD_SIZE: '2',
-        LOCAL_RANK: String(r),
-        MASTER_ADDR: '127.0.0.1',
-        MASTER_PORT: port,
-        LFC_TEST_FAULT: 'all_to_all_v_bound:rank=1',
+  // whichever rank exits first, the launcher's one line names the failing rank and its check
+  it.each([
+    ['all_to_all_v_bound:rank=1', moe, /rank 1 failed in all_to_all_v: receive bound exceeded: /],
+    ['gather_v_rows:rank=0', full, /rank 0 failed in gather_v: row count wrong: /],
+  ] as const)(
+    "under lfc's launcher, %s: exits non-zero naming the rank and the check",
+    async (fault, plan, cause) => {
+      const t0 = Date.now();
+      const r = await lfc(['run', plan, '--nproc-per-node', '2', '--steps', '3'], {
+        LFC_TEST_FAULT: fault,
       });
-    const [a, b] = await Promise.all([rank(0), rank(1)]);
-    expect(a.code).not.toBe(0);
-    expect(b.code).not.toBe(0);
-    expect(a.out).toMatch(/rank 1 failed in all_to_all_v: receive bound exceeded/);
-    expect(b.out).toMatch(/all_to_all_v.*receive bound exceeded/);
-    expect(Math.abs(a.endMs - b.endMs)).toBeLessThan(BOUND_MS);
-  }, 60_000);
+      expect(r.code).toBe(1);
+      expect(r.out.trim().split('\n')).toHaveLength(1);
+      const origin = fault.slice(-1);
+      const own = /: (receive bound exceeded|row count wrong): /;
+      // the failing rank's own line states its check; a peer's names the rank too
+      const line = new RegExp(`^lfc: error: rank (\\d) exited with code 1; its last message: step 1: `);
+      const who = line.exec(r.out)?.[1];
+      expect(who).toBeDefined();
+      expect(r.out).toMatch(who === origin ? own : cause);
+      // starting the ranks included, far below the collective timeout
+      expect(r.endMs - t0).toBeLessThan(30_000);
+    },
+    60_000,
+  );
+
+  // no launcher: rank 0 hosts the store, and the failure reaches the other rank through the
+  // communicators and the store alone
+  let torchrunCase = 0;
+  it.each(
+    (
+      [
+        ['all_to_all_v_bound:rank=1', moe, /rank 1 failed in all_to_all_v: receive bound exceeded: /],
+        ['gather_v_rows:rank=0', full, /rank 0 failed in gather_v: row count wrong: /],
+        ['kill_between_phases:rank=1', moe, /rank 1 (\(process \d+\) exited|closed its connection)/],
+      ] as const
+    ).flatMap(([fault, plan, cause]) =>
+      (['shared memory', 'tcp'] as const).map((transport) => ({ fault, plan, cause, transport })),
+    ),
+  )(
+    'ranks started as torchrun starts them, $fault ($transport): every rank exits non-zero within 5 s',
+    async ({ fault, plan, cause, transport }) => {
+      // a free-enough port per case (cluster.test.ts's rule)
+      const port = String(20000 + ((process.pid * 7 + 300 + 101 * ++torchrunCase) % 20000));
+      const rank = (r: number) =>
+        lfc(['run', plan, '--steps', '3'], {
+          RANK: String(r),
+          WORLD_SIZE: '2',
+          LOCAL_RANK: String(r),
+          MASTER_ADDR: '127.0.0.1',
+          MASTER_PORT: port,
+          LFC_COMM_SHM: transport === 'tcp' ? '0' : '1',
+          LFC_TEST_FAULT: fault,
+        });
+      const ranks = await Promise.all([rank(0), rank(1)]);
+      const origin = Number(fault.slice(-1));
+      ranks.forEach((r, k) => {
+        expect(r.code).not.toBe(0);
+        if (fault.startsWith('kill') && k === origin) return expect(r.code).toBeNull();
+        expect(r.out).toMatch(/^lfc: error: step 1: step failed at instruction \d+ /m);
+        expect(r.out).toMatch(k === origin ? /: (receive bound exceeded|row count wrong): / : cause);
+      });
+      expect(Math.abs(ranks[0].endMs - ranks[1].endMs)).toBeLessThan(BOUND_MS);
+    },
+    60_000,
+  );
 });

@@ -117,42 +117,59 @@ class FileStore : public FileStoreBase {
   }
 };
 
-// Shuts down (both ways) every socket of this process whose local end is one of `ends`, as Gloo's
-// Address::str writes them ("[127.0.0.1]:41234"): both Gloo pairs of each connection then read
-// the end of their stream, fail every operation pending on them and close. Gloo offers no way to
-// fail a pair from outside that reaches this side's waiters too (Pair::close only closes the
-// socket; its TCP headers are not all installed), so the sockets are found by their addresses.
-void shutDownSockets(const std::vector<std::string>& ends) noexcept {
-  if (ends.empty()) return;
+// Whether a socket address is `end` as Gloo's Address::str writes it: "[127.0.0.1]:41234", where
+// Debian's Gloo writes the port as it lies in the address (network byte order), so both readings
+// of the port are accepted.
+bool sameEnd(const sockaddr_storage& ss, const std::string& end) {
+  char ip[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    port = a->sin_port;
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+    port = a->sin6_port;
+  } else {
+    return false;
+  }
+  if (end.find(cat("[", ip, "]")) == std::string::npos) return false;
+  for (const int p : {int(port), int(ntohs(port))}) {
+    const std::string suffix = cat("]:", p);
+    if (end.size() > suffix.size() && end.compare(end.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The ends of a backend's TCP connections, as Gloo names them: each pair's listening address on
+// either side (Gloo's Pair::address, and the peer's, learnt when the context opens). A connection
+// is a pair's if this side accepted it on its own listening address, or dialled the peer's.
+struct PairEnds {
+  std::vector<std::string> local, peer;
+};
+
+// Shuts down (both ways) every socket of this process that is one of the pairs' connections: both
+// Gloo pairs of each connection then read the end of their stream, fail every operation pending on
+// them and close. Gloo offers no way to fail a pair from outside that reaches this side's waiters
+// too (Pair::close only closes the socket, and its TCP pair's header is not installed), so the
+// sockets are found by their addresses.
+void shutDownSockets(const PairEnds& ends) noexcept {
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return;
+  const auto any = [](const sockaddr_storage& ss, const std::vector<std::string>& list) {
+    return std::any_of(list.begin(), list.end(), [&](const std::string& e) { return sameEnd(ss, e); });
+  };
   while (const dirent* e = readdir(dir)) {
     char* endOfNumber = nullptr;
     const long fd = std::strtol(e->d_name, &endOfNumber, 10);
     if (endOfNumber == e->d_name || *endOfNumber != 0 || fd == dirfd(dir)) continue;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
-    char ip[INET6_ADDRSTRLEN] = {};
-    int port = 0;
-    if (ss.ss_family == AF_INET) {
-      const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-      inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-      port = ntohs(a->sin_port);
-    } else if (ss.ss_family == AF_INET6) {
-      const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-      inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-      port = ntohs(a->sin6_port);
-    } else {
-      continue;
-    }
-    const std::string suffix = cat("]:", port);
-    for (const std::string& end : ends)
-      if (end.size() > suffix.size() && end.compare(end.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-          end.find(ip) != std::string::npos) {
-        shutdown(int(fd), SHUT_RDWR);
-        break;
-      }
+    sockaddr_storage local{}, peer{};
+    socklen_t localLen = sizeof local, peerLen = sizeof peer;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &localLen) != 0) continue;
+    const bool connected = getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peerLen) == 0;
+    if (any(local, ends.local) || (connected && any(peer, ends.peer))) shutdown(int(fd), SHUT_RDWR);
   }
   closedir(dir);
 }
@@ -227,9 +244,10 @@ class GlooComm : public Communicator {
     shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange);
   }
 
-  // Collective over the group, before shared memory opens: how each peer's end of its connection
-  // with this rank reads in Gloo's errors ("[127.0.0.1]:41234"), so that a closed connection names
-  // its rank. Block j of the exchange is this rank's end of the connection with rank j.
+  // Collective over the group, before shared memory opens: each peer's listening address for its
+  // pair with this rank ("[127.0.0.1]:41234"), which Gloo's errors on that pair name, so that a
+  // closed connection names its rank (and abort finds the connection). Block j of the exchange is
+  // this rank's address for its pair with rank j.
   void learnPeerAddresses() {
     constexpr int64_t kBytes = 64;
     const int P = size();
@@ -252,8 +270,9 @@ class GlooComm : public Communicator {
   void abort(const std::string& reason) noexcept {
     if (shm_) shm_->abort(reason);
   }
-  // this rank's end of its connection with each peer
+  // this rank's listening address for each peer's pair, and each peer's for this rank's
   const std::vector<std::string>& localEnds() const { return localEnds_; }
+  const std::vector<std::string>& peerEnds() const { return peerAddresses_; }
 
   void allReduce(void* data, DType dtype, int64_t count, int64_t key) override {
     if (count == 0) return;
@@ -488,8 +507,8 @@ class GlooComm : public Communicator {
   std::string name_;
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<int> ranks_;                   // global rank of each group rank
-  std::vector<std::string> peerAddresses_;  // per group rank: its end of the connection with this one
-  std::vector<std::string> localEnds_;      // this rank's ends of its connections
+  std::vector<std::string> peerAddresses_;  // per group rank: its pair's listening address for this one
+  std::vector<std::string> localEnds_;      // this rank's pairs' listening addresses
   std::shared_ptr<AbortBoard> board_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
   std::chrono::milliseconds timeout_;
@@ -600,10 +619,12 @@ class GlooBackend : public Backend {
     }
     // the reason first, so that a peer that sees a closed connection finds it
     board_->post(reason);
-    std::vector<std::string> ends;
+    PairEnds ends;
     for (GlooComm* c : gloo_) {
       c->abort(reason);
-      ends.insert(ends.end(), c->localEnds().begin(), c->localEnds().end());
+      ends.local.insert(ends.local.end(), c->localEnds().begin(), c->localEnds().end());
+      for (const std::string& e : c->peerEnds())
+        if (!e.empty()) ends.peer.push_back(e);
     }
     shutDownSockets(ends);
   }

@@ -37,6 +37,7 @@ struct StepState {
   std::vector<SymbolSizes> sizes;         // per microbatch slot, run-time symbols as set so far
   std::vector<std::vector<int>> setBy;    // per slot and symbol: the instruction that set it, or −1
   bool failed = false;
+  bool failedInCollective = false;  // the first failure was a collective's (CollectiveStepError)
   std::string error;
   int running = 0;  // stream threads not yet finished
   std::atomic<int> run{0};
@@ -52,11 +53,12 @@ struct StepState {
         params(StepParams{sp.lr, sp.step, &groupRanks}),
         backend(std::move(b)) {}
 
-  void fail(const std::string& msg) {
+  void fail(const std::string& msg, bool inCollective = false) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!failed) {
         failed = true;
+        failedInCollective = inCollective;
         error = msg;
       }
     }
@@ -176,12 +178,12 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
       // another rank's failure: pass its reason on, so that every rank names the one that failed
       scratch.release(0);
       abortBackend(st, e.reason);
-      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
+      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()), true);
       return finish();
     } catch (const std::exception& e) {
       scratch.release(0);
       abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", e.what()));
-      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
+      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()), opEntry(in.op).cls == OpClass::collective);
       return finish();
     } catch (...) {
       scratch.release(0);
@@ -270,6 +272,7 @@ ExecResult execute(std::shared_ptr<const Program> program, std::vector<std::vect
   }
   if (abandoned)
     throw AbandonedStepError(cat(st->error, " (stream threads still blocked in collectives were left behind)"));
+  if (st->failed && st->failedInCollective) throw CollectiveStepError(st->error);
   if (st->failed) throw RuntimeError(st->error);
   result.instructionsRun = st->run;
   result.timing = std::move(st->timing);

@@ -60,6 +60,13 @@ struct AbandonedStepError : RuntimeError {
   using RuntimeError::RuntimeError;
 };
 
+// Thrown when the step failed in a collective: a check of its own (a receive bound, a row count),
+// its communicator, or another rank's failure. The run's failure, not the runtime's (an internal
+// error): the caller reports it in one line.
+struct CollectiveStepError : RuntimeError {
+  using RuntimeError::RuntimeError;
+};
+
 // operands[i] / results[i]: instruction i's inputs and outputs, resolved for this step (run-time
 // symbols at their bounds). sizes: per microbatch slot, the symbols' values the step starts with.
 // scratch: per stream, its planned slice; every scratch take of an instruction comes from it and
