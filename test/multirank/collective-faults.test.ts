@@ -19,6 +19,8 @@ import { range, runRanks, type Result } from './run-ranks.js';
 const H = 3; // values per row
 const P = 2;
 const BOUND_MS = 5_000;
+/** how long a worker lives on after its step failed */
+const HOLD_MS = 1_000;
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-collective-faults-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -58,6 +60,7 @@ function spec(op: 'all_to_all_v' | 'gather_v', prefix: string): WorkerSpec {
     ranks: range(P, (r) => ({ tokens: r + 2, fill })),
     read: [],
     retryAfterFailure: true,
+    holdAfterFailureMs: HOLD_MS,
   };
 }
 
@@ -113,6 +116,11 @@ describe('a failure inside a two-phase collective', () => {
         );
       });
       expect(spreadMs(results)).toBeLessThan(BOUND_MS);
+      // every rank failed while the failing one still ran: through the communicators, not its end
+      if (killed < 0) {
+        const origin = results[Number(fault.slice(-1))];
+        for (const res of results) expect(res.failedMs!).toBeLessThan(origin.failedMs! + HOLD_MS);
+      }
     },
     30_000,
   );

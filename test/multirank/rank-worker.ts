@@ -36,6 +36,9 @@ export interface WorkerSpec {
   readonly binary?: boolean;
   /** after a failed step, try one more on the same runtime (collective-faults.test.ts) */
   readonly retryAfterFailure?: boolean;
+  /** after a failed step, stay this long before printing and exiting: the peers' failures then
+   * cannot come from this process's end */
+  readonly holdAfterFailureMs?: number;
 }
 
 const [specPath, rankText] = process.argv.slice(2);
@@ -99,6 +102,7 @@ try {
       () => 'the step after a failure ran',
       (r: Error) => r.message,
     );
+  await new Promise((r) => setTimeout(r, spec.holdAfterFailureMs ?? 0));
   process.stdout.write(
     JSON.stringify({ error: (e as Error).message, stepStartMs, failedMs, retryError }) + '\n',
   );
