@@ -81,7 +81,8 @@ void Runtime::connect(const comm::Config& config) {
 std::vector<double> Runtime::worldSum(std::vector<double> values) {
   if (!backend_) throw RuntimeError("worldSum: the runtime is not connected");
   if (const std::string why = backend_->broken(); !why.empty())
-    throw RuntimeError(cat("worldSum: the communicators are broken by an earlier failure (", why, "); start a new run"));
+    throw RuntimeError(
+        cat("worldSum: the communicators are broken by an earlier failure (", why, "); start a new run"));
   // the backend keeps a bound all-reduce per (address, count): every rank must hit or miss that
   // cache alike, so the values travel in a buffer of this runtime kept per count (the ranks call
   // worldSum with the same counts in the same order), never in memory whose address varies
@@ -480,8 +481,8 @@ StepResult Runtime::runStep(const StepParams& params) {
     std::array<ScratchSlice, kStreamCount> scratch;
     for (int st = 0; st < kStreamCount; st++)
       scratch[size_t(st)] = {memory_->scratch(program_, st), program_.scratchBytes[size_t(st)]};
-    exec = execute(sharedProgram_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch, memory_,
-                   options_.timing, backend_);
+    exec = execute(sharedProgram_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch,
+                   memory_, options_.timing, backend_);
   } catch (const AbandonedStepError& e) {
     broken_ = e.what();
     throw;

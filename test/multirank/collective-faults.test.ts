@@ -171,7 +171,9 @@ describe('lfc run: a failed collective ends the run', () => {
       const origin = fault.slice(-1);
       const own = /: (receive bound exceeded|row count wrong): /;
       // the failing rank's own line states its check; a peer's names the rank too
-      const line = new RegExp(`^lfc: error: rank (\\d) exited with code 1; its last message: step 1: `);
+      const line = new RegExp(
+        `^lfc: error: rank (\\d) exited with code 1; its last message: step 1: `,
+      );
       const who = line.exec(r.out)?.[1];
       expect(who).toBeDefined();
       expect(r.out).toMatch(who === origin ? own : cause);
@@ -187,9 +189,17 @@ describe('lfc run: a failed collective ends the run', () => {
   it.each(
     (
       [
-        ['all_to_all_v_bound:rank=1', moe, /rank 1 failed in all_to_all_v: receive bound exceeded: /],
+        [
+          'all_to_all_v_bound:rank=1',
+          moe,
+          /rank 1 failed in all_to_all_v: receive bound exceeded: /,
+        ],
         ['gather_v_rows:rank=0', full, /rank 0 failed in gather_v: row count wrong: /],
-        ['kill_between_phases:rank=1', moe, /rank 1 (\(process \d+\) exited|closed its connection)/],
+        [
+          'kill_between_phases:rank=1',
+          moe,
+          /rank 1 (\(process \d+\) exited|closed its connection)/,
+        ],
       ] as const
     ).flatMap(([fault, plan, cause]) =>
       (['shared memory', 'tcp'] as const).map((transport) => ({ fault, plan, cause, transport })),
@@ -215,7 +225,9 @@ describe('lfc run: a failed collective ends the run', () => {
         expect(r.code).not.toBe(0);
         if (fault.startsWith('kill') && k === origin) return expect(r.code).toBeNull();
         expect(r.out).toMatch(/^lfc: error: step 1: step failed at instruction \d+ /m);
-        expect(r.out).toMatch(k === origin ? /: (receive bound exceeded|row count wrong): / : cause);
+        expect(r.out).toMatch(
+          k === origin ? /: (receive bound exceeded|row count wrong): / : cause,
+        );
       });
       expect(Math.abs(ranks[0].endMs - ranks[1].endMs)).toBeLessThan(BOUND_MS);
     },

@@ -262,7 +262,10 @@ class GlooComm : public Communicator {
     allToAllV(mine.data(), blocks, theirs.data(), blocks);
     peerAddresses_.assign(size_t(P), "");
     for (int j = 0; j < P; j++)
-      if (j != rank()) peerAddresses_[size_t(j)] = std::string(theirs.data() + j * kBytes, strnlen(theirs.data() + j * kBytes, kBytes));
+      if (j != rank()) {
+        const char* at = theirs.data() + j * kBytes;
+        peerAddresses_[size_t(j)] = std::string(at, strnlen(at, kBytes));
+      }
   }
 
   // Backend::abort's part for this communicator: the shared-memory word (its TCP connections are
@@ -497,7 +500,8 @@ class GlooComm : public Communicator {
                             " s (--collective-timeout): a rank of the group did not take part"));
       for (size_t j = 0; j < peerAddresses_.size(); j++)
         if (!peerAddresses_[j].empty() && what.find(peerAddresses_[j]) != std::string::npos)
-          throw PeerFailure(cat("rank ", ranks_[j], " closed its connection (its process exited, or its machine went away)"));
+          throw PeerFailure(
+              cat("rank ", ranks_[j], " closed its connection (its process exited, or its machine went away)"));
       // Gloo prefixes messages with its source location in brackets
       const size_t cut = what.find("] ");
       throw CommError(cut == std::string::npos ? what : what.substr(cut + 2));

@@ -188,7 +188,8 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
     } catch (...) {
       scratch.release(0);
       abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": unknown exception"));
-      st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"));
+      st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"),
+              opEntry(in.op).cls == OpClass::collective);
       return finish();
     }
     scratch.release(0);
@@ -204,7 +205,7 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
       }
       if (!problem.empty()) {
         abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", problem));
-        st.fail(cat("step failed at ", describeInstr(in), ": ", problem));
+        st.fail(cat("step failed at ", describeInstr(in), ": ", problem), true);
         return finish();
       }
       st.cv.notify_all();
