@@ -14,11 +14,11 @@
 // CommError.
 //
 // Failures (comm.h): abort puts the reason in the store, sets the shared-memory abort word, and
-// fails every TCP connection of the backend's contexts from this side (Gloo's pair error, which
-// closes the socket): this rank's own waiters wake with it, each peer reads the closed connection
-// and finds the reason in the store. A connection closed with no reason in the store is a member
-// gone: errors name it by its end of the connection, which each rank learns from the others when
-// the context opens (learnPeerAddresses).
+// shuts down the sockets of every TCP connection of the backend's contexts (shutDownSockets): the
+// Gloo pairs on both sides read the end of the stream and fail what waits on them, so this rank's
+// own waiters wake, and each peer finds the reason in the store. A connection closed with no
+// reason in the store is a member gone: errors name its rank by the address Gloo names the pair
+// by, which each rank learns from the others when the context opens (learnPeerAddresses).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
