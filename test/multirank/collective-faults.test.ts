@@ -126,6 +126,69 @@ describe('a failure inside a two-phase collective', () => {
   );
 });
 
+// The failing rank's compute stream is blocked in an all_reduce that its peer reaches only after
+// the all_to_all_v (an event): the abort wakes it, so the step ends at once rather than after
+// the executor's 5 s wait for threads blocked in collectives.
+describe("a failure wakes the failing rank's other streams", () => {
+  it.each(['shared memory', 'tcp'] as const)(
+    'an all_reduce blocked on the compute stream ends with the step (%s)',
+    async (transport) => {
+      const g = { group: 'dp', group_size: P };
+      let sendCounts = -1; // the buffer, the same in both programs
+      const programs = Object.fromEntries(
+        range(P, (r) => {
+          const b = new ProgramBuilder(`r${r}`);
+          b.input('tokens', 'i32', ['S']);
+          const x = b.param('a2a.x', [4, H], { trainable: false }).buffer;
+          const send = b.param('a2a.send', [P], { dtype: 'i32', trainable: false }).buffer;
+          const y = b.arena('a2a.y', 'f32', [4 * P, H]);
+          const recv = b.arena('a2a.recv', 'i32', [P]);
+          sendCounts = send;
+          const sum = b.arena('ar.x', 'f32', [4]);
+          const after = b.event();
+          b.instr(
+            'comm',
+            'all_to_all_v',
+            [x, send],
+            [y, recv],
+            { ...g, out_rows: [`${4 * P}`] },
+            { record: [after] },
+          );
+          // rank 0 joins the all_reduce after its all_to_all_v, rank 1 at once
+          b.instr('compute', 'all_reduce', [sum], [sum], g, { wait: r === 0 ? [after] : [] });
+          return [`r${r}`, b.build()];
+        }),
+      );
+      const base = spec('all_to_all_v', `wake-${transport}`);
+      const s: WorkerSpec = {
+        ...base,
+        programs,
+        rankPrograms: range(P, (r) => `r${r}`),
+        comm: {
+          ...base.comm,
+          contexts: [
+            { group: 0, stream: 'comm' },
+            { group: 0, stream: 'compute' },
+          ],
+        },
+        ranks: range(P, (r) => ({ tokens: r + 2, fill: { [String(sendCounts)]: [2, 2] } })),
+      };
+      const env = {
+        ...process.env,
+        LFC_COMM_SHM: transport === 'tcp' ? '0' : '1',
+        LFC_TEST_FAULT: 'all_to_all_v_bound:rank=1',
+      };
+      const results = await runRanks(s, P, env);
+      for (const res of results) {
+        expect(res.error).toMatch(/receive bound exceeded: /);
+        expect(res.error).not.toMatch(/left behind/);
+        expect(res.failedMs! - res.stepStartMs!).toBeLessThan(2_000);
+      }
+    },
+    30_000,
+  );
+});
+
 describe('lfc run: a failed collective ends the run', () => {
   // an all_to_all_v per MoE layer (ep 2), a gather_v to rank 0 (full hetero DP over pp 2)
   const moe = join(dir, 'moe-ep2');

@@ -17,8 +17,8 @@
 // shuts down the sockets of every TCP connection of the backend's contexts (shutDownSockets): the
 // Gloo pairs on both sides read the end of the stream and fail what waits on them, so this rank's
 // own waiters wake, and each peer finds the reason in the store. A connection closed with no
-// reason in the store is a member gone: errors name its rank by the address Gloo names the pair
-// by, which each rank learns from the others when the context opens (learnPeerAddresses).
+// reason in the store is a member gone: errors name the rank whose pair's socket Gloo closed
+// (closedPeer; each pair's socket is found when the context opens, learnPeerAddresses).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -41,6 +41,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "comm/comm.h"
 #include "comm/shm.h"
@@ -174,6 +175,47 @@ void shutDownSockets(const PairEnds& ends) noexcept {
   closedir(dir);
 }
 
+// A pair's connection as this process holds it: its socket and both ends' addresses.
+struct PairSocket {
+  int fd = -1;
+  sockaddr_storage local{}, peer{};
+  socklen_t localLen = 0, peerLen = 0;
+  // Gloo closes a pair's socket when the connection fails: gone, or the number reused
+  bool closed() const {
+    sockaddr_storage l{}, p{};
+    socklen_t ll = sizeof l, pl = sizeof p;
+    return getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll) != 0 ||
+           getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl) != 0 || ll != localLen || pl != peerLen ||
+           std::memcmp(&l, &local, ll) != 0 || std::memcmp(&p, &peer, pl) != 0;
+  }
+};
+
+// For each pair j (its listening address localEnds[j] here, peerEnds[j] at the peer; "" for none),
+// its connection's socket, found as shutDownSockets finds them.
+std::vector<std::optional<PairSocket>> pairSockets(const std::vector<std::string>& localEnds,
+                                                   const std::vector<std::string>& peerEnds) {
+  std::vector<std::optional<PairSocket>> out(localEnds.size());
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (const dirent* e = readdir(dir)) {
+    char* endOfNumber = nullptr;
+    const long fd = std::strtol(e->d_name, &endOfNumber, 10);
+    if (endOfNumber == e->d_name || *endOfNumber != 0 || fd == dirfd(dir)) continue;
+    PairSocket s;
+    s.fd = int(fd);
+    s.localLen = sizeof s.local;
+    s.peerLen = sizeof s.peer;
+    if (getsockname(s.fd, reinterpret_cast<sockaddr*>(&s.local), &s.localLen) != 0) continue;
+    if (getpeername(s.fd, reinterpret_cast<sockaddr*>(&s.peer), &s.peerLen) != 0) continue;
+    for (size_t j = 0; j < localEnds.size(); j++)
+      if ((!localEnds[j].empty() && sameEnd(s.local, localEnds[j])) ||
+          (!peerEnds[j].empty() && sameEnd(s.peer, peerEnds[j])))
+        out[j] = s;
+  }
+  closedir(dir);
+  return out;
+}
+
 // What the communicators of a backend share about a failure: this rank's reason, once it aborted,
 // and the run's store, where an aborting rank leaves its reason for the others (key `prefix/abort`).
 class AbortBoard {
@@ -244,18 +286,19 @@ class GlooComm : public Communicator {
     shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange);
   }
 
-  // Collective over the group, before shared memory opens: each peer's listening address for its
-  // pair with this rank ("[127.0.0.1]:41234"), which Gloo's errors on that pair name, so that a
-  // closed connection names its rank (and abort finds the connection). Block j of the exchange is
-  // this rank's address for its pair with rank j.
+  // Collective over the group, before shared memory opens: each peer's address for its pair with
+  // this rank ("[127.0.0.1]:41234", Gloo's Pair::address), which finds the pair's connection
+  // (pairSockets), so that abort can shut it down and a closed one names its rank. Block j of the
+  // exchange is this rank's address for its pair with rank j.
   void learnPeerAddresses() {
     constexpr int64_t kBytes = 64;
     const int P = size();
     std::vector<char> mine(size_t(P * kBytes), 0), theirs(size_t(P * kBytes), 0);
+    localEnds_.assign(size_t(P), "");
     for (int j = 0; j < P; j++) {
       if (j == rank()) continue;
       const std::string at = ctx_->getPair(j)->address().str();
-      localEnds_.push_back(at);
+      localEnds_[size_t(j)] = at;
       std::memcpy(mine.data() + j * kBytes, at.data(), std::min<size_t>(at.size(), kBytes - 1));
     }
     const std::vector<int64_t> blocks(size_t(P), kBytes);
@@ -266,6 +309,7 @@ class GlooComm : public Communicator {
         const char* at = theirs.data() + j * kBytes;
         peerAddresses_[size_t(j)] = std::string(at, strnlen(at, kBytes));
       }
+    pairSockets_ = pairSockets(localEnds_, peerAddresses_);
   }
 
   // Backend::abort's part for this communicator: the shared-memory word (its TCP connections are
@@ -481,6 +525,19 @@ class GlooComm : public Communicator {
     o.setReduceFunction(&sumInto<T>);
   }
 
+  // The group rank whose connection with this one failed, or −1: Gloo closes a pair's socket when
+  // it fails (moments after it wakes the waiters, hence the few looks). Gloo's error names the
+  // pair by the peer's first listening address, which the peer itself no longer knows once it
+  // dialled, so the sockets tell rather than the message.
+  int closedPeer() const {
+    for (int look = 0; look < 20; look++) {
+      for (size_t j = 0; j < pairSockets_.size(); j++)
+        if (pairSockets_[j] && pairSockets_[j]->closed()) return int(j);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return -1;
+  }
+
   // Gloo's exceptions as CommError: a failure this rank or another aborted with is a PeerFailure
   // with its reason, a timeout says which timeout it was, a connection closed without a reason
   // names the rank at its other end
@@ -498,10 +555,9 @@ class GlooComm : public Communicator {
       if (what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos)
         throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
                             " s (--collective-timeout): a rank of the group did not take part"));
-      for (size_t j = 0; j < peerAddresses_.size(); j++)
-        if (!peerAddresses_[j].empty() && what.find(peerAddresses_[j]) != std::string::npos)
-          throw PeerFailure(
-              cat("rank ", ranks_[j], " closed its connection (its process exited, or its machine went away)"));
+      if (const int j = closedPeer(); j >= 0)
+        throw PeerFailure(
+            cat("rank ", ranks_[size_t(j)], " closed its connection (its process exited, or its machine went away)"));
       // Gloo prefixes messages with its source location in brackets
       const size_t cut = what.find("] ");
       throw CommError(cut == std::string::npos ? what : what.substr(cut + 2));
@@ -512,7 +568,8 @@ class GlooComm : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<int> ranks_;                   // global rank of each group rank
   std::vector<std::string> peerAddresses_;  // per group rank: its pair's listening address for this one
-  std::vector<std::string> localEnds_;      // this rank's pairs' listening addresses
+  std::vector<std::string> localEnds_;      // per group rank: this rank's pair's listening address
+  std::vector<std::optional<PairSocket>> pairSockets_;  // per group rank: its connection with this one
   std::shared_ptr<AbortBoard> board_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
   std::chrono::milliseconds timeout_;
@@ -626,7 +683,8 @@ class GlooBackend : public Backend {
     PairEnds ends;
     for (GlooComm* c : gloo_) {
       c->abort(reason);
-      ends.local.insert(ends.local.end(), c->localEnds().begin(), c->localEnds().end());
+      for (const std::string& e : c->localEnds())
+        if (!e.empty()) ends.local.push_back(e);
       for (const std::string& e : c->peerEnds())
         if (!e.empty()) ends.peer.push_back(e);
     }
