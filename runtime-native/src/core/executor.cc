@@ -46,11 +46,16 @@ struct StepState {
   std::shared_ptr<const void> keepAlive;  // the scratch slices' owner
   std::array<int64_t, kStreamCount> scratchHigh{};  // each written by its stream's thread only
 
+  static StepParams withGroupRanks(StepParams sp, const GroupRanks* g) {
+    sp.groupRanks = g;
+    return sp;
+  }
+
   StepState(std::shared_ptr<const Program> prog, std::vector<std::vector<Tensor>> ops,
             std::vector<std::vector<Tensor>> res, const StepParams& sp, std::shared_ptr<comm::Backend> b)
       : program(std::move(prog)), p(*program), operands(std::move(ops)), results(std::move(res)),
         groupRanks(sp.groupRanks ? *sp.groupRanks : GroupRanks{}),
-        params(StepParams{sp.lr, sp.step, &groupRanks}),
+        params(withGroupRanks(sp, &groupRanks)),
         backend(std::move(b)) {}
 
   void fail(const std::string& msg, bool inCollective = false) {
