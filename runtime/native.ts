@@ -195,6 +195,12 @@ export interface NativeCommunicatorInfo {
   readonly transport: 'local' | 'tcp' | 'shared memory';
 }
 
+/** What a failed step rejects with. */
+export interface NativeStepError extends Error {
+  /** the step failed in a collective: the run's failure, not lfc's */
+  readonly collective?: boolean;
+}
+
 export interface NativeRuntime {
   /**
    * The memory of a region, without a copy (the ArrayBuffer keeps it alive; 'data' holds every
@@ -227,7 +233,9 @@ export interface NativeRuntime {
   readBuffer(id: number): ArrayBuffer;
   info(): NativeProgramInfo;
   /** Zeroes the gradients and runs the program on worker threads; rejects with the failing
-   * instruction's index, op and scope. One step at a time. */
+   * instruction's index, op and scope. One step at a time. A failure in a collective (its own
+   * check, or another rank's failure, which the error names) rejects with `collective: true` on
+   * the error (NativeStepError), and the runtime refuses every later step. */
   step(options: NativeStepOptions): Promise<NativeStepResult>;
   /** Opens this rank's communicators: resolves once every member of each group has arrived;
    * rejects after the config's timeout. Once, before the first step. */

@@ -11,6 +11,9 @@ import type { RankContext } from './launch-rank.js';
 import type { RankMessage } from './launch.js';
 import type { NativeCommunicatorInfo } from './native.js';
 
+/** How long a rank that hosts the store keeps it after its run failed. */
+const STORE_GRACE_MS = 1_000;
+
 /** Where a rank writes its output and its messages (the CLI's CliIO is one). */
 export interface RankIO {
   readonly out: (text: string) => void;
@@ -37,6 +40,7 @@ export async function runRank(
   if (rank.launched) process.on('disconnect', orphaned);
   const port = Number(rank.store.split(':').pop());
   const server = rank.hostsStore ? await StoreServer.listen(port) : undefined;
+  let failed = false;
   try {
     const bar = progressBar(opts.trainIters, io.err, isTTY);
     const talk = !rank.launched && rank.rank === 0 && !quiet;
@@ -73,7 +77,14 @@ export async function runRank(
       } satisfies RankMessage);
     if (last && talk)
       io.out(`trained ${r.plan.model.name} to step ${last.step}: ${describeStep(last)}\n`);
+  } catch (e) {
+    failed = true;
+    throw e;
   } finally {
+    // a failed step left its reason in the store for the other ranks, which look it up as soon
+    // as their connections with this rank close (runtime-native/src/comm/comm.h): the store
+    // stays a moment longer than this rank's connections
+    if (failed && server) await new Promise((r) => setTimeout(r, STORE_GRACE_MS));
     await server?.close();
     if (rank.launched) {
       // the IPC channel would keep this process alive

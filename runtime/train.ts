@@ -46,6 +46,7 @@ import {
   loadNative,
   type NativeCommunicatorInfo,
   type NativeRuntime,
+  type NativeStepError,
   type NativeStepResult,
 } from './native.js';
 import { readPlan } from './plan-io.js';
@@ -460,8 +461,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
     // 2. the step
     const lr = lrAt(schedule, step);
-    const r = await rt.step({ lr, step }).catch((e: Error) => {
-      throw overBound(e, plan, step);
+    const r = await rt.step({ lr, step }).catch((e: NativeStepError) => {
+      const bound = overBound(e, plan, step);
+      if (bound === e && e.collective) throw new StepFailure(`step ${step}: ${e.message}`);
+      throw bound;
     });
     o.onTiming?.(step, r.perInstruction);
     if (o.trace && step === o.trainIters) {
@@ -579,6 +582,14 @@ async function openLoader(
  * planned imbalance): a user error saying which bound and how to raise it (the symbol's doc);
  * other errors as they are.
  */
+/**
+ * A step that failed in a collective: a check on this rank, or another rank's failure, which the
+ * message names with its check. The run's failure rather than lfc's, so one line and exit code 1.
+ */
+export class StepFailure extends UserError {
+  readonly exitCode = 1;
+}
+
 function overBound(e: Error, plan: PlanFile, step: number): Error {
   const m = /past the bound \d+ of (\w+)|the bound of its out_rows (\w+)/.exec(e.message);
   const name = m?.[1] ?? m?.[2];

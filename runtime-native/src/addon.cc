@@ -202,6 +202,9 @@ class StepWorker : public Napi::AsyncWorker {
   void Execute() override {
     try {
       result_ = rt_->runStep(params_);
+    } catch (const lfc::CollectiveStepError& e) {
+      inCollective_ = true;
+      SetError(e.what());
     } catch (const std::exception& e) {
       SetError(e.what());
     }
@@ -213,11 +216,15 @@ class StepWorker : public Napi::AsyncWorker {
   }
   void OnError(const Napi::Error& e) override {
     rt_->endStep();
+    // a failure of the run (a collective's check, another rank's failure), not of lfc: the error's
+    // `collective` says so (runtime/native.ts)
+    if (inCollective_) e.Value().Set("collective", true);
     deferred_.Reject(e.Value());
   }
 
  private:
   std::shared_ptr<lfc::Runtime> rt_;  // alive until the step ends, whatever JS does meanwhile
+  bool inCollective_ = false;
   lfc::StepParams params_;
   lfc::StepResult result_;
   Napi::Promise::Deferred deferred_;

@@ -44,7 +44,10 @@ void writeField(std::byte* dst, const Buffer& b, const std::vector<T>& values, i
 }  // namespace
 
 Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
-    : program_(parseProgram(programJson, ParseOptions{options.collectives, options.symbols})), options_(options) {
+    : sharedProgram_(std::make_shared<const Program>(
+          parseProgram(programJson, ParseOptions{options.collectives, options.symbols}))),
+      program_(*sharedProgram_),
+      options_(options) {
   if (options_.patchSize < 1 || options_.mergeSize < 1)
     throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
                            " must be ≥ 1"));
@@ -77,6 +80,9 @@ void Runtime::connect(const comm::Config& config) {
 
 std::vector<double> Runtime::worldSum(std::vector<double> values) {
   if (!backend_) throw RuntimeError("worldSum: the runtime is not connected");
+  if (const std::string why = backend_->broken(); !why.empty())
+    throw RuntimeError(
+        cat("worldSum: the communicators are broken by an earlier failure (", why, "); start a new run"));
   // the backend keeps a bound all-reduce per (address, count): every rank must hit or miss that
   // cache alike, so the values travel in a buffer of this runtime kept per count (the ranks call
   // worldSum with the same counts in the same order), never in memory whose address varies
@@ -84,7 +90,11 @@ std::vector<double> Runtime::worldSum(std::vector<double> values) {
   buffer.assign(values.begin(), values.end());
   try {
     backend_->at(comm::kWorldGroup, comm::kControlStream).allReduce(buffer.data(), DType::f64, int64_t(buffer.size()));
+  } catch (const comm::PeerFailure& e) {
+    backend_->abort(e.reason);
+    throw RuntimeError(cat("worldSum over every rank: ", e.what()));
   } catch (const comm::CommError& e) {
+    backend_->abort(cat("rank ", backend_->config().rank, " failed in worldSum: ", e.what()));
     throw RuntimeError(cat("worldSum over every rank: ", e.what()));
   }
   return buffer;
@@ -411,6 +421,12 @@ StepResult Runtime::runStep(const StepParams& params) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!(params.step >= 1)) throw RuntimeError(cat("step: t = ", params.step, " must be ≥ 1"));
   if (!broken_.empty()) throw RuntimeError(cat("step: this runtime cannot step again: ", broken_));
+  // an aborted backend's groups stopped midway (a barrier's count raised, connections closed):
+  // refused rather than recovered
+  if (backend_)
+    if (const std::string why = backend_->broken(); !why.empty())
+      throw CollectiveStepError(
+          cat("step: the communicators are broken by an earlier failure (", why, "); start a new run"));
   if (hasCollectives_ && !backend_)
     throw RuntimeError("step: the program has collectives; connect the runtime to its ranks first");
 
@@ -465,8 +481,8 @@ StepResult Runtime::runStep(const StepParams& params) {
     std::array<ScratchSlice, kStreamCount> scratch;
     for (int st = 0; st < kStreamCount; st++)
       scratch[size_t(st)] = {memory_->scratch(program_, st), program_.scratchBytes[size_t(st)]};
-    exec = execute(program_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch, memory_,
-                   options_.timing, backend_.get());
+    exec = execute(sharedProgram_, std::move(operands), std::move(results), std::move(sizes), withGroups, scratch,
+                   memory_, options_.timing, backend_);
   } catch (const AbandonedStepError& e) {
     broken_ = e.what();
     throw;

@@ -102,7 +102,8 @@ class Runtime {
   void connect(const comm::Config& config);
   bool connected() const { return backend_ != nullptr; }
   const comm::Backend* backend() const { return backend_.get(); }
-  // Σ over every rank of `values`, on the control communicator (between steps).
+  // Σ over every rank of `values`, on the control communicator (between steps). A failure aborts
+  // the backend, as a failed step does.
   std::vector<double> worldSum(std::vector<double> values);
 
   // A step: beginStep marks it running (throws if one is) on the caller's thread, runStep
@@ -118,18 +119,21 @@ class Runtime {
   void requireSlot(int slot, const char* what) const;
   const SymbolSizes* sizesOf(int microbatch) const;
 
-  Program program_;
+  // shared with the executor's stream threads, which a failed step may leave behind
+  // (core/executor.h), as are memory_ and backend_
+  std::shared_ptr<const Program> sharedProgram_;
+  const Program& program_;  // *sharedProgram_
   RuntimeOptions options_;
   std::shared_ptr<Memory> memory_;
   std::vector<std::optional<Microbatch>> slots_;
   std::vector<std::optional<SymbolSizes>> sizes_;
   std::atomic<bool> running_{false};
-  std::unique_ptr<comm::Backend> backend_;
+  std::shared_ptr<comm::Backend> backend_;
   GroupRanks groupRanks_;  // this rank's index in its group of each kind (all 0 unconnected)
   bool hasCollectives_ = false;
   std::vector<int64_t> lastRows_;  // per buffer: rows received by a collective in the last step
   std::vector<SymbolSizes> lastSizes_;  // per slot: the symbols' values at the last step's end
-  std::string broken_;             // why this runtime cannot step again, if it cannot
+  std::string broken_;             // why this runtime cannot step again, if it cannot (and backend_->broken())
   std::map<size_t, std::vector<double>> worldSumBuffers_;  // per count: the values worldSum sums
 };
 

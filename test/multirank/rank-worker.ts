@@ -2,11 +2,12 @@
 //   node --import tsx rank-worker.ts SPEC.json RANK
 // It loads its program, connects to the others through the spec's store, fills its buffers, runs
 // the steps and prints {"buffers": {id: values}} (each read buffer at the rows it holds) or
-// {"error": message} on stdout.
+// {"error": message, "stepStartMs", "failedMs"} on stdout (when the steps began and the error came,
+// ms since the epoch; with `retryAfterFailure`, also the error of one more step, "retryError").
 
 import { readFileSync } from 'node:fs';
 import { loadNative } from '../../runtime/native.js';
-import type { NativeCommConfig } from '../../runtime/native.js';
+import type { NativeCommConfig, NativeRuntime } from '../../runtime/native.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
 import { f32ToBf16 } from '../../runtime/bf16.js';
 import { generated, type Generator } from './generated.js';
@@ -33,6 +34,11 @@ export interface WorkerSpec {
   readonly idleExits?: boolean;
   /** print the read buffers as base64 of their bytes instead of number lists */
   readonly binary?: boolean;
+  /** after a failed step, try one more on the same runtime (collective-faults.test.ts) */
+  readonly retryAfterFailure?: boolean;
+  /** after a failed step, stay this long before printing and exiting: the peers' failures then
+   * cannot come from this process's end */
+  readonly holdAfterFailureMs?: number;
 }
 
 const [specPath, rankText] = process.argv.slice(2);
@@ -41,8 +47,10 @@ const rank = Number(rankText);
 const program = spec.programs[spec.rankPrograms[rank]];
 const native = loadNative();
 
+let stepStartMs: number | undefined;
+let rt: NativeRuntime | undefined;
 try {
-  const rt = new native.Runtime(JSON.stringify(program), { collectives: true });
+  rt = new native.Runtime(JSON.stringify(program), { collectives: true });
   await rt.connect({ ...spec.comm, rank });
   const mine = spec.ranks[rank];
   if (mine.tokens !== undefined) {
@@ -69,6 +77,7 @@ try {
   }
   const idle = spec.idle?.includes(rank);
   const steps = idle ? (spec.idleAfterSteps ?? 0) : (spec.steps ?? 1);
+  stepStartMs = Date.now();
   for (let t = 1; t <= steps; t++) await rt.step({ lr: 0, step: t });
   if (idle && spec.idleExits) process.exit(3);
   if (idle) await new Promise((r) => setTimeout(r, 60_000));
@@ -86,5 +95,15 @@ try {
   const communicators = rt.info().communicators;
   process.stdout.write(JSON.stringify({ buffers, communicators }) + '\n');
 } catch (e) {
-  process.stdout.write(JSON.stringify({ error: (e as Error).message }) + '\n');
+  const failedMs = Date.now();
+  let retryError: string | undefined;
+  if (spec.retryAfterFailure && rt && stepStartMs !== undefined)
+    retryError = await rt.step({ lr: 0, step: 2 }).then(
+      () => 'the step after a failure ran',
+      (r: Error) => r.message,
+    );
+  await new Promise((r) => setTimeout(r, spec.holdAfterFailureMs ?? 0));
+  process.stdout.write(
+    JSON.stringify({ error: (e as Error).message, stepStartMs, failedMs, retryError }) + '\n',
+  );
 }

@@ -16,6 +16,10 @@ export type Result = {
   buffers?: Record<number, number[] | string>;
   communicators?: { name: string; transport: string }[];
   error?: string;
+  /** when the steps began and the error came (ms since the epoch), on a rank that failed */
+  stepStartMs?: number;
+  failedMs?: number;
+  retryError?: string;
 };
 
 /** Runs every rank of the spec as a process; resolves with each rank's printed result. */

@@ -1,6 +1,10 @@
 #include "comm/collectives.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -13,7 +17,13 @@ namespace {
 struct Group {
   Communicator& comm;
   int P, r;
+  int globalRank;  // this rank in the world (LFC_TEST_FAULT names it)
 };
+
+// LFC_TEST_FAULT's kill_between_phases: this process ends as kill -9 would end it
+void killBetweenPhases(const Group& g) {
+  if (testFault("kill_between_phases", g.globalRank)) kill(getpid(), SIGKILL);
+}
 
 using RunFn = int64_t (*)(const Instr&, StepCtx&, Group&);
 
@@ -139,11 +149,14 @@ int64_t run_all_to_all_v(const Instr& in, StepCtx& c, Group& g) {
   int32_t* got = recvCounts.as<int32_t>();
   g.comm.allToAllV(sent.data(), std::vector<int64_t>(size_t(g.P), 4), got, std::vector<int64_t>(size_t(g.P), 4));
   std::vector<int64_t> recv(got, got + g.P);
+  killBetweenPhases(g);
   const int64_t rows = sum(recv);
-  if (rows > y.dim(0))
-    throw OpError(cat("receives ", rows, " rows; output 0 ", formatShape(y.shape), " holds at most ", y.dim(0),
-                      " (the bound of its out_rows ", in.attrs.at("out_rows").at(0).get<std::string>(),
-                      " at this microbatch's sizes)"));
+  const bool forced = testFault("all_to_all_v_bound", g.globalRank);
+  if (rows > y.dim(0) || forced)
+    throw OpError(cat("receive bound exceeded: receives ", rows, " rows; output 0 ", formatShape(y.shape),
+                      " holds at most ", y.dim(0), " (the bound of its out_rows ",
+                      in.attrs.at("out_rows").at(0).get<std::string>(), " at this microbatch's sizes)",
+                      forced ? " [forced by LFC_TEST_FAULT]" : ""));
   // 2. the rows
   g.comm.allToAllV(x.data, times(send, rowBytes(x)), y.data, times(recv, rowBytes(y)));
   return rows;
@@ -159,19 +172,22 @@ int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
   if (perRank && c.numOut() != g.P)
     throw OpError(cat(c.numOut(), " outputs: one, or one per group rank (", g.P, ")"));
   const std::vector<int64_t> rows = gatherRows(g, x.dim(0));
+  killBetweenPhases(g);
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   send[size_t(root)] = x.dim(0) * rowBytes(x);
   std::byte* into = c.out(0).data;
   if (g.r == root) {
     for (int i = 0; i < c.numOut(); i++) requireRows(x, c.out(i));
-    if (!perRank && sum(rows) > c.out(0).dim(0))
-      throw OpError(cat("the group's blocks sum to ", sum(rows), " rows; output 0 ", formatShape(c.out(0).shape),
-                        " holds at most ", c.out(0).dim(0), " (its out_rows bound at this microbatch's sizes)"));
+    const char* forced = testFault("gather_v_rows", g.globalRank) ? " [forced by LFC_TEST_FAULT]" : "";
+    if (!perRank && (sum(rows) > c.out(0).dim(0) || *forced))
+      throw OpError(cat("row count wrong: the group's blocks sum to ", sum(rows), " rows; output 0 ",
+                        formatShape(c.out(0).shape), " holds at most ", c.out(0).dim(0),
+                        " (its out_rows bound at this microbatch's sizes)", forced));
     if (perRank)
       for (int i = 0; i < g.P; i++)
-        if (rows[size_t(i)] != c.out(i).dim(0))
-          throw OpError(cat("group rank ", i, " sends ", rows[size_t(i)], " rows; output ", i, " ",
-                            formatShape(c.out(i).shape), " has ", c.out(i).dim(0)));
+        if (rows[size_t(i)] != c.out(i).dim(0) || *forced)
+          throw OpError(cat("row count wrong: group rank ", i, " sends ", rows[size_t(i)], " rows; output ", i, " ",
+                            formatShape(c.out(i).shape), " has ", c.out(i).dim(0), forced));
     recv = times(rows, rowBytes(x));
     into = perRank ? c.scratch<std::byte>(sum(recv)) : c.out(0).data;
   }
@@ -194,6 +210,7 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
   if (perRank && c.numIn() != g.P)
     throw OpError(cat(c.numIn(), " inputs: one, or one per group rank (", g.P, ")"));
   const std::vector<int64_t> rows = gatherRows(g, y.dim(0));
+  killBetweenPhases(g);
   std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
   recv[size_t(root)] = y.dim(0) * rowBytes(y);
   const std::byte* from = c.in(0).data;
@@ -202,8 +219,8 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
     send = times(rows, rowBytes(y));
     if (!perRank) {
       if (sum(rows) > c.in(0).dim(0))
-        throw OpError(cat("the group's outputs take ", sum(rows), " rows; input 0 ", formatShape(c.in(0).shape),
-                          " has ", c.in(0).dim(0)));
+        throw OpError(cat("row count wrong: the group's outputs take ", sum(rows), " rows; input 0 ",
+                          formatShape(c.in(0).shape), " has ", c.in(0).dim(0)));
       from = c.in(0).data;
     } else {
       // the blocks side by side in scratch, in group order
@@ -211,7 +228,7 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
       int64_t at = 0;
       for (int i = 0; i < g.P; i++) {
         if (rows[size_t(i)] != c.in(i).dim(0))
-          throw OpError(cat("group rank ", i, " takes ", rows[size_t(i)], " rows; input ", i, " ",
+          throw OpError(cat("row count wrong: group rank ", i, " takes ", rows[size_t(i)], " rows; input ", i, " ",
                             formatShape(c.in(i).shape), " has ", c.in(i).dim(0)));
         if (send[size_t(i)] > 0) std::memcpy(packed + at, c.in(i).data, size_t(send[size_t(i)]));
         at += send[size_t(i)];
@@ -316,6 +333,18 @@ std::string typeProblem(const std::string& type, const nlohmann::json& v, const 
 
 }  // namespace
 
+bool testFault(const char* fault, int rank) {
+  // read once: "<fault>:rank=<r>"
+  static const std::pair<std::string, int> armed = [] {
+    const char* v = std::getenv("LFC_TEST_FAULT");
+    const std::string text = v ? v : "";
+    const size_t at = text.find(":rank=");
+    if (at == std::string::npos) return std::pair<std::string, int>{"", -1};
+    return std::pair<std::string, int>{text.substr(0, at), std::atoi(text.c_str() + at + 6)};
+  }();
+  return armed.second == rank && armed.first == fault;
+}
+
 bool collectiveInPlace(Op op) {
   const CollectiveEntry* e = entryOf(op);
   return e && e->inPlace;
@@ -361,7 +390,7 @@ int64_t runCollective(const Instr& in, StepCtx& c, Backend& backend, bool batchE
   } catch (const CommError& e) {
     throw OpError(e.what());
   }
-  Group g{*comm, comm->size(), comm->rank()};
+  Group g{*comm, comm->size(), comm->rank(), backend.config().rank};
   if (in.attrs.contains("group_size") && c.integer("group_size") != g.P)
     throw OpError(cat("group ", comm->name(), " (kind ", kind, ") has ", g.P, " ranks; the instruction says group_size ",
                       c.integer("group_size")));
@@ -369,6 +398,8 @@ int64_t runCollective(const Instr& in, StepCtx& c, Backend& backend, bool batchE
     const int64_t rows = entryOf(in.op)->run(in, c, g);
     if (batchEnd) comm->waitPosted();
     return rows;
+  } catch (const PeerFailure& e) {
+    throw PeerFailedError(cat("over group ", comm->name(), " (kind ", kind, "): ", e.what()), e.reason);
   } catch (const CommError& e) {
     throw OpError(cat("over group ", comm->name(), " (kind ", kind, "): ", e.what()));
   }

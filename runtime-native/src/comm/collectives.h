@@ -38,10 +38,27 @@ std::string checkCollective(const Instr& in, const SymbolTable& symbols);
 // Output 0 may be input 0 (same bytes): all_reduce, broadcast.
 bool collectiveInPlace(Op op);
 
+// A collective failed because another rank did: the OpError naming the group, and the reason
+// (PeerFailure's) that this rank passes on when it aborts its backend.
+struct PeerFailedError : OpError {
+  PeerFailedError(const std::string& what, std::string reason) : OpError(what), reason(std::move(reason)) {}
+  std::string reason;
+};
+
 // Runs one collective instruction. Returns the rows written to output 0 when they depend on the
-// data (all_to_all_v, gather_v, scatter_v), else −1. Throws OpError naming the group.
+// data (all_to_all_v, gather_v, scatter_v), else −1. Throws OpError naming the group (a
+// PeerFailedError when another rank's failure ended it).
 // batchEnd: the instruction is the last of a batched send/recv (its stream's next instruction has
 // another batch): every posted send and recv of the batch completes before it returns
 int64_t runCollective(const Instr& in, StepCtx& c, Backend& backend, bool batchEnd = false);
+
+// Test-only (docs/runtime.md): LFC_TEST_FAULT=<fault>:rank=<r> makes global rank r meet <fault> in
+// every two-phase collective it runs, after the size exchange, so that tests can force what
+// real data reaches only by accident:
+//   all_to_all_v_bound   all_to_all_v's receive bound is exceeded
+//   gather_v_rows        a gather_v root finds a row count wrong (on a root only)
+//   kill_between_phases  the process kills itself (SIGKILL) between the phases of all_to_all_v,
+//                        gather_v or scatter_v
+bool testFault(const char* fault, int rank);
 
 }  // namespace lfc::comm

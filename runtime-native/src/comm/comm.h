@@ -11,6 +11,16 @@
 //
 // Every primitive blocks until done, or throws CommError after the backend's timeout (the
 // collective timeout of `lfc run`), so a missing rank turns into an error rather than a hang.
+//
+// Failures: a rank whose step fails aborts its backend (Backend::abort) before it throws. Every
+// communicator it holds then fails its members within a fraction of a second, wherever they wait:
+// shared memory through an abort word its barrier checks, TCP through the closed connections,
+// with the reason in the run's store (the key `prefix/abort`), so that the failure travels
+// through the communicators and the store, not through a launcher. A member that learns of it
+// throws PeerFailure with the same reason and aborts its own backend in turn, so a failure
+// reaches every rank of the job however its groups overlap; a member whose process is gone (a
+// dead pid on shared memory, a connection closed without a reason on TCP) is a PeerFailure too.
+// An aborted backend stays broken: its runtime refuses further steps.
 #pragma once
 
 #include <chrono>
@@ -27,6 +37,13 @@ namespace lfc::comm {
 
 struct CommError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Another rank failed (its own check, or its process ended): `reason` names it and its check,
+// alike on every rank that learns of it, so each passes the same cause on (Backend::abort).
+struct PeerFailure : CommError {
+  explicit PeerFailure(const std::string& reason) : CommError(reason), reason(reason) {}
+  std::string reason;
 };
 
 // The stream index of the control communicator (after schema::kStreams).
@@ -113,6 +130,13 @@ class Backend {
   virtual Communicator& at(int group, int stream) = 0;
   // every communicator this rank holds
   virtual std::vector<const Communicator*> communicators() const = 0;
+  // This rank's step failed: tells every member of every communicator (`reason` names the rank
+  // that failed first and its check), and wakes this rank's own threads blocked in them, which
+  // throw PeerFailure. Safe from any thread, more than once (the first reason stays); never
+  // throws. The backend is broken from then on.
+  virtual void abort(const std::string& reason) noexcept = 0;
+  // why the backend is broken ("" while it is not)
+  virtual std::string broken() const = 0;
 };
 
 // Opens every communicator of the config this rank belongs to (blocks until all members

@@ -12,6 +12,13 @@
 // memory does; 0.41–0.49 of the all-reduce's time at 64 MiB on 2 and 4 ranks); all_gather, broadcast and all-to-all are Gloo's; send/recv are unbound-buffer
 // transfers in a slot range of their own. Each call carries the timeout; Gloo's exceptions become
 // CommError.
+//
+// Failures (comm.h): abort puts the reason in the store, sets the shared-memory abort word, and
+// shuts down the sockets of every TCP connection of the backend's contexts (shutDownSockets): the
+// Gloo pairs on both sides read the end of the stream and fail what waits on them, so this rank's
+// own waiters wake, and each peer finds the reason in the store. A connection closed with no
+// reason in the store is a member gone: errors name the rank whose pair's socket Gloo closed
+// (closedPeer; each pair's socket is found when the context opens, learnPeerAddresses).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -23,9 +30,18 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "comm/comm.h"
 #include "comm/shm.h"
@@ -91,10 +107,169 @@ const char* streamName(int stream) {
   return stream == kControlStream ? "control" : schema::kStreams[stream];
 }
 
+// Gloo's FileStore, with the look-up without waiting that its own wait polls with
+using FileStoreBase = gloo::rendezvous::FileStore;
+class FileStore : public FileStoreBase {
+ public:
+  using FileStoreBase::FileStoreBase;
+  std::optional<std::vector<char>> tryGet(const std::string& key) {
+    if (!check({key})) return std::nullopt;
+    return get(key);
+  }
+};
+
+// Whether a socket address is `end` as Gloo's Address::str writes it: "[127.0.0.1]:41234", where
+// Debian's Gloo writes the port as it lies in the address (network byte order), so both readings
+// of the port are accepted.
+bool sameEnd(const sockaddr_storage& ss, const std::string& end) {
+  char ip[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    port = a->sin_port;
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+    port = a->sin6_port;
+  } else {
+    return false;
+  }
+  if (end.find(cat("[", ip, "]")) == std::string::npos) return false;
+  for (const int p : {int(port), int(ntohs(port))}) {
+    const std::string suffix = cat("]:", p);
+    if (end.size() > suffix.size() && end.compare(end.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The ends of a backend's TCP connections, as Gloo names them: each pair's listening address on
+// either side (Gloo's Pair::address, and the peer's, learnt when the context opens). A connection
+// is a pair's if this side accepted it on its own listening address, or dialled the peer's.
+struct PairEnds {
+  std::vector<std::string> local, peer;
+};
+
+// Shuts down (both ways) every socket of this process that is one of the pairs' connections: both
+// Gloo pairs of each connection then read the end of their stream, fail every operation pending on
+// them and close. Gloo offers no way to fail a pair from outside that reaches this side's waiters
+// too (Pair::close only closes the socket, and its TCP pair's header is not installed), so the
+// sockets are found by their addresses.
+void shutDownSockets(const PairEnds& ends) noexcept {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  const auto any = [](const sockaddr_storage& ss, const std::vector<std::string>& list) {
+    return std::any_of(list.begin(), list.end(), [&](const std::string& e) { return sameEnd(ss, e); });
+  };
+  while (const dirent* e = readdir(dir)) {
+    char* endOfNumber = nullptr;
+    const long fd = std::strtol(e->d_name, &endOfNumber, 10);
+    if (endOfNumber == e->d_name || *endOfNumber != 0 || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t localLen = sizeof local, peerLen = sizeof peer;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &localLen) != 0) continue;
+    const bool connected = getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peerLen) == 0;
+    if (any(local, ends.local) || (connected && any(peer, ends.peer))) shutdown(int(fd), SHUT_RDWR);
+  }
+  closedir(dir);
+}
+
+// A pair's connection as this process holds it: its socket and both ends' addresses.
+struct PairSocket {
+  int fd = -1;
+  sockaddr_storage local{}, peer{};
+  socklen_t localLen = 0, peerLen = 0;
+  // Gloo closes a pair's socket when the connection fails: gone, or the number reused
+  bool closed() const {
+    sockaddr_storage l{}, p{};
+    socklen_t ll = sizeof l, pl = sizeof p;
+    return getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll) != 0 ||
+           getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl) != 0 || ll != localLen || pl != peerLen ||
+           std::memcmp(&l, &local, ll) != 0 || std::memcmp(&p, &peer, pl) != 0;
+  }
+};
+
+// For each pair j (its listening address localEnds[j] here, peerEnds[j] at the peer; "" for none),
+// its connection's socket, found as shutDownSockets finds them.
+std::vector<std::optional<PairSocket>> pairSockets(const std::vector<std::string>& localEnds,
+                                                   const std::vector<std::string>& peerEnds) {
+  std::vector<std::optional<PairSocket>> out(localEnds.size());
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (const dirent* e = readdir(dir)) {
+    char* endOfNumber = nullptr;
+    const long fd = std::strtol(e->d_name, &endOfNumber, 10);
+    if (endOfNumber == e->d_name || *endOfNumber != 0 || fd == dirfd(dir)) continue;
+    PairSocket s;
+    s.fd = int(fd);
+    s.localLen = sizeof s.local;
+    s.peerLen = sizeof s.peer;
+    if (getsockname(s.fd, reinterpret_cast<sockaddr*>(&s.local), &s.localLen) != 0) continue;
+    if (getpeername(s.fd, reinterpret_cast<sockaddr*>(&s.peer), &s.peerLen) != 0) continue;
+    for (size_t j = 0; j < localEnds.size(); j++)
+      if ((!localEnds[j].empty() && sameEnd(s.local, localEnds[j])) ||
+          (!peerEnds[j].empty() && sameEnd(s.peer, peerEnds[j])))
+        out[j] = s;
+  }
+  closedir(dir);
+  return out;
+}
+
+// What the communicators of a backend share about a failure: this rank's reason, once it aborted,
+// and the run's store, where an aborting rank leaves its reason for the others (key `prefix/abort`).
+class AbortBoard {
+ public:
+  AbortBoard(gloo::rendezvous::Store& store, std::string key) : store_(store), key_(std::move(key)) {}
+
+  // The first reason stays. True for the call that set it.
+  bool set(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!reason_.empty()) return false;
+    reason_ = reason;
+    return true;
+  }
+  std::string local() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+  // Into the store, unless another rank's reason is there already. Best effort: the store may be
+  // gone with the rank that hosted it.
+  void post(const std::string& reason) noexcept {
+    try {
+      if (!posted().empty()) return;
+      store_.set(key_, std::vector<char>(reason.begin(), reason.end()));
+    } catch (...) {
+    }
+  }
+  // The reason some rank left in the store, or "".
+  std::string posted() noexcept {
+    try {
+      std::optional<std::vector<char>> v;
+      if (auto* tcp = dynamic_cast<TcpStore*>(&store_)) v = tcp->tryGet(key_, kLookupTimeout);
+      else if (auto* file = dynamic_cast<FileStore*>(&store_)) v = file->tryGet(key_);
+      return v ? std::string(v->begin(), v->end()) : "";
+    } catch (...) {
+      return "";
+    }
+  }
+
+ private:
+  // a look-up on a failure path: the store answers at once or is gone
+  static constexpr std::chrono::milliseconds kLookupTimeout{2000};
+  gloo::rendezvous::Store& store_;
+  const std::string key_;
+  mutable std::mutex mu_;
+  std::string reason_;
+};
+
 class GlooComm : public Communicator {
  public:
-  GlooComm(std::string name, std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
-      : name_(std::move(name)), ctx_(std::move(ctx)), timeout_(timeout) {}
+  // ranks: the global rank of each group rank
+  GlooComm(std::string name, std::shared_ptr<gloo::Context> ctx, std::vector<int> ranks,
+           std::shared_ptr<AbortBoard> board, std::chrono::milliseconds timeout)
+      : name_(std::move(name)), ctx_(std::move(ctx)), ranks_(std::move(ranks)), board_(std::move(board)),
+        timeout_(timeout) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -108,8 +283,43 @@ class GlooComm : public Communicator {
         [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
         [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
     };
-    shm_ = ShmGroup::connect(rank(), size(), allowed, timeout_, exchange);
+    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange);
   }
+
+  // Collective over the group, before shared memory opens: each peer's address for its pair with
+  // this rank ("[127.0.0.1]:41234", Gloo's Pair::address), which finds the pair's connection
+  // (pairSockets), so that abort can shut it down and a closed one names its rank. Block j of the
+  // exchange is this rank's address for its pair with rank j.
+  void learnPeerAddresses() {
+    constexpr int64_t kBytes = 64;
+    const int P = size();
+    std::vector<char> mine(size_t(P * kBytes), 0), theirs(size_t(P * kBytes), 0);
+    localEnds_.assign(size_t(P), "");
+    for (int j = 0; j < P; j++) {
+      if (j == rank()) continue;
+      const std::string at = ctx_->getPair(j)->address().str();
+      localEnds_[size_t(j)] = at;
+      std::memcpy(mine.data() + j * kBytes, at.data(), std::min<size_t>(at.size(), kBytes - 1));
+    }
+    const std::vector<int64_t> blocks(size_t(P), kBytes);
+    allToAllV(mine.data(), blocks, theirs.data(), blocks);
+    peerAddresses_.assign(size_t(P), "");
+    for (int j = 0; j < P; j++)
+      if (j != rank()) {
+        const char* at = theirs.data() + j * kBytes;
+        peerAddresses_[size_t(j)] = std::string(at, strnlen(at, kBytes));
+      }
+    pairSockets_ = pairSockets(localEnds_, peerAddresses_);
+  }
+
+  // Backend::abort's part for this communicator: the shared-memory word (its TCP connections are
+  // shut down with the backend's, localEnds)
+  void abort(const std::string& reason) noexcept {
+    if (shm_) shm_->abort(reason);
+  }
+  // this rank's listening address for each peer's pair, and each peer's for this rank's
+  const std::vector<std::string>& localEnds() const { return localEnds_; }
+  const std::vector<std::string>& peerEnds() const { return peerAddresses_; }
 
   void allReduce(void* data, DType dtype, int64_t count, int64_t key) override {
     if (count == 0) return;
@@ -315,7 +525,22 @@ class GlooComm : public Communicator {
     o.setReduceFunction(&sumInto<T>);
   }
 
-  // Gloo's exceptions as CommError: a timeout says which timeout it was
+  // The group rank whose connection with this one failed, or −1: Gloo closes a pair's socket when
+  // it fails (moments after it wakes the waiters, hence the few looks). Gloo's error names the
+  // pair by the peer's first listening address, which the peer itself no longer knows once it
+  // dialled, so the sockets tell rather than the message.
+  int closedPeer() const {
+    for (int look = 0; look < 20; look++) {
+      for (size_t j = 0; j < pairSockets_.size(); j++)
+        if (pairSockets_[j] && pairSockets_[j]->closed()) return int(j);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return -1;
+  }
+
+  // Gloo's exceptions as CommError: a failure this rank or another aborted with is a PeerFailure
+  // with its reason, a timeout says which timeout it was, a connection closed without a reason
+  // names the rank at its other end
   template <typename F>
   void guard(F&& f) {
     try {
@@ -323,11 +548,16 @@ class GlooComm : public Communicator {
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& e) {
+      if (const std::string reason = board_->local(); !reason.empty()) throw PeerFailure(reason);
+      if (const std::string reason = board_->posted(); !reason.empty()) throw PeerFailure(reason);
       const std::string what = e.what();
       // the unbound-buffer ops say "Timed out waiting …", the bound ones "Read timeout …"
       if (what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos)
         throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
                             " s (--collective-timeout): a rank of the group did not take part"));
+      if (const int j = closedPeer(); j >= 0)
+        throw PeerFailure(
+            cat("rank ", ranks_[size_t(j)], " closed its connection (its process exited, or its machine went away)"));
       // Gloo prefixes messages with its source location in brackets
       const size_t cut = what.find("] ");
       throw CommError(cut == std::string::npos ? what : what.substr(cut + 2));
@@ -336,6 +566,11 @@ class GlooComm : public Communicator {
 
   std::string name_;
   std::shared_ptr<gloo::Context> ctx_;
+  std::vector<int> ranks_;                   // global rank of each group rank
+  std::vector<std::string> peerAddresses_;  // per group rank: its pair's listening address for this one
+  std::vector<std::string> localEnds_;      // per group rank: this rank's pair's listening address
+  std::vector<std::optional<PairSocket>> pairSockets_;  // per group rank: its connection with this one
+  std::shared_ptr<AbortBoard> board_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> postedSends_, postedRecvs_;
   std::chrono::milliseconds timeout_;
   struct Bound {
@@ -399,10 +634,11 @@ class GlooBackend : public Backend {
       store_ = std::make_unique<TcpStore>(hostPort.substr(0, colon), std::stoi(hostPort.substr(colon + 1)),
                                           c.timeout);
     } else if (c.store.rfind("file:", 0) == 0) {
-      store_ = std::make_unique<gloo::rendezvous::FileStore>(c.store.substr(5));
+      store_ = std::make_unique<FileStore>(c.store.substr(5));
     } else {
       throw CommError(cat("store address '", c.store, "' is neither tcp:HOST:PORT nor file:DIR"));
     }
+    board_ = std::make_shared<AbortBoard>(*store_, cat(c.prefix, "/abort"));
     gloo::transport::tcp::attr attr;
     attr.hostname = c.host;
     try {
@@ -436,6 +672,27 @@ class GlooBackend : public Backend {
     return out;
   }
 
+  void abort(const std::string& reason) noexcept override {
+    try {
+      if (!board_->set(reason)) return;
+    } catch (...) {
+      return;
+    }
+    // the reason first, so that a peer that sees a closed connection finds it
+    board_->post(reason);
+    PairEnds ends;
+    for (GlooComm* c : gloo_) {
+      c->abort(reason);
+      for (const std::string& e : c->localEnds())
+        if (!e.empty()) ends.local.push_back(e);
+      for (const std::string& e : c->peerEnds())
+        if (!e.empty()) ends.peer.push_back(e);
+    }
+    shutDownSockets(ends);
+  }
+
+  std::string broken() const override { return board_->local(); }
+
  private:
   std::string groupName(int group) const {
     return group == kWorldGroup ? "world" : config_.groups.at(size_t(group)).name;
@@ -467,19 +724,23 @@ class GlooBackend : public Backend {
     } catch (const std::exception& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }
-    auto comm = std::make_unique<GlooComm>(name, ctx, config_.timeout);
+    auto comm = std::make_unique<GlooComm>(name, ctx, ranks, board_, config_.timeout);
     try {
+      comm->learnPeerAddresses();
       comm->openSharedMemory(shmAllowed());
     } catch (const CommError& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }
+    gloo_.push_back(comm.get());
     comms_[{s.group, s.stream}] = std::move(comm);
   }
 
   Config config_;
   std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<AbortBoard> board_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms_;
+  std::vector<GlooComm*> gloo_;  // the communicators of comms_ over more than one rank
 };
 
 }  // namespace

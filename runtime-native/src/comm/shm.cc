@@ -27,17 +27,21 @@ namespace lfc::comm {
 
 namespace {
 
-// the mapping's first page: the nonce that proves two ranks opened the same mapping, the
-// barrier's counter and generation (each on a cache line of its own), and each rank's process id
-// (a barrier that waits checks its peers are still there)
+// the mapping's first pages: the nonce that proves two ranks opened the same mapping, the
+// barrier's counter and generation (each on a cache line of its own), each rank's process id (a
+// barrier that waits checks its peers are still there), and the abort word with its reason
 constexpr int kMaxRanks = 960;
+constexpr size_t kReasonBytes = 2048;
+enum AbortState : uint32_t { kRunning = 0, kWriting = 1, kAborted = 2 };
 struct Header {
   uint64_t nonce[2];
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
   alignas(64) std::atomic<int32_t> pids[kMaxRanks];
+  alignas(64) std::atomic<uint32_t> abortState;  // AbortState; the reason is set once it is kAborted
+  char abortReason[kReasonBytes];
 };
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 8192;
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free);
 // per set and rank, one value on a line of its own (allToAllV's round counts)
@@ -112,8 +116,9 @@ bool shmAllowed() {
   return !(v && std::string(v) == "0");
 }
 
-std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, int size, bool allowed, std::chrono::milliseconds timeout,
-                                            const Exchange& exchange) {
+std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, const std::vector<int>& ranks, bool allowed,
+                                            std::chrono::milliseconds timeout, const Exchange& exchange) {
+  const int size = int(ranks.size());
   // 1. one machine? (nothing is allocated for a group that spans several)
   const HostKey mine = hostKey();
   HostKey first = mine;
@@ -169,11 +174,13 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, int size, bool allowed, st
     return nullptr;
   }
   headerOf(base)->pids[rank].store(int32_t(getpid()), std::memory_order_relaxed);
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, mapped, timeout));
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, ranks, base, mapped, timeout));
 }
 
-ShmGroup::ShmGroup(int rank, int size, void* base, size_t mappedBytes, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), base_(base), mappedBytes_(mappedBytes), timeout_(timeout) {}
+ShmGroup::ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes,
+                   std::chrono::milliseconds timeout)
+    : rank_(rank), size_(int(ranks.size())), ranks_(std::move(ranks)), base_(base), mappedBytes_(mappedBytes),
+      timeout_(timeout) {}
 
 ShmGroup::~ShmGroup() { munmap(base_, mappedBytes_); }
 
@@ -189,6 +196,7 @@ char* ShmGroup::slot(int set, int rank) const {
 
 void ShmGroup::barrier() {
   Header& h = *headerOf(base_);
+  requireNotAborted();
   // read before arriving: the generation cannot move until this rank has arrived
   const uint32_t generation = h.generation.load(std::memory_order_acquire);
   if (h.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(size_)) {
@@ -208,7 +216,10 @@ void ShmGroup::barrier() {
       throw CommError(cat("timed out after ", timeout_.count() / 1000.0,
                           " s (--collective-timeout): a rank of the group did not take part"));
     futexWait(h.generation, generation, std::min<std::chrono::nanoseconds>(left, kMaxSleep));
-    if (h.generation.load(std::memory_order_acquire) == generation) requirePeers();
+    if (h.generation.load(std::memory_order_acquire) == generation) {
+      requireNotAborted();
+      requirePeers();
+    }
   }
 }
 
@@ -217,8 +228,34 @@ void ShmGroup::requirePeers() const {
   for (int j = 0; j < size_; j++) {
     const int32_t pid = h.pids[j].load(std::memory_order_relaxed);
     if (j != rank_ && pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH)
-      throw CommError(cat("group rank ", j, " (process ", pid, ") exited"));
+      throw PeerFailure(cat("rank ", ranks_[size_t(j)], " (process ", pid, ") exited"));
   }
+}
+
+void ShmGroup::requireNotAborted() const {
+  Header& h = *headerOf(base_);
+  uint32_t state = h.abortState.load(std::memory_order_acquire);
+  if (state == kRunning) return;
+  // the aborting rank is writing its reason: a few microseconds
+  for (int i = 0; i < 100000 && state == kWriting; i++) {
+    cpuRelax();
+    state = h.abortState.load(std::memory_order_acquire);
+  }
+  if (state != kAborted) throw PeerFailure("a rank of the group aborted it");
+  throw PeerFailure(std::string(h.abortReason, strnlen(h.abortReason, kReasonBytes)));
+}
+
+void ShmGroup::abort(const std::string& reason) noexcept {
+  Header& h = *headerOf(base_);
+  uint32_t expected = kRunning;
+  if (h.abortState.compare_exchange_strong(expected, kWriting, std::memory_order_acq_rel)) {
+    const size_t n = std::min(reason.size(), kReasonBytes - 1);
+    std::memcpy(h.abortReason, reason.data(), n);
+    h.abortReason[n] = 0;
+    h.abortState.store(kAborted, std::memory_order_release);
+  }
+  // the waiters sleep on the generation, which does not move: they wake, see the word and throw
+  futexWakeAll(h.generation);
 }
 
 template <typename T>

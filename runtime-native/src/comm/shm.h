@@ -28,7 +28,10 @@
 // 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The barriers are
 // a counter and a generation in the mapping, waited on with a futex and the collective timeout; a
 // rank that waits checks every 100 ms that its peers' processes still exist, so a member that dies
-// fails the others at once, as a closed TCP connection would.
+// fails the others at once, as a closed TCP connection would. The mapping also holds an abort word
+// and its reason (abort): a rank whose step fails sets it and wakes the waiters, which throw
+// PeerFailure with that reason; a set word fails every later barrier too. Rounds then stop midway
+// (a barrier's count stays raised), so an aborted group is never used again.
 //
 // Setup is collective over the group's Gloo communicator: the ranks compare a host key (hostname,
 // boot id and process id namespace, so that a peer's process id means the same process to all);
@@ -43,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -62,8 +66,9 @@ class ShmGroup {
   };
   // Collective: the group's shared mapping, or null on every member when some member cannot share
   // it or is not `allowed` to.
-  static std::unique_ptr<ShmGroup> connect(int rank, int size, bool allowed, std::chrono::milliseconds timeout,
-                                           const Exchange& exchange);
+  // ranks: the global rank of each group rank (errors name them).
+  static std::unique_ptr<ShmGroup> connect(int rank, const std::vector<int>& ranks, bool allowed,
+                                           std::chrono::milliseconds timeout, const Exchange& exchange);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -75,20 +80,25 @@ class ShmGroup {
   void broadcast(void* data, int64_t bytes, int root);
   void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
                  const std::vector<int64_t>& recvBytes);
+  // Fails every member's barrier, now and from now on, with `reason` (the first one set stays);
+  // wakes those asleep. Any thread, never throws.
+  void abort(const std::string& reason) noexcept;
 
  private:
-  ShmGroup(int rank, int size, void* base, size_t mappedBytes, std::chrono::milliseconds timeout);
+  ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes, std::chrono::milliseconds timeout);
   int nextSet() { return int(rounds_++ % 2); }
   char* slot(int set, int rank) const;
   int64_t* meta(int set, int rank) const;  // one value per rank and set, beside the slots
   void barrier();
-  void requirePeers() const;  // throws when a member's process is gone
+  void requirePeers() const;  // throws PeerFailure when a member's process is gone
+  void requireNotAborted() const;  // throws PeerFailure when a member aborted the group
   template <typename T>
   void reduceChunk(T* data, int64_t count);
   template <typename T>
   void reduceScatterOf(const T* in, T* out, int64_t blockCount);
 
   int rank_, size_;
+  std::vector<int> ranks_;  // global rank of each group rank
   void* base_;
   size_t mappedBytes_;
   std::chrono::milliseconds timeout_;

@@ -126,8 +126,8 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   request(kSet, {key, std::string(data.begin(), data.end())}, timeout_);
 }
 
-std::optional<std::vector<char>> TcpStore::tryGet(const std::string& key) {
-  std::vector<char> r = request(kGet, {key}, timeout_);
+std::optional<std::vector<char>> TcpStore::tryGet(const std::string& key, std::chrono::milliseconds timeout) {
+  std::vector<char> r = request(kGet, {key}, timeout);
   if (r.empty() || r[0] == 0) return std::nullopt;
   return std::vector<char>(r.begin() + 1, r.end());
 }

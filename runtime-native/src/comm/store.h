@@ -32,7 +32,8 @@ class TcpStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   int64_t add(const std::string& key, int64_t delta);
-  std::optional<std::vector<char>> tryGet(const std::string& key);
+  std::optional<std::vector<char>> tryGet(const std::string& key) { return tryGet(key, timeout_); }
+  std::optional<std::vector<char>> tryGet(const std::string& key, std::chrono::milliseconds timeout);
 
  private:
   std::vector<char> request(uint8_t cmd, const std::vector<std::string>& parts,

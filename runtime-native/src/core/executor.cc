@@ -17,12 +17,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Everything the stream threads of one step use, shared with them so that a thread left behind
-// in a collective still points at live memory. One lock for all (instructions are coarse).
+// in a collective still points at live memory: the program and the backend too, which the
+// runtime shares with them. One lock for all (instructions are coarse).
 struct StepState {
-  const Program& p;
+  const std::shared_ptr<const Program> program;
+  const Program& p;  // *program
   std::vector<std::vector<Tensor>> operands, results;
+  const GroupRanks groupRanks;  // a copy of the runtime's, which params point to
   const StepParams params;
-  comm::Backend* backend;
+  const std::shared_ptr<comm::Backend> backend;
   Clock::time_point t0;
   bool timed = false;
   std::vector<InstrTiming> timing;  // per instruction when timed
@@ -34,6 +37,7 @@ struct StepState {
   std::vector<SymbolSizes> sizes;         // per microbatch slot, run-time symbols as set so far
   std::vector<std::vector<int>> setBy;    // per slot and symbol: the instruction that set it, or −1
   bool failed = false;
+  bool failedInCollective = false;  // the first failure was a collective's (CollectiveStepError)
   std::string error;
   int running = 0;  // stream threads not yet finished
   std::atomic<int> run{0};
@@ -42,15 +46,24 @@ struct StepState {
   std::shared_ptr<const void> keepAlive;  // the scratch slices' owner
   std::array<int64_t, kStreamCount> scratchHigh{};  // each written by its stream's thread only
 
-  StepState(const Program& prog, std::vector<std::vector<Tensor>> ops, std::vector<std::vector<Tensor>> res,
-            const StepParams& sp, comm::Backend* b)
-      : p(prog), operands(std::move(ops)), results(std::move(res)), params(sp), backend(b) {}
+  static StepParams withGroupRanks(StepParams sp, const GroupRanks* g) {
+    sp.groupRanks = g;
+    return sp;
+  }
 
-  void fail(const std::string& msg) {
+  StepState(std::shared_ptr<const Program> prog, std::vector<std::vector<Tensor>> ops,
+            std::vector<std::vector<Tensor>> res, const StepParams& sp, std::shared_ptr<comm::Backend> b)
+      : program(std::move(prog)), p(*program), operands(std::move(ops)), results(std::move(res)),
+        groupRanks(sp.groupRanks ? *sp.groupRanks : GroupRanks{}),
+        params(withGroupRanks(sp, &groupRanks)),
+        backend(std::move(b)) {}
+
+  void fail(const std::string& msg, bool inCollective = false) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!failed) {
         failed = true;
+        failedInCollective = inCollective;
         error = msg;
       }
     }
@@ -105,6 +118,15 @@ void applyRows(std::vector<Tensor>& ts, const std::vector<int64_t>& rows) {
     t.shape[0] = r;
     t.numel = r * perRow;
   }
+}
+
+int rankOf(const StepState& st) { return st.backend ? st.backend->config().rank : 0; }
+
+// A failed step aborts the backend before the step throws: the members of every group this rank
+// is in fail too, instead of waiting in a collective for the timeout, and this rank's other
+// stream threads blocked in one wake up (comm.h). The first reason stays.
+void abortBackend(StepState& st, const std::string& reason) {
+  if (st.backend) st.backend->abort(reason);
 }
 
 void runStream(std::shared_ptr<StepState> stp, int stream) {
@@ -169,13 +191,22 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
       } else {
         opEntry(in.op).run(in, ctx);
       }
+    } catch (const comm::PeerFailedError& e) {
+      // another rank's failure: pass its reason on, so that every rank names the one that failed
+      scratch.release(0);
+      abortBackend(st, e.reason);
+      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()), true);
+      return finish();
     } catch (const std::exception& e) {
       scratch.release(0);
-      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()));
+      abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", e.what()));
+      st.fail(cat("step failed at ", describeInstr(in), ": ", e.what()), opEntry(in.op).cls == OpClass::collective);
       return finish();
     } catch (...) {
       scratch.release(0);
-      st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"));
+      abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": unknown exception"));
+      st.fail(cat("step failed at ", describeInstr(in), ": unknown exception"),
+              opEntry(in.op).cls == OpClass::collective);
       return finish();
     }
     scratch.release(0);
@@ -190,7 +221,8 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
           for (int e : in.record) st.recorded[size_t(e)] = 1;
       }
       if (!problem.empty()) {
-        st.fail(cat("step failed at ", describeInstr(in), ": ", problem));
+        abortBackend(st, cat("rank ", rankOf(st), " failed in ", schema::kOpNames[int(in.op)], ": ", problem));
+        st.fail(cat("step failed at ", describeInstr(in), ": ", problem), true);
         return finish();
       }
       st.cv.notify_all();
@@ -201,11 +233,13 @@ void runStream(std::shared_ptr<StepState> stp, int stream) {
 
 }  // namespace
 
-ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
+ExecResult execute(std::shared_ptr<const Program> program, std::vector<std::vector<Tensor>> operands,
                    std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
                    const StepParams& params, const std::array<ScratchSlice, kStreamCount>& scratch,
-                   std::shared_ptr<const void> keepAlive, bool timing, comm::Backend* backend) {
-  auto st = std::make_shared<StepState>(p, std::move(operands), std::move(results), params, backend);
+                   std::shared_ptr<const void> keepAlive, bool timing, std::shared_ptr<comm::Backend> backend) {
+  const Program& p = *program;
+  auto st = std::make_shared<StepState>(std::move(program), std::move(operands), std::move(results), params,
+                                        std::move(backend));
   st->scratch = scratch;
   st->keepAlive = std::move(keepAlive);
   st->recorded.assign(size_t(p.events), 0);
@@ -256,6 +290,7 @@ ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
   }
   if (abandoned)
     throw AbandonedStepError(cat(st->error, " (stream threads still blocked in collectives were left behind)"));
+  if (st->failed && st->failedInCollective) throw CollectiveStepError(st->error);
   if (st->failed) throw RuntimeError(st->error);
   result.instructionsRun = st->run;
   result.timing = std::move(st->timing);

@@ -13,10 +13,11 @@
 // collective writing the same symbol of the same microbatch must receive as many rows). Otherwise
 // later instructions that read that same buffer see the row count as its dim 0 (the buffer's
 // declared dim is only a bound). Consumers are ordered after the collective by their stream or
-// an event, so they see the value it set. A stream thread blocked in a collective cannot be woken
-// by a failure on another stream: the executor waits kAbandonAfter for it, then leaves it behind
-// (detached, with the state it uses kept alive) and reports the failure; the runtime must not
-// step again.
+// an event, so they see the value it set. A failure aborts the backend (comm.h) before the step
+// throws, which tells the other ranks and wakes this rank's stream threads blocked in a
+// collective, so they are joined. One that still does not return is waited for kAbandonAfter, then
+// left behind (detached, with everything it uses kept alive: the program, the backend, the
+// operands and the scratch's owner) and the failure is reported; the runtime must not step again.
 #pragma once
 
 #include <array>
@@ -59,15 +60,22 @@ struct AbandonedStepError : RuntimeError {
   using RuntimeError::RuntimeError;
 };
 
+// Thrown when the step failed in a collective: a check of its own (a receive bound, a row count),
+// its communicator, or another rank's failure. The run's failure, not the runtime's (an internal
+// error): the caller reports it in one line.
+struct CollectiveStepError : RuntimeError {
+  using RuntimeError::RuntimeError;
+};
+
 // operands[i] / results[i]: instruction i's inputs and outputs, resolved for this step (run-time
 // symbols at their bounds). sizes: per microbatch slot, the symbols' values the step starts with.
 // scratch: per stream, its planned slice; every scratch take of an instruction comes from it and
 // is released when the instruction ends, and a take past the slice fails the step naming the
 // instruction, what it asked and what was planned. keepAlive: what owns the slices' bytes (kept
 // by threads left behind). backend: null for a program without collectives.
-ExecResult execute(const Program& p, std::vector<std::vector<Tensor>> operands,
+ExecResult execute(std::shared_ptr<const Program> program, std::vector<std::vector<Tensor>> operands,
                    std::vector<std::vector<Tensor>> results, std::vector<SymbolSizes> sizes,
                    const StepParams& params, const std::array<ScratchSlice, kStreamCount>& scratch,
-                   std::shared_ptr<const void> keepAlive, bool timing, comm::Backend* backend);
+                   std::shared_ptr<const void> keepAlive, bool timing, std::shared_ptr<comm::Backend> backend);
 
 }  // namespace lfc
