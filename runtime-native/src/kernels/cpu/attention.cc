@@ -173,10 +173,18 @@ namespace {
 constexpr int64_t kBlock = 64;   // query rows and key columns of a tile
 constexpr int64_t kDChunk = 64;  // head-dim entries of K or V transposed at a time (a tile's Kᵀ)
 
+// The tile loops are templates on NR, the C columns of a register tile, and always inlined into
+// one caller per ISA (run_tasks_v4/v3/v2 below), so that each copy is compiled for its ISA.
+#if defined(__GNUC__)
+#define LFC_TILE inline __attribute__((always_inline))
+#else
+#define LFC_TILE inline
+#endif
+
 // exp(x) in float for the softmax: Cody–Waite reduction to 2ⁿ · e^r, |r| ≤ ln2/2, and Cephes'
 // degree-6 polynomial for e^r (about 1 ulp); 0 below −87.3 (so exp(−∞) = 0), exp(0) = 1 exactly.
 // Branch-free, so the loops over a row vectorize.
-inline float exp_softmax(float x) {
+LFC_TILE float exp_softmax(float x) {
   const bool tiny = x < -87.3f;
   x = std::min(std::max(x, -87.3f), 88.0f);
   const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(x / ln2)
@@ -193,12 +201,12 @@ inline float exp_softmax(float x) {
   std::memcpy(&two_n, &bits, sizeof two_n);
   return tiny ? 0.f : e * two_n;
 }
-inline double exp_softmax(double x) { return std::exp(x); }
+LFC_TILE double exp_softmax(double x) { return std::exp(x); }
 
 // C (M, N) += A (M, K) · B (K, N), A[i·ai + k·ak], B[k·ldb + j], C[i·ldc + j]. Each C entry is its
 // own sum over k in order, whatever the tiling, so a tile's entries do not depend on where it sits.
 template <typename Real, int MR, int NR>
-inline void tile_gemm_block(int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B, int64_t ldb, Real* C,
+LFC_TILE void tile_gemm_block(int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B, int64_t ldb, Real* C,
                             int64_t ldc) {
   Real acc[MR][NR];
   for (int r = 0; r < MR; r++)
@@ -214,40 +222,48 @@ inline void tile_gemm_block(int64_t K, const Real* A, int64_t ai, int64_t ak, co
     for (int j = 0; j < NR; j++) C[r * ldc + j] = acc[r][j];
 }
 
-template <typename Real>
-void tile_gemm(int64_t M, int64_t N, int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B, int64_t ldb,
-               Real* C, int64_t ldc) {
-  constexpr int MR = 4, NR = 16;
+// C's columns in register tiles of NR, then NR/2 and NR/4 (≥ 4), then one at a time
+template <typename Real, int NR>
+LFC_TILE void tile_gemm(int64_t M, int64_t N, int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B,
+                        int64_t ldb, Real* C, int64_t ldc) {
+  constexpr int MR = 4, NR2 = NR / 2 >= 4 ? NR / 2 : 4, NR4 = NR / 4 >= 4 ? NR / 4 : 4;
   int64_t i = 0;
   for (; i + MR <= M; i += MR) {
+    const Real* Ai = A + i * ai;
+    Real* Ci = C + i * ldc;
     int64_t j = 0;
-    for (; j + NR <= N; j += NR) tile_gemm_block<Real, MR, NR>(K, A + i * ai, ai, ak, B + j, ldb, C + i * ldc + j, ldc);
+    for (; j + NR <= N; j += NR) tile_gemm_block<Real, MR, NR>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
+    for (; j + NR2 <= N; j += NR2) tile_gemm_block<Real, MR, NR2>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
+    for (; j + NR4 <= N; j += NR4) tile_gemm_block<Real, MR, NR4>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
     for (; j < N; j++)
-      for (int64_t r = i; r < i + MR; r++) {
-        Real s = C[r * ldc + j];
-        for (int64_t k = 0; k < K; k++) s += A[r * ai + k * ak] * B[k * ldb + j];
-        C[r * ldc + j] = s;
+      for (int64_t r = 0; r < MR; r++) {
+        Real s = Ci[r * ldc + j];
+        for (int64_t k = 0; k < K; k++) s += Ai[r * ai + k * ak] * B[k * ldb + j];
+        Ci[r * ldc + j] = s;
       }
   }
-  for (; i < M; i++)
-    for (int64_t j = 0; j < N; j++) {
+  for (; i < M; i++) {
+    int64_t j = 0;
+    for (; j + NR4 <= N; j += NR4) tile_gemm_block<Real, 1, NR4>(K, A + i * ai, ai, ak, B + j, ldb, C + i * ldc + j, ldc);
+    for (; j < N; j++) {
       Real s = C[i * ldc + j];
       for (int64_t k = 0; k < K; k++) s += A[i * ai + k * ak] * B[k * ldb + j];
       C[i * ldc + j] = s;
     }
+  }
 }
 
 // S (rb, cb; row stride kBlock) = X (rb, d; row stride ldx) · Y (cb, d; row stride ldy)ᵀ, through
 // Yᵀ in chunks of kDChunk head-dim entries (yt: kDChunk × kBlock)
-template <typename Real>
-void tile_scores(Real* S, const Real* X, int64_t ldx, const Real* Y, int64_t ldy, int64_t rb, int64_t cb, int64_t d,
+template <typename Real, int NR>
+LFC_TILE void tile_scores(Real* S, const Real* X, int64_t ldx, const Real* Y, int64_t ldy, int64_t rb, int64_t cb, int64_t d,
                  Real* yt) {
   for (int64_t i = 0; i < rb; i++) std::fill(S + i * kBlock, S + i * kBlock + cb, Real(0));
   for (int64_t c0 = 0; c0 < d; c0 += kDChunk) {
     const int64_t dc = std::min(kDChunk, d - c0);
     for (int64_t j = 0; j < cb; j++)
       for (int64_t c = 0; c < dc; c++) yt[c * kBlock + j] = Y[j * ldy + c0 + c];
-    tile_gemm(rb, cb, dc, X + c0, ldx, 1, yt, kBlock, S, kBlock);
+    tile_gemm<Real, NR>(rb, cb, dc, X + c0, ldx, 1, yt, kBlock, S, kBlock);
   }
 }
 
@@ -300,11 +316,11 @@ Tiling tiling(const int32_t* segments, int64_t T, bool causal, ScratchScope& scr
 
 // P (rb, cb; row stride kBlock) = exp(scale · X Yᵀ − lse row), 0 where masked: the probabilities of
 // tile (I, J) as the forward computed them (the same scores, bit for bit)
-template <typename Real>
-void tile_probs(Real* P, const Tiling& tl, int64_t I, int64_t J, TileMask mask, const Real* Q, int64_t ldq,
+template <typename Real, int NR>
+LFC_TILE void tile_probs(Real* P, const Tiling& tl, int64_t I, int64_t J, TileMask mask, const Real* Q, int64_t ldq,
                 const Real* K, int64_t ldkv, const Real* lse, int64_t lse_stride, int64_t d, Real scale, Real* yt) {
   const int64_t i0 = tl.start(I), rb = tl.size(I), j0 = tl.start(J), cb = tl.size(J);
-  tile_scores(P, Q, ldq, K, ldkv, rb, cb, d, yt);
+  tile_scores<Real, NR>(P, Q, ldq, K, ldkv, rb, cb, d, yt);
   for (int64_t i = 0; i < rb; i++) {
     Real* row = P + i * kBlock;
     const Real l = lse[i * lse_stride];
@@ -317,11 +333,11 @@ void tile_probs(Real* P, const Tiling& tl, int64_t I, int64_t J, TileMask mask, 
 
 // dS (rb, cb) = scale · P ∘ (dO Vᵀ − D), in place of dP; 0 on a padding row (out = v there, so its
 // score has no gradient)
-template <typename Real>
-void tile_dscores(Real* dS, const Real* P, const Tiling& tl, int64_t I, int64_t J, const Real* dO, int64_t ldq,
+template <typename Real, int NR>
+LFC_TILE void tile_dscores(Real* dS, const Real* P, const Tiling& tl, int64_t I, int64_t J, const Real* dO, int64_t ldq,
                   const Real* V, int64_t ldkv, const Real* D, int64_t d, Real scale, Real* yt) {
   const int64_t i0 = tl.start(I), rb = tl.size(I), cb = tl.size(J);
-  tile_scores(dS, dO, ldq, V, ldkv, rb, cb, d, yt);
+  tile_scores<Real, NR>(dS, dO, ldq, V, ldkv, rb, cb, d, yt);
   for (int64_t i = 0; i < rb; i++) {
     Real* ds = dS + i * kBlock;
     const Real* p = P + i * kBlock;
@@ -335,13 +351,13 @@ void tile_dscores(Real* dS, const Real* P, const Tiling& tl, int64_t I, int64_t 
 
 // D (rb) = rowsum(dO ∘ O) of the rows of block I, head h (row stride ldq), in double
 template <typename Real>
-void row_dots(Real* D, const Real* dO, const Real* O, int64_t ldq, int64_t rb, int64_t d) {
+LFC_TILE void row_dots(Real* D, const Real* dO, const Real* O, int64_t ldq, int64_t rb, int64_t d) {
   for (int64_t i = 0; i < rb; i++) D[i] = Real(dot(dO + i * ldq, O + i * ldq, d));
 }
 
 // forward of query block I, head h
-template <typename Real>
-void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const Tiling& tl, int64_t I,
+template <typename Real, int NR>
+LFC_TILE void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const Tiling& tl, int64_t I,
                    int64_t h, int64_t nh, int64_t nkv, int64_t d, Real scale) {
   alignas(64) Real S[kBlock * kBlock];   // (rb, cb), row stride kBlock: scores, then probabilities
   alignas(64) Real yt[kDChunk * kBlock];  // Kᵀ chunk
@@ -362,7 +378,7 @@ void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Rea
     const int64_t j0 = tl.start(J), cb = tl.size(J);
     const Real* K = k + (j0 * nkv + kvh) * d;  // (cb, d), row stride ldkv
     const Real* V = v + (j0 * nkv + kvh) * d;  // (cb, d), row stride ldkv
-    tile_scores(S, Q, ldq, K, ldkv, rb, cb, d, yt);
+    tile_scores<Real, NR>(S, Q, ldq, K, ldkv, rb, cb, d, yt);
     for (int64_t i = 0; i < rb; i++) {
       Real* row = S + i * kBlock;
       for (int64_t j = 0; j < cb; j++) row[j] *= scale;
@@ -390,7 +406,7 @@ void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Rea
       }
       l[i] += sum;
     }
-    tile_gemm(rb, d, cb, S, kBlock, 1, V, ldkv, O, ldq);  // O_I += P V_J
+    tile_gemm<Real, NR>(rb, d, cb, S, kBlock, 1, V, ldkv, O, ldq);  // O_I += P V_J
   }
   for (int64_t i = 0; i < rb; i++) {  // every row sees at least its own token: l ≥ 1
     const Real inv = Real(1) / l[i];
@@ -401,8 +417,8 @@ void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Rea
 }
 
 // backward pass 1: dK, dV of key block J, KV head kvh, over the group's query heads
-template <typename Real>
-void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
+template <typename Real, int NR>
+LFC_TILE void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
                        const Real* out, const Real* lse, const Tiling& tl, int64_t J, int64_t kvh, int64_t nh,
                        int64_t nkv, int64_t d, Real scale) {
   alignas(64) Real P[kBlock * kBlock], dS[kBlock * kBlock];  // (rb, cb), row stride kBlock
@@ -424,17 +440,17 @@ void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real* q, cons
       if (mask == TileMask::none) continue;
       const int64_t i0 = tl.start(I), rb = tl.size(I);
       const int64_t row0 = (i0 * nh + h) * d;  // Q, O, dO of block I, head h: (rb, d), row stride ldq
-      tile_probs(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
+      tile_probs<Real, NR>(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
       row_dots(D, dout + row0, out + row0, ldq, rb, d);
-      tile_gemm(cb, d, rb, P, 1, kBlock, dout + row0, ldq, dV, ldkv);  // dV_J += Pᵀ dO_I
-      tile_dscores(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
-      tile_gemm(cb, d, rb, dS, 1, kBlock, q + row0, ldq, dK, ldkv);  // dK_J += dSᵀ Q_I
+      tile_gemm<Real, NR>(cb, d, rb, P, 1, kBlock, dout + row0, ldq, dV, ldkv);  // dV_J += Pᵀ dO_I
+      tile_dscores<Real, NR>(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
+      tile_gemm<Real, NR>(cb, d, rb, dS, 1, kBlock, q + row0, ldq, dK, ldkv);  // dK_J += dSᵀ Q_I
     }
 }
 
 // backward pass 2: dQ of query block I, head h
-template <typename Real>
-void backward_q_block(Real* dq, const Real* dout, const Real* q, const Real* k, const Real* v, const Real* out,
+template <typename Real, int NR>
+LFC_TILE void backward_q_block(Real* dq, const Real* dout, const Real* q, const Real* k, const Real* v, const Real* out,
                       const Real* lse, const Tiling& tl, int64_t I, int64_t h, int64_t nh, int64_t nkv, int64_t d,
                       Real scale) {
   alignas(64) Real P[kBlock * kBlock], dS[kBlock * kBlock];
@@ -453,10 +469,82 @@ void backward_q_block(Real* dq, const Real* dout, const Real* q, const Real* k, 
     const int64_t j0 = tl.start(J);
     const Real* K = k + (j0 * nkv + kvh) * d;
     const Real* V = v + (j0 * nkv + kvh) * d;
-    tile_probs(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
-    tile_dscores(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
-    tile_gemm(rb, d, tl.size(J), dS, kBlock, 1, K, ldkv, dQ, ldq);  // dQ_I += dS K_J
+    tile_probs<Real, NR>(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
+    tile_dscores<Real, NR>(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
+    tile_gemm<Real, NR>(rb, d, tl.size(J), dS, kBlock, 1, K, ldkv, dQ, ldq);  // dQ_I += dS K_J
   }
+}
+
+// The pooled tasks: forward (head h, query block I), backward pass 1 (KV head, key block J),
+// pass 2 (head h, query block I). Task t of a pass is one pool block.
+enum class Pass { forward, backward_kv, backward_q };
+
+template <typename Real>
+struct Operands {
+  const Real *q, *k, *v;
+  Real *out, *lse;                    // forward: written
+  const Real *dout, *out_in, *lse_in;  // backward: read
+  Real *dq, *dk, *dv;                  // backward: written
+  Tiling tl;
+  int64_t nh, nkv, d;
+  Real scale;
+};
+
+template <typename Real, int NR>
+LFC_TILE void run_tasks(Pass pass, const Operands<Real>& a, int64_t begin, int64_t end) {
+  const int64_t blocks = a.tl.blocks;
+  for (int64_t t = begin; t < end; t++) {
+    // heavy tasks first, so the pool's last ones are short: causal query blocks from the last,
+    // causal key blocks from the first
+    if (pass == Pass::forward)
+      forward_block<Real, NR>(a.out, a.lse, a.q, a.k, a.v, a.tl, blocks - 1 - t / a.nh, t % a.nh, a.nh, a.nkv, a.d,
+                              a.scale);
+    else if (pass == Pass::backward_kv)
+      backward_kv_block<Real, NR>(a.dk, a.dv, a.dout, a.q, a.k, a.v, a.out_in, a.lse_in, a.tl, t / a.nkv, t % a.nkv, a.nh,
+                                  a.nkv, a.d, a.scale);
+    else
+      backward_q_block<Real, NR>(a.dq, a.dout, a.q, a.k, a.v, a.out_in, a.lse_in, a.tl, blocks - 1 - t / a.nh, t % a.nh,
+                                 a.nh, a.nkv, a.d, a.scale);
+  }
+}
+
+// One copy of the tile loops per x86-64 ISA level, picked from CPUID once (the build targets
+// x86-64-v2; lfc's machines have AVX-512): v4 (AVX-512) with 32-column register tiles, v3 (AVX2,
+// FMA) 16, v2 (the build's own) 8. Results differ between levels (FMA contracts mul + add); on one
+// machine they are the same bits at any thread count.
+template <typename Real>
+using RunTasks = void (*)(Pass, const Operands<Real>&, int64_t, int64_t);
+
+template <typename Real>
+void run_tasks_v2(Pass pass, const Operands<Real>& a, int64_t b, int64_t e) {
+  run_tasks<Real, 8>(pass, a, b, e);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+template <typename Real>
+__attribute__((target("arch=x86-64-v3"))) void run_tasks_v3(Pass pass, const Operands<Real>& a, int64_t b,
+                                                             int64_t e) {
+  run_tasks<Real, 16>(pass, a, b, e);
+}
+template <typename Real>
+__attribute__((target("arch=x86-64-v4"))) void run_tasks_v4(Pass pass, const Operands<Real>& a, int64_t b,
+                                                             int64_t e) {
+  run_tasks<Real, 32>(pass, a, b, e);
+}
+#endif
+
+template <typename Real>
+RunTasks<Real> run_tasks_for_cpu() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("x86-64-v4")) return run_tasks_v4<Real>;
+  if (__builtin_cpu_supports("x86-64-v3")) return run_tasks_v3<Real>;
+#endif
+  return run_tasks_v2<Real>;
+}
+
+template <typename Real>
+void run_pass(Pass pass, const Operands<Real>& a, int64_t tasks) {
+  static const RunTasks<Real> run = run_tasks_for_cpu<Real>();
+  parallelFor(tasks, 1, [&](int64_t b, int64_t e) { run(pass, a, b, e); });
 }
 
 }  // namespace
@@ -485,11 +573,9 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
     return;
   }
   const Tiling tl = tiling(segments, T, causal, scratch);
-  // heavy blocks first (causal: the last query blocks), so the pool's last blocks are short
-  parallelFor(nh * tl.blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; t++)
-      forward_block(out, lse, q, k, v, tl, tl.blocks - 1 - t / nh, t % nh, nh, nkv, d, Real(scale));
-  });
+  const Operands<Real> a{q, k, v, out, lse, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, tl, nh, nkv, d,
+                         Real(scale)};
+  run_pass(Pass::forward, a, nh * tl.blocks);
 }
 
 template <typename Real>
@@ -521,16 +607,9 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
     return;
   }
   const Tiling tl = tiling(segments, T, causal, scratch);
-  // pass 1: causal key blocks see the most query blocks first
-  parallelFor(nkv * tl.blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; t++)
-      backward_kv_block(dk, dv, dout, q, k, v, out, lse, tl, t / nkv, t % nkv, nh, nkv, d, Real(scale));
-  });
-  // pass 2
-  parallelFor(nh * tl.blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; t++)
-      backward_q_block(dq, dout, q, k, v, out, lse, tl, tl.blocks - 1 - t / nh, t % nh, nh, nkv, d, Real(scale));
-  });
+  const Operands<Real> a{q, k, v, nullptr, nullptr, dout, out, lse, dq, dk, dv, tl, nh, nkv, d, Real(scale)};
+  run_pass(Pass::backward_kv, a, nkv * tl.blocks);
+  run_pass(Pass::backward_q, a, nh * tl.blocks);
 }
 
 #define LFC_INSTANTIATE_ATTENTION(NS, Real)                                                         \
