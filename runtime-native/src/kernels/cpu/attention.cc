@@ -222,48 +222,78 @@ LFC_TILE void tile_gemm_block(int64_t K, const Real* A, int64_t ai, int64_t ak, 
     for (int j = 0; j < NR; j++) C[r * ldc + j] = acc[r][j];
 }
 
-// C's columns in register tiles of NR, then NR/2 and NR/4 (≥ 4), then one at a time
+// MR rows of C: its columns in register tiles of NR, then NR/2 and NR/4 (≥ 4), then one at a time
+template <typename Real, int MR, int NR>
+LFC_TILE void tile_gemm_rows(int64_t N, int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B, int64_t ldb,
+                             Real* C, int64_t ldc) {
+  constexpr int NR2 = NR / 2 >= 4 ? NR / 2 : 4, NR4 = NR / 4 >= 4 ? NR / 4 : 4;
+  int64_t j = 0;
+  for (; j + NR <= N; j += NR) tile_gemm_block<Real, MR, NR>(K, A, ai, ak, B + j, ldb, C + j, ldc);
+  for (; j + NR2 <= N; j += NR2) tile_gemm_block<Real, MR, NR2>(K, A, ai, ak, B + j, ldb, C + j, ldc);
+  for (; j + NR4 <= N; j += NR4) tile_gemm_block<Real, MR, NR4>(K, A, ai, ak, B + j, ldb, C + j, ldc);
+  for (; j < N; j++)
+    for (int64_t r = 0; r < MR; r++) {
+      Real s = C[r * ldc + j];
+      for (int64_t k = 0; k < K; k++) s += A[r * ai + k * ak] * B[k * ldb + j];
+      C[r * ldc + j] = s;
+    }
+}
+
+// rows in tiles of 8 (NR ≥ 32: AVX-512's 32 registers hold 16 accumulators) or 4, then one at a time
 template <typename Real, int NR>
 LFC_TILE void tile_gemm(int64_t M, int64_t N, int64_t K, const Real* A, int64_t ai, int64_t ak, const Real* B,
                         int64_t ldb, Real* C, int64_t ldc) {
-  constexpr int MR = 4, NR2 = NR / 2 >= 4 ? NR / 2 : 4, NR4 = NR / 4 >= 4 ? NR / 4 : 4;
+  constexpr int MR = NR >= 32 ? 8 : 4;
   int64_t i = 0;
-  for (; i + MR <= M; i += MR) {
-    const Real* Ai = A + i * ai;
-    Real* Ci = C + i * ldc;
-    int64_t j = 0;
-    for (; j + NR <= N; j += NR) tile_gemm_block<Real, MR, NR>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
-    for (; j + NR2 <= N; j += NR2) tile_gemm_block<Real, MR, NR2>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
-    for (; j + NR4 <= N; j += NR4) tile_gemm_block<Real, MR, NR4>(K, Ai, ai, ak, B + j, ldb, Ci + j, ldc);
-    for (; j < N; j++)
-      for (int64_t r = 0; r < MR; r++) {
-        Real s = Ci[r * ldc + j];
-        for (int64_t k = 0; k < K; k++) s += Ai[r * ai + k * ak] * B[k * ldb + j];
-        Ci[r * ldc + j] = s;
-      }
-  }
-  for (; i < M; i++) {
-    int64_t j = 0;
-    for (; j + NR4 <= N; j += NR4) tile_gemm_block<Real, 1, NR4>(K, A + i * ai, ai, ak, B + j, ldb, C + i * ldc + j, ldc);
-    for (; j < N; j++) {
-      Real s = C[i * ldc + j];
-      for (int64_t k = 0; k < K; k++) s += A[i * ai + k * ak] * B[k * ldb + j];
-      C[i * ldc + j] = s;
-    }
-  }
+  for (; i + MR <= M; i += MR) tile_gemm_rows<Real, MR, NR>(N, K, A + i * ai, ai, ak, B, ldb, C + i * ldc, ldc);
+  if (MR > 4)
+    for (; i + 4 <= M; i += 4) tile_gemm_rows<Real, 4, NR>(N, K, A + i * ai, ai, ak, B, ldb, C + i * ldc, ldc);
+  for (; i < M; i++) tile_gemm_rows<Real, 1, NR>(N, K, A + i * ai, ai, ak, B, ldb, C + i * ldc, ldc);
 }
 
-// S (rb, cb; row stride kBlock) = X (rb, d; row stride ldx) · Y (cb, d; row stride ldy)ᵀ, through
-// Yᵀ in chunks of kDChunk head-dim entries (yt: kDChunk × kBlock)
+// yt (dc, kBlock) = Y[0 : rows, c0 : c0 + dc]ᵀ, Y (rows, ·) of row stride ldy
+template <typename Real>
+LFC_TILE void transpose_rows(Real* yt, const Real* Y, int64_t ldy, int64_t rows, int64_t c0, int64_t dc) {
+  for (int64_t j = 0; j < rows; j++)
+    for (int64_t c = 0; c < dc; c++) yt[c * kBlock + j] = Y[j * ldy + c0 + c];
+}
+
+// Head dims whose whole Yᵀ a block transposes once (kMaxD × kBlock Real, 32 KiB); past it, Yᵀ is
+// transposed again per tile in chunks of kDChunk.
+template <typename Real>
+constexpr int64_t kMaxD = 32768 / (kBlock * int64_t(sizeof(Real)));
+
+// A block's operand that the scores take transposed, Y (rows, d; row stride ldy): all of Yᵀ once
+// (d ≤ kMaxD), or a chunk buffer filled per tile
+template <typename Real>
+struct Transposed {
+  const Real* Y;
+  int64_t ldy, rows, d;
+  Real* yt;  // (kMaxD, kBlock)
+  bool whole;
+};
+
+template <typename Real>
+LFC_TILE Transposed<Real> transposed(const Real* Y, int64_t ldy, int64_t rows, int64_t d, Real* yt) {
+  const bool whole = d <= kMaxD<Real>;
+  if (whole) transpose_rows(yt, Y, ldy, rows, 0, d);
+  return {Y, ldy, rows, d, yt, whole};
+}
+
+// S (xr, yr; row stride kBlock) = X (xr, d; row stride ldx) · Yᵀ. Each entry sums c = 0 … d−1 in
+// order, whether Yᵀ is whole or in chunks, and whichever of the two operands is X: so a score has the
+// same bits in S (queries as rows) and in Sᵀ (keys as rows), in the forward and in the backward.
 template <typename Real, int NR>
-LFC_TILE void tile_scores(Real* S, const Real* X, int64_t ldx, const Real* Y, int64_t ldy, int64_t rb, int64_t cb, int64_t d,
-                 Real* yt) {
-  for (int64_t i = 0; i < rb; i++) std::fill(S + i * kBlock, S + i * kBlock + cb, Real(0));
-  for (int64_t c0 = 0; c0 < d; c0 += kDChunk) {
-    const int64_t dc = std::min(kDChunk, d - c0);
-    for (int64_t j = 0; j < cb; j++)
-      for (int64_t c = 0; c < dc; c++) yt[c * kBlock + j] = Y[j * ldy + c0 + c];
-    tile_gemm<Real, NR>(rb, cb, dc, X + c0, ldx, 1, yt, kBlock, S, kBlock);
+LFC_TILE void tile_scores(Real* S, const Real* X, int64_t ldx, int64_t xr, const Transposed<Real>& Y) {
+  for (int64_t i = 0; i < xr; i++) std::fill(S + i * kBlock, S + i * kBlock + Y.rows, Real(0));
+  if (Y.whole) {
+    tile_gemm<Real, NR>(xr, Y.rows, Y.d, X, ldx, 1, Y.yt, kBlock, S, kBlock);
+    return;
+  }
+  for (int64_t c0 = 0; c0 < Y.d; c0 += kDChunk) {
+    const int64_t dc = std::min(kDChunk, Y.d - c0);
+    transpose_rows(Y.yt, Y.Y, Y.ldy, Y.rows, c0, dc);
+    tile_gemm<Real, NR>(xr, Y.rows, dc, X + c0, ldx, 1, Y.yt, kBlock, S, kBlock);
   }
 }
 
@@ -314,61 +344,43 @@ Tiling tiling(const int32_t* segments, int64_t T, bool causal, ScratchScope& scr
   return {segments, T, blocks, causal, ids};
 }
 
-// P (rb, cb; row stride kBlock) = exp(scale · X Yᵀ − lse row), 0 where masked: the probabilities of
-// tile (I, J) as the forward computed them (the same scores, bit for bit)
-template <typename Real, int NR>
-LFC_TILE void tile_probs(Real* P, const Tiling& tl, int64_t I, int64_t J, TileMask mask, const Real* Q, int64_t ldq,
-                const Real* K, int64_t ldkv, const Real* lse, int64_t lse_stride, int64_t d, Real scale, Real* yt) {
-  const int64_t i0 = tl.start(I), rb = tl.size(I), j0 = tl.start(J), cb = tl.size(J);
-  tile_scores<Real, NR>(P, Q, ldq, K, ldkv, rb, cb, d, yt);
-  for (int64_t i = 0; i < rb; i++) {
-    Real* row = P + i * kBlock;
-    const Real l = lse[i * lse_stride];
-    for (int64_t j = 0; j < cb; j++) row[j] = exp_softmax(row[j] * scale - l);
-    if (mask == TileMask::some)
-      for (int64_t j = 0; j < cb; j++)
-        if (!attends(tl.segments, i0 + i, j0 + j, tl.causal)) row[j] = 0;
-  }
-}
-
-// dS (rb, cb) = scale · P ∘ (dO Vᵀ − D), in place of dP; 0 on a padding row (out = v there, so its
-// score has no gradient)
-template <typename Real, int NR>
-LFC_TILE void tile_dscores(Real* dS, const Real* P, const Tiling& tl, int64_t I, int64_t J, const Real* dO, int64_t ldq,
-                  const Real* V, int64_t ldkv, const Real* D, int64_t d, Real scale, Real* yt) {
-  const int64_t i0 = tl.start(I), rb = tl.size(I), cb = tl.size(J);
-  tile_scores<Real, NR>(dS, dO, ldq, V, ldkv, rb, cb, d, yt);
-  for (int64_t i = 0; i < rb; i++) {
-    Real* ds = dS + i * kBlock;
-    const Real* p = P + i * kBlock;
-    if (tl.segments[i0 + i] < 0) {
-      std::fill(ds, ds + cb, Real(0));
-      continue;
-    }
-    for (int64_t j = 0; j < cb; j++) ds[j] = scale * p[j] * (ds[j] - D[i]);
-  }
-}
-
 // D (rb) = rowsum(dO ∘ O) of the rows of block I, head h (row stride ldq), in double
 template <typename Real>
 LFC_TILE void row_dots(Real* D, const Real* dO, const Real* O, int64_t ldq, int64_t rb, int64_t d) {
   for (int64_t i = 0; i < rb; i++) D[i] = Real(dot(dO + i * ldq, O + i * ldq, d));
 }
 
-// forward of query block I, head h
+// The probabilities of tile (I, J) transposed, Pᵀ (cb, rb; row stride kBlock) = exp(scale · Sᵀ − lse),
+// 0 where masked, from Sᵀ in place
+template <typename Real>
+LFC_TILE void probs_t(Real* Pt, const Tiling& tl, int64_t I, int64_t J, TileMask mask, const Real* lse, Real scale) {
+  const int64_t i0 = tl.start(I), rb = tl.size(I), j0 = tl.start(J), cb = tl.size(J);
+  for (int64_t j = 0; j < cb; j++) {
+    Real* row = Pt + j * kBlock;
+    for (int64_t i = 0; i < rb; i++) row[i] = exp_softmax(row[i] * scale - lse[i]);
+    if (mask == TileMask::some)
+      for (int64_t i = 0; i < rb; i++)
+        if (!attends(tl.segments, i0 + i, j0 + j, tl.causal)) row[i] = 0;
+  }
+}
+
+// forward of query block I, head h. Its tiles are transposed, Sᵀ (keys as rows), so that the
+// softmax's per-query statistics run along the rows of the tile and vectorize.
 template <typename Real, int NR>
-LFC_TILE void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const Tiling& tl, int64_t I,
-                   int64_t h, int64_t nh, int64_t nkv, int64_t d, Real scale) {
-  alignas(64) Real S[kBlock * kBlock];   // (rb, cb), row stride kBlock: scores, then probabilities
-  alignas(64) Real yt[kDChunk * kBlock];  // Kᵀ chunk
-  Real m[kBlock], l[kBlock];              // running max and sum of each row
+LFC_TILE void forward_block(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const Tiling& tl,
+                            int64_t I, int64_t h, int64_t nh, int64_t nkv, int64_t d, Real scale) {
+  constexpr Real kNegInf = -std::numeric_limits<Real>::infinity();
+  alignas(64) Real St[kBlock * kBlock];     // (cb, rb), row stride kBlock: scores, then probabilities
+  alignas(64) Real qt[kMaxD<Real> * kBlock];  // Qᵀ of the block
+  alignas(64) Real m[kBlock], l[kBlock], mx[kBlock], alpha[kBlock];  // per query row
   const int64_t kvh = h / (nh / nkv), ldq = nh * d, ldkv = nkv * d;
   const int64_t i0 = tl.start(I), rb = tl.size(I);
   const Real* Q = q + (i0 * nh + h) * d;  // (rb, d), row stride ldq
   Real* O = out + (i0 * nh + h) * d;      // (rb, d), row stride ldq
+  const Transposed<Real> Qt = transposed(Q, ldq, rb, d, qt);
   for (int64_t i = 0; i < rb; i++) {
     std::fill(O + i * ldq, O + i * ldq + d, Real(0));
-    m[i] = -std::numeric_limits<Real>::infinity();
+    m[i] = kNegInf;
     l[i] = 0;
   }
   const int64_t last = tl.causal ? I : tl.blocks - 1;
@@ -378,35 +390,37 @@ LFC_TILE void forward_block(Real* out, Real* lse, const Real* q, const Real* k, 
     const int64_t j0 = tl.start(J), cb = tl.size(J);
     const Real* K = k + (j0 * nkv + kvh) * d;  // (cb, d), row stride ldkv
     const Real* V = v + (j0 * nkv + kvh) * d;  // (cb, d), row stride ldkv
-    tile_scores<Real, NR>(S, Q, ldq, K, ldkv, rb, cb, d, yt);
-    for (int64_t i = 0; i < rb; i++) {
-      Real* row = S + i * kBlock;
-      for (int64_t j = 0; j < cb; j++) row[j] *= scale;
+    tile_scores<Real, NR>(St, K, ldkv, cb, Qt);
+    std::fill(mx, mx + rb, kNegInf);
+    for (int64_t j = 0; j < cb; j++) {
+      Real* row = St + j * kBlock;
+      for (int64_t i = 0; i < rb; i++) row[i] *= scale;
       if (mask == TileMask::some)
-        for (int64_t j = 0; j < cb; j++)
-          if (!attends(tl.segments, i0 + i, j0 + j, tl.causal)) row[j] = -std::numeric_limits<Real>::infinity();
-      Real mx = row[0];
-      for (int64_t j = 1; j < cb; j++) mx = std::max(mx, row[j]);
-      if (mx == -std::numeric_limits<Real>::infinity()) {  // nothing visible in this tile's row
-        std::fill(row, row + cb, Real(0));
-        continue;
-      }
-      const Real m_new = std::max(m[i], mx);
-      Real sum = 0;
-      for (int64_t j = 0; j < cb; j++) {
-        row[j] = exp_softmax(row[j] - m_new);
-        sum += row[j];
-      }
-      if (m_new != m[i]) {  // rescale what the row holds so far
-        const Real alpha = exp_softmax(m[i] - m_new);
-        Real* o = O + i * ldq;
-        for (int64_t c = 0; c < d; c++) o[c] *= alpha;
-        l[i] *= alpha;
-        m[i] = m_new;
-      }
-      l[i] += sum;
+        for (int64_t i = 0; i < rb; i++)
+          if (!attends(tl.segments, i0 + i, j0 + j, tl.causal)) row[i] = kNegInf;
+      for (int64_t i = 0; i < rb; i++) mx[i] = std::max(mx[i], row[i]);
     }
-    tile_gemm<Real, NR>(rb, d, cb, S, kBlock, 1, V, ldkv, O, ldq);  // O_I += P V_J
+    // online softmax: the new max of each row, the factor on what the row holds so far
+    for (int64_t i = 0; i < rb; i++) {
+      const Real m_new = std::max(m[i], mx[i]);
+      alpha[i] = m_new == m[i] ? Real(1) : exp_softmax(m[i] - m_new);
+      m[i] = m_new;
+      mx[i] = m_new == kNegInf ? Real(0) : m_new;  // the shift; a row with nothing visible yet stays 0
+      l[i] *= alpha[i];
+    }
+    for (int64_t j = 0; j < cb; j++) {
+      Real* row = St + j * kBlock;
+      for (int64_t i = 0; i < rb; i++) {
+        row[i] = exp_softmax(row[i] - mx[i]);
+        l[i] += row[i];
+      }
+    }
+    for (int64_t i = 0; i < rb; i++)
+      if (alpha[i] != Real(1)) {
+        Real* o = O + i * ldq;
+        for (int64_t c = 0; c < d; c++) o[c] *= alpha[i];
+      }
+    tile_gemm<Real, NR>(rb, d, cb, St, 1, kBlock, V, ldkv, O, ldq);  // O_I += P V_J = (Pᵀ)ᵀ V_J
   }
   for (int64_t i = 0; i < rb; i++) {  // every row sees at least its own token: l ≥ 1
     const Real inv = Real(1) / l[i];
@@ -416,13 +430,14 @@ LFC_TILE void forward_block(Real* out, Real* lse, const Real* q, const Real* k, 
   }
 }
 
-// backward pass 1: dK, dV of key block J, KV head kvh, over the group's query heads
+// backward pass 1: dK, dV of key block J, KV head kvh, over the group's query heads. Tiles with
+// queries as rows: P, dS (rb, cb).
 template <typename Real, int NR>
 LFC_TILE void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
-                       const Real* out, const Real* lse, const Tiling& tl, int64_t J, int64_t kvh, int64_t nh,
-                       int64_t nkv, int64_t d, Real scale) {
+                                const Real* out, const Real* lse, const Tiling& tl, int64_t J, int64_t kvh,
+                                int64_t nh, int64_t nkv, int64_t d, Real scale) {
   alignas(64) Real P[kBlock * kBlock], dS[kBlock * kBlock];  // (rb, cb), row stride kBlock
-  alignas(64) Real yt[kDChunk * kBlock];
+  alignas(64) Real kt[kMaxD<Real> * kBlock], vt[kMaxD<Real> * kBlock];
   Real D[kBlock];
   const int64_t g = nh / nkv, ldq = nh * d, ldkv = nkv * d;
   const int64_t j0 = tl.start(J), cb = tl.size(J);
@@ -430,6 +445,7 @@ LFC_TILE void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real
   const Real* V = v + (j0 * nkv + kvh) * d;
   Real* dK = dk + (j0 * nkv + kvh) * d;
   Real* dV = dv + (j0 * nkv + kvh) * d;
+  const Transposed<Real> Kt = transposed(K, ldkv, cb, d, kt), Vt = transposed(V, ldkv, cb, d, vt);
   for (int64_t j = 0; j < cb; j++) {
     std::fill(dK + j * ldkv, dK + j * ldkv + d, Real(0));
     std::fill(dV + j * ldkv, dV + j * ldkv + d, Real(0));
@@ -440,38 +456,69 @@ LFC_TILE void backward_kv_block(Real* dk, Real* dv, const Real* dout, const Real
       if (mask == TileMask::none) continue;
       const int64_t i0 = tl.start(I), rb = tl.size(I);
       const int64_t row0 = (i0 * nh + h) * d;  // Q, O, dO of block I, head h: (rb, d), row stride ldq
-      tile_probs<Real, NR>(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
+      const Real* L = lse + i0 * nh + h;       // (rb), stride nh
+      // P = exp(scale · Q Kᵀ − lse), 0 where masked
+      tile_scores<Real, NR>(P, q + row0, ldq, rb, Kt);
+      for (int64_t i = 0; i < rb; i++) {
+        Real* row = P + i * kBlock;
+        const Real li = L[i * nh];
+        for (int64_t j = 0; j < cb; j++) row[j] = exp_softmax(row[j] * scale - li);
+        if (mask == TileMask::some)
+          for (int64_t j = 0; j < cb; j++)
+            if (!attends(tl.segments, i0 + i, j0 + j, tl.causal)) row[j] = 0;
+      }
       row_dots(D, dout + row0, out + row0, ldq, rb, d);
       tile_gemm<Real, NR>(cb, d, rb, P, 1, kBlock, dout + row0, ldq, dV, ldkv);  // dV_J += Pᵀ dO_I
-      tile_dscores<Real, NR>(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
+      // dS = scale · P ∘ (dO Vᵀ − D); 0 on a padding row (out = v there: no score gradient)
+      tile_scores<Real, NR>(dS, dout + row0, ldq, rb, Vt);
+      for (int64_t i = 0; i < rb; i++) {
+        Real* ds = dS + i * kBlock;
+        const Real* p = P + i * kBlock;
+        if (tl.segments[i0 + i] < 0) {
+          std::fill(ds, ds + cb, Real(0));
+          continue;
+        }
+        for (int64_t j = 0; j < cb; j++) ds[j] = scale * p[j] * (ds[j] - D[i]);
+      }
       tile_gemm<Real, NR>(cb, d, rb, dS, 1, kBlock, q + row0, ldq, dK, ldkv);  // dK_J += dSᵀ Q_I
     }
 }
 
-// backward pass 2: dQ of query block I, head h
+// backward pass 2: dQ of query block I, head h. Tiles with keys as rows: Pᵀ, dSᵀ (cb, rb).
 template <typename Real, int NR>
-LFC_TILE void backward_q_block(Real* dq, const Real* dout, const Real* q, const Real* k, const Real* v, const Real* out,
-                      const Real* lse, const Tiling& tl, int64_t I, int64_t h, int64_t nh, int64_t nkv, int64_t d,
-                      Real scale) {
-  alignas(64) Real P[kBlock * kBlock], dS[kBlock * kBlock];
-  alignas(64) Real yt[kDChunk * kBlock];
-  Real D[kBlock];
+LFC_TILE void backward_q_block(Real* dq, const Real* dout, const Real* q, const Real* k, const Real* v,
+                               const Real* out, const Real* lse, const Tiling& tl, int64_t I, int64_t h, int64_t nh,
+                               int64_t nkv, int64_t d, Real scale) {
+  alignas(64) Real Pt[kBlock * kBlock], dSt[kBlock * kBlock];  // (cb, rb), row stride kBlock
+  alignas(64) Real qt[kMaxD<Real> * kBlock], dot_[kMaxD<Real> * kBlock];
+  alignas(64) Real D[kBlock], L[kBlock], keep[kBlock];  // keep: scale, 0 on a padding row (no score gradient)
   const int64_t kvh = h / (nh / nkv), ldq = nh * d, ldkv = nkv * d;
   const int64_t i0 = tl.start(I), rb = tl.size(I);
   const int64_t row0 = (i0 * nh + h) * d;
   Real* dQ = dq + row0;  // (rb, d), row stride ldq
-  for (int64_t i = 0; i < rb; i++) std::fill(dQ + i * ldq, dQ + i * ldq + d, Real(0));
+  const Transposed<Real> Qt = transposed(q + row0, ldq, rb, d, qt), dOt = transposed(dout + row0, ldq, rb, d, dot_);
+  for (int64_t i = 0; i < rb; i++) {
+    std::fill(dQ + i * ldq, dQ + i * ldq + d, Real(0));
+    L[i] = lse[(i0 + i) * nh + h];
+    keep[i] = tl.segments[i0 + i] < 0 ? Real(0) : scale;
+  }
   row_dots(D, dout + row0, out + row0, ldq, rb, d);
   const int64_t last = tl.causal ? I : tl.blocks - 1;
   for (int64_t J = 0; J <= last; J++) {
     const TileMask mask = tl.mask(I, J);
     if (mask == TileMask::none) continue;
-    const int64_t j0 = tl.start(J);
+    const int64_t j0 = tl.start(J), cb = tl.size(J);
     const Real* K = k + (j0 * nkv + kvh) * d;
     const Real* V = v + (j0 * nkv + kvh) * d;
-    tile_probs<Real, NR>(P, tl, I, J, mask, q + row0, ldq, K, ldkv, lse + i0 * nh + h, nh, d, scale, yt);
-    tile_dscores<Real, NR>(dS, P, tl, I, J, dout + row0, ldq, V, ldkv, D, d, scale, yt);
-    tile_gemm<Real, NR>(rb, d, tl.size(J), dS, kBlock, 1, K, ldkv, dQ, ldq);  // dQ_I += dS K_J
+    tile_scores<Real, NR>(Pt, K, ldkv, cb, Qt);
+    probs_t(Pt, tl, I, J, mask, L, scale);
+    tile_scores<Real, NR>(dSt, V, ldkv, cb, dOt);  // dPᵀ = V dOᵀ
+    for (int64_t j = 0; j < cb; j++) {
+      Real* ds = dSt + j * kBlock;
+      const Real* p = Pt + j * kBlock;
+      for (int64_t i = 0; i < rb; i++) ds[i] = keep[i] * p[i] * (ds[i] - D[i]);
+    }
+    tile_gemm<Real, NR>(rb, d, cb, dSt, 1, kBlock, K, ldkv, dQ, ldq);  // dQ_I += dS K_J = (dSᵀ)ᵀ K_J
   }
 }
 
