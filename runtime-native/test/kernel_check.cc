@@ -559,6 +559,7 @@ void ref_attention() {
       {"bidir g=4 d=80 id 5 in two runs", 4, 1, 80, false, {{5, 70}, {2, 33}, {5, 40}}},
       {"causal g=4 d=64 one segment T=130", 4, 1, 64, true, {{0, 130}}},
       {"causal g=2 d=64 4 packed T=1000", 2, 1, 64, true, {{0, 256}, {1, 256}, {2, 256}, {3, 232}}},
+      {"causal g=2 d=160 (Kᵀ in chunks) T=100", 4, 2, 160, true, {{0, 70}, {-1, 2}, {1, 28}}},
   };
   for (const AttentionCase& ac : cases) {
     const Ints seg = segments_of(ac.runs);
