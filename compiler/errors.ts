@@ -36,6 +36,14 @@ function isSystemError(e: unknown): e is NodeJS.ErrnoException {
   return e instanceof Error && typeof x.code === 'string' && typeof x.syscall === 'string';
 }
 
+/**
+ * Text from a user's file (a key, a name, a value) made safe for a one-line message: its line
+ * breaks written as \\n.
+ */
+export function oneLine(text: string): string {
+  return text.replace(/\r\n|\r|\n/g, '\\n');
+}
+
 /** Levenshtein distance, for "did you mean" suggestions. */
 function distance(a: string, b: string): number {
   const dp = Array.from({ length: b.length + 1 }, (_, j) => j);
