@@ -23,7 +23,7 @@ import {
 } from '../runtime/launch-rank.js';
 import { runRank } from '../runtime/rank.js';
 import { checkSources, describeHfLoad, HF_FLAGS, type HfSource } from '../runtime/hf/load.js';
-import { readPlan } from '../runtime/plan-io.js';
+import { readPlan, readPlanFile } from '../runtime/plan-io.js';
 import { mergeTrace, traceFragment } from '../runtime/trace.js';
 
 export interface RunFlags {
@@ -375,9 +375,5 @@ export async function launchTraining(
 }
 
 function readPlanJson(dir: string): PlanFile {
-  try {
-    return JSON.parse(readFileSync(join(dir, 'plan.json'), 'utf8')) as PlanFile;
-  } catch {
-    return readPlan(dir).plan; // its error names the problem
-  }
+  return readPlanFile(dir); // plan.json alone, checked; its error names the problem
 }

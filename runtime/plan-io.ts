@@ -2,7 +2,7 @@
 
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { UserError } from '../compiler/errors.js';
+import { oneLine, UserError } from '../compiler/errors.js';
 import {
   PLAN_FORMAT,
   PLAN_VERSION,
@@ -20,6 +20,113 @@ function readJson(path: string, what: string): unknown {
   }
 }
 
+// ---- the shape of plan.json, as the runtime reads it ---------------------------------------------
+// A plan is lfc compile's output, but a file a user can edit: every field the runtime reads is
+// checked for its type here, so a damaged plan is a one-line error naming the field, never a
+// TypeError later. The model config is checked by the compiler's own validation (loadModelConfig
+// reads it again from the plan: runtime/train.ts). The programs are checked by the native runtime
+// when it loads them (runtime-native/src/core/program.cc).
+
+type Shape =
+  | 'string'
+  | 'number' // finite
+  | 'count' // an integer ≥ 0
+  | 'positive' // an integer ≥ 1
+  | 'integer'
+  | 'boolean'
+  | 'object' // any JSON object
+  | { readonly list: Shape }
+  | { readonly record: Shape }
+  | { readonly optional: Shape }
+  | { readonly [field: string]: Shape };
+
+const OPTIMIZER: Shape = {
+  lr: 'number',
+  beta1: 'number',
+  beta2: 'number',
+  eps: 'number',
+  weightDecay: 'number',
+  clipNorm: 'number',
+};
+
+const PLAN_SHAPE: Shape = {
+  model: { name: 'string', config: 'object' },
+  training: {
+    seqLength: 'positive',
+    microBatchSize: 'positive',
+    globalBatchSize: 'positive',
+    numMicrobatches: 'positive',
+    maxVisualTokens: 'count',
+    precision: { optional: { compute: 'string', grad: 'string' } },
+    optimizer: OPTIMIZER,
+  },
+  topology: {
+    worldSize: 'positive',
+    nnodes: 'positive',
+    nprocPerNode: 'positive',
+    sizes: { record: 'positive' },
+    pipelineLayers: { optional: { list: 'count' } },
+  },
+  groups: { list: { name: 'string', ranks: { list: 'count' } } },
+  rankGroups: { record: { list: 'integer' } },
+  dataParallel: { size: 'positive', rankIndex: { list: 'count' } },
+  symbols: { list: { name: 'string', bound: 'count', expected: { optional: 'count' } } },
+  params: {
+    list: {
+      name: 'string',
+      dtype: 'string',
+      shape: { list: 'count' },
+      init: 'string',
+      trainable: 'boolean',
+      weightDecay: 'number',
+    },
+  },
+  rankPrograms: { list: 'string' },
+};
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** `v` has the shape, or a UserError names the file and the first field that does not. */
+function checkShape(path: string, v: unknown, shape: Shape, at: string): void {
+  const fail = (want: string): never => {
+    throw new UserError(
+      `${path}: malformed plan: ${at || 'the plan'} must be ${want}, got ${oneLine(JSON.stringify(v) ?? 'nothing').slice(0, 60)}`,
+    );
+  };
+  if (typeof shape === 'string') {
+    const ok = {
+      string: typeof v === 'string',
+      number: typeof v === 'number' && Number.isFinite(v),
+      count: Number.isSafeInteger(v) && (v as number) >= 0,
+      positive: Number.isSafeInteger(v) && (v as number) >= 1,
+      integer: Number.isSafeInteger(v),
+      boolean: typeof v === 'boolean',
+      object: isObject(v),
+    }[shape];
+    if (!ok)
+      fail(shape === 'object' ? 'an object' : `a ${shape === 'count' ? 'count ≥ 0' : shape}`);
+    return;
+  }
+  if ('optional' in shape) {
+    if (v !== undefined) checkShape(path, v, shape.optional as Shape, at);
+    return;
+  }
+  if ('list' in shape) {
+    if (!Array.isArray(v)) return fail('a list');
+    v.forEach((x, i) => checkShape(path, x, shape.list as Shape, `${at}[${i}]`));
+    return;
+  }
+  if (!isObject(v)) return fail('an object');
+  if ('record' in shape) {
+    for (const [k, x] of Object.entries(v))
+      checkShape(path, x, shape.record as Shape, `${at}.${k}`);
+    return;
+  }
+  for (const [k, s] of Object.entries(shape)) checkShape(path, v[k], s, at ? `${at}.${k}` : k);
+}
+
 export interface LoadedPlan {
   readonly dir: string;
   readonly plan: PlanFile;
@@ -28,21 +135,39 @@ export interface LoadedPlan {
   readonly programs: ReadonlyMap<string, ProgramFile>;
 }
 
-export function readPlan(dir: string): LoadedPlan {
+/** plan.json of a plan directory, checked (PLAN_SHAPE); its programs are not read. */
+export function readPlanFile(dir: string): PlanFile {
   if (!existsSync(dir))
     throw new UserError(`${dir}: no such plan directory (make one with lfc compile -o ${dir})`);
   const planPath = join(dir, 'plan.json');
   const plan = readJson(planPath, 'plan.json (is this an lfc plan directory?)') as PlanFile;
   if (plan?.format !== PLAN_FORMAT)
-    throw new UserError(`${planPath}: not an lfc plan (format ${JSON.stringify(plan?.format)})`);
+    throw new UserError(
+      `${planPath}: not an lfc plan (format ${oneLine(JSON.stringify(plan?.format) ?? 'none')})`,
+    );
   if (plan.version !== PLAN_VERSION) {
     throw new UserError(
-      `${planPath}: plan schema version ${plan.version}; this lfc runs version ${PLAN_VERSION} (recompile it)`,
+      `${planPath}: plan schema version ${oneLine(JSON.stringify(plan.version) ?? 'none')}; this lfc runs version ${PLAN_VERSION} (recompile it)`,
     );
   }
-  for (const k of ['training', 'params', 'rankPrograms', 'symbols'] as const) {
-    if (!plan[k]) throw new UserError(`${planPath}: malformed plan: '${k}' is missing`);
-  }
+  checkShape(planPath, plan, PLAN_SHAPE, '');
+  const world = plan.topology.worldSize;
+  if (plan.rankPrograms.length !== world)
+    throw new UserError(
+      `${planPath}: malformed plan: ${plan.rankPrograms.length} rankPrograms for a world of ${world}`,
+    );
+  if (plan.dataParallel.rankIndex.length !== world)
+    throw new UserError(`${planPath}: malformed plan: dataParallel.rankIndex is not one per rank`);
+  for (const [kind, groups] of Object.entries(plan.rankGroups))
+    if (groups.length !== world || groups.some((g) => g >= plan.groups.length))
+      throw new UserError(
+        `${planPath}: malformed plan: rankGroups.${kind} is not one group index (< ${plan.groups.length}) per rank`,
+      );
+  return plan;
+}
+
+export function readPlan(dir: string): LoadedPlan {
+  const plan = readPlanFile(dir);
   const programTexts = new Map<string, string>();
   const programs = new Map<string, ProgramFile>();
   for (const id of new Set(plan.rankPrograms)) {

@@ -96,68 +96,98 @@ function writeYaml(name: string, doc: unknown): string {
 }
 
 describe('config loaders under mutation', () => {
-  it('overrides on the presets', () => {
-    fc.assert(
-      fc.property(fc.constantFrom(...PRESETS), fc.array(override, { minLength: 1, maxLength: 3 }), (p, os) => {
-        expectAcceptOrUserError(() => loadModelConfig(p, os));
-      }),
-      runs(600),
-    );
-  }, limitMs(600, 20));
+  it(
+    'overrides on the presets',
+    () => {
+      fc.assert(
+        fc.property(
+          fc.constantFrom(...PRESETS),
+          fc.array(override, { minLength: 1, maxLength: 3 }),
+          (p, os) => {
+            expectAcceptOrUserError(() => loadModelConfig(p, os));
+          },
+        ),
+        runs(600),
+      );
+    },
+    limitMs(600, 20),
+  );
 
-  it('a model YAML file with every field spelled out, edited', () => {
-    const docs = PRESETS.map((p) => {
-      const c = loadModelConfig(p);
-      return { name: `fuzz-${p}`, model: c.model, training: c.training };
-    });
-    fc.assert(
-      fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
-        const path = writeYaml('model.yaml', mutateJson(docs[i], edits));
-        expectAcceptOrUserError(() => loadModelConfig(path));
-      }),
-      runs(300),
-    );
-  }, limitMs(300, 30));
+  it(
+    'a model YAML file with every field spelled out, edited',
+    () => {
+      const docs = PRESETS.map((p) => {
+        const c = loadModelConfig(p);
+        return { name: `fuzz-${p}`, model: c.model, training: c.training };
+      });
+      fc.assert(
+        fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
+          const path = writeYaml('model.yaml', mutateJson(docs[i], edits));
+          expectAcceptOrUserError(() => loadModelConfig(path));
+        }),
+        runs(300),
+      );
+    },
+    limitMs(300, 30),
+  );
 
-  it('a preset file with its defaults, edited', () => {
-    const docs = PRESETS.map(
-      (p) => YAML.parse(readFileSync(join(projectRoot(), 'configs/models', `${p}.yaml`), 'utf8')) as unknown,
-    );
-    fc.assert(
-      fc.property(fc.nat(docs.length - 1), jsonEdits(2), (i, edits) => {
-        const path = writeYaml('preset.yaml', mutateJson(docs[i], edits));
-        expectAcceptOrUserError(() => loadModelConfig(path));
-      }),
-      runs(200),
-    );
-  }, limitMs(200, 30));
+  it(
+    'a preset file with its defaults, edited',
+    () => {
+      const docs = PRESETS.map(
+        (p) =>
+          YAML.parse(
+            readFileSync(join(projectRoot(), 'configs/models', `${p}.yaml`), 'utf8'),
+          ) as unknown,
+      );
+      fc.assert(
+        fc.property(fc.nat(docs.length - 1), jsonEdits(2), (i, edits) => {
+          const path = writeYaml('preset.yaml', mutateJson(docs[i], edits));
+          expectAcceptOrUserError(() => loadModelConfig(path));
+        }),
+        runs(200),
+      );
+    },
+    limitMs(200, 30),
+  );
 
-  it('a data profile, edited', () => {
-    const docs = ['default', 'sft-multi-image', 'article', 'caption', 'synthetic'].map(
-      (p) => YAML.parse(readFileSync(join(projectRoot(), 'configs/data', `${p}.yaml`), 'utf8')) as unknown,
-    );
-    fc.assert(
-      fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
-        const path = writeYaml('profile.yaml', mutateJson(docs[i], edits));
-        expectAcceptOrUserError(() => loadDataProfile(path));
-      }),
-      runs(300),
-    );
-  }, limitMs(300, 20));
+  it(
+    'a data profile, edited',
+    () => {
+      const docs = ['default', 'sft-multi-image', 'article', 'caption', 'synthetic'].map(
+        (p) =>
+          YAML.parse(
+            readFileSync(join(projectRoot(), 'configs/data', `${p}.yaml`), 'utf8'),
+          ) as unknown,
+      );
+      fc.assert(
+        fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
+          const path = writeYaml('profile.yaml', mutateJson(docs[i], edits));
+          expectAcceptOrUserError(() => loadDataProfile(path));
+        }),
+        runs(300),
+      );
+    },
+    limitMs(300, 20),
+  );
 
-  it('a Hugging Face config.json, edited', () => {
-    const docs = ['qwen2.5-vl-tiny', 'qwen3-vl-moe-tiny'].map(
-      (p) => hfConfigOf(loadModelConfig(p).model, 'float32').json as unknown,
-    );
-    const path = join(dir, 'config.json');
-    fc.assert(
-      fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
-        writeFileSync(path, JSON.stringify(mutateJson(docs[i], edits)));
-        expectAcceptOrUserError(() => loadHfModelConfig(path));
-      }),
-      runs(300),
-    );
-  }, limitMs(300, 30));
+  it(
+    'a Hugging Face config.json, edited',
+    () => {
+      const docs = ['qwen2.5-vl-tiny', 'qwen3-vl-moe-tiny'].map(
+        (p) => hfConfigOf(loadModelConfig(p).model, 'float32').json as unknown,
+      );
+      const path = join(dir, 'config.json');
+      fc.assert(
+        fc.property(fc.nat(docs.length - 1), jsonEdits(3), (i, edits) => {
+          writeFileSync(path, JSON.stringify(mutateJson(docs[i], edits)));
+          expectAcceptOrUserError(() => loadHfModelConfig(path));
+        }),
+        runs(300),
+      );
+    },
+    limitMs(300, 30),
+  );
 
   it('regressions', () => {
     expect(loadModelConfig('tiny-vlm').name).toBe('tiny-vlm');
