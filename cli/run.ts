@@ -5,7 +5,7 @@
 // variables, or Slurm's), `lfc run DIR` is itself one rank (runtime/rank.ts).
 
 import { Option, type Command } from 'commander';
-import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
