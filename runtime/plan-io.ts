@@ -3,6 +3,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { oneLine, UserError } from '../compiler/errors.js';
+import { shapeProblem, type Shape } from './json-shape.js';
+import { checkModelParts } from '../compiler/frontend/config.js';
 import {
   PLAN_FORMAT,
   PLAN_VERSION,
@@ -26,19 +28,6 @@ function readJson(path: string, what: string): unknown {
 // TypeError later. The model config is checked by the compiler's own validation (loadModelConfig
 // reads it again from the plan: runtime/train.ts). The programs are checked by the native runtime
 // when it loads them (runtime-native/src/core/program.cc).
-
-type Shape =
-  | 'string'
-  | 'number' // finite
-  | 'count' // an integer ≥ 0
-  | 'positive' // an integer ≥ 1
-  | 'integer'
-  | 'boolean'
-  | 'object' // any JSON object
-  | { readonly list: Shape }
-  | { readonly record: Shape }
-  | { readonly optional: Shape }
-  | { readonly [field: string]: Shape };
 
 const OPTIMIZER: Shape = {
   lr: 'number',
@@ -84,49 +73,6 @@ const PLAN_SHAPE: Shape = {
   rankPrograms: { list: 'string' },
 };
 
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-/** `v` has the shape, or a UserError names the file and the first field that does not. */
-function checkShape(path: string, v: unknown, shape: Shape, at: string): void {
-  const fail = (want: string): never => {
-    throw new UserError(
-      `${path}: malformed plan: ${at || 'the plan'} must be ${want}, got ${oneLine(JSON.stringify(v) ?? 'nothing').slice(0, 60)}`,
-    );
-  };
-  if (typeof shape === 'string') {
-    const ok = {
-      string: typeof v === 'string',
-      number: typeof v === 'number' && Number.isFinite(v),
-      count: Number.isSafeInteger(v) && (v as number) >= 0,
-      positive: Number.isSafeInteger(v) && (v as number) >= 1,
-      integer: Number.isSafeInteger(v),
-      boolean: typeof v === 'boolean',
-      object: isObject(v),
-    }[shape];
-    if (!ok)
-      fail(shape === 'object' ? 'an object' : `a ${shape === 'count' ? 'count ≥ 0' : shape}`);
-    return;
-  }
-  if ('optional' in shape) {
-    if (v !== undefined) checkShape(path, v, shape.optional as Shape, at);
-    return;
-  }
-  if ('list' in shape) {
-    if (!Array.isArray(v)) return fail('a list');
-    v.forEach((x, i) => checkShape(path, x, shape.list as Shape, `${at}[${i}]`));
-    return;
-  }
-  if (!isObject(v)) return fail('an object');
-  if ('record' in shape) {
-    for (const [k, x] of Object.entries(v))
-      checkShape(path, x, shape.record as Shape, `${at}.${k}`);
-    return;
-  }
-  for (const [k, s] of Object.entries(shape)) checkShape(path, v[k], s, at ? `${at}.${k}` : k);
-}
-
 export interface LoadedPlan {
   readonly dir: string;
   readonly plan: PlanFile;
@@ -150,7 +96,9 @@ export function readPlanFile(dir: string): PlanFile {
       `${planPath}: plan schema version ${oneLine(JSON.stringify(plan.version) ?? 'none')}; this lfc runs version ${PLAN_VERSION} (recompile it)`,
     );
   }
-  checkShape(planPath, plan, PLAN_SHAPE, '');
+  const problem = shapeProblem(plan, PLAN_SHAPE);
+  if (problem) throw new UserError(`${planPath}: malformed plan: ${problem}`);
+  checkModelParts(plan.model.config, `${planPath}: model.config`);
   const world = plan.topology.worldSize;
   if (plan.rankPrograms.length !== world)
     throw new UserError(

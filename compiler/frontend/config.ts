@@ -529,7 +529,9 @@ export function loadModelConfig(ref: string, overrides: readonly string[] = []):
   for (const o of overrides) applyOverride(tree, o);
   const source = overrides.length ? `${ref} (with overrides)` : ref;
   if (!Array.isArray(tree.aliases))
-    throw new UserError(`${source}: aliases must be a list of names, got ${JSON.stringify(tree.aliases)}`);
+    throw new UserError(
+      `${source}: aliases must be a list of names, got ${JSON.stringify(tree.aliases)}`,
+    );
   const config = {
     name: String(tree.name),
     aliases: (tree.aliases as unknown[]).map(String),
@@ -548,6 +550,27 @@ export function loadModelConfig(ref: string, overrides: readonly string[] = []):
   }
   checkConsistency(config);
   return config;
+}
+
+/**
+ * A resolved model config read back (a plan's model.config): each part checked as a preset's is,
+ * so a damaged one is a UserError naming `source` and the key.
+ */
+export function checkModelParts(model: unknown, source: string): ModelConfig['model'] {
+  const tree: Tree = { model: model as Tree };
+  const parts = {
+    image_encoder: validateSection(tree, 'model.image_encoder', source),
+    image_projector: validateSection(tree, 'model.image_projector', source),
+    text_decoder: validateSection(tree, 'model.text_decoder', source),
+  } as unknown as ModelConfig['model'];
+  checkConsistency({
+    name: '',
+    aliases: [],
+    source,
+    model: parts,
+    training: {},
+  } as unknown as ModelConfig);
+  return parts;
 }
 
 export function isMoE(c: ModelConfig): boolean {
