@@ -176,10 +176,10 @@ describe('checkpoints, batch and weight files under mutation', () => {
             expectCliOutcome(await cli('run', plan, '--steps', '1', '--batch', path, '--quiet'));
           },
         ),
-        runs(25),
+        runs(12),
       );
     },
-    limitMs(25, 3000),
+    limitMs(12, 4000),
   );
 
   it(

@@ -107,9 +107,9 @@ describe('plan files under mutation', () => {
           writeWork(JSON.stringify(planJson), JSON.stringify(mutateJson(program, edits)));
           expectCliOutcome(await cli('run', work, '--steps', '1'));
         }),
-        runs(25),
+        runs(12),
       );
     },
-    limitMs(25, 3000),
+    limitMs(12, 4000),
   );
 });
