@@ -238,7 +238,7 @@ function isTree(v: unknown): v is Tree {
 }
 
 function readYaml(path: string): Tree {
-  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text));
+  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text, { logLevel: 'error' }));
   if (!isTree(doc)) throw new UserError(`${path}: expected a mapping at the top level`);
   return doc;
 }
@@ -372,7 +372,7 @@ export function applyOverride(tree: Tree, text: string): void {
   }
   let value: unknown;
   try {
-    value = rawValue === '' ? '' : YAML.parse(rawValue);
+    value = rawValue === '' ? '' : YAML.parse(rawValue, { logLevel: 'error' });
   } catch {
     value = rawValue;
   }

@@ -189,7 +189,29 @@ describe('config loaders under mutation', () => {
     limitMs(300, 30),
   );
 
-  it('regressions', () => {
-    expect(loadModelConfig('tiny-vlm').name).toBe('tiny-vlm');
+  it('regressions', async () => {
+    // a line break in an override was a two-line message; aliases=5 a TypeError
+    expect(() => loadModelConfig('tiny-vlm', ['x=a\nb'])).toThrow(
+      /^override 'x=a\\nb': no key 'x'/,
+    );
+    expect(() => loadModelConfig('tiny-vlm', ['aliases=5'])).toThrow(
+      /aliases must be a list of names/,
+    );
+    expect(() => loadModelConfig('tiny-vlm', ['~aliases'])).toThrow(
+      /aliases must be a list of names/,
+    );
+    // a YAML tag in a value printed a YAMLWarning on stderr besides the error line
+    const warnings: unknown[] = [];
+    const onWarning = (w: unknown) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      expect(() => loadModelConfig('tiny-vlm', ['model.text_decoder.num_layers=!L6'])).toThrow(
+        /num_layers: must be a positive integer/,
+      );
+      await new Promise((resolve) => setImmediate(resolve)); // warnings come on the next tick
+    } finally {
+      process.off('warning', onWarning);
+    }
+    expect(warnings).toEqual([]);
   });
 });
