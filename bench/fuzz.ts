@@ -252,7 +252,7 @@ function writeDictionary(): string {
   return path;
 }
 
-function build(): void {
+function build(targets: readonly Target[]): void {
   if (spawnSync('clang++', ['--version']).status !== 0) {
     console.log('installing clang (libFuzzer and the sanitizers) with apt-get…');
     sh('apt-get', ['install', '-y', '-qq', 'clang', 'libclang-rt-dev']);
@@ -353,6 +353,7 @@ function merge(target: Target): void {
       join(buildDir, `fuzz_${target}`),
       '-merge=1',
       '-use_counters=0', // edges, not hit counts: a corpus of a few hundred files
+      `-artifact_prefix=${join(buildDir, 'findings', target)}/`,
       '-timeout=10',
       '-rss_limit_mb=2048',
       fresh,
@@ -365,7 +366,8 @@ function merge(target: Target): void {
   if (r.status !== 0) throw new Error(`merge of ${target} failed: ${r.stderr.slice(-2000)}`);
   // the regression inputs of fixed findings stay by name (regression-<what>)
   for (const f of readdirSync(committed))
-    if (f.startsWith('regression-')) writeFileSync(join(fresh, f), readFileSync(join(committed, f)));
+    if (f.startsWith('regression-'))
+      writeFileSync(join(fresh, f), readFileSync(join(committed, f)));
   rmSync(committed, { recursive: true, force: true });
   mkdirSync(committed, { recursive: true });
   let bytes = 0;
@@ -392,7 +394,7 @@ async function main(): Promise<void> {
   const minutes = Number(flag('minutes', '10'));
   const targets = flag('targets', TARGETS.join(',')).split(',') as Target[];
   const jobs = Number(flag('jobs', '1'));
-  build();
+  build(targets);
   const dict = writeDictionary();
   const results: Campaign[] = [];
   for (let k = 0; k < targets.length; k += jobs) {
