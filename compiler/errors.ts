@@ -5,6 +5,10 @@ import { readFileSync } from 'node:fs';
 
 export class UserError extends Error {
   override readonly name = 'UserError';
+  /** the message kept on one line whatever it quotes from the user's files (oneLine) */
+  constructor(message: string) {
+    super(oneLine(message));
+  }
 }
 
 export class EnvironmentError extends Error {

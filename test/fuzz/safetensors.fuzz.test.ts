@@ -81,23 +81,31 @@ describe('safetensors and batch files under mutation', () => {
     expect(readBatchFile(basePath)).toHaveLength(2);
   });
 
-  it('header fields dropped, retyped, given extreme values', () => {
-    fc.assert(
-      fc.property(jsonEdits(3), (edits) => {
-        readAll(withHeader(JSON.stringify(mutateJson(header, edits))), 'header.safetensors');
-      }),
-      runs(300),
-    );
-  });
+  it(
+    'header fields dropped, retyped, given extreme values',
+    () => {
+      fc.assert(
+        fc.property(jsonEdits(3), (edits) => {
+          readAll(withHeader(JSON.stringify(mutateJson(header, edits))), 'header.safetensors');
+        }),
+        runs(300),
+      );
+    },
+    limitMs(300, 50),
+  );
 
-  it('any JSON value as the header', () => {
-    fc.assert(
-      fc.property(fc.jsonValue({ maxDepth: 3 }), (v) => {
-        readAll(withHeader(JSON.stringify(v) ?? 'null'), 'json.safetensors');
-      }),
-      runs(200),
-    );
-  });
+  it(
+    'any JSON value as the header',
+    () => {
+      fc.assert(
+        fc.property(fc.jsonValue({ maxDepth: 3 }), (v) => {
+          readAll(withHeader(JSON.stringify(v) ?? 'null'), 'json.safetensors');
+        }),
+        runs(200),
+      );
+    },
+    limitMs(200, 50),
+  );
 
   it(
     'bytes flipped, set, inserted, deleted, truncated',
