@@ -275,7 +275,7 @@ function build(targets: readonly Target[]): void {
     buildDir,
     '-j2',
     '--target',
-    ...TARGETS.map((t) => `fuzz_${t}`),
+    ...targets.map((t) => `fuzz_${t}`),
   ]);
 }
 
