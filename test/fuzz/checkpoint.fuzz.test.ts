@@ -89,7 +89,7 @@ describe('checkpoints, batch and weight files under mutation', () => {
           writeFileSync(join(w, iter, 'state.json'), JSON.stringify(mutateJson(state, edits)));
           expectCliOutcome(await cli('run', plan, '--steps', '2', '--load', w, '--quiet'));
         }),
-        runs(15),
+        runs(8),
       );
     },
     limitMs(15, 4000),
@@ -176,7 +176,7 @@ describe('checkpoints, batch and weight files under mutation', () => {
             expectCliOutcome(await cli('run', plan, '--steps', '1', '--batch', path, '--quiet'));
           },
         ),
-        runs(12),
+        runs(8),
       );
     },
     limitMs(12, 4000),
@@ -192,7 +192,7 @@ describe('checkpoints, batch and weight files under mutation', () => {
           writeFileSync(path, join8(mutateJson(weights.header, edits), weights.data));
           expectCliOutcome(await cli('run', plan, '--steps', '1', '--weights', path, '--quiet'));
         }),
-        runs(10),
+        runs(4),
       );
     },
     limitMs(10, 4000),

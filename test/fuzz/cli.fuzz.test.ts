@@ -131,7 +131,7 @@ describe('CLI flag combinations', () => {
         fc.asyncProperty(flags('run', 3, leaveOut), async (f) => {
           expectCliOutcome(await cli('run', plan, ...f, '--steps', '1', '--quiet'));
         }),
-        runs(20),
+        runs(10),
       );
     },
     limitMs(20, 4000),

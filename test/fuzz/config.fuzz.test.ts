@@ -107,7 +107,7 @@ describe('config loaders under mutation', () => {
             expectAcceptOrUserError(() => loadModelConfig(p, os));
           },
         ),
-        runs(600),
+        runs(250),
       );
     },
     limitMs(600, 60),
@@ -125,7 +125,7 @@ describe('config loaders under mutation', () => {
           const path = writeYaml('model.yaml', mutateJson(docs[i], edits));
           expectAcceptOrUserError(() => loadModelConfig(path));
         }),
-        runs(300),
+        runs(150),
       );
     },
     limitMs(300, 80),

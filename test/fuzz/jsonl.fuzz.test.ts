@@ -62,7 +62,7 @@ describe('JSONL datasets under mutation', () => {
           edited[i] = JSON.stringify(mutateJson(records[i], edits));
           readEverything(writeJsonl(edited.join('\n') + '\n'));
         }),
-        runs(100),
+        runs(40),
       );
     },
     limitMs(150, 60),
