@@ -103,6 +103,21 @@ describe('CLI flag combinations', () => {
     limitMs(40, 3000),
   );
 
+  it('regressions', async () => {
+    // the TS campaign (seed 7): --gpus-per-node 2^53 ran the compiler out of memory; a global
+    // batch of 2^53 was a RangeError in the schedule
+    for (const f of [
+      ['--gpus-per-node', '9007199254740993'],
+      ['--gpus-per-node', '100000'],
+      ['--global-batch-size', '2147483647'],
+      ['--seq-length', '2147483647', '--micro-batch-size', '4'],
+    ]) {
+      const r = await cli('compile', 'tiny-vlm', ...f, '-o', join(dir, 'plan'));
+      expectCliOutcome(r);
+      expect(r.code).toBe(2);
+    }
+  });
+
   it(
     'lfc run',
     async () => {
