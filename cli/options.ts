@@ -2,12 +2,16 @@
 
 import { InvalidArgumentError } from 'commander';
 
+/** a count flag's largest value: every count lfc takes fits an int32 */
+const MAX_COUNT = 2 ** 31 - 1;
+
 export function positiveInt(flag: string) {
   return (v: string): number => {
     const n = Number(v);
     if (!/^\s*\d+\s*$/.test(v) || !Number.isInteger(n) || n < 1) {
       throw new InvalidArgumentError(`${flag} must be a positive integer, got '${v}'`);
     }
+    if (n > MAX_COUNT) throw new InvalidArgumentError(`${flag} ${v.trim()} is past ${MAX_COUNT}`);
     return n;
   };
 }

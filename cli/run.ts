@@ -5,7 +5,7 @@
 // variables, or Slurm's), `lfc run DIR` is itself one rank (runtime/rank.ts).
 
 import { Option, type Command } from 'commander';
-import { appendFileSync, mkdirSync, readFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
@@ -23,7 +23,7 @@ import {
 } from '../runtime/launch-rank.js';
 import { runRank } from '../runtime/rank.js';
 import { checkSources, describeHfLoad, HF_FLAGS, type HfSource } from '../runtime/hf/load.js';
-import { readPlan } from '../runtime/plan-io.js';
+import { readPlan, readPlanFile } from '../runtime/plan-io.js';
 import { mergeTrace, traceFragment } from '../runtime/trace.js';
 
 export interface RunFlags {
@@ -402,9 +402,5 @@ export async function launchTraining(
 }
 
 function readPlanJson(dir: string): PlanFile {
-  try {
-    return JSON.parse(readFileSync(join(dir, 'plan.json'), 'utf8')) as PlanFile;
-  } catch {
-    return readPlan(dir).plan; // its error names the problem
-  }
+  return readPlanFile(dir); // plan.json alone, checked; its error names the problem
 }

@@ -5,6 +5,10 @@ import { readFileSync } from 'node:fs';
 
 export class UserError extends Error {
   override readonly name = 'UserError';
+  /** the message kept on one line whatever it quotes from the user's files (oneLine) */
+  constructor(message: string) {
+    super(oneLine(message));
+  }
 }
 
 export class EnvironmentError extends Error {
@@ -34,6 +38,14 @@ export function reportError(e: unknown, err: (text: string) => void): number {
 function isSystemError(e: unknown): e is NodeJS.ErrnoException {
   const x = e as NodeJS.ErrnoException;
   return e instanceof Error && typeof x.code === 'string' && typeof x.syscall === 'string';
+}
+
+/**
+ * Text from a user's file (a key, a name, a value) made safe for a one-line message: its line
+ * breaks written as \\n.
+ */
+export function oneLine(text: string): string {
+  return text.replace(/\r\n|\r|\n/g, '\\n');
 }
 
 /** Levenshtein distance, for "did you mean" suggestions. */

@@ -22,6 +22,7 @@ import {
   writeFileAtomic,
   type Tensor,
 } from './safetensors.js';
+import { shapeProblem, type Shape } from './json-shape.js';
 import { groupRanksOf, pieceOf } from './shard.js';
 import type { RankState } from './state.js';
 
@@ -44,6 +45,17 @@ export interface CheckpointState {
   readonly data?: { readonly position: number; readonly sources: readonly string[] };
   readonly lr: Record<string, unknown>;
 }
+
+/** state.json's fields as loadCheckpoint's callers read them (runtime/json-shape.ts) */
+const STATE_SHAPE: Shape = {
+  version: 'integer',
+  model: 'string',
+  step: 'count',
+  seed: 'integer',
+  dataStep: 'count',
+  data: { optional: { position: 'count', sources: { list: 'string' } } },
+  lr: 'object',
+};
 
 export type CheckpointMeta = Omit<CheckpointState, 'format' | 'version'>;
 
@@ -361,7 +373,10 @@ export function loadCheckpoint(
       `${statePath}: unreadable checkpoint state: ${(e as Error).message.split('\n')[0]}`,
     );
   }
-  if (meta.format !== CHECKPOINT_FORMAT) throw new UserError(`${statePath}: not an lfc checkpoint`);
+  if (meta?.format !== CHECKPOINT_FORMAT)
+    throw new UserError(`${statePath}: not an lfc checkpoint`);
+  const problem = shapeProblem(meta, STATE_SHAPE);
+  if (problem) throw new UserError(`${statePath}: malformed checkpoint state: ${problem}`);
   if (meta.version !== CHECKPOINT_VERSION) {
     throw new UserError(
       `${statePath}: checkpoint version ${meta.version}; this lfc reads version ${CHECKPOINT_VERSION}`,

@@ -2,7 +2,9 @@
 
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { UserError } from '../compiler/errors.js';
+import { oneLine, UserError } from '../compiler/errors.js';
+import { shapeProblem, type Shape } from './json-shape.js';
+import { checkModelParts } from '../compiler/frontend/config.js';
 import {
   PLAN_FORMAT,
   PLAN_VERSION,
@@ -20,6 +22,57 @@ function readJson(path: string, what: string): unknown {
   }
 }
 
+// ---- the shape of plan.json, as the runtime reads it ---------------------------------------------
+// A plan is lfc compile's output, but a file a user can edit: every field the runtime reads is
+// checked for its type here, so a damaged plan is a one-line error naming the field, never a
+// TypeError later. The model config is checked by the compiler's own validation (loadModelConfig
+// reads it again from the plan: runtime/train.ts). The programs are checked by the native runtime
+// when it loads them (runtime-native/src/core/program.cc).
+
+const OPTIMIZER: Shape = {
+  lr: 'number',
+  beta1: 'number',
+  beta2: 'number',
+  eps: 'number',
+  weightDecay: 'number',
+  clipNorm: 'number',
+};
+
+const PLAN_SHAPE: Shape = {
+  model: { name: 'string', config: 'object' },
+  training: {
+    seqLength: 'positive',
+    microBatchSize: 'positive',
+    globalBatchSize: 'positive',
+    numMicrobatches: 'positive',
+    maxVisualTokens: 'count',
+    precision: { optional: { compute: 'string', grad: 'string' } },
+    optimizer: OPTIMIZER,
+  },
+  topology: {
+    worldSize: 'positive',
+    nnodes: 'positive',
+    nprocPerNode: 'positive',
+    sizes: { record: 'positive' },
+    pipelineLayers: { optional: { list: 'count' } },
+  },
+  groups: { list: { name: 'string', ranks: { list: 'count' } } },
+  rankGroups: { record: { list: 'integer' } },
+  dataParallel: { size: 'positive', rankIndex: { list: 'count' } },
+  symbols: { list: { name: 'string', bound: 'count', expected: { optional: 'count' } } },
+  params: {
+    list: {
+      name: 'string',
+      dtype: 'string',
+      shape: { list: 'count' },
+      init: 'string',
+      trainable: 'boolean',
+      weightDecay: 'number',
+    },
+  },
+  rankPrograms: { list: 'string' },
+};
+
 export interface LoadedPlan {
   readonly dir: string;
   readonly plan: PlanFile;
@@ -28,21 +81,41 @@ export interface LoadedPlan {
   readonly programs: ReadonlyMap<string, ProgramFile>;
 }
 
-export function readPlan(dir: string): LoadedPlan {
+/** plan.json of a plan directory, checked (PLAN_SHAPE); its programs are not read. */
+export function readPlanFile(dir: string): PlanFile {
   if (!existsSync(dir))
     throw new UserError(`${dir}: no such plan directory (make one with lfc compile -o ${dir})`);
   const planPath = join(dir, 'plan.json');
   const plan = readJson(planPath, 'plan.json (is this an lfc plan directory?)') as PlanFile;
   if (plan?.format !== PLAN_FORMAT)
-    throw new UserError(`${planPath}: not an lfc plan (format ${JSON.stringify(plan?.format)})`);
+    throw new UserError(
+      `${planPath}: not an lfc plan (format ${oneLine(JSON.stringify(plan?.format) ?? 'none')})`,
+    );
   if (plan.version !== PLAN_VERSION) {
     throw new UserError(
-      `${planPath}: plan schema version ${plan.version}; this lfc runs version ${PLAN_VERSION} (recompile it)`,
+      `${planPath}: plan schema version ${oneLine(JSON.stringify(plan.version) ?? 'none')}; this lfc runs version ${PLAN_VERSION} (recompile it)`,
     );
   }
-  for (const k of ['training', 'params', 'rankPrograms', 'symbols'] as const) {
-    if (!plan[k]) throw new UserError(`${planPath}: malformed plan: '${k}' is missing`);
-  }
+  const problem = shapeProblem(plan, PLAN_SHAPE);
+  if (problem) throw new UserError(`${planPath}: malformed plan: ${problem}`);
+  checkModelParts(plan.model.config, `${planPath}: model.config`);
+  const world = plan.topology.worldSize;
+  if (plan.rankPrograms.length !== world)
+    throw new UserError(
+      `${planPath}: malformed plan: ${plan.rankPrograms.length} rankPrograms for a world of ${world}`,
+    );
+  if (plan.dataParallel.rankIndex.length !== world)
+    throw new UserError(`${planPath}: malformed plan: dataParallel.rankIndex is not one per rank`);
+  for (const [kind, groups] of Object.entries(plan.rankGroups))
+    if (groups.length !== world || groups.some((g) => g >= plan.groups.length))
+      throw new UserError(
+        `${planPath}: malformed plan: rankGroups.${kind} is not one group index (< ${plan.groups.length}) per rank`,
+      );
+  return plan;
+}
+
+export function readPlan(dir: string): LoadedPlan {
+  const plan = readPlanFile(dir);
   const programTexts = new Map<string, string>();
   const programs = new Map<string, ProgramFile>();
   for (const id of new Set(plan.rankPrograms)) {

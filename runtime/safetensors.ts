@@ -3,7 +3,7 @@
 // then the raw little-endian bytes. Readers check every offset, so a truncated or foreign file
 // is refused with a message that names it.
 
-import { cannotRead, UserError } from '../compiler/errors.js';
+import { cannotRead, oneLine, UserError } from '../compiler/errors.js';
 import {
   closeSync,
   fstatSync,
@@ -59,9 +59,13 @@ export interface SafetensorsFile {
   readonly metadata: Record<string, string>;
 }
 
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
 export function parseSafetensors(buf: Buffer, path = '<buffer>'): SafetensorsFile {
   const bad = (why: string) =>
-    new SafetensorsError(`${path}: not a valid safetensors file: ${why}`);
+    new SafetensorsError(`${path}: not a valid safetensors file: ${oneLine(why)}`);
   if (buf.length < 8) throw bad(`${buf.length} bytes, shorter than the 8-byte header length`);
   const n = Number(buf.readBigUInt64LE(0));
   if (n > buf.length - 8)
@@ -72,20 +76,22 @@ export function parseSafetensors(buf: Buffer, path = '<buffer>'): SafetensorsFil
   } catch {
     throw bad('the header is not JSON');
   }
+  if (!isObject(header)) throw bad('the header is not a JSON object');
   const dataStart = 8 + n;
   const tensors = new Map<string, Tensor>();
   let metadata: Record<string, string> = {};
   for (const [name, raw] of Object.entries(header)) {
     if (name === '__metadata__') {
+      if (!isObject(raw)) throw bad('__metadata__ is not a JSON object');
       metadata = raw as Record<string, string>;
       continue;
     }
-    const e = raw as { dtype?: string; shape?: number[]; data_offsets?: [number, number] };
-    if (!e || typeof e.dtype !== 'string' || !(e.dtype in BYTES))
+    const e = raw as { dtype?: string; shape?: number[]; data_offsets?: unknown };
+    if (!e || typeof e.dtype !== 'string' || !Object.hasOwn(BYTES, e.dtype))
       throw bad(`tensor ${name} has dtype ${String(e?.dtype)}`);
     if (!Array.isArray(e.shape) || !e.shape.every((d) => Number.isInteger(d) && d >= 0))
       throw bad(`tensor ${name} has a bad shape`);
-    const [b, end] = e.data_offsets ?? [-1, -1];
+    const [b, end] = Array.isArray(e.data_offsets) ? (e.data_offsets as number[]) : [-1, -1];
     const count = e.shape.reduce((a, d) => a * d, 1);
     const dtype = e.dtype as SafeDType;
     if (!(Number.isInteger(b) && Number.isInteger(end) && b >= 0 && end >= b))
@@ -224,7 +230,7 @@ const MAX_HEADER_BYTES = 100_000_000;
  */
 export function readSafetensorsHeader(path: string): SafetensorsHeader {
   const bad = (why: string) =>
-    new SafetensorsError(`${path}: not a valid safetensors file: ${why}`);
+    new SafetensorsError(`${path}: not a valid safetensors file: ${oneLine(why)}`);
   let fd: number;
   try {
     fd = openSync(path, 'r');
@@ -266,7 +272,7 @@ export function readSafetensorsHeader(path: string): SafetensorsHeader {
       const [b, end] = Array.isArray(offsets) ? (offsets as number[]) : [-1, -1];
       if (!(Number.isInteger(b) && Number.isInteger(end) && b >= 0 && end >= b))
         throw bad(`tensor ${name} has bad offsets`);
-      const size = DTYPE_BYTES[e.dtype];
+      const size = Object.hasOwn(DTYPE_BYTES, e.dtype) ? DTYPE_BYTES[e.dtype] : undefined;
       const count = (shape as number[]).reduce((a, d) => a * d, 1);
       if (size !== undefined && end - b !== count * size)
         throw bad(`tensor ${name}: ${end - b} bytes for ${count} ${e.dtype} values`);

@@ -48,6 +48,7 @@ import {
   type NativeRuntime,
   type NativeStepError,
   type NativeStepResult,
+  type NativeParamInit,
 } from './native.js';
 import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
@@ -261,23 +262,28 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // whole tensors, or this rank's pieces of them (tensor and expert parallelism)
     const groupRank = groupRanksOf(plan, rank);
     const byName = new Map(plan.params.map((p) => [p.name, p]));
-    rt.initParams(
-      seed,
-      program.params.map((q) => {
-        if (!q.dist) {
-          const p = byName.get(q.name)!;
-          return { name: p.name, init: p.init, shape: p.shape, shard: p.shape.map((d) => [0, d]) };
-        }
-        const piece = pieceOf(q.dist, groupRank);
-        return {
-          name: q.name,
-          key: piece.name,
-          init: byName.get(piece.name)!.init,
-          shape: piece.shape,
-          index: piece.index,
-        };
-      }),
-    );
+    const planPath = join(o.planDir, 'plan.json');
+    const planParam = (name: string) => {
+      const p = byName.get(name);
+      if (!p) throw new UserError(`${planPath}: param ${name} of the program is not in params`);
+      return p;
+    };
+    const inits = program.params.map((q): NativeParamInit => {
+      if (!q.dist) {
+        const p = planParam(q.name);
+        return { name: p.name, init: p.init, shape: p.shape, shard: p.shape.map((d) => [0, d]) };
+      }
+      const piece = pieceOf(q.dist, groupRank);
+      return {
+        name: q.name,
+        key: piece.name,
+        init: planParam(piece.name).init,
+        shape: piece.shape,
+        index: piece.index,
+      };
+    });
+    // the plan's params against the program's buffers: a mismatch is the plan's
+    userErrors(planPath, () => rt.initParams(seed, inits));
     if (o.weights) loadWeights(o.weights, state);
     // this rank's pieces of a Hugging Face checkpoint, over the init of what it does not load
     if (o.loadHf?.length) loadHfWeights(o.loadHf, state, plan, program, rank);
@@ -579,8 +585,9 @@ async function openLoader(
 
 /**
  * A step that received more rows than a run-time symbol's bound (an expert dispatch past its
- * planned imbalance): a user error saying which bound and how to raise it (the symbol's doc);
- * other errors as they are.
+ * planned imbalance): a user error saying which bound and how to raise it (the symbol's doc).
+ * An instruction the runtime refused (its operands against the data or the program) is a user
+ * error too; other errors as they are.
  */
 /**
  * A step that failed in a collective: a check on this rank, or another rank's failure, which the
@@ -594,7 +601,10 @@ function overBound(e: Error, plan: PlanFile, step: number): Error {
   const m = /past the bound \d+ of (\w+)|the bound of its out_rows (\w+)/.exec(e.message);
   const name = m?.[1] ?? m?.[2];
   const symbol = name === undefined ? undefined : plan.symbols.find((s) => s.name === name);
-  if (!symbol) return e;
+  // the runtime's checks of an instruction's operands against the step's data and the program
+  // (an id outside a table, operands whose sizes disagree): the user's data or plan, one line
+  if (!symbol)
+    return /^step( failed at|:)/.test(e.message) ? new UserError(`step ${step}: ${e.message}`) : e;
   return new UserError(
     `step ${step}: ${e.message}: ${symbol.doc}; compile the plan again with a larger bound`,
   );

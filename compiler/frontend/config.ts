@@ -7,7 +7,7 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import YAML from 'yaml';
-import { didYouMean, parseFile, UserError } from '../errors.js';
+import { didYouMean, oneLine, parseFile, UserError } from '../errors.js';
 import { configsDir } from '../paths.js';
 
 export interface EncoderConfig {
@@ -238,7 +238,7 @@ function isTree(v: unknown): v is Tree {
 }
 
 function readYaml(path: string): Tree {
-  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text));
+  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text, { logLevel: 'error' }));
   if (!isTree(doc)) throw new UserError(`${path}: expected a mapping at the top level`);
   return doc;
 }
@@ -340,11 +340,12 @@ export function isOverride(arg: string): boolean {
 
 /** Applies one Hydra-style override to the tree in place. */
 export function applyOverride(tree: Tree, text: string): void {
+  const shown = oneLine(text); // the override as messages quote it
   const m = OVERRIDE_RE.exec(text);
-  if (!m) throw new UserError(`override '${text}': expected key=value, +key=value or ~key`);
+  if (!m) throw new UserError(`override '${shown}': expected key=value, +key=value or ~key`);
   const [, prefix, key, rawValue] = m;
   if (prefix !== '~' && rawValue === undefined)
-    throw new UserError(`override '${text}': missing '=value'`);
+    throw new UserError(`override '${shown}': missing '=value'`);
   const path = key.split('.');
   let node: Tree = tree;
   for (let i = 0; i < path.length - 1; i++) {
@@ -353,25 +354,25 @@ export function applyOverride(tree: Tree, text: string): void {
       const where = path.slice(0, i + 1).join('.');
       const siblings = Object.keys(node);
       throw new UserError(
-        `override '${text}': no config group '${where}'${didYouMean(path[i], siblings)}`,
+        `override '${shown}': no config group '${where}'${didYouMean(path[i], siblings)}`,
       );
     }
     node = next;
   }
   const leaf = path[path.length - 1];
   if (prefix === '~') {
-    if (!(leaf in node)) throw new UserError(`override '${text}': no key '${key}' to delete`);
+    if (!(leaf in node)) throw new UserError(`override '${shown}': no key '${key}' to delete`);
     delete node[leaf];
     return;
   }
   if (prefix === '' && !(leaf in node)) {
     throw new UserError(
-      `override '${text}': no key '${key}'${didYouMean(leaf, Object.keys(node))}; use +${key}=… to add a new key`,
+      `override '${shown}': no key '${key}'${didYouMean(leaf, Object.keys(node))}; use +${key}=… to add a new key`,
     );
   }
   let value: unknown;
   try {
-    value = rawValue === '' ? '' : YAML.parse(rawValue);
+    value = rawValue === '' ? '' : YAML.parse(rawValue, { logLevel: 'error' });
   } catch {
     value = rawValue;
   }
@@ -527,6 +528,10 @@ export function loadModelConfig(ref: string, overrides: readonly string[] = []):
   const tree = composePreset(path);
   for (const o of overrides) applyOverride(tree, o);
   const source = overrides.length ? `${ref} (with overrides)` : ref;
+  if (!Array.isArray(tree.aliases))
+    throw new UserError(
+      `${source}: aliases must be a list of names, got ${JSON.stringify(tree.aliases)}`,
+    );
   const config = {
     name: String(tree.name),
     aliases: (tree.aliases as unknown[]).map(String),
@@ -545,6 +550,27 @@ export function loadModelConfig(ref: string, overrides: readonly string[] = []):
   }
   checkConsistency(config);
   return config;
+}
+
+/**
+ * A resolved model config read back (a plan's model.config): each part checked as a preset's is,
+ * so a damaged one is a UserError naming `source` and the key.
+ */
+export function checkModelParts(model: unknown, source: string): ModelConfig['model'] {
+  const tree: Tree = { model: model as Tree };
+  const parts = {
+    image_encoder: validateSection(tree, 'model.image_encoder', source),
+    image_projector: validateSection(tree, 'model.image_projector', source),
+    text_decoder: validateSection(tree, 'model.text_decoder', source),
+  } as unknown as ModelConfig['model'];
+  checkConsistency({
+    name: '',
+    aliases: [],
+    source,
+    model: parts,
+    training: {},
+  } as unknown as ModelConfig);
+  return parts;
 }
 
 export function isMoE(c: ModelConfig): boolean {

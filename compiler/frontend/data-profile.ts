@@ -243,7 +243,7 @@ export function loadDataProfile(ref = 'default'): DataProfile {
   const fail: Fail = (msg) => new UserError(`${source}: ${msg}`);
   let doc: unknown;
   try {
-    doc = YAML.parse(readFileSync(file, 'utf8'));
+    doc = YAML.parse(readFileSync(file, 'utf8'), { logLevel: 'error' });
   } catch (e) {
     throw fail(`malformed YAML: ${(e as Error).message.split('\n')[0]}`);
   }

@@ -47,6 +47,11 @@ export interface LayoutRule<C extends SizesContext = LayoutContext> {
 
 const isPosInt = (n: number): boolean => Number.isInteger(n) && n > 0;
 
+/** The largest layouts lfc compiles: ranks, tokens of a microbatch, microbatches of a rank. */
+const MAX_WORLD = 65_536;
+const MAX_TOKENS = 2 ** 31 - 1;
+const MAX_MICROBATCHES = 65_536;
+
 /** Microbatches per data-parallel rank: m = global batch / (micro-batch · dp). */
 function microbatchesPerDpRank(ctx: LayoutContext): number {
   return ctx.globalBatchSize / (ctx.microBatchSize * resolveSizes(ctx.sizes).dp);
@@ -64,6 +69,16 @@ const SIZE_RULES: readonly LayoutRule<SizesContext>[] = [
         }
       }
       return undefined;
+    },
+  },
+  {
+    id: 'world-bound',
+    // past it the per-rank tables of the compile take more memory than a machine has
+    check: ({ sizes }) => {
+      const s = resolveSizes(sizes);
+      return s.world > MAX_WORLD
+        ? `world size ${s.world} (${SIZE_FLAGS.nnodes} ${s.nnodes} × ${SIZE_FLAGS.nprocPerNode} ${s.nprocPerNode}) is past the ${MAX_WORLD} ranks lfc compiles`
+        : undefined;
     },
   },
   {
@@ -326,6 +341,20 @@ function unknownName(flag: string, what: string, given: readonly string[], known
 // The flags of the encoder levels (DESIGN.md "Parallel topology"), the MoE all-to-all overlap,
 // recompute and activation offload, and how they combine.
 const FLAG_RULES: readonly LayoutRule[] = [
+  {
+    id: 'batch-bound',
+    // a microbatch's tokens index int32 arrays, and its bytes must stay exact in a double; the
+    // schedule lists every microbatch of a rank
+    check: (ctx) => {
+      const tokens = ctx.seqLength * ctx.microBatchSize;
+      if (tokens > MAX_TOKENS)
+        return `--seq-length ${ctx.seqLength} × --micro-batch-size ${ctx.microBatchSize} = ${tokens} tokens a microbatch, past ${MAX_TOKENS}`;
+      const m = microbatchesPerDpRank(ctx);
+      return m > MAX_MICROBATCHES
+        ? `--global-batch-size ${ctx.globalBatchSize} gives ${m} microbatches per data-parallel rank, past ${MAX_MICROBATCHES}`
+        : undefined;
+    },
+  },
   {
     id: 'encoder-levels-exclusive',
     check: ({ encoder }) =>

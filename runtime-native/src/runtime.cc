@@ -189,13 +189,9 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
   });
   try {
     patches = patchesOf(mb, spec, encodes);
-    vision = visionInputs(patches.grids, spec);
   } catch (const std::exception& e) {
     throw RuntimeError(cat(who, ": ", e.what()));
   }
-  if (!mb.windowSegments.empty() && spec.windowMerged > 0 && mb.windowSegments != vision.windowSegments)
-    throw RuntimeError(cat(who, ": window_segments differ from the windows of its grids (",
-                           spec.windowMerged, "×", spec.windowMerged, " merged tokens a window, docs/qwen-vl.md)"));
   const int64_t merge2 = int64_t(options_.mergeSize) * options_.mergeSize;
   const int64_t Nv = patches.count / merge2;
   int64_t placeholders = 0;
@@ -275,6 +271,24 @@ void Runtime::setMicrobatch(int slot, Microbatch mb) {
                              ", its buffer holds at most ", cap));
     writes.push_back({&in, n, columns});
   }
+  // the per-patch inputs derived from the grids, once their count fits the buffers (a batch file's
+  // grids may promise any number of patches), and only for a slot whose program reads them
+  const bool derived = std::any_of(writes.begin(), writes.end(), [](const Write& w) {
+    const DataField f = w.input->field;
+    return f == DataField::image_segments || f == DataField::patch_rows || f == DataField::patch_cols ||
+           f == DataField::patch_positions || f == DataField::window_segments || f == DataField::patch_pos_ids ||
+           f == DataField::patch_pos_weights;
+  });
+  if (derived) {
+    try {
+      vision = visionInputs(patches.grids, spec);
+    } catch (const std::exception& e) {
+      throw RuntimeError(cat(who, ": ", e.what()));
+    }
+  }
+  if (derived && !mb.windowSegments.empty() && spec.windowMerged > 0 && mb.windowSegments != vision.windowSegments)
+    throw RuntimeError(cat(who, ": window_segments differ from the windows of its grids (",
+                           spec.windowMerged, "×", spec.windowMerged, " merged tokens a window, docs/qwen-vl.md)"));
   for (const Write& w : writes) {
     const Buffer& b = program_.buffers[size_t(w.input->buffer)];
     std::byte* dst = memory_->buffer(program_, b.id);

@@ -3,7 +3,7 @@
 // (jsonl.ts, webdataset.ts) make these; text.ts turns the messages into tokens, images.ts the
 // images into pixels; packer.ts packs the results into microbatches.
 
-import { UserError } from '../../compiler/errors.js';
+import { oneLine, UserError } from '../../compiler/errors.js';
 
 /** One turn of a conversation, roles as chat templates name them. */
 export interface Message {
@@ -40,6 +40,6 @@ export class DataError extends UserError {
     readonly where: string,
     readonly problem: string,
   ) {
-    super(`${where}: ${problem}`);
+    super(oneLine(`${where}: ${problem}`)); // a role, a file name from the record: one line still
   }
 }

@@ -158,6 +158,24 @@ const INVALID: readonly Case[] = [
       'invalid layout (cp-unsupported): context parallelism (--context-parallel-size 2) is not supported yet',
   },
   {
+    why: 'a world past the ranks lfc compiles (fuzzed: --gpus-per-node 2^53 ran the compiler out of memory)',
+    sizes: { nnodes: 16_384, nprocPerNode: 8 },
+    error:
+      'invalid layout (world-bound): world size 131072 (--nnodes 16384 × --nproc-per-node 8) is past the 65536 ranks lfc compiles',
+  },
+  {
+    why: 'a microbatch of more tokens than an int32 counts (fuzzed: the memory plan lost exactness)',
+    ctx: { seqLength: 2 ** 31, microBatchSize: 2 },
+    error:
+      'invalid layout (batch-bound): --seq-length 2147483648 × --micro-batch-size 2 = 4294967296 tokens a microbatch, past 2147483647',
+  },
+  {
+    why: 'more microbatches per rank than a schedule lists (fuzzed: an array past its length)',
+    ctx: { globalBatchSize: 2 ** 20 },
+    error:
+      'invalid layout (batch-bound): --global-batch-size 1048576 gives 524288 microbatches per data-parallel rank, past 65536',
+  },
+  {
     why: '6 ranks for tp 2 × pp 2',
     sizes: { nprocPerNode: 6 },
     error:

@@ -7,6 +7,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/hash.h"
+#include "core/shape.h"
 
 namespace lfc {
 
@@ -82,6 +83,12 @@ void initParamAt(std::byte* dst, DType dtype, uint64_t seed, const std::string& 
       if (g < 0 || g >= globalShape[d])
         throw RuntimeError(cat("param ", name, ": index ", g, " of dim ", d, " is outside the global size ",
                                globalShape[d]));
+  // the global element index of every value must fit: a plan's shape may claim any size
+  int64_t elements = 1;
+  for (int64_t d : globalShape)
+    if (d < 0 || __builtin_mul_overflow(elements, d, &elements))
+      throw RuntimeError(cat("param ", name, ": the global shape ", formatShape(globalShape),
+                             " is negative or has more than 2^63 elements"));
   const uint64_t key = hash::combine(hash::combine(hash::splitmix64(kInitTag), seed), hash::ofString(name));
   if (dtype == DType::f32) fill(reinterpret_cast<float*>(dst), spec, key, globalShape, index);
   else if (dtype == DType::f64) fill(reinterpret_cast<double*>(dst), spec, key, globalShape, index);
@@ -102,7 +109,8 @@ void initParam(std::byte* dst, DType dtype, uint64_t seed, const std::string& na
                            globalShape.size()));
   std::vector<std::vector<int64_t>> index;
   for (size_t d = 0; d < shard.size(); d++) {
-    if (shard[d].first < 0 || shard[d].second < 0 || shard[d].first + shard[d].second > globalShape[d])
+    if (shard[d].first < 0 || shard[d].second < 0 || shard[d].second > globalShape[d] ||
+        shard[d].first > globalShape[d] - shard[d].second)  // (no overflow: start + length may not fit)
       throw RuntimeError(cat("param ", name, ": shard [", shard[d].first, ", ", shard[d].second,
                              "] of dim ", d, " is outside the global size ", globalShape[d]));
     index.emplace_back();

@@ -1,11 +1,24 @@
 #include "data/microbatch.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.h"
 #include "core/hash.h"
 
 namespace lfc {
+
+namespace {
+
+// a · b, or −1 when it overflows int64 (sizes from a batch file may be anything)
+constexpr int64_t kMaxPatches = int64_t(1) << 40;
+
+int64_t sizeProduct(int64_t a, int64_t b) {
+  int64_t p;
+  return __builtin_mul_overflow(a, b, &p) ? -1 : p;
+}
+
+}  // namespace
 
 Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int64_t temporal) {
   Patches out;
@@ -17,9 +30,10 @@ Patches patchify(const std::vector<Image>& images, int64_t P, int64_t merge, int
       throw RuntimeError(cat("image ", i, " is ", im.height, "×", im.width,
                              " pixels; both sides must be positive multiples of ", unit,
                              " (patch ", P, " × merge ", merge, ")"));
-    if (int64_t(im.pixels.size()) != 3 * im.height * im.width)
+    const int64_t values = sizeProduct(3, sizeProduct(im.height, im.width));
+    if (values < 0 || int64_t(im.pixels.size()) != values)
       throw RuntimeError(cat("image ", i, " has ", im.pixels.size(), " pixel values, [3, ", im.height,
-                             ", ", im.width, "] needs ", 3 * im.height * im.width));
+                             ", ", im.width, "] needs ", values < 0 ? "more than 2^63" : std::to_string(values)));
     out.count += (im.height / P) * (im.width / P);
     out.grids.push_back(Grid{1, im.height / P, im.width / P});
   }
@@ -60,7 +74,11 @@ Patches patchesOf(const Microbatch& mb, const VisionSpec& spec, bool valuesRequi
     const Grid& g = mb.grids[i];
     if (g.t < 1 || g.h < 1 || g.w < 1)
       throw RuntimeError(cat("image_grid_thw[", i, "] = (", g.t, ", ", g.h, ", ", g.w, ") must be positive"));
-    out.count += g.t * g.h * g.w;
+    // patches of every image, bounded so that their values can be counted (no batch holds 2^40)
+    const int64_t n = sizeProduct(g.t, sizeProduct(g.h, g.w));
+    if (n < 0 || n > kMaxPatches || (out.count += n) > kMaxPatches)
+      throw RuntimeError(cat("image_grid_thw[", i, "] = (", g.t, ", ", g.h, ", ", g.w, ") brings the patches past ",
+                             kMaxPatches));
   }
   if (!valuesRequired && mb.pixelValues.empty()) return out;  // the grids alone: sizes, no pixels
   if (int64_t(mb.pixelValues.size()) != out.count * out.width)
