@@ -77,10 +77,7 @@ const rows = (x: ScratchOperand) => {
 const num = (a: ScratchArgs, name: string): number => Number(a.attrs[name]);
 
 /** attention_forward/backward (kernels/cpu/attention.cc): runs (T × 24-byte Run) and ids (T i32)
- * of segment_runs, then a tile of ≤ 64 rows × T columns (two and a row vector backward). The
- * flash-style kernel takes less than the tiles here (12 bytes per 64-token block; its 64 × 64
- * tiles are on the stack of the thread that runs each pooled block): the bound is kept, so plans
- * stay as they were. */
+ * of segment_runs, then per row block of ≤ 64 rows × the longest segment (≤ T) columns */
 function attentionTiles(T: number, realBytes: number, blocks: number, rowVector: boolean): number {
   const tile = Math.min(64, T) * T;
   return (

@@ -11,13 +11,10 @@
 //               bf16-rounded inputs (error = NMSE), and the bf16 conversion exactly (bf16_check.cc)
 //   err/...     bad arguments throw KernelError
 // One line per check: name, max error, tolerance, PASS/FAIL; exit status 1 on any failure.
-// `kernel_check --bench` times optimized against reference versions instead; `--bench-attention`
-// times the flash-style attention against the kernel before it (attention_tiled.cc).
+// `kernel_check --bench` times optimized against reference versions instead.
 
 #include <cblas.h>
-#include "attention_tiled.h"
 #include "check.h"
-#include "core/thread_pool.h"
 
 // ---- finite-difference checks of every backward (double) --------------------------------------
 
@@ -551,15 +548,6 @@ void ref_attention() {
       {"windows (bidir, interleaved, padding between)", 4, 4, 16, false,
        {{0, 8}, {1, 8}, {0, 8}, {1, 8}, {-1, 3}, {2, 16}, {3, 8}, {2, 16}, {3, 8}}},
       {"tiny-vlm bench shape", 8, 4, 16, true, {{0, 48}, {1, 40}, {2, 40}}},
-      // the flash kernel's tiles (64 × 64): ragged last tiles, d past one Kᵀ chunk, GQA 4/1 and 4/4,
-      // segments and padding across tile edges, an id in two separate runs
-      {"causal g=4 d=80 T=201 ragged", 4, 1, 80, true, {{0, 70}, {1, 67}, {-1, 5}, {2, 59}}},
-      {"bidir g=1 d=64 T=150 pad mid-tile", 4, 4, 64, false, {{0, 90}, {-1, 3}, {1, 57}}},
-      {"causal g=1 d=16 id 0 in two runs", 4, 4, 16, true, {{0, 40}, {1, 50}, {0, 30}, {-1, 4}}},
-      {"bidir g=4 d=80 id 5 in two runs", 4, 1, 80, false, {{5, 70}, {2, 33}, {5, 40}}},
-      {"causal g=4 d=64 one segment T=130", 4, 1, 64, true, {{0, 130}}},
-      {"causal g=2 d=64 4 packed T=1000", 2, 1, 64, true, {{0, 256}, {1, 256}, {2, 256}, {3, 232}}},
-      {"causal g=2 d=160 (Kᵀ in chunks) T=100", 4, 2, 160, true, {{0, 70}, {-1, 2}, {1, 28}}},
   };
   for (const AttentionCase& ac : cases) {
     const Ints seg = segments_of(ac.runs);
@@ -1111,64 +1099,6 @@ void err_checks() {
   }, "step 0"));
 }
 
-// ---- --bench-attention: the flash-style kernel against the one before it ----------------------
-
-// Forward + backward of the old kernel (attention_tiled.cc: CBLAS per segment, head and row block)
-// and of lfc's, alternated run by run, on `threads` threads (OpenBLAS's and the kernel pool's);
-// medians of `reps`.
-void attention_bench_line(const std::string& name, const std::vector<std::pair<int32_t, int>>& runs, int64_t nh,
-                          int64_t nkv, int64_t d, int threads, int reps) {
-  const Ints seg = segments_of(runs);
-  const int64_t T = int64_t(seg.size()), nq = T * nh * d, nk = T * nkv * d;
-  const double scale = 1.0 / std::sqrt(double(d));
-  Rng rng(5);
-  const VecF q = to_float(rng.vec(nq, -2, 2)), k = to_float(rng.vec(nk, -2, 2)), v = to_float(rng.vec(nk));
-  const VecF dout = to_float(rng.vec(nq));
-  VecF out(nq), lse(T * nh), dq(nq), dk(nk), dv(nk);
-  const auto step = [&](bool flash) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (flash) {
-      cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), T, nh, nkv, d, scale, true);
-      cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-                              lse.data(), seg.data(), T, nh, nkv, d, scale, true);
-    } else {
-      cpu::tiled::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), T, nh, nkv, d,
-                                    scale, true);
-      cpu::tiled::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                     out.data(), lse.data(), seg.data(), T, nh, nkv, d, scale, true);
-    }
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const int before = lfc::kernelThreads();
-  lfc::setKernelThreads(threads);
-  openblas_set_num_threads(threads);
-  step(false);  // warm-up
-  step(true);
-  std::vector<double> old_ms, new_ms;
-  for (int r = 0; r < reps; r++) {
-    old_ms.push_back(step(false));
-    new_ms.push_back(step(true));
-  }
-  lfc::setKernelThreads(before);
-  std::sort(old_ms.begin(), old_ms.end());
-  std::sort(new_ms.begin(), new_ms.end());
-  const double o = old_ms[old_ms.size() / 2], n = new_ms[new_ms.size() / 2];
-  std::printf("%-52s %d thread%s  old %8.2f ms   flash %8.2f ms   old/flash ×%.2f\n", name.c_str(), threads,
-              threads == 1 ? " " : "s", o, n, o / n);
-}
-
-int bench_attention() {
-  std::printf("attention forward + backward, float32, T = 1024, d = 64, causal; medians of 11, old and flash "
-              "alternated\n");
-  const std::vector<std::pair<int32_t, int>> one = {{0, 1024}}, four = {{0, 256}, {1, 256}, {2, 256}, {3, 256}};
-  for (int threads : {1, 2}) {
-    attention_bench_line("nh=8 nkv=2, one segment", one, 8, 2, 64, threads, 11);
-    attention_bench_line("nh=8 nkv=2, 4 packed segments of 256", four, 8, 2, 64, threads, 11);
-    attention_bench_line("nh=8 nkv=8, one segment", one, 8, 8, 64, threads, 11);
-  }
-  return 0;
-}
-
 // ---- --bench: median time, optimized against ref ------------------------------------------------
 
 int bench() {
@@ -1416,9 +1346,8 @@ void err_balance() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return bench();
-  if (argc > 1 && std::strcmp(argv[1], "--bench-attention") == 0) return bench_attention();
   if (argc > 1) {
-    std::fprintf(stderr, "usage: kernel_check [--bench | --bench-attention]\n");
+    std::fprintf(stderr, "usage: kernel_check [--bench]\n");
     return 2;
   }
   // the kernels OpenBLAS runs: the test that starts this checks they are lfc's choice

@@ -344,51 +344,6 @@ void pool_losses() {
               same_bits_at_thread_counts(vlse));
 }
 
-// ---- attention ---------------------------------------------------------------------------------
-
-// Pooled over (head, query block) forward and (KV head, key block), (head, query block) backward:
-// against ref (float, normalized error) and byte for byte at 1, 2, 3 threads.
-void pool_attention() {
-  struct Case {
-    std::string name;
-    int64_t nh, nkv, d;
-    bool causal;
-    std::vector<std::pair<int32_t, int>> runs;
-  };
-  const std::vector<Case> cases = {
-      {"causal g=4 d=64, 3 segments + padding, T=300", 4, 1, 64, true, {{0, 130}, {1, 100}, {-1, 6}, {2, 64}}},
-      {"bidir g=1 d=80, id 0 in two runs, T=200", 4, 4, 80, false, {{0, 70}, {1, 60}, {0, 70}}},
-  };
-  for (const Case& c : cases) {
-    const Ints seg = segments_of(c.runs);
-    const int64_t T = int64_t(seg.size()), nh = c.nh, nkv = c.nkv, d = c.d, nq = T * nh * d, nk = T * nkv * d;
-    const double scale = 1.0 / std::sqrt(double(d));
-    Rng rng(T + d);
-    const VecF q = to_float(rng.vec(sz(nq), -2, 2)), k = to_float(rng.vec(sz(nk), -2, 2));
-    const VecF v = to_float(rng.vec(sz(nk))), dout = to_float(rng.vec(sz(nq)));
-    VecF out(sz(nq)), lse(sz(T * nh)), dq(sz(nq)), dk(sz(nk)), dv(sz(nk));
-    const auto run = [&] {
-      cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), T, nh, nkv, d, scale,
-                             c.causal);
-      cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-                              lse.data(), seg.data(), T, nh, nkv, d, scale, c.causal);
-      Bytes b;
-      for (const VecF* x : {&out, &lse, &dq, &dk, &dv}) append_bytes(b, *x);
-      return b;
-    };
-    const bool same = same_bits_at_thread_counts(run);
-    run();
-    VecF out_r(sz(nq)), lse_r(sz(T * nh)), dq_r(sz(nq)), dk_r(sz(nk)), dv_r(sz(nk));
-    cpu::ref::attention_forward(out_r.data(), lse_r.data(), q.data(), k.data(), v.data(), seg.data(), T, nh, nkv, d,
-                                scale, c.causal);
-    cpu::ref::attention_backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(),
-                                 out_r.data(), lse_r.data(), seg.data(), T, nh, nkv, d, scale, c.causal);
-    const double err = std::max({norm_err(out, out_r), norm_err(lse, lse_r), norm_err(dq, dq_r),
-                                 norm_err(dk, dk_r), norm_err(dv, dv_r)});
-    report_pooled("attention " + c.name, err, kRefTol, same, "out, lse, dq, dk, dv");
-  }
-}
-
 }  // namespace
 
 void pool_checks() {
@@ -397,7 +352,6 @@ void pool_checks() {
   pool_activations();
   pool_norms();
   pool_losses();
-  pool_attention();
 }
 
 // ---- --bench -----------------------------------------------------------------------------------

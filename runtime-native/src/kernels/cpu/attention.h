@@ -8,12 +8,10 @@
 // forward writes out (T, nh, d) and saves lse (T, nh), the log-sum-exp of each row of scores;
 // backward OVERWRITES dq, dk, dv. Throws KernelError if nh is not a multiple of nkv.
 //
-// The optimized version is flash-style (attention.cc): 64 × 64 tiles of scores, only those the mask
-// leaves something visible in, an online softmax, the backward recomputing P from lse; pooled
-// (core/thread_pool.h) over (head, query block) and (KV head, key block), each output row written
-// by one block, so the results are the same bits at any thread count. It calls no GEMM. Segment
-// ids that occur in separate runs (window attention in merge-block order) are sorted into runs
-// first and the results put back. lfc::cpu::ref is the naive O(T²) loop.
+// The optimized version works segment by segment (contiguous runs of one id), in row blocks whose
+// columns stop at the causal diagonal, with CBLAS gemms; masked blocks are never computed. A
+// segment id that occurs in two separate runs (never the case for packed samples) falls back to
+// the reference. lfc::cpu::ref is the naive O(T²) loop.
 #pragma once
 
 #include <cstdint>
