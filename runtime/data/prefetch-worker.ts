@@ -22,13 +22,13 @@ const failed = (e: unknown): WorkerReply => ({
 });
 
 /**
- * The worker's nice value (Linux's is per thread: this one alone). Where the step's kernel threads
- * take every core, the kernels win a core from the worker when they want it back (CFS weighs nice
- * 10 about a tenth of nice 0), rather than wait out its time slice; where the step leaves a core
- * idle, the worker runs there as fast as at 0. Not lower: while the step waits on the data, the
- * worker should not starve behind other processes' threads.
+ * The worker's nice value (Linux's is per thread: this one alone), 0 unless LFC_DATA_WORKER_NICE
+ * says otherwise. A lower priority was meant to let the step's kernel threads take a core back
+ * from the worker sooner; bench/data.ts measured the step no faster at nice 10 than at 0 on this
+ * machine (data − preloaded 11.8% and 10.9% of the step at 10, 3.1% at 0, rounds spread ±20-40%),
+ * and a worker that waits behind other processes delays a step that waits on its data.
  */
-export const DATA_WORKER_NICE = 10;
+export const DATA_WORKER_NICE = 0;
 
 async function main(): Promise<void> {
   // LFC_DATA_WORKER_NICE=0 … 19 replaces it (docs/data.md)
