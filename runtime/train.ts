@@ -382,8 +382,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       const counts = await setBatch(d.microbatches, what);
       const r = await rt
         .step({ lr: 0, step: Math.max(1, after), forwardOnly: true })
-        .catch((e: Error) => {
-          throw overBound(e, plan, after);
+        .catch((e: NativeStepError) => {
+          throw stepError(e, plan, after);
         });
       const { sum, has } = await outputSums(r);
       loss += sum('loss');
@@ -468,9 +468,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     // 2. the step
     const lr = lrAt(schedule, step);
     const r = await rt.step({ lr, step }).catch((e: NativeStepError) => {
-      const bound = overBound(e, plan, step);
-      if (bound === e && e.collective) throw new StepFailure(`step ${step}: ${e.message}`);
-      throw bound;
+      throw stepError(e, plan, step);
     });
     o.onTiming?.(step, r.perInstruction);
     if (o.trace && step === o.trainIters) {
@@ -584,12 +582,6 @@ async function openLoader(
 }
 
 /**
- * A step that received more rows than a run-time symbol's bound (an expert dispatch past its
- * planned imbalance): a user error saying which bound and how to raise it (the symbol's doc).
- * An instruction the runtime refused (its operands against the data or the program) is a user
- * error too; other errors as they are.
- */
-/**
  * A step that failed in a collective: a check on this rank, or another rank's failure, which the
  * message names with its check. The run's failure rather than lfc's, so one line and exit code 1.
  */
@@ -597,17 +589,26 @@ export class StepFailure extends UserError {
   readonly exitCode = 1;
 }
 
-function overBound(e: Error, plan: PlanFile, step: number): Error {
+/**
+ * A failed step as the run reports it. More rows than a run-time symbol's bound (an expert
+ * dispatch past its planned imbalance): a user error saying which bound and how to raise it (the
+ * symbol's doc). A failed collective: StepFailure (exit 1). An instruction the runtime refused
+ * (its operands against the data or the program): a user error. Other errors as they are.
+ */
+function stepError(e: NativeStepError, plan: PlanFile, step: number): Error {
   const m = /past the bound \d+ of (\w+)|the bound of its out_rows (\w+)/.exec(e.message);
   const name = m?.[1] ?? m?.[2];
   const symbol = name === undefined ? undefined : plan.symbols.find((s) => s.name === name);
+  if (symbol)
+    return new UserError(
+      `step ${step}: ${e.message}: ${symbol.doc}; compile the plan again with a larger bound`,
+    );
+  // a collective that failed (a check on this rank, or another rank's failure): exit 1
+  if (e.collective) return new StepFailure(`step ${step}: ${e.message}`);
   // the runtime's checks of an instruction's operands against the step's data and the program
   // (an id outside a table, operands whose sizes disagree): the user's data or plan, one line
-  if (!symbol)
-    return /^step( failed at|:)/.test(e.message) ? new UserError(`step ${step}: ${e.message}`) : e;
-  return new UserError(
-    `step ${step}: ${e.message}: ${symbol.doc}; compile the plan again with a larger bound`,
-  );
+  if (/^step( failed at|:)/.test(e.message)) return new UserError(`step ${step}: ${e.message}`);
+  return e;
 }
 
 /**

@@ -27,13 +27,17 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /**
  * Σ scratch high-water over a rank's streams ≥ this share of its planned scratch (f32, bf16).
- * Measured on every rank of every case below: 0.306 in f32 and 0.625 in bf16 on ranks that run the
- * encoder, 1.000 on pp 2's second stage (the report printed after the tests lists each). What stays under the bound is the data: the plan sizes
+ * Measured on every rank of every case below: 0.152 in f32 on ranks that run the encoder and
+ * 0.113 on pp 2's second stage (0.306 and 1.000 while the norm backwards still wrote their
+ * forward's y into scratch; they now recompute the statistics alone, and attention's score tiles,
+ * planned for one segment of the whole sequence, are the largest), 0.625 in bf16 on ranks that
+ * run the encoder and 1.000 on pp 2's second stage (the report printed after the tests lists
+ * each). What stays under the bound is the data: the plan sizes
  * attention's score tiles for one image of all 4·Nv = 512 patches (the runtime's longest segment
  * here is an image of 64; the encoder takes none larger), and bf16's staged copies for S and Nv at
  * their bounds (here 110 of 128 tokens, 80 of 128 visual tokens).
  */
-const SCRATCH_SHARE = { f32: 0.25, bf16: 0.5 };
+const SCRATCH_SHARE = { f32: 0.1, bf16: 0.5 };
 
 const LEVEL3_A2A = [
   ...['--pp', '2', '--vpp', '2', '--ep', '2', '--enable-full-hetero-dp'],
