@@ -16,6 +16,7 @@ import {
   mutateBytes,
   mutateJson,
   runs,
+  SMALL_PLAN,
 } from './fuzz.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-fuzz-ckpt-'));
@@ -51,18 +52,7 @@ function workCopy(): string {
 
 describe('checkpoints, batch and weight files under mutation', () => {
   beforeAll(async () => {
-    const compiled = await cli(
-      'compile',
-      'tiny-vlm',
-      '--seq-length',
-      '32',
-      '--micro-batch-size',
-      '1',
-      '--global-batch-size',
-      '2',
-      '-o',
-      plan,
-    );
+    const compiled = await cli('compile', ...SMALL_PLAN, '-o', plan);
     expect(compiled.code, compiled.err).toBe(0);
     const trained = await cli(
       'run',

@@ -12,6 +12,17 @@ import { UserError } from '../../compiler/errors.js';
 const SEED = Number(process.env.FUZZ_SEED ?? 20261201);
 
 /** fast-check's parameters: the test's run count, or FUZZ_RUNS. */
+/** lfc compile's flags for the small tiny-vlm plan the file properties edit (fast to run). */
+export const SMALL_PLAN = [
+  'tiny-vlm',
+  '--seq-length',
+  '32',
+  '--micro-batch-size',
+  '1',
+  '--global-batch-size',
+  '2',
+] as const;
+
 export function runs(numRuns: number): fc.Parameters<unknown> {
   return { numRuns: Number(process.env.FUZZ_RUNS ?? numRuns), seed: SEED };
 }

@@ -18,6 +18,7 @@ import {
   mutateBytes,
   mutateJson,
   runs,
+  SMALL_PLAN,
 } from './fuzz.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-fuzz-plan-'));
@@ -37,18 +38,7 @@ function writeWork(plan: string | Buffer, prog: string | Buffer = programText): 
 
 describe('plan files under mutation', () => {
   beforeAll(async () => {
-    const r = await cli(
-      'compile',
-      'tiny-vlm',
-      '--seq-length',
-      '32',
-      '--micro-batch-size',
-      '1',
-      '--global-batch-size',
-      '2',
-      '-o',
-      good,
-    );
+    const r = await cli('compile', ...SMALL_PLAN, '-o', good);
     expect(r.code, r.err).toBe(0);
     planJson = JSON.parse(readFileSync(join(good, 'plan.json'), 'utf8'));
     programText = readFileSync(join(good, 'programs', 'p0.json'), 'utf8');
