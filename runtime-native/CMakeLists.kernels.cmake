@@ -17,7 +17,7 @@ set(LFC_CPU_KERNEL_FAMILIES
   storage linear norm embedding activation rope attention moe loss optimizer merge balance)
 
 set(LFC_CPU_KERNEL_SOURCES ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/thread_pool.cc)
-set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/bf16.h
+set(LFC_CPU_KERNEL_HEADERS ${LFC_CPU_KERNEL_DIR}/common.h ${LFC_CPU_KERNEL_DIR}/simd.h ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/bf16.h
   ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/dtype.h ${LFC_CPU_KERNEL_INCLUDE_DIR}/core/thread_pool.h)
 foreach(family IN LISTS LFC_CPU_KERNEL_FAMILIES)
   list(APPEND LFC_CPU_KERNEL_SOURCES ${LFC_CPU_KERNEL_DIR}/${family}.cc)
@@ -40,6 +40,11 @@ if(NOT TARGET lfc_cpu_kernels)
   target_link_libraries(lfc_cpu_kernels PUBLIC ${BLAS_LIBRARIES} Threads::Threads)
   set_target_properties(lfc_cpu_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-    target_compile_options(lfc_cpu_kernels PRIVATE -Wall -Wextra)
+    # no errno and no FP traps (lfc never reads either): loops over exp_approx and over clamps
+    # if-convert and vectorize, the values unchanged; the ISA clones are simd.h's
+    target_compile_options(lfc_cpu_kernels PRIVATE -Wall -Wextra -fno-math-errno -fno-trapping-math)
+  endif()
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+    target_compile_options(lfc_cpu_kernels PRIVATE -march=x86-64-v2)
   endif()
 endif()

@@ -641,6 +641,7 @@ Napi::Value SgemmGflops(const Napi::CallbackInfo& info) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
   }
+  openblas_set_num_threads(1);  // back to lfc's setting: the runtime's gemms tile over its own pool
   return Napi::Number::New(info.Env(), best);
 }
 

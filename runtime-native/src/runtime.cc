@@ -1,6 +1,5 @@
 #include "runtime.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -51,12 +50,9 @@ Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
   if (options_.patchSize < 1 || options_.mergeSize < 1)
     throw RuntimeError(cat("patchSize ", options_.patchSize, " and mergeSize ", options_.mergeSize,
                            " must be ≥ 1"));
-  // --threads bounds every computing thread: OpenBLAS's GEMMs and the kernel pool's blocks, which
-  // never run at once (core/thread_pool.h)
-  if (options_.threads > 0) {
-    openblas_set_num_threads(options_.threads);
-    setKernelThreads(options_.threads);
-  }
+  // --threads bounds every computing thread: the kernel pool's, which run the GEMMs' tiles too
+  // (OpenBLAS itself at one thread: kernels/cpu/blas.h)
+  if (options_.threads > 0) setKernelThreads(options_.threads);
   memory_ = std::make_shared<Memory>(program_);
   slots_.resize(size_t(program_.slots));
   sizes_.resize(size_t(program_.slots));

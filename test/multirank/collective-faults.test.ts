@@ -232,7 +232,7 @@ describe('lfc run: a failed collective ends the run', () => {
       expect(r.code).toBe(1);
       // one line of error, no stack (besides setup's notes, should the build be stale)
       const errors = r.out.split('\n').filter((l) => l.startsWith('lfc: '));
-      expect(errors).toHaveLength(1);
+      expect(errors, r.out).toHaveLength(1);
       expect(r.out).not.toMatch(/^\s+at /m);
       const origin = fault.slice(-1);
       const own = /: (receive bound exceeded|row count wrong): /;

@@ -1,6 +1,7 @@
 // One rank against the independent PyTorch reference (test/reference/tiny_vlm.py, committed
 // fixtures): the first step's loss, gradients and gradient norm, then the losses of 3 AdamW
-// steps on the same batch and the parameters after them. tiny-vlm-moe-capacity is tiny-vlm-moe
+// steps on the same batch and the parameters after them (leaving out the elements whose gradient
+// the gradient check cannot tell from 0: fixture-checks.ts relL2AboveNoise). tiny-vlm-moe-capacity is tiny-vlm-moe
 // compiled with the fixture's --moe-expert-capacity-factor and --moe-token-drop-policy
 // (position), with which the reference drops hundreds of real tokens' assignments every step.
 import { mkdtempSync } from 'node:fs';
@@ -11,7 +12,14 @@ import { compile, writePlan } from '../../compiler/pipeline.js';
 import { projectRoot } from '../../compiler/paths.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 import { train, type TrainResult } from '../../runtime/train.js';
-import { expectStep, maxAbsError, readStepJson, rel, relL2, worstOf } from './fixture-checks.js';
+import {
+  expectStep,
+  maxAbsError,
+  readStepJson,
+  rel,
+  relL2AboveNoise,
+  worstOf,
+} from './fixture-checks.js';
 
 describe.each([
   ['tiny-vlm', 'tiny-vlm'],
@@ -76,9 +84,21 @@ describe.each([
       expect(rel(s.loss, want.losses[i]), `step ${i + 1}`).toBeLessThan(1e-5),
     );
     const ref = readSafetensors(join(fixtures, 'params_step3.safetensors')).tensors;
-    const [name, worst] = worstOf(ref.keys(), (n) =>
-      relL2(result.params.get(n)!, ref.get(n)!.data as Float32Array),
-    );
+    const grads = readSafetensors(join(fixtures, 'grads.safetensors')).tensors;
+    let skipped = 0;
+    let total = 0;
+    const [name, worst] = worstOf(ref.keys(), (n) => {
+      const r = ref.get(n)!.data as Float32Array;
+      const e = relL2AboveNoise(result.params.get(n)!, r, grads.get(n)!.data as Float32Array);
+      skipped += e.skipped;
+      total += r.length;
+      return e.err;
+    });
     expect(worst, `worst: ${name}`).toBeLessThanOrEqual(1e-4);
+    // the elements left out (gradient within the gradient check's tolerance of 0) are few
+    console.log(
+      `${fixture}: ${skipped} of ${total} parameter elements with a round-off gradient left out`,
+    );
+    expect(skipped / total).toBeLessThan(0.05);
   });
 });

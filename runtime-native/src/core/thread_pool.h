@@ -1,4 +1,5 @@
-// The thread pool of the non-GEMM CPU kernels (norms, losses, activations, the optimizer).
+// The thread pool of the CPU kernels (GEMM tiles, norms, losses, activations, attention heads, the
+// optimizer).
 //
 // parallelFor(n, grain, fn) calls fn(begin, end) on the blocks [k·grain, min(n, (k+1)·grain)) of
 // [0, n), k = 0 … ⌈n/grain⌉−1, each block exactly once, spread over the pool's threads (the caller
@@ -14,8 +15,8 @@
 //   - the pool has threads − 1 workers; the caller is the last one;
 //   - one caller at a time: a parallelFor that finds the pool busy (another stream's kernel, or a
 //     parallelFor inside a block) runs its blocks inline on its own thread, in block order;
-//   - a block never calls a GEMM: OpenBLAS runs its own threads only between pooled regions, on the
-//     caller's thread, while the workers sleep.
+//   - OpenBLAS runs at one thread; a GEMM's tiles are the pool's blocks (kernels/cpu/blas.h), and a
+//     GEMM inside a block runs its tiles inline.
 #pragma once
 
 #include <atomic>

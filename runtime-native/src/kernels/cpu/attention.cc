@@ -8,6 +8,8 @@
 #include "storage.h"
 
 #include "blas.h"
+#include "core/thread_pool.h"
+#include "simd.h"
 
 namespace lfc::cpu {
 
@@ -148,7 +150,18 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
 
 }  // namespace ref
 
-// ---- optimized: per segment, per head, row blocks up to the diagonal, gemms -------------------
+// ---- optimized: per segment and head, pooled; row blocks up to the diagonal, gemms ------------
+
+namespace {
+// row[j] = e^(row[j] − shift), j < n: float through simd.h's vectorized exp, double through libm
+LFC_ISA_CLONES void exp_shifted_f32(float* row, float shift, int64_t n) {
+  for (int64_t j = 0; j < n; j++) row[j] = simd::exp_approx(row[j] - shift);
+}
+inline void exp_shifted(float* row, float shift, int64_t n) { exp_shifted_f32(row, shift, n); }
+inline void exp_shifted(double* row, double shift, int64_t n) {
+  for (int64_t j = 0; j < n; j++) row[j] = std::exp(row[j] - shift);
+}
+}  // namespace
 
 template <typename Real>
 void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
@@ -177,25 +190,27 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
   const int64_t ldq = nh * d, ldkv = nkv * d;  // row strides of one head's (L, d) matrices
   int64_t max_len = 0;
   for (int64_t r = 0; r < nruns; r++) max_len = std::max(max_len, runs[r].len);
-  Real* scores = scratch.take<Real>(std::min(kRowBlock, max_len) * max_len);  // (rows, cols) of one block
+  const int64_t block_elems = std::min(kRowBlock, max_len) * max_len;  // (rows, cols) of one block
 
-  for (int64_t r = 0; r < nruns; r++) {
-    const Run& run = runs[r];
-    const int64_t s0 = run.start, L = run.len;
-    if (run.id < 0) {  // padding: each token attends to itself, p = 1
-      for (int64_t t = s0; t < s0 + L; t++)
-        for (int64_t h = 0; h < nh; h++) {
+  // one item a (run, query head): its rows of out and lse, written by no other item
+  parallelFor(nruns * nh, 1, [&](int64_t i0, int64_t i1) {
+    ScratchScope local;
+    Real* scores = local.take<Real>(block_elems);
+    for (int64_t item = i0; item < i1; item++) {
+      const Run& run = runs[item / nh];
+      const int64_t h = item % nh, s0 = run.start, L = run.len;
+      if (run.id < 0) {  // padding: each token attends to itself, p = 1
+        for (int64_t t = s0; t < s0 + L; t++) {
           const Real* vt = v + (t * nkv + h / g) * d;  // (d)
           std::copy(vt, vt + d, out + (t * nh + h) * d);
           lse[t * nh + h] = Real(scale * dot(q + (t * nh + h) * d, k + (t * nkv + h / g) * d, d));
         }
-      continue;
-    }
-    for (int64_t h = 0; h < nh; h++) {
-      const Real* Q = q + (s0 * nh + h) * d;           // (L, d), row stride ldq
-      const Real* K = k + (s0 * nkv + h / g) * d;      // (L, d), row stride ldkv
-      const Real* Vm = v + (s0 * nkv + h / g) * d;     // (L, d), row stride ldkv
-      Real* O = out + (s0 * nh + h) * d;               // (L, d), row stride ldq
+        continue;
+      }
+      const Real* Q = q + (s0 * nh + h) * d;        // (L, d), row stride ldq
+      const Real* K = k + (s0 * nkv + h / g) * d;   // (L, d), row stride ldkv
+      const Real* Vm = v + (s0 * nkv + h / g) * d;  // (L, d), row stride ldkv
+      Real* O = out + (s0 * nh + h) * d;            // (L, d), row stride ldq
       for (int64_t r0 = 0; r0 < L; r0 += kRowBlock) {
         const int64_t rb = std::min(kRowBlock, L - r0);
         const int64_t cols = causal ? r0 + rb : L;  // columns past the block's last row are masked
@@ -206,11 +221,9 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
           Real* row = scores + i * cols;
           const int64_t visible = causal ? r0 + i + 1 : cols;
           const Real m = *std::max_element(row, row + visible);
+          exp_shifted(row, m, visible);
           double sum = 0;
-          for (int64_t j = 0; j < visible; j++) {
-            row[j] = std::exp(row[j] - m);
-            sum += row[j];
-          }
+          for (int64_t j = 0; j < visible; j++) sum += row[j];
           const Real inv = Real(1.0 / sum);
           for (int64_t j = 0; j < visible; j++) row[j] *= inv;
           std::fill(row + visible, row + cols, Real(0));
@@ -220,7 +233,7 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
         blas::gemm<Real>(false, false, rb, d, cols, 1, scores, cols, Vm, ldkv, 0, O + r0 * ldq, ldq);
       }
     }
-  }
+  });
 }
 
 template <typename Real>
@@ -255,66 +268,69 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
   const int64_t ldq = nh * d, ldkv = nkv * d;
   int64_t max_len = 0;
   for (int64_t r = 0; r < nruns; r++) max_len = std::max(max_len, runs[r].len);
-  const int64_t block_elems = std::min(kRowBlock, max_len) * max_len;
-  Real* probs = scratch.take<Real>(block_elems);   // (rows, cols) of one block
-  Real* dprobs = scratch.take<Real>(block_elems);  // (rows, cols) of one block
-  Real* D = scratch.take<Real>(kRowBlock);         // (rows): dout·out per row
+  const int64_t block_elems = std::min(kRowBlock, max_len) * max_len;  // (rows, cols) of one block
   std::fill(dk, dk + T * nkv * d, Real(0));  // dk, dv accumulate over the g heads of a group
   std::fill(dv, dv + T * nkv * d, Real(0));
 
-  for (int64_t r = 0; r < nruns; r++) {
-    const Run& run = runs[r];
-    const int64_t s0 = run.start, L = run.len;
-    if (run.id < 0) {  // padding: out = v, so dv += dout and the score gradient is 0
-      for (int64_t t = s0; t < s0 + L; t++)
-        for (int64_t h = 0; h < nh; h++) {
-          const Real* dOt = dout + (t * nh + h) * d;  // (d)
-          Real* dvt = dv + (t * nkv + h / g) * d;      // (d)
-          for (int64_t c = 0; c < d; c++) dvt[c] += dOt[c];
-          std::fill(dq + (t * nh + h) * d, dq + (t * nh + h + 1) * d, Real(0));
+  // one item a (run, KV head), its g query heads in order: its rows of dq, dk and dv, written by
+  // no other item (the same sums in the same order at any thread count)
+  parallelFor(nruns * nkv, 1, [&](int64_t i0, int64_t i1) {
+    ScratchScope local;
+    Real* probs = local.take<Real>(block_elems);   // (rows, cols) of one block
+    Real* dprobs = local.take<Real>(block_elems);  // (rows, cols) of one block
+    Real* D = local.take<Real>(kRowBlock);         // (rows): dout·out per row
+    for (int64_t item = i0; item < i1; item++) {
+      const Run& run = runs[item / nkv];
+      const int64_t kvh = item % nkv, s0 = run.start, L = run.len;
+      for (int64_t h = kvh * g; h < (kvh + 1) * g; h++) {
+        if (run.id < 0) {  // padding: out = v, so dv += dout and the score gradient is 0
+          for (int64_t t = s0; t < s0 + L; t++) {
+            const Real* dOt = dout + (t * nh + h) * d;  // (d)
+            Real* dvt = dv + (t * nkv + kvh) * d;       // (d)
+            for (int64_t c = 0; c < d; c++) dvt[c] += dOt[c];
+            std::fill(dq + (t * nh + h) * d, dq + (t * nh + h + 1) * d, Real(0));
+          }
+          continue;
         }
-      continue;
-    }
-    for (int64_t h = 0; h < nh; h++) {
-      const Real* Q = q + (s0 * nh + h) * d;         // (L, d), row stride ldq
-      const Real* K = k + (s0 * nkv + h / g) * d;    // (L, d), row stride ldkv
-      const Real* Vm = v + (s0 * nkv + h / g) * d;   // (L, d), row stride ldkv
-      const Real* O = out + (s0 * nh + h) * d;       // (L, d), row stride ldq
-      const Real* dO = dout + (s0 * nh + h) * d;     // (L, d), row stride ldq
-      Real* dQ = dq + (s0 * nh + h) * d;             // (L, d), row stride ldq
-      Real* dK = dk + (s0 * nkv + h / g) * d;        // (L, d), row stride ldkv
-      Real* dV = dv + (s0 * nkv + h / g) * d;        // (L, d), row stride ldkv
-      for (int64_t r0 = 0; r0 < L; r0 += kRowBlock) {
-        const int64_t rb = std::min(kRowBlock, L - r0);
-        const int64_t cols = causal ? r0 + rb : L;
-        // P (rb, cols) = exp(scale · Q_blk · K[0 : cols]ᵀ − lse), 0 where masked
-        blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
-                         probs, cols);
-        for (int64_t i = 0; i < rb; i++) {
-          Real* row = probs + i * cols;
-          const int64_t visible = causal ? r0 + i + 1 : cols;
-          const Real l = lse[(s0 + r0 + i) * nh + h];
-          for (int64_t j = 0; j < visible; j++) row[j] = std::exp(row[j] - l);
-          std::fill(row + visible, row + cols, Real(0));
-          D[i] = Real(dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, d));
+        const Real* Q = q + (s0 * nh + h) * d;      // (L, d), row stride ldq
+        const Real* K = k + (s0 * nkv + kvh) * d;   // (L, d), row stride ldkv
+        const Real* Vm = v + (s0 * nkv + kvh) * d;  // (L, d), row stride ldkv
+        const Real* O = out + (s0 * nh + h) * d;    // (L, d), row stride ldq
+        const Real* dO = dout + (s0 * nh + h) * d;  // (L, d), row stride ldq
+        Real* dQ = dq + (s0 * nh + h) * d;          // (L, d), row stride ldq
+        Real* dK = dk + (s0 * nkv + kvh) * d;       // (L, d), row stride ldkv
+        Real* dV = dv + (s0 * nkv + kvh) * d;       // (L, d), row stride ldkv
+        for (int64_t r0 = 0; r0 < L; r0 += kRowBlock) {
+          const int64_t rb = std::min(kRowBlock, L - r0);
+          const int64_t cols = causal ? r0 + rb : L;
+          // P (rb, cols) = exp(scale · Q_blk · K[0 : cols]ᵀ − lse), 0 where masked
+          blas::gemm<Real>(false, true, rb, cols, d, Real(scale), Q + r0 * ldq, ldq, K, ldkv, 0,
+                           probs, cols);
+          for (int64_t i = 0; i < rb; i++) {
+            Real* row = probs + i * cols;
+            const int64_t visible = causal ? r0 + i + 1 : cols;
+            exp_shifted(row, lse[(s0 + r0 + i) * nh + h], visible);
+            std::fill(row + visible, row + cols, Real(0));
+            D[i] = Real(dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, d));
+          }
+          // dV[0 : cols] (cols, d) += Pᵀ (cols, rb) · dO_blk (rb, d)
+          blas::gemm<Real>(true, false, cols, d, rb, 1, probs, cols, dO + r0 * ldq, ldq, 1, dV, ldkv);
+          // dP (rb, cols) = dO_blk (rb, d) · V[0 : cols]ᵀ
+          blas::gemm<Real>(false, true, rb, cols, d, 1, dO + r0 * ldq, ldq, Vm, ldkv, 0, dprobs, cols);
+          // dS = scale · P ⊙ (dP − D), in place of dP (masked entries have P = 0)
+          for (int64_t i = 0; i < rb; i++) {
+            const Real* p = probs + i * cols;
+            Real* ds = dprobs + i * cols;
+            for (int64_t j = 0; j < cols; j++) ds[j] = Real(scale) * p[j] * (ds[j] - D[i]);
+          }
+          // dQ_blk (rb, d) = dS (rb, cols) · K[0 : cols] (cols, d)
+          blas::gemm<Real>(false, false, rb, d, cols, 1, dprobs, cols, K, ldkv, 0, dQ + r0 * ldq, ldq);
+          // dK[0 : cols] (cols, d) += dSᵀ (cols, rb) · Q_blk (rb, d)
+          blas::gemm<Real>(true, false, cols, d, rb, 1, dprobs, cols, Q + r0 * ldq, ldq, 1, dK, ldkv);
         }
-        // dV[0 : cols] (cols, d) += Pᵀ (cols, rb) · dO_blk (rb, d)
-        blas::gemm<Real>(true, false, cols, d, rb, 1, probs, cols, dO + r0 * ldq, ldq, 1, dV, ldkv);
-        // dP (rb, cols) = dO_blk (rb, d) · V[0 : cols]ᵀ
-        blas::gemm<Real>(false, true, rb, cols, d, 1, dO + r0 * ldq, ldq, Vm, ldkv, 0, dprobs, cols);
-        // dS = scale · P ⊙ (dP − D), in place of dP (masked entries have P = 0)
-        for (int64_t i = 0; i < rb; i++) {
-          const Real* p = probs + i * cols;
-          Real* ds = dprobs + i * cols;
-          for (int64_t j = 0; j < cols; j++) ds[j] = Real(scale) * p[j] * (ds[j] - D[i]);
-        }
-        // dQ_blk (rb, d) = dS (rb, cols) · K[0 : cols] (cols, d)
-        blas::gemm<Real>(false, false, rb, d, cols, 1, dprobs, cols, K, ldkv, 0, dQ + r0 * ldq, ldq);
-        // dK[0 : cols] (cols, d) += dSᵀ (cols, rb) · Q_blk (rb, d)
-        blas::gemm<Real>(true, false, cols, d, rb, 1, dprobs, cols, Q + r0 * ldq, ldq, 1, dK, ldkv);
       }
     }
-  }
+  });
 }
 
 #define LFC_INSTANTIATE_ATTENTION(NS, Real)                                                         \
