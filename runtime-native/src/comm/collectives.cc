@@ -173,8 +173,7 @@ int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
     throw OpError(cat(c.numOut(), " outputs: one, or one per group rank (", g.P, ")"));
   const std::vector<int64_t> rows = gatherRows(g, x.dim(0));
   killBetweenPhases(g);
-  std::vector<int64_t> send(size_t(g.P), 0), recv(size_t(g.P), 0);
-  send[size_t(root)] = x.dim(0) * rowBytes(x);
+  const std::vector<int64_t> recv = times(rows, rowBytes(x));  // every rank's block, in bytes
   std::byte* into = c.out(0).data;
   if (g.r == root) {
     for (int i = 0; i < c.numOut(); i++) requireRows(x, c.out(i));
@@ -188,10 +187,9 @@ int64_t run_gather_v(const Instr&, StepCtx& c, Group& g) {
         if (rows[size_t(i)] != c.out(i).dim(0) || *forced)
           throw OpError(cat("row count wrong: group rank ", i, " sends ", rows[size_t(i)], " rows; output ", i, " ",
                             formatShape(c.out(i).shape), " has ", c.out(i).dim(0), forced));
-    recv = times(rows, rowBytes(x));
     into = perRank ? c.scratch<std::byte>(sum(recv)) : c.out(0).data;
   }
-  g.comm.allToAllV(x.data, send, into, recv);
+  g.comm.gatherV(x.data, into, recv, root);
   if (g.r != root) return perRank ? -1 : 0;
   if (!perRank) return sum(rows);
   int64_t at = 0;

@@ -113,6 +113,15 @@ class Communicator {
   // (recvBytes[i], consecutive) comes from rank i; sizes must match pairwise
   virtual void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
                          const std::vector<int64_t>& recvBytes) = 0;
+  // out on root ← every rank's `in` (blockBytes[i] from rank i; every member passes the same
+  // list) concatenated in group order; out is unused elsewhere. The default is an allToAllV that
+  // sends to root alone; shared memory gives each sender a whole slot a round instead of a lane
+  virtual void gatherV(const void* in, void* out, const std::vector<int64_t>& blockBytes, int root) {
+    std::vector<int64_t> send(blockBytes.size(), 0), recv(blockBytes.size(), 0);
+    send.at(size_t(root)) = blockBytes.at(size_t(rank()));
+    if (rank() == root) recv = blockBytes;
+    allToAllV(in, send, out, recv);
+  }
   virtual void send(const void* data, int64_t bytes, int peer, uint32_t tag) = 0;
   virtual void recv(void* data, int64_t bytes, int peer, uint32_t tag) = 0;
   // a batched send/recv (Megatron's batch_isend_irecv): post now, complete in waitPosted, which

@@ -376,6 +376,11 @@ class GlooComm : public Communicator {
     guard([&] { gloo::alltoallv(o); });
   }
 
+  void gatherV(const void* in, void* out, const std::vector<int64_t>& blockBytes, int root) override {
+    if (shm_) return shm_->gatherV(in, out, blockBytes, root);
+    Communicator::gatherV(in, out, blockBytes, root);
+  }
+
   void send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
     auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), size_t(bytes));
     guard([&] {

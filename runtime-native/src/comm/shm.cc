@@ -398,4 +398,36 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
   }
 }
 
+// Each sender copies a whole slot a round into its own slot, the root copies every sender's out:
+// one barrier per kSlotBytes of the largest block (an allToAllV would give each a lane, 1/P slot)
+void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& blockBytes, int root) {
+  const int P = size_;
+  if (int(blockBytes.size()) != P || root < 0 || root >= P)
+    throw CommError(cat("gather over ", P, " ranks with ", blockBytes.size(), " block sizes to root ", root));
+  const char* x = static_cast<const char*>(in);
+  char* y = static_cast<char*>(out);
+  std::vector<int64_t> at(size_t(P) + 1, 0);
+  for (int i = 0; i < P; i++) at[size_t(i) + 1] = at[size_t(i)] + blockBytes[size_t(i)];
+  if (rank_ == root && blockBytes[size_t(root)] > 0)
+    std::memmove(y + at[size_t(root)], x, size_t(blockBytes[size_t(root)]));
+  const int64_t S = int64_t(kSlotBytes);
+  int64_t rounds = 0;
+  for (int i = 0; i < P; i++)
+    if (i != root) rounds = std::max(rounds, (blockBytes[size_t(i)] + S - 1) / S);
+  for (int64_t k = 0; k < rounds; k++) {
+    const int set = nextSet();
+    const int64_t off = k * S;
+    if (rank_ != root) {
+      const int64_t n = std::min(S, blockBytes[size_t(rank_)] - off);
+      if (n > 0) std::memcpy(slot(set, rank_), x + off, size_t(n));
+    }
+    barrier();
+    if (rank_ == root)
+      for (int i = 0; i < P; i++) {
+        const int64_t n = std::min(S, blockBytes[size_t(i)] - off);
+        if (i != root && n > 0) std::memcpy(y + at[size_t(i)] + off, slot(set, i), size_t(n));
+      }
+  }
+}
+
 }  // namespace lfc::comm

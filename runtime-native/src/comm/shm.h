@@ -80,6 +80,7 @@ class ShmGroup {
   void broadcast(void* data, int64_t bytes, int root);
   void allToAllV(const void* in, const std::vector<int64_t>& sendBytes, void* out,
                  const std::vector<int64_t>& recvBytes);
+  void gatherV(const void* in, void* out, const std::vector<int64_t>& blockBytes, int root);
   // Fails every member's barrier, now and from now on, with `reason` (the first one set stays);
   // wakes those asleep. Any thread, never throws.
   void abort(const std::string& reason) noexcept;
