@@ -11,7 +11,6 @@ import { UserError } from '../../compiler/errors.js';
 
 const SEED = Number(process.env.FUZZ_SEED ?? 20261201);
 
-/** fast-check's parameters: the test's run count, or FUZZ_RUNS. */
 /** lfc compile's flags for the small tiny-vlm plan the file properties edit (fast to run). */
 export const SMALL_PLAN = [
   'tiny-vlm',
@@ -23,6 +22,7 @@ export const SMALL_PLAN = [
   '2',
 ] as const;
 
+/** fast-check's parameters: the test's run count, or FUZZ_RUNS. */
 export function runs(numRuns: number): fc.Parameters<unknown> {
   return { numRuns: Number(process.env.FUZZ_RUNS ?? numRuns), seed: SEED };
 }

@@ -1,9 +1,10 @@
 // One rank against the independent PyTorch reference (test/reference/tiny_vlm.py, committed
 // fixtures): the first step's loss, gradients and gradient norm, then the losses of 3 AdamW
 // steps on the same batch and the parameters after them (leaving out the elements whose gradient
-// the gradient check cannot tell from 0: fixture-checks.ts relL2AboveNoise). tiny-vlm-moe-capacity is tiny-vlm-moe
-// compiled with the fixture's --moe-expert-capacity-factor and --moe-token-drop-policy
-// (position), with which the reference drops hundreds of real tokens' assignments every step.
+// the gradient check cannot tell from 0: fixture-checks.ts relL2AboveNoise). tiny-vlm-moe-capacity
+// is tiny-vlm-moe compiled with the fixture's --moe-expert-capacity-factor and
+// --moe-token-drop-policy (position), with which the reference drops hundreds of real tokens'
+// assignments every step.
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
