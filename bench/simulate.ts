@@ -3,13 +3,17 @@
 // run compiles the plan, predicts its step with that profile and trains it, and prints the
 // predicted and the measured median step time (steps after the first) and their ratio.
 //
-//   npx tsx bench/simulate.ts [--steps 8] [--profile FILE (skip calibration)]
+//   npx tsx bench/simulate.ts [--steps 4] [--profile FILE (skip calibration)] [--only K,K…]
 //
-// Ranks beyond the machine's cores share them, which the simulator does not model (it gives
-// every rank its own device): only layouts with ranks ≤ cores are run.
+// The layouts train tiny-vlm-moe scaled up (SCALE: a decoder of 4 layers × 256, 8 experts of FFN
+// 512, top-2; sequences of 512 tokens) so that a step takes a second or more, on 1 to 4 ranks of
+// one BLAS thread each. Ranks beyond the machine's cores share them: the profile's
+// gpus_per_node is the cores (lfc calibrate writes cores / threads), and the simulator slows the
+// kernels of ranks that run together beyond it (simulation.md, "Shared cores"). The issue's
+// target (issue 17, item 5): within 15% for at least 8 layouts on 2–4 ranks. The summary line
+// counts them.
 
 import { readFileSync } from 'node:fs';
-import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { run as lfc, type CliIO } from '../cli/index.js';
 import { median } from '../compiler/sim/calibrate.js';
@@ -26,7 +30,8 @@ const argOf = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);
   return i > 0 ? process.argv[i + 1] : def;
 };
-const steps = Number(argOf('steps', '8'));
+const steps = Number(argOf('steps', '4'));
+const only = argOf('only', '').split(',').filter(Boolean).map(Number);
 const dir = benchDir('lfc-bench-sim-');
 const quiet: CliIO = { out: () => {}, err: () => {} };
 const must = async (...argv: string[]) => {
@@ -43,42 +48,52 @@ if (!profile) {
 }
 const hw = loadHardware(profile);
 console.log(readFileSync(profile, 'utf8').split('\n').slice(0, 1).join(''));
+console.log(`cores (gpus_per_node): ${hw.gpusPerNode}`);
 
+const SCALE = [
+  'tiny-vlm-moe',
+  '--seq-length',
+  '512',
+  'model.text_decoder.hidden_size=256',
+  'model.text_decoder.moe_ffn_hidden_size=512',
+];
+const on = (ranks: number, gbs: number, ...flags: string[]) => [
+  ...SCALE,
+  '--nproc-per-node',
+  String(ranks),
+  '--global-batch-size',
+  String(gbs),
+  ...flags,
+];
 const LAYOUTS: [string, string[]][] = [
-  ['tiny-vlm, 1 rank, seq 128, 4 microbatches', ['tiny-vlm', '--global-batch-size', '4']],
-  [
-    'tiny-vlm-moe, 1 rank, seq 256, 2 microbatches',
-    ['tiny-vlm-moe', '--seq-length', '256', '--global-batch-size', '2'],
-  ],
-  [
-    'tiny-vlm-moe, 2 ranks, dp 2',
-    ['tiny-vlm-moe', '--nproc-per-node', '2', '--global-batch-size', '4'],
-  ],
-  [
-    'tiny-vlm-moe, 2 ranks, pp 2',
-    ['tiny-vlm-moe', '--nproc-per-node', '2', '--pp', '2', '--global-batch-size', '4'],
-  ],
-  [
-    'tiny-vlm-moe, 2 ranks, ep 2',
-    ['tiny-vlm-moe', '--nproc-per-node', '2', '--ep', '2', '--global-batch-size', '4'],
-  ],
+  ['1 rank, 4 microbatches', on(1, 4)],
+  ['2 ranks, dp 2', on(2, 8)],
+  ['2 ranks, dp 2, distributed optimizer', on(2, 8, '--use-distributed-optimizer')],
+  ['2 ranks, pp 2', on(2, 8, '--pp', '2')],
+  ['2 ranks, pp 2, vpp 2', on(2, 8, '--pp', '2', '--vpp', '2')],
+  ['2 ranks, ep 2', on(2, 8, '--ep', '2')],
+  ['2 ranks, tp 2', on(2, 4, '--tp', '2')],
+  ['4 ranks, dp 4', on(4, 8)],
+  ['4 ranks, ep 4', on(4, 8, '--ep', '4')],
+  ['4 ranks, pp 2 × dp 2', on(4, 8, '--pp', '2')],
+  ['4 ranks, tp 2 × dp 2', on(4, 8, '--tp', '2')],
+  ['4 ranks, pp 4', on(4, 8, '--pp', '4')],
 ];
 
 console.log('| layout | predicted ms | measured ms (median) | predicted / measured |');
 console.log('|---|---|---|---|');
-for (const [name, argv] of LAYOUTS) {
+const ratios: { ranks: number; ratio: number }[] = [];
+for (const [k, [name, argv]] of LAYOUTS.entries()) {
+  if (only.length && !only.includes(k)) continue;
   const plan = join(dir, name.replace(/\W+/g, '-'));
   await must('compile', ...argv, '--no-simulate', '-o', plan);
   const loaded = readPlan(plan);
   const ranks = loaded.plan.topology.worldSize;
-  if (ranks > cpus().length) continue;
   const predicted = simulatePlan(loaded.plan, loaded.programs, hw).stepSeconds * 1e3;
   const metrics = join(plan, 'bench.jsonl');
-  const launch = ranks > 1 ? ['--nproc-per-node', String(ranks)] : [];
   await must(
     'run',
     plan,
-    ...launch,
     '--steps',
     String(steps),
     '--threads',
@@ -93,7 +108,11 @@ for (const [name, argv] of LAYOUTS) {
     .map((l) => (JSON.parse(l) as { step_ms: number }).step_ms)
     .slice(1);
   const measured = median(times);
+  ratios.push({ ranks, ratio: predicted / measured });
   console.log(
-    `| ${name} | ${predicted.toFixed(2)} | ${measured.toFixed(2)} | ${(predicted / measured).toFixed(2)} |`,
+    `| ${name} | ${predicted.toFixed(0)} | ${measured.toFixed(0)} | ${(predicted / measured).toFixed(2)} |`,
   );
 }
+const multi = ratios.filter((r) => r.ranks >= 2);
+const within = multi.filter((r) => Math.abs(r.ratio - 1) <= 0.15).length;
+console.log(`\nwithin 15%: ${within} of ${multi.length} layouts on 2–4 ranks (target: 8)`);

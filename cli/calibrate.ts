@@ -155,7 +155,9 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
         const profile: Omit<HardwareProfile, 'path'> = {
           name: 'local',
           description: `this machine: ${cpu}, ${cpus().length} cores, f32 CPU runtime`,
-          gpusPerNode: cpus().length,
+          // a "device" is one rank's threads: ranks beyond cores / threads share the cores
+          // (the simulator's shared-core model, compiler/sim/simulate.ts)
+          gpusPerNode: Math.max(1, Math.floor(cpus().length / (f.threads ?? cpus().length))),
           memoryGiB: Math.floor(totalmem() / 2 ** 30),
           // the operating system and Node: what a CPU plan cannot have of this machine's memory
           memoryReserveGiB: 2,
