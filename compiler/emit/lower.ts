@@ -9,7 +9,9 @@
 //   (compiler/emit/combined.ts); at encoder levels 2 and 3 the encoder's runs where the level puts
 //   them (compiler/emit/encoder-runs.ts). What crosses ranks is left to later passes, at marks:
 //   a p2p mark before each step (and after the last) holds the sends of the step before and the
-//   recvs of this one, whose buffers the passes read (p2p batches them); the handoff marks say
+//   recvs of this one, whose buffers the passes read (p2p batches them); in plain 1F1B, a mark
+//   before each pass of a step instead (Megatron's send_forward_recv_backward between a steady
+//   step's forward and backward); the handoff marks say
 //   where encoder outputs and their gradients move, and the buffers they fill are imports (the
 //   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
 //   for is the draft's openWaits.
@@ -70,6 +72,13 @@ export class Lowering {
 
   get m(): number {
     return this.opts.numMicrobatches;
+  }
+
+  /** virtual stages per pipeline rank (vpp; 1 without interleaving) */
+  get chunksPerStage(): number {
+    let last = 0;
+    for (const c of this.s.pipe.chunkOf) if (c > last) last = c;
+    return Math.max(1, Math.ceil((last + 1) / this.s.pipe.pp));
   }
 
   /** Runs nodes for microbatch mb on the compute stream, each waiting for what is pending. */
@@ -207,15 +216,22 @@ function lowerStep(
   step: readonly { kind: string }[],
 ): void {
   const { s } = lo;
-  // recvs of every pass of the step, before its first pass
-  const recvs = passes.flatMap((x) =>
+  const recvsOf = (x: PassRef) =>
     s.pipe.transfers
       .filter((t) => t.to.chunk === x.chunk && t.to.phase === x.phase)
-      .map((t) => recvOf(lo, t, x.mb)),
-  );
-  lo.mark({ kind: 'p2p', step: k, sends: lo.pendingSends, recvs });
-  lo.pendingSends = [];
+      .map((t) => recvOf(lo, t, x.mb));
   const combined = step.length === 1 && step[0].kind === 'FB';
+  // Plain 1F1B (Megatron's schedule without interleaving): a mark before each pass, so that a
+  // steady step's forward output goes with the backward's input gradient, between the two
+  // (send_forward_recv_backward), and the forward never waits on the gradient. A combined step
+  // needs both inputs first; interleaved 1F1B exchanges once per step, after its pair, as
+  // Megatron does (its warm-up makes what each step receives ready a step ahead).
+  const perPass = !combined && lo.chunksPerStage === 1 && s.pipe.pp > 1;
+  const markBefore = (xs: PassRef[]) => {
+    lo.mark({ kind: 'p2p', step: k, sends: lo.pendingSends, recvs: xs.flatMap(recvsOf) });
+    lo.pendingSends = [];
+  };
+  if (!perPass) markBefore(passes);
   if (combined) {
     const [f, b] = passes;
     if (f.chunk === 0) lo.encoder.beforeDecoderForward(f.mb);
@@ -224,6 +240,7 @@ function lowerStep(
   }
   for (const x of passes) {
     const local = lo.locals[x.mb];
+    if (perPass) markBefore([x]);
     if (!combined) {
       if (x.chunk === 0 && x.phase === 'forward') lo.encoder.beforeDecoderForward(x.mb);
       lo.runNodes(s.passNodes.get(passKey(x.chunk, x.phase)) ?? [], x.mb, local);
