@@ -53,18 +53,20 @@ void linear_backward_weight(Real* dw, Real* db, const Real* dy, const Real* x, i
   }
 }
 
-// ---- grouped_linear, optimized: one gemm per expert block ----------------------------------
+// ---- grouped_linear, optimized: one gemm per expert block, all of them one pool job -----------
 
 template <typename Real>
 void grouped_linear_forward(Real* y, const Real* x, const int32_t* counts, const Real* const* w,
                             int64_t E, int64_t N, int64_t in, int64_t out) {
   const int64_t used = checked_rows("grouped_linear_forward", counts, E, N);
+  std::vector<blas::GemmCall<Real>> calls;
   int64_t r0 = 0;
   for (int64_t e = 0; e < E; e++) {
     // y[r0 : r0+c] (c, out) = x[r0 : r0+c] (c, in) · w[e] (out, in)ᵀ
-    blas::gemm<Real>(false, true, counts[e], out, in, 1, x + r0 * in, in, w[e], in, 0, y + r0 * out, out);
+    calls.push_back({false, true, counts[e], out, in, 1, x + r0 * in, in, w[e], in, 0, y + r0 * out, out});
     r0 += counts[e];
   }
+  blas::gemm_batch(calls);
   std::fill(y + used * out, y + N * out, Real(0));
 }
 
@@ -72,12 +74,14 @@ template <typename Real>
 void grouped_linear_backward_data(Real* dx, const Real* dy, const int32_t* counts,
                                   const Real* const* w, int64_t E, int64_t N, int64_t in, int64_t out) {
   const int64_t used = checked_rows("grouped_linear_backward_data", counts, E, N);
+  std::vector<blas::GemmCall<Real>> calls;
   int64_t r0 = 0;
   for (int64_t e = 0; e < E; e++) {
     // dx[r0 : r0+c] (c, in) = dy[r0 : r0+c] (c, out) · w[e] (out, in)
-    blas::gemm<Real>(false, false, counts[e], in, out, 1, dy + r0 * out, out, w[e], in, 0, dx + r0 * in, in);
+    calls.push_back({false, false, counts[e], in, out, 1, dy + r0 * out, out, w[e], in, 0, dx + r0 * in, in});
     r0 += counts[e];
   }
+  blas::gemm_batch(calls);
   std::fill(dx + used * in, dx + N * in, Real(0));
 }
 
@@ -86,12 +90,14 @@ void grouped_linear_backward_weight(Real* const* dw, const Real* dy, const Real*
                                     const int32_t* counts, int64_t E, int64_t N, int64_t in,
                                     int64_t out) {
   checked_rows("grouped_linear_backward_weight", counts, E, N);
+  std::vector<blas::GemmCall<Real>> calls;
   int64_t r0 = 0;
   for (int64_t e = 0; e < E; e++) {
     // dw[e] (out, in) += dy[r0 : r0+c] (c, out)ᵀ · x[r0 : r0+c] (c, in)
-    blas::gemm<Real>(true, false, out, in, counts[e], 1, dy + r0 * out, out, x + r0 * in, in, 1, dw[e], in);
+    calls.push_back({true, false, out, in, counts[e], 1, dy + r0 * out, out, x + r0 * in, in, 1, dw[e], in});
     r0 += counts[e];
   }
+  blas::gemm_batch(calls);
 }
 
 // ---- by storage dtype ---------------------------------------------------------------------------
