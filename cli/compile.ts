@@ -666,60 +666,106 @@ export function parseCompileArgs(argv: readonly string[]): CompileRequest {
   return request!;
 }
 
-export function addCompileCommand(program: Command, io: CliIO): void {
+/**
+ * On a terminal, one status line on stderr that names the phase a compile is in, redrawn as it
+ * moves on and cleared at the end; elsewhere nothing (logs and pipes get the report alone).
+ */
+function compileStatus(io: CliIO, isTTY: boolean): { phase(text: string): void; done(): void } {
+  const start = performance.now();
+  let shown = false;
+  return {
+    phase(text) {
+      if (!isTTY) return;
+      const s = ((performance.now() - start) / 1000).toFixed(1);
+      io.err(`\r\x1b[2Klfc compile: ${text}… (${s} s)`);
+      shown = true;
+    },
+    done() {
+      if (shown) io.err('\r\x1b[2K');
+      shown = false;
+    },
+  };
+}
+
+export function addCompileCommand(program: Command, io: CliIO, isTTY: () => boolean): void {
   defineCompileCommand(program.command('compile')).action(
     (model: string | undefined, overrides: string[], f: CompileFlags) => {
       if (f.listPasses) return io.out(describePasses());
       const request = compileRequest(model, overrides, f);
       if (!f.output && !f.dumpAfter)
         throw new UserError('compile: say where to write the plan with -o DIR');
-      const result = compile({ ...request.options, onDump: (text) => io.out(text) });
-      if (f.output) writePlan(f.output, result.plan, result.programs);
-      if (f.dumpAfter) return;
-      const e = result.stats.emit;
-      const t = result.plan.training;
-      const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
-      const memory = memoryByProgram(result, device);
-      const simulated = simulateReport(result, f);
-      if (f.json) {
-        const forecast = simulated.forecast;
-        io.out(
-          JSON.stringify(
-            {
-              output: f.output,
-              training: t,
-              stats: result.stats,
-              memory: { device, programs: memory },
-              forecast,
-            },
-            null,
-            2,
-          ) + '\n',
-        );
-        return;
+      const status = compileStatus(io, isTTY() && !f.dumpAfter);
+      try {
+        const result = compile({
+          ...request.options,
+          onDump: (text) => io.out(text),
+          onProgress: (phase) => status.phase(phase),
+        });
+        if (f.output) {
+          status.phase(`writing ${f.output}`);
+          writePlan(f.output, result.plan, result.programs);
+        }
+        if (f.dumpAfter) return;
+        if (f.simulate !== false) status.phase('simulating the step');
+        const simulated = simulateReport(result, f);
+        status.done();
+        report(io, result, request, f, simulated);
+      } finally {
+        status.done();
       }
-      const world = result.plan.topology.worldSize;
-      const programs = result.programs.length;
-      io.out(
-        [
-          `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${describeSizes(result, request.options)}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
-          ...describePlacement(result).map((l) => `  ${l}`),
-          `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each (data profile ${result.data.profile}: ${result.data.sizes.expected.visualTokens} expected)`,
-          `  precision: ${describePrecision(result.precision)}`,
-          `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
-          `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
-          `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,
-          ...(e.hostBytes
-            ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
-            : []),
-          ...describeMemory(memory, 8, device).map((l) => `  ${l}`),
-          ...describeAdvice(request.options, result, memory, device, f.advice !== false).map(
-            (l) => `  ${l}`,
-          ),
-          ...simulated.lines.map((l) => `  ${l}`),
-          '',
-        ].join('\n'),
-      );
     },
+  );
+}
+
+/** The compile report on stdout: the plan's figures, memory, advice and the simulated step. */
+function report(
+  io: CliIO,
+  result: ReturnType<typeof compile>,
+  request: CompileRequest,
+  f: CompileFlags,
+  simulated: ReturnType<typeof simulateReport>,
+): void {
+  const e = result.stats.emit;
+  const t = result.plan.training;
+  const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
+  const memory = memoryByProgram(result, device);
+  if (f.json) {
+    const forecast = simulated.forecast;
+    io.out(
+      JSON.stringify(
+        {
+          output: f.output,
+          training: t,
+          stats: result.stats,
+          memory: { device, programs: memory },
+          forecast,
+        },
+        null,
+        2,
+      ) + '\n',
+    );
+    return;
+  }
+  const world = result.plan.topology.worldSize;
+  const programs = result.programs.length;
+  io.out(
+    [
+      `compiled ${result.config.name} for ${world} rank${world > 1 ? 's' : ''} (${describeSizes(result, request.options)}; ${programs} distinct program${programs > 1 ? 's' : ''}) → ${f.output}`,
+      ...describePlacement(result).map((l) => `  ${l}`),
+      `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each (data profile ${result.data.profile}: ${result.data.sizes.expected.visualTokens} expected)`,
+      `  precision: ${describePrecision(result.precision)}`,
+      `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
+      `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
+      `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,
+      ...(e.hostBytes
+        ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
+        : []),
+      ...describeMemory(memory, 8, device).map((l) => `  ${l}`),
+      ...describeAdvice(request.options, result, memory, device, f.advice !== false).map(
+        (l) => `  ${l}`,
+      ),
+      ...simulated.lines.map((l) => `  ${l}`),
+      '',
+    ].join('\n'),
   );
 }

@@ -36,7 +36,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
       outputError: (text, write) => write(`lfc: ${text.replace(/\n(?=.)/g, ' ').trim()}\n`),
     });
   addInspectCommand(program, io);
-  addCompileCommand(program, io);
+  addCompileCommand(program, io, isTTY);
   addRunCommand(program, io, isTTY);
   addDemoCommand(program, io, isTTY);
   addCalibrateCommand(program, io);

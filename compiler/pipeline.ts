@@ -173,6 +173,8 @@ export interface CompileOptions {
   /** which program --dump-after prints after an emission pass (default: the first) */
   readonly dumpProgram?: string;
   readonly onDump?: (text: string) => void;
+  /** called as compilation moves on: the phase it enters ("emitting program p1 (2 of 8)") */
+  readonly onProgress?: (phase: string) => void;
   /**
    * skip the checks of the IR after each pass, of memory reuse and the plan verifier (the fits
    * advice plans alternatives of a verified plan only for their memory)
@@ -197,6 +199,7 @@ export interface CompileResult {
 
 export function compile(o: CompileOptions): CompileResult {
   checkDumpRequest(o);
+  o.onProgress?.('graph passes');
   const layout = resolveLayout(o);
   const { forward, sharded } = runShardingPasses(o, layout);
   const { graph, stats: adStats } = autodiff(sharded, layout.optimizer, layout.precision.grad);
@@ -212,6 +215,7 @@ export function compile(o: CompileOptions): CompileResult {
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
+  if (!o.skipVerify) o.onProgress?.(`verifying the plan (${programs.length} programs)`);
   if (!o.skipVerify) assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
   const verifyMs = performance.now() - verifyStart;
   const most = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
@@ -530,6 +534,7 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
       tpIndex++
     ) {
       const id = programId(stage, tpIndex);
+      o.onProgress?.(`emitting program ${id} (stage ${stage + 1} of ${sizes.pp})`);
       const dump =
         dumpAt && (o.dumpProgram ?? (programs.length === 0 ? id : undefined)) === id
           ? (pass: string, x: Parameters<typeof printStage>[0]) =>

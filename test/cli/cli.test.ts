@@ -161,3 +161,43 @@ describe('inspect', () => {
     expect(r.out).toMatch(/cross_entropy\(/);
   });
 });
+
+describe('compile status', () => {
+  const compileWith = async (isTTY: boolean) => {
+    let out = '';
+    let err = '';
+    const program = makeProgram({ out: (t) => (out += t), err: (t) => (err += t) }, () => isTTY);
+    const plan = join(dir, `status-${isTTY}`);
+    await program.parseAsync(
+      ['compile', 'tiny-vlm', '--nproc-per-node', '2', '--pp', '2', '-o', plan],
+      {
+        from: 'user',
+      },
+    );
+    return { out, err, plan };
+  };
+
+  it('on a terminal: one redrawn line naming each phase on stderr, cleared before the report', async () => {
+    const { out, err, plan } = await compileWith(true);
+    const phases = err.split('\r\x1b[2K').filter(Boolean);
+    expect(phases.map((p) => p.replace(/… \([\d.]+ s\)$/, ''))).toEqual([
+      'lfc compile: graph passes',
+      'lfc compile: emitting program p0 (stage 1 of 2)',
+      'lfc compile: emitting program p1 (stage 2 of 2)',
+      'lfc compile: verifying the plan (2 programs)',
+      `lfc compile: writing ${plan}`,
+      'lfc compile: simulating the step',
+    ]);
+    expect(err.endsWith('\r\x1b[2K')).toBe(true);
+    expect(out).toMatch(/^compiled tiny-vlm for 2 ranks/);
+  });
+
+  it('elsewhere: nothing on stderr, the same report', async () => {
+    const tty = await compileWith(true);
+    const piped = await compileWith(false);
+    expect(piped.err).toBe('');
+    const same = (r: { out: string; plan: string }) =>
+      r.out.replaceAll(r.plan, 'PLAN').replace(/verified in [\d.]+ s/, 'verified in T s');
+    expect(same(piped)).toBe(same(tty));
+  });
+});
