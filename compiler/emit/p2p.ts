@@ -1,7 +1,8 @@
 // Emission pass 4, p2p: the pipeline's sends and receives, batched between schedule steps.
 //
-// Holds before: a p2p mark before each step and after the last (lowering), each with the sends
-//   of the step before and the recvs of its own step (their buffers already read by its passes).
+// Holds before: a p2p mark before each step (plain 1F1B: before each pass) and after the last
+//   (lowering), each with the sends of the step (pass) before and the recvs of its own (their
+//   buffers already read by its passes).
 // Holds after: at each mark whose lists are not empty, one batch on the comm stream: the sends,
 //   then the recvs, posted together (Megatron's batched send/recv, so neighbours never wait on
 //   each other's order), numbered in their `batch` attribute. The batch's first instruction waits

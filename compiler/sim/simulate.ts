@@ -106,10 +106,7 @@ function runOnSharedCores(
   let sim = run(ix, costs, hw);
   let previous = NaN;
   for (let round = 0; round < 12; round++) {
-    const load =
-      nodes === 1
-        ? [nodeLoad(sim, costs, count, 0)]
-        : range(nodes, (n) => nodeLoad(sim, costs, count, n));
+    const load = range(nodes, (n) => nodeLoad(sim, costs, count, n, cores));
     costs = sim.ranks.map((k, j) => {
       const out = Float64Array.from(base[j]);
       const where = range(nodes, (n) => n).filter((n) => count[j][n] > 0);
@@ -117,7 +114,7 @@ function runOnSharedCores(
         if (!(base[j][i] > 0)) continue;
         const from = Math.max(k.start[i], k.end[i] - costs[j][i]);
         let slow = 1;
-        for (const n of where) slow = Math.max(slow, load[n].meanSlowdown(from, k.end[i], cores));
+        for (const n of where) slow = Math.max(slow, load[n].meanSlowdown(from, k.end[i]));
         out[i] = base[j][i] * slow;
       }
       return out;
@@ -131,36 +128,32 @@ function runOnSharedCores(
 
 const range = <T>(n: number, f: (i: number) => T): T[] => Array.from({ length: n }, (_, i) => f(i));
 
-/** A node's load: how many instructions run at once, piecewise constant between `at` points. */
+/** A node's load: how many instructions run at once, piecewise constant between breakpoints. */
 class Load {
-  /** breakpoints, the load from each to the next, and ∫ max(1, load / C) up to each (per C) */
-  private integral = new Map<number, Float64Array>();
+  /** ∫ max(1, load / cores) from the first breakpoint to each */
+  private readonly F: Float64Array;
   constructor(
     private readonly at: Float64Array,
     private readonly level: Float64Array,
-  ) {}
+    private readonly cores: number,
+  ) {
+    this.F = new Float64Array(at.length);
+    for (let k = 1; k < at.length; k++)
+      this.F[k] = this.F[k - 1] + (at[k] - at[k - 1]) * this.slowdown(k - 1);
+  }
 
   /** the mean of max(1, load / cores) over [a, b] (1 for an empty interval) */
-  meanSlowdown(a: number, b: number, cores: number): number {
-    if (!(b > a)) return 1;
-    const F = this.cumulative(cores);
-    return (this.integrate(F, b, cores) - this.integrate(F, a, cores)) / (b - a);
+  meanSlowdown(a: number, b: number): number {
+    return b > a ? (this.integral(b) - this.integral(a)) / (b - a) : 1;
   }
 
-  private cumulative(cores: number): Float64Array {
-    let F = this.integral.get(cores);
-    if (F) return F;
-    const { at, level } = this;
-    F = new Float64Array(at.length);
-    for (let k = 1; k < at.length; k++)
-      F[k] = F[k - 1] + (at[k] - at[k - 1]) * Math.max(1, level[k - 1] / cores);
-    this.integral.set(cores, F);
-    return F;
+  private slowdown(k: number): number {
+    return Math.max(1, this.level[k] / this.cores);
   }
 
-  /** ∫ from the first breakpoint to t */
-  private integrate(F: Float64Array, t: number, cores: number): number {
-    const { at, level } = this;
+  /** ∫ from the first breakpoint to t (the load is 0 outside them) */
+  private integral(t: number): number {
+    const { at, F } = this;
     if (at.length === 0 || t <= at[0]) return 0;
     let lo = 0;
     let hi = at.length - 1;
@@ -170,7 +163,7 @@ class Load {
       if (at[mid] <= t) lo = mid;
       else hi = mid;
     }
-    return F[lo] + (t - at[lo]) * Math.max(1, level[lo] / cores);
+    return F[lo] + (t - at[lo]) * this.slowdown(lo);
   }
 }
 
@@ -180,6 +173,7 @@ function nodeLoad(
   costs: readonly Float64Array[],
   count: readonly Float64Array[],
   n: number,
+  cores: number,
 ): Load {
   const edges: [number, number][] = [];
   sim.ranks.forEach((k, j) => {
@@ -202,7 +196,7 @@ function nodeLoad(
       level.push(current);
     }
   }
-  return new Load(Float64Array.from(at), Float64Array.from(level));
+  return new Load(Float64Array.from(at), Float64Array.from(level), cores);
 }
 
 /** A program's costs, its collectives priced on the groups of the first rank that runs it. */
