@@ -180,6 +180,7 @@ export function describePlacement(result: CompileResult): string[] {
 function simulateReport(
   result: CompileResult,
   f: CompileFlags,
+  starting: () => void = () => {},
 ): { forecast?: StepForecast; lines: string[] } {
   const hw = loadHardware(f.hardware ?? 'h800');
   if (f.simulate === false) {
@@ -196,6 +197,7 @@ function simulateReport(
       ],
     };
   const programs = new Map(result.programs.map((p) => [p.id, p]));
+  starting();
   const { forecast, simulation } = forecastStep(result.graph, result.plan, programs, hw);
   if (f.trace) {
     const parts = simulation.ranks.map((r) =>
@@ -706,8 +708,7 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
           writePlan(f.output, result.plan, result.programs);
         }
         if (f.dumpAfter) return;
-        if (f.simulate !== false) status.phase('simulating the step');
-        const simulated = simulateReport(result, f);
+        const simulated = simulateReport(result, f, () => status.phase('simulating the step'));
         status.done();
         report(io, result, request, f, simulated);
       } finally {

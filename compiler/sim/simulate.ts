@@ -96,12 +96,13 @@ function runOnSharedCores(
 ): Simulation {
   const perNode = ix.plan.topology.nprocPerNode;
   const nodes = Math.ceil(ix.world / perNode);
-  // [program][node] its ranks there
+  // [program][node] its ranks there, and the nodes it has ranks on
   const count = ix.programs.map((p) => {
     const c = new Float64Array(nodes);
     for (const r of p.ranks) c[Math.floor(r / perNode)]++;
     return c;
   });
+  const nodesOf = count.map((c) => range(nodes, (n) => n).filter((n) => c[n] > 0));
   let costs = base.map((c) => Float64Array.from(c));
   let sim = run(ix, costs, hw);
   let previous = NaN;
@@ -109,12 +110,11 @@ function runOnSharedCores(
     const load = range(nodes, (n) => nodeLoad(sim, costs, count, n, cores));
     costs = sim.ranks.map((k, j) => {
       const out = Float64Array.from(base[j]);
-      const where = range(nodes, (n) => n).filter((n) => count[j][n] > 0);
       for (let i = 0; i < out.length; i++) {
         if (!(base[j][i] > 0)) continue;
         const from = Math.max(k.start[i], k.end[i] - costs[j][i]);
         let slow = 1;
-        for (const n of where) slow = Math.max(slow, load[n].meanSlowdown(from, k.end[i]));
+        for (const n of nodesOf[j]) slow = Math.max(slow, load[n].meanSlowdown(from, k.end[i]));
         out[i] = base[j][i] * slow;
       }
       return out;

@@ -1,6 +1,5 @@
 #include "runtime.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>

@@ -128,8 +128,10 @@ void gemm_batch(const std::vector<GemmCall<Real>>& calls) {
     for (int64_t t = 0; t < how[c].count; t++) items.emplace_back(int32_t(c), int32_t(t));
   }
   parallelFor(int64_t(items.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) run_tile(calls[size_t(items[size_t(i)].first)], how[size_t(items[size_t(i)].first)],
-                                             items[size_t(i)].second);
+    for (int64_t i = b; i < e; i++) {
+      const auto [c, t] = items[size_t(i)];
+      run_tile(calls[size_t(c)], how[size_t(c)], t);
+    }
   });
 }
 
