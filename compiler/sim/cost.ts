@@ -5,13 +5,25 @@
 //               operands; eff(f) = efficiency · f / (f + half), so small GEMMs reach less of the
 //               peak. Ops without matmul FLOPs (norms, activations, AdamW, layout) are bound by
 //               memory traffic alone.
-//   collective  latency · steps + factor · bytes / link bandwidth, over the link the group needs:
-//               inside one node, or across nodes (the slower link bounds a ring):
+//   collective  latency · steps + factor · bytes / link bandwidth (NCCL's ring and direct
+//               algorithms; n: the whole gathered or reduced size):
 //                 all_reduce              2(P−1)/P · n, 2(P−1) steps
 //                 all_gather, reduce_scatter, all_to_all_v, gather_v, scatter_v
-//                                         (P−1)/P · n, P−1 steps (n: the whole gathered size)
+//                                         (P−1)/P · n, P−1 steps
 //                 broadcast               n, log2 P steps (pipelined)
 //                 send, recv              n, one step
+//               A group inside one node runs on NVLink. A group over k nodes with q of its ranks
+//               on the rank's own node (GroupShape) is priced by what crosses which link, at the
+//               inter-node latency:
+//                 rings (all_reduce, all_gather, reduce_scatter, broadcast): the whole ring's
+//                   traffic passes every node boundary, carried by the q ranks' NIC shares at once
+//                   (one ring channel each, as NCCL builds them): factor · n / min(NVLink,
+//                   q · NIC). A group of whole nodes then reaches the node's NIC bandwidth as its
+//                   bus bandwidth, which is what nccl-tests report across nodes.
+//                 direct exchanges (all_to_all_v, gather_v, scatter_v): each rank's blocks for
+//                   the q − 1 peers on its node go over NVLink and those for the P − q off it over
+//                   its own NIC share, both at once: max((q−1)/P · n / NVLink, (P−q)/P · n / NIC).
+//                 send, recv: n over the NIC share.
 //   offload, reload   bytes / host link
 //
 // Sizes are resolved at what a step is expected to see, not the bounds memory is planned at: each
@@ -27,11 +39,17 @@ import type { Attrs } from '../../ir/types.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
 import type { HardwareProfile, Link } from './hardware.js';
 
-/** How a collective's group lies on the machines: its size and whether it crosses nodes. */
+/** How a collective's group lies on the machines (for a send or recv: the pair). */
 export interface GroupShape {
   readonly size: number;
-  readonly crossesNodes: boolean;
+  /** the nodes its ranks are on */
+  readonly nodes: number;
+  /** its ranks on the node of the rank being priced (that rank included) */
+  readonly local: number;
 }
+
+/** A group of `size` ranks on one node. */
+export const oneNode = (size: number): GroupShape => ({ size, nodes: 1, local: size });
 
 /** The symbol sizes costs are taken at (see the header). */
 export function expectedSizes(
@@ -135,9 +153,7 @@ export function instructionCosts(
   return Float64Array.from(program.instructions, (x, i) => {
     const w = work[i];
     if (w.category === 'collective') {
-      const g = groupOf(x);
-      const link = g.crossesNodes ? hw.links.interNode : hw.links.intraNode;
-      return collectiveSeconds(x.op, g.size, w.bytes, link);
+      return groupCollectiveSeconds(x.op, groupOf(x), w.bytes, hw.links);
     }
     if (w.category === 'memory') {
       const link = hw.links.host;
@@ -173,4 +189,37 @@ export function collectiveSteps(op: string, P: number): { steps: number; factor:
 export function collectiveSeconds(op: string, P: number, bytes: number, link: Link): number {
   const { steps, factor } = collectiveSteps(op, P);
   return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * 1e9);
+}
+
+/** One collective of `bytes` over a group as it lies on the machines (the header's model). */
+export function groupCollectiveSeconds(
+  op: string,
+  g: GroupShape,
+  bytes: number,
+  links: Pick<HardwareProfile['links'], 'intraNode' | 'interNode'>,
+): number {
+  if (g.nodes <= 1) return collectiveSeconds(op, g.size, bytes, links.intraNode);
+  const { intraNode: nvlink, interNode: nic } = links;
+  const P = g.size;
+  const q = Math.max(1, Math.min(g.local, P - 1));
+  const { steps, factor } = collectiveSteps(op, P);
+  const latency = steps * nic.latencyUs * 1e-6;
+  const GB = 1e9;
+  switch (op) {
+    case 'send':
+    case 'recv':
+      return latency + bytes / (nic.gbps * GB);
+    case 'all_to_all_v':
+    case 'gather_v':
+    case 'scatter_v':
+      return (
+        latency +
+        Math.max(
+          (((q - 1) / P) * bytes) / (nvlink.gbps * GB),
+          (((P - q) / P) * bytes) / (nic.gbps * GB),
+        )
+      );
+    default: // rings
+      return latency + (factor * bytes) / (Math.min(nvlink.gbps, q * nic.gbps) * GB);
+  }
 }

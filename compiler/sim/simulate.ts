@@ -210,15 +210,26 @@ function defaultCosts(
   const perNode = ix.plan.topology.nprocPerNode;
   const node = (r: number) => Math.floor(r / perNode);
   const index = new Map(p.file.instructions.map((x, i) => [x, i]));
+  const shapes = new Map<number, GroupShape>(); // by communicator
   const groupOf = (x: (typeof p.file.instructions)[number]): GroupShape => {
     const i = index.get(x)!;
     if (p.kind[i] === GROUP) {
       const c = ix.rankComm[rank][p.collRef[p.slot[i]]];
-      const ranks = c >= 0 ? [...ix.comms[c].ranks] : [rank];
-      return { size: ranks.length, crossesNodes: new Set(ranks.map(node)).size > 1 };
+      let g = shapes.get(c);
+      if (g === undefined) {
+        const ranks = c >= 0 ? [...ix.comms[c].ranks] : [rank];
+        g = {
+          size: ranks.length,
+          nodes: new Set(ranks.map(node)).size,
+          local: ranks.filter((r) => node(r) === node(rank)).length,
+        };
+        shapes.set(c, g);
+      }
+      return g;
     }
     const peer = ix.peerOf(rank, p, p.slot[i]);
-    return { size: 2, crossesNodes: peer >= 0 && node(peer) !== node(rank) };
+    const apart = peer >= 0 && node(peer) !== node(rank);
+    return { size: 2, nodes: apart ? 2 : 1, local: apart ? 1 : 2 };
   };
   return instructionCosts(p.file, hw, sizes, groupOf);
 }

@@ -6,7 +6,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
-import { collectiveSeconds, expectedSizes, instructionCosts } from '../../compiler/sim/cost.js';
+import {
+  collectiveSeconds,
+  expectedSizes,
+  groupCollectiveSeconds,
+  instructionCosts,
+  oneNode,
+} from '../../compiler/sim/cost.js';
 import { listHardware, loadHardware } from '../../compiler/sim/hardware.js';
 import { microbatchForwardFlops } from '../../compiler/sim/report.js';
 import { cli } from '../helpers.js';
@@ -29,11 +35,54 @@ describe('collective formulas', () => {
   });
 });
 
+describe('groups over nodes', () => {
+  const links = { intraNode: { gbps: 200, latencyUs: 4 }, interNode: { gbps: 12.5, latencyUs: 8 } };
+  const nvlink = (op: string, P: number) => collectiveSeconds(op, P, GiB, links.intraNode);
+  it('a group on one node runs on NVLink', () => {
+    for (const op of ['all_reduce', 'all_to_all_v', 'broadcast'])
+      expect(groupCollectiveSeconds(op, oneNode(8), GiB, links)).toBe(nvlink(op, 8));
+  });
+  it('a ring of one rank per node runs at one NIC share; of q per node, at q shares', () => {
+    const at = (q: number) =>
+      groupCollectiveSeconds('all_reduce', { size: 4 * q, nodes: 4, local: q }, GiB, links);
+    const P = 4;
+    expect(at(1)).toBeCloseTo(2 * (P - 1) * 8e-6 + (2 * ((P - 1) / P) * GiB) / 12.5e9, 12);
+    // 8 ranks a node: the node's 8 NIC shares (100 GB/s) carry the ring, NVLink is faster still
+    const P32 = 32;
+    expect(at(8)).toBeCloseTo(2 * (P32 - 1) * 8e-6 + (2 * ((P32 - 1) / P32) * GiB) / 100e9, 12);
+    // never faster than NVLink: 32 NIC shares would be 400 GB/s
+    const wide = groupCollectiveSeconds(
+      'all_gather',
+      { size: 64, nodes: 2, local: 32 },
+      GiB,
+      links,
+    );
+    expect(wide).toBeCloseTo(63 * 8e-6 + ((63 / 64) * GiB) / 200e9, 12);
+  });
+  it('an all-to-all sends its off-node blocks over the NIC share, the others over NVLink', () => {
+    // ranks 0, 4, 8, 12 with 8 a node: 2 on each node
+    const t = groupCollectiveSeconds('all_to_all_v', { size: 4, nodes: 2, local: 2 }, GiB, links);
+    expect(t).toBeCloseTo(3 * 8e-6 + Math.max(GiB / 4 / 200e9, GiB / 2 / 12.5e9), 12);
+    // every peer off the node: the flat inter-node figure
+    const apart = groupCollectiveSeconds(
+      'all_to_all_v',
+      { size: 4, nodes: 4, local: 1 },
+      GiB,
+      links,
+    );
+    expect(apart).toBeCloseTo(collectiveSeconds('all_to_all_v', 4, GiB, links.interNode), 12);
+  });
+  it('a send to another node crosses one NIC share', () => {
+    const t = groupCollectiveSeconds('send', { size: 2, nodes: 2, local: 1 }, GiB, links);
+    expect(t).toBeCloseTo(8e-6 + GiB / 12.5e9, 12);
+  });
+});
+
 describe('instruction costs', () => {
   const result = compile({ model: 'tiny-vlm', microBatchSize: 1, globalBatchSize: 1 });
   const [program] = result.programs;
   const sizes = expectedSizes(result.plan, result.programs);
-  const costs = instructionCosts(program, h800, sizes, () => ({ size: 1, crossesNodes: false }));
+  const costs = instructionCosts(program, h800, sizes, () => oneNode(1));
 
   it('a linear: launch + max(2·m·n·k at the efficiency its size reaches, bytes at bandwidth)', () => {
     const i = program.instructions.findIndex(
