@@ -12,6 +12,7 @@ import { addCalibrateCommand } from './calibrate.js';
 import { addVizCommand } from './viz.js';
 import { addExportHfCommand } from './export-hf.js';
 import { addDataCommand } from './data.js';
+import { addTuneCommand } from './tune.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -39,6 +40,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addCompileCommand(program, io, isTTY);
   addRunCommand(program, io, isTTY);
   addDemoCommand(program, io, isTTY);
+  addTuneCommand(program, io, isTTY);
   addCalibrateCommand(program, io);
   addVizCommand(program, io);
   addExportHfCommand(program, io);

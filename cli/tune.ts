@@ -1,0 +1,212 @@
+// lfc tune <model> --nnodes N --nproc-per-node G --hardware X: the best layouts of a model on a
+// cluster, each compiled and simulated (compiler/tune), printed with the `lfc compile` line that
+// gives its figures.
+
+import { Command, Option } from 'commander';
+import { UserError } from '../compiler/errors.js';
+import { loadModelConfig } from '../compiler/frontend/config.js';
+import { loadHardware } from '../compiler/sim/hardware.js';
+import { tune, type PricedLayout, type TuneResult } from '../compiler/tune/search.js';
+import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
+import { deviceMemoryOf, parseCompileArgs } from './compile.js';
+import type { CliIO } from './index.js';
+import { positiveInt, positiveNumber } from './options.js';
+
+interface TuneFlags {
+  nnodes?: number;
+  nprocPerNode?: number;
+  hardware?: string;
+  seqLength?: number;
+  globalBatchSize?: number;
+  bf16?: boolean;
+  dataProfile?: string;
+  top: number;
+  fix: string[];
+  exclude: string[];
+  timeBudget: number;
+  fit: 'bound' | 'expected';
+  json?: boolean;
+}
+
+const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
+const GiB = 2 ** 30;
+
+export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean): void {
+  program
+    .command('tune')
+    .description(
+      'search the layouts of a model on a cluster: each compiled and simulated, the best that fit ranked by predicted tokens/s',
+    )
+    .argument('<model>', 'preset name, LoongForge alias or YAML file')
+    .argument('[overrides...]', 'Hydra-style overrides: key=value, +key=value, ~key')
+    .requiredOption('--nnodes <n>', 'nodes in the cluster', positiveInt('--nnodes'))
+    .requiredOption('--nproc-per-node <n>', 'GPUs per node', positiveInt('--nproc-per-node'))
+    .option('--hardware <name|file>', 'the hardware profile (default h800)')
+    .option(
+      '--seq-length <n>',
+      "tokens per sequence (default: the preset's)",
+      positiveInt('--seq-length'),
+    )
+    .option(
+      '--global-batch-size <n>',
+      'sequences per step (default: the ranks)',
+      positiveInt('--global-batch-size'),
+    )
+    .option('--bf16', 'bf16 mixed precision')
+    .option('--data-profile <name|file>', 'what a packed microbatch holds (configs/data)')
+    .option('--top <k>', 'layouts to print', positiveInt('--top'), 5)
+    .option(
+      '--fix <knob=value...>',
+      `pin knobs (${KNOBS.join(', ')}); values may be listed with |: level=1|3`,
+      (v: string, prev: string[]) => [...prev, v],
+      [],
+    )
+    .option(
+      '--exclude <feature...>',
+      `leave features out: ${Object.keys(FEATURES).join(', ')}`,
+      (v: string, prev: string[]) => [...prev, v],
+      [],
+    )
+    .option(
+      '--time-budget <s>',
+      'seconds of search; what is left is named, not priced',
+      positiveNumber('--time-budget'),
+      600,
+    )
+    .addOption(
+      new Option('--fit <where>', 'memory must fit at the bounds or at expected sizes')
+        .choices(['bound', 'expected'])
+        .default('bound'),
+    )
+    .option('--json', 'print the result as JSON')
+    .action((model: string, overrides: string[], f: TuneFlags) => {
+      if (overrides.some((o) => o.replace(/^\+/, '').startsWith(`${ENCODER_TP}=`)))
+        throw new UserError(
+          `tune: the encoder's TP is a knob of the search: use --fix encoder-tp=N, not ${ENCODER_TP}`,
+        );
+      const fix = parseFix(f.fix);
+      const exclude = parseExclude(f.exclude.flatMap((e) => e.split(',')));
+      const hardware = f.hardware ?? 'h800';
+      const hw = loadHardware(hardware);
+      const config = loadModelConfig(model, overrides);
+      const world = f.nnodes! * f.nprocPerNode!;
+      const globalBatchSize = f.globalBatchSize ?? world;
+      const base = [
+        model,
+        ...overrides,
+        '--nnodes',
+        String(f.nnodes),
+        '--nproc-per-node',
+        String(f.nprocPerNode),
+        ...(f.seqLength ? ['--seq-length', String(f.seqLength)] : []),
+        '--global-batch-size',
+        String(globalBatchSize),
+        ...(f.bf16 ? ['--bf16'] : []),
+        ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
+      ];
+      const tty = isTTY() && !f.json;
+      const result = tune({
+        space: {
+          config,
+          nnodes: f.nnodes!,
+          nprocPerNode: f.nprocPerNode!,
+          globalBatchSize,
+          fix,
+          exclude,
+        },
+        optionsOf: (flags) => parseCompileArgs([...base, ...flags]).options,
+        hardware: hw,
+        device: deviceMemoryOf(hw),
+        fit: f.fit,
+        top: f.top,
+        timeBudgetS: f.timeBudget,
+        onProgress: tty
+          ? (p) =>
+              io.err(
+                `\r\x1b[2Klfc tune: ${p.priced} of ${p.total} layouts (${p.seconds.toFixed(0)} s)${p.best ? `; best ${kilo(p.best.forecast.tokensPerSecond)} tokens/s: ${p.best.name}` : ''}`,
+              )
+          : undefined,
+      });
+      if (tty) io.err('\r\x1b[2K');
+      const line = (p: PricedLayout) =>
+        [
+          'lfc compile',
+          ...[...base, ...p.flags, '--hardware', hardware].map(quote),
+          '-o',
+          'plan',
+        ].join(' ');
+      if (f.json) {
+        io.out(JSON.stringify(jsonOf(result, line), null, 2) + '\n');
+        return;
+      }
+      io.out(describe(result, line, { model: config.name, world, hardware: hw.name, fit: f.fit }));
+    });
+}
+
+/** seconds or milliseconds, three figures */
+const duration = (s: number) =>
+  s >= 1 ? `${s.toPrecision(3)} s` : `${(s * 1e3).toPrecision(3)} ms`;
+/** GiB, or MiB under 1 GiB */
+const bytes = (b: number) =>
+  b >= GiB ? `${(b / GiB).toFixed(1)} GiB` : `${(b / 2 ** 20).toFixed(1)} MiB`;
+const kilo = (x: number) => (x >= 1e4 ? `${(x / 1e3).toFixed(1)}k` : x.toFixed(0));
+const quote = (s: string) => (/^[\w./=:,+-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
+
+function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
+  const layout = (p: PricedLayout) => ({
+    name: p.name,
+    compileLine: line(p),
+    layout: p.layout,
+    fits: p.fits,
+    verified: p.verified,
+    forecast: p.forecast,
+    memory: {
+      peakBoundBytes: p.peakBound,
+      peakExpectedBytes: p.peakExpected,
+      programs: p.memory,
+    },
+  });
+  return {
+    layouts: r.layouts.map(layout),
+    closest: r.closest.map(layout),
+    enumerated: r.enumerated,
+    priced: r.priced,
+    fitting: r.fitting,
+    refused: r.refused,
+    refusedBy: r.refusedBy,
+    failed: r.failed,
+    unpriced: r.unpriced,
+    seconds: r.seconds,
+  };
+}
+
+function describe(
+  r: TuneResult,
+  line: (p: PricedLayout) => string,
+  c: { model: string; world: number; hardware: string; fit: string },
+): string {
+  const out = [
+    `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}): ${r.enumerated} layouts, ${r.refused} refused by the layout rules, ${r.priced} priced in ${r.seconds.toFixed(1)} s, ${r.fitting} fit`,
+  ];
+  if (r.unpriced.length)
+    out.push(`  not priced within --time-budget: ${r.unpriced.length} layouts (--json lists them)`);
+  for (const f of r.failed) out.push(`  could not price ${f.name}: ${f.error}`);
+  const table = (ps: readonly PricedLayout[]) => {
+    out.push('  #  tokens/s  per GPU       step    MFU  peak memory: bound / expected  layout');
+    ps.forEach((p, i) => {
+      const f = p.forecast;
+      out.push(
+        `  ${String(i + 1)}  ${kilo(f.tokensPerSecond).padStart(8)}  ${(f.tokensPerSecond / c.world).toFixed(0).padStart(7)}  ${duration(f.stepSeconds).padStart(9)}  ${(100 * f.mfu).toFixed(1).padStart(4)}%  ${bytes(p.peakBound).padStart(14)} / ${bytes(p.peakExpected).padEnd(14)}  ${p.name}`,
+      );
+    });
+    ps.forEach((p, i) => out.push(`  ${i + 1}: ${line(p)}`));
+  };
+  if (r.layouts.length) table(r.layouts);
+  else if (r.closest.length) {
+    out.push(
+      `  no layout priced fits; the smallest at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}:`,
+    );
+    table(r.closest);
+  } else out.push('  no layout could be priced');
+  return out.join('\n') + '\n';
+}

@@ -1,0 +1,154 @@
+// lfc tune: its best layout against an exhaustive search written apart from it (flag
+// combinations compiled one by one), its printed line compiled by `lfc compile` to the same
+// figures, the time budget, and its user errors.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { parseCompileArgs } from '../../cli/compile.js';
+import { compile } from '../../compiler/pipeline.js';
+import { UserError } from '../../compiler/errors.js';
+import { fitsOn, memoryByProgram } from '../../compiler/report/memory.js';
+import { loadHardware } from '../../compiler/sim/hardware.js';
+import { forecastStep } from '../../compiler/sim/report.js';
+import { deviceMemoryOf } from '../../cli/compile.js';
+import { cli } from '../helpers.js';
+
+// tiny-vlm-moe on 4 ranks of one node, the encoder at level 1 or 3, no recompute, no offload:
+// a space small enough to price every point
+const BASE = [
+  'tiny-vlm-moe',
+  '--nnodes',
+  '1',
+  '--nproc-per-node',
+  '4',
+  '--global-batch-size',
+  '8',
+  '--hardware',
+  'h800',
+];
+const SPACE = ['--fix', 'level=1|3', '--fix', 'encoder-tp=1', '--exclude', 'recompute', 'offload'];
+
+interface TuneJson {
+  layouts: {
+    name: string;
+    compileLine: string;
+    fits: boolean;
+    verified: boolean;
+    forecast: { tokensPerSecond: number; stepSeconds: number };
+    memory: { peakBoundBytes: number };
+  }[];
+  enumerated: number;
+  priced: number;
+  refused: number;
+  unpriced: string[];
+}
+
+/** the best tokens/s of every flag combination of the same space, each compiled here */
+function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
+  const hw = loadHardware('h800');
+  const device = deviceMemoryOf(hw);
+  let best = { tokensPerSecond: -1, flags: [] as string[] };
+  const compileArgs = BASE.filter((_, i) => i < 7); // without --hardware
+  for (const tp of [1, 2, 4])
+    for (const pp of [1, 2, 4])
+      for (const vpp of pp > 1 ? [1, 2, 4] : [1])
+        for (const ep of [1, 2, 4, 8])
+          for (const mbs of [1, 2, 4])
+            for (const level of [[], ['--enable-full-hetero-dp']])
+              for (const overlap of [
+                [],
+                ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'],
+              ])
+                for (const distopt of [[], ['--use-distributed-optimizer']]) {
+                  const flags = [
+                    ...['--tp', `${tp}`, '--pp', `${pp}`, '--vpp', `${vpp}`, '--ep', `${ep}`],
+                    ...(tp > 1 ? ['--sequence-parallel'] : []),
+                    ...['--micro-batch-size', `${mbs}`],
+                    ...level,
+                    ...overlap,
+                    ...distopt,
+                  ];
+                  let r;
+                  try {
+                    r = compile({
+                      ...parseCompileArgs([...compileArgs, ...flags]).options,
+                      skipVerify: true,
+                    });
+                  } catch (e) {
+                    if (e instanceof UserError) continue;
+                    throw e;
+                  }
+                  const peak = Math.max(
+                    ...memoryByProgram(r, device).map((m) => m.bound.deviceBytes),
+                  );
+                  if (!fitsOn(peak, device)) continue;
+                  const programs = new Map(r.programs.map((p) => [p.id, p]));
+                  const { forecast } = forecastStep(r.graph, r.plan, programs, hw);
+                  if (forecast.tokensPerSecond > best.tokensPerSecond)
+                    best = { tokensPerSecond: forecast.tokensPerSecond, flags };
+                }
+  return best;
+}
+
+describe('lfc tune', () => {
+  it('finds the exhaustive best; its line compiles to the same figures', async () => {
+    const r = await cli('tune', ...BASE, ...SPACE, '--top', '3', '--json');
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    const j = JSON.parse(r.out) as TuneJson;
+    expect(j.unpriced).toEqual([]);
+    expect(j.priced + j.refused).toBe(j.enumerated);
+    expect(j.layouts).toHaveLength(3);
+    const speeds = j.layouts.map((l) => l.forecast.tokensPerSecond);
+    expect([...speeds].sort((a, b) => b - a)).toEqual(speeds);
+    expect(j.layouts.every((l) => l.fits && l.verified)).toBe(true);
+
+    const best = exhaustiveBest();
+    expect(best.tokensPerSecond).toBeGreaterThan(0);
+    expect(j.layouts[0].forecast.tokensPerSecond).toBeCloseTo(best.tokensPerSecond, 6);
+
+    // the printed line, run as a user would (less its program name and the output directory)
+    const line = j.layouts[0].compileLine.split(' ');
+    expect(line.slice(0, 2)).toEqual(['lfc', 'compile']);
+    const args = line.slice(2, line.indexOf('-o'));
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-'));
+    try {
+      const c = await cli('compile', ...args, '-o', join(dir, 'plan'), '--no-advice', '--json');
+      expect(c.code).toBe(0);
+      const report = JSON.parse(c.out) as {
+        forecast: { tokensPerSecond: number };
+        memory: { programs: { bound: { deviceBytes: number } }[] };
+      };
+      expect(report.forecast.tokensPerSecond).toBe(j.layouts[0].forecast.tokensPerSecond);
+      const peak = Math.max(...report.memory.programs.map((m) => m.bound.deviceBytes));
+      expect(peak).toBe(j.layouts[0].memory.peakBoundBytes);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 300_000);
+
+  it('names what the time budget leaves unpriced', async () => {
+    const r = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001', '--json');
+    expect(r.code).toBe(0);
+    const j = JSON.parse(r.out) as TuneJson;
+    expect(j.unpriced.length).toBeGreaterThan(0);
+    expect(j.priced + j.refused + j.unpriced.length).toBe(j.enumerated);
+    const text = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001');
+    expect(text.out).toMatch(/not priced within --time-budget: \d+ layouts/);
+  }, 120_000);
+
+  it.each([
+    [['--fix', 'bogus=1'], /--fix bogus=1: no knob bogus/],
+    [['--fix', 'tp=four'], /--fix tp=four: four is not a value of tp/],
+    [['--exclude', 'warp-drive'], /--exclude warp-drive: no such feature/],
+    [['--fit', 'roughly'], /--fit/],
+    [['model.image_encoder.tensor_model_parallel_size=2'], /use --fix encoder-tp=N/],
+  ])('%j is a user error', async (extra, message) => {
+    const r = await cli('tune', ...BASE, ...extra);
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(message);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+    expect(r.out).toBe('');
+  });
+});
