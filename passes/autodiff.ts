@@ -86,6 +86,13 @@ export function autodiff(
     grads.set(loss, b.op1('constant', [], { value: 1, dtype: 'f32', shape: [] })),
   );
 
+  // reshapes of a trainable parameter (tensor parallelism's row-parallel bias, added once as a
+  // [width, 1] column): their gradient flows into the parameter's, so it is a main gradient too
+  const paramViews = new Set(
+    g.nodes
+      .filter((n) => n.op === 'reshape' && trainableNames.has(n.inputs[0]))
+      .map((n) => n.outputs[0].name),
+  );
   for (let idx = g.nodes.length - 1; idx >= 0; idx--) {
     const node = g.nodes[idx];
     if (!node.outputs.some((o) => grads.has(o.name))) continue;
@@ -103,7 +110,9 @@ export function autodiff(
         dOutOrZero: (i) => grads.get(node.outputs[i].name) ?? zerosLike(b, node.outputs[i].type),
         needs: (i) => live.has(node.inputs[i]),
         gradType: (i) =>
-          trainableNames.has(node.inputs[i]) ? mainGrad : b.typeOf(node.inputs[i]).dtype,
+          trainableNames.has(node.inputs[i]) || paramViews.has(node.inputs[i])
+            ? mainGrad
+            : b.typeOf(node.inputs[i]).dtype,
       };
       const dIns = entry.rule(ctx);
       dIns.forEach((d, i) => {

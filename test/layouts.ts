@@ -325,6 +325,8 @@ export const LAYOUTS: readonly Layout[] = [
       ['dp2', 2, []],
       ['dist-opt-dp2', 2, ['--use-distributed-optimizer']],
       ['tp2', 2, ['--tp', '2']],
+      // the encoder split too: its row-parallel biases are added once after the sum, in bf16
+      ['tp2-encoder-tp2', 2, ['--tp', '2', 'model.image_encoder.tensor_model_parallel_size=2']],
       ['pp2-vpp2', 2, ['--pp', '2', '--vpp', '2']],
       ['ep2', 2, ['--ep', '2']],
       ['level2-tp2', 2, ['--tp', '2', '--enable-encoder-hetero-dp']],

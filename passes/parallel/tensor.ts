@@ -337,9 +337,9 @@ function rowParallelLinear(t: TensorParallelRewrite, n: Node, ins: string[]): st
   const [y] = t.emit('linear', [ins[0], ins[1]], n.attrs, [P]);
   const sum = t.convert(y, 'R');
   const rows = t.typeOf(sum).shape[0];
-  const [ones] = t.emit('constant', [], { value: 1, dtype: 'f32', shape: [formatDim(rows), '1'] }, [
-    R,
-  ]);
+  // ones in the bias's dtype (bf16 under --bf16): the bias row added once to every row
+  const dtype = t.typeOf(bias).dtype;
+  const [ones] = t.emit('constant', [], { value: 1, dtype, shape: [formatDim(rows), '1'] }, [R]);
   const width = t.typeOf(bias).shape[0] as number;
   const [b2] = t.emit('reshape', [bias], { shape: [String(width), '1'] }, [R]);
   const [yb] = t.emit('linear', [ones, b2], {}, [R]);
