@@ -5,6 +5,7 @@
 import { Command, Option } from 'commander';
 import { UserError } from '../compiler/errors.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
+import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { tune, type PricedLayout, type TuneResult } from '../compiler/tune/search.js';
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
@@ -117,6 +118,7 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         optionsOf: (flags) => parseCompileArgs([...base, ...flags]).options,
         hardware: hw,
         device: deviceMemoryOf(hw),
+        precision: resolvePrecision({ bf16: f.bf16 }),
         fit: f.fit,
         top: f.top,
         timeBudgetS: f.timeBudget,
@@ -172,6 +174,7 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
     enumerated: r.enumerated,
     priced: r.priced,
     fitting: r.fitting,
+    cannotFit: r.cannotFit,
     refused: r.refused,
     refusedBy: r.refusedBy,
     failed: r.failed,
@@ -186,7 +189,7 @@ function describe(
   c: { model: string; world: number; hardware: string; fit: string },
 ): string {
   const out = [
-    `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}): ${r.enumerated} layouts, ${r.refused} refused by the layout rules, ${r.priced} priced in ${r.seconds.toFixed(1)} s, ${r.fitting} fit`,
+    `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}): ${r.enumerated} layouts, ${r.cannotFit} skipped (their weights and optimizer state alone are past the device), ${r.refused} refused by the layout rules, ${r.priced} priced in ${r.seconds.toFixed(1)} s, ${r.fitting} fit`,
   ];
   if (r.unpriced.length)
     out.push(`  not priced within --time-budget: ${r.unpriced.length} layouts (--json lists them)`);

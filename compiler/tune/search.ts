@@ -13,6 +13,8 @@
 // Without a cut the result does not depend on the order: the ranking is by tokens/s, then by the
 // layout's name. A layout not priced within the budget is reported as such.
 
+import type { Precision } from '../frontend/precision.js';
+import { layerParams, staticBytesLowerBound } from './bounds.js';
 import { UserError } from '../errors.js';
 import type { CompileOptions, CompileResult } from '../pipeline.js';
 import { compile } from '../pipeline.js';
@@ -54,6 +56,8 @@ export interface TuneRequest {
   readonly optionsOf: (flags: readonly string[]) => CompileOptions;
   readonly hardware: HardwareProfile;
   readonly device: DeviceMemory;
+  /** the request's precision: the static-memory bound's bytes per parameter */
+  readonly precision: Precision;
   /** fit at the bounds (what a rank can need) or at expected sizes (a typical step) */
   readonly fit: 'bound' | 'expected';
   readonly top: number;
@@ -77,6 +81,8 @@ export interface TuneResult {
   readonly enumerated: number;
   readonly priced: number;
   readonly fitting: number;
+  /** skipped without compiling: their static memory alone is past the device (bounds.ts) */
+  readonly cannotFit: number;
   /** refused by a layout rule: how many, and each rule message's count */
   readonly refused: number;
   readonly refusedBy: readonly { readonly reason: string; readonly layouts: number }[];
@@ -109,11 +115,19 @@ export function tune(r: TuneRequest): TuneResult {
   const failed: { name: string; error: string }[] = [];
   const unpriced: string[] = [];
   let refused = 0;
+  let cannotFit = 0;
   let best: PricedLayout | undefined;
+  const params = layerParams(r.space.config);
+  const world = r.space.nnodes * r.space.nprocPerNode;
   for (const [k, layout] of order.entries()) {
     if (seconds() > r.timeBudgetS) {
       unpriced.push(...order.slice(k).map(layoutName));
       break;
+    }
+    const floor = staticBytesLowerBound(params, layout, world, r.precision);
+    if (!fitsOn(floor, r.device)) {
+      cannotFit++;
+      continue;
     }
     const outcome = price(r, layout, true);
     if ('refused' in outcome) {
@@ -148,6 +162,7 @@ export function tune(r: TuneRequest): TuneResult {
     enumerated: all.length,
     priced: priced.length,
     fitting: fitting.length,
+    cannotFit,
     refused,
     refusedBy: [...refusedBy]
       .map(([reason, n]) => ({ reason, layouts: n }))

@@ -13,6 +13,9 @@ import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
 import { deviceMemoryOf } from '../../cli/compile.js';
 import { cli } from '../helpers.js';
+import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.js';
+import type { Layout } from '../../compiler/tune/space.js';
+import { resolvePrecision } from '../../compiler/frontend/precision.js';
 
 // tiny-vlm-moe on 4 ranks of one node, the encoder at level 1 or 3, no recompute, no offload:
 // a space small enough to price every point
@@ -40,6 +43,8 @@ interface TuneJson {
   }[];
   enumerated: number;
   priced: number;
+  cannotFit: number;
+  failed: { name: string; error: string }[];
   refused: number;
   unpriced: string[];
 }
@@ -91,6 +96,54 @@ function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
   return best;
 }
 
+describe('the static-memory bound', () => {
+  // each layout's bound against its plan's weights, gradients and optimizer state on the busiest rank
+  it.each([
+    ['tiny-vlm-moe', ['--tp', '2', '--pp', '2', '--ep', '2', '--use-distributed-optimizer']],
+    ['tiny-vlm-moe', ['--pp', '4', '--bf16']],
+    ['qwen3-vl-moe-tiny', ['--tp', '2', '--ep', '4', '--bf16', '--use-distributed-optimizer']],
+    ['qwen3-vl-moe-tiny', ['--ep', '2', '--pp', '2', '--bf16']],
+  ] as const)('%s %j: at most the plan', (model, flags) => {
+    const args = [
+      model,
+      '--nnodes',
+      '1',
+      '--nproc-per-node',
+      '8',
+      '--global-batch-size',
+      '8',
+      ...flags,
+    ];
+    const { options } = parseCompileArgs(args);
+    const r = compile({ ...options, skipVerify: true });
+    const planned = Math.max(
+      ...memoryByProgram(r).map((m) => m.parameters + m.gradients + m.optimizer),
+    );
+    const p = options.parallel!;
+    const layout: Layout = {
+      tp: p.tp ?? 1,
+      pp: p.pp ?? 1,
+      vpp: 1,
+      ep: p.ep ?? 1,
+      mbs: 1,
+      level: 1,
+      encoderTp: 1,
+      overlap: false,
+      recompute: 'none',
+      offload: false,
+      distopt: options.distributedOptimizer ?? false,
+    };
+    const bound = staticBytesLowerBound(
+      layerParams(r.config),
+      layout,
+      8,
+      resolvePrecision(options.precision),
+    );
+    expect(bound).toBeGreaterThan(0);
+    expect(bound).toBeLessThanOrEqual(planned);
+  });
+});
+
 describe('lfc tune', () => {
   it('finds the exhaustive best; its line compiles to the same figures', async () => {
     const r = await cli('tune', ...BASE, ...SPACE, '--top', '3', '--json');
@@ -98,7 +151,8 @@ describe('lfc tune', () => {
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
     expect(j.unpriced).toEqual([]);
-    expect(j.priced + j.refused).toBe(j.enumerated);
+    expect(j.priced + j.refused + j.cannotFit + j.failed.length).toBe(j.enumerated);
+    expect(j.failed).toEqual([]);
     expect(j.layouts).toHaveLength(3);
     const speeds = j.layouts.map((l) => l.forecast.tokensPerSecond);
     expect([...speeds].sort((a, b) => b - a)).toEqual(speeds);
@@ -133,7 +187,7 @@ describe('lfc tune', () => {
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
     expect(j.unpriced.length).toBeGreaterThan(0);
-    expect(j.priced + j.refused + j.unpriced.length).toBe(j.enumerated);
+    expect(j.priced + j.refused + j.cannotFit + j.unpriced.length).toBe(j.enumerated);
     const text = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001');
     expect(text.out).toMatch(/not priced within --time-budget: \d+ layouts/);
   }, 120_000);
