@@ -198,7 +198,12 @@ function simulateReport(
     };
   const programs = new Map(result.programs.map((p) => [p.id, p]));
   starting();
-  const { forecast, simulation } = forecastStep(result.graph, result.plan, programs, hw);
+  const { forecast, simulation } = forecastStep(
+    result.modelForwardFlops,
+    result.plan,
+    programs,
+    hw,
+  );
   if (f.trace) {
     const parts = simulation.ranks.map((r) =>
       rankTrace(

@@ -30,7 +30,7 @@ import { partitionPipeline, type PipelineLayout } from './schedule/partition.js'
 import { schedule1F1B, scheduleInterleaved } from './schedule/pipeline.js';
 import { buildForwardGraph } from './frontend/build.js';
 import { loadModelConfig, type DecoderConfig, type ModelConfig } from './frontend/config.js';
-import { countParams } from './inspect.js';
+import { countParams, forwardFlops } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
@@ -185,6 +185,11 @@ export interface CompileOptions {
 export interface CompileResult {
   readonly config: ModelConfig;
   readonly graph: Graph;
+  /**
+   * the model's forward matmul FLOPs of one microbatch (unsharded, at the sequence and the data
+   * profile's expected visual tokens): MFU's model FLOPs, the same for every layout
+   */
+  readonly modelForwardFlops: number;
   readonly plan: PlanFile;
   readonly programs: readonly ProgramFile[];
   /** the pipeline partition (pp > 1) */
@@ -202,6 +207,17 @@ export function compile(o: CompileOptions): CompileResult {
   o.onProgress?.('graph passes');
   const layout = resolveLayout(o);
   const { forward, sharded } = runShardingPasses(o, layout);
+  // the model's FLOPs, for MFU: the unsharded forward at the expected visual tokens
+  const modelForwardFlops = forwardFlops(
+    forward,
+    ['image_encoder', 'image_projector', 'text_decoder'],
+    {
+      Nv: Math.min(
+        layout.data.sizes.expected.visualTokens,
+        o.maxVisualTokens ?? layout.data.sizes.bound.visualTokens,
+      ),
+    },
+  );
   const { graph, stats: adStats } = autodiff(sharded, layout.optimizer, layout.precision.grad);
   if (!o.skipVerify)
     assertValid(
@@ -222,6 +238,7 @@ export function compile(o: CompileOptions): CompileResult {
   return {
     config: layout.cfg,
     graph,
+    modelForwardFlops,
     plan,
     programs,
     layout: pipeline.partition,

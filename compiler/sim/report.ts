@@ -2,10 +2,12 @@
 // utilization, and per distinct program how its step divides between compute, exposed
 // communication and idle time (pipeline bubbles and waits on peers).
 //
-// MFU follows the FLOP convention of `lfc inspect` (docs/design.md, "FLOP convention"): model FLOPs are
-// 3 × the forward matmul FLOPs of every microbatch of the global batch at the sequence's tokens and
-// the visual-token budget, whatever recompute repeats; over step time × ranks × the profile's
-// peak matmul rate.
+// Tokens/s counts the global batch's tokens (global batch × sequence: padding and visual positions
+// included) over the step. MFU follows the FLOP convention of `lfc inspect` (docs/design.md, "FLOP
+// convention"): model FLOPs are 3 × the forward matmul FLOPs of the model (unsharded: the same for
+// every layout) for every microbatch of the global batch, at the sequence's tokens and the data
+// profile's expected visual tokens, whatever recompute repeats; over step time × ranks × the
+// profile's peak matmul rate.
 
 import type { Graph } from '../../ir/graph.js';
 import { forwardFlops } from '../inspect.js';
@@ -36,13 +38,17 @@ export interface StepForecast {
   readonly programs: readonly ProgramForecast[];
 }
 
-/** Forward matmul FLOPs of one microbatch: every module, at the symbols' bounds. */
-export function microbatchForwardFlops(g: Graph): number {
-  return forwardFlops(g, ['image_encoder', 'image_projector', 'text_decoder'], {});
+/** Forward matmul FLOPs of one microbatch: every module, at `sizes` (default the symbols' bounds). */
+export function microbatchForwardFlops(g: Graph, sizes: Record<string, number> = {}): number {
+  return forwardFlops(g, ['image_encoder', 'image_projector', 'text_decoder'], sizes);
 }
 
+/**
+ * The forecast of a plan's step; `modelForwardFlops`: the model's forward FLOPs of one microbatch
+ * (CompileResult.modelForwardFlops), for MFU.
+ */
 export function forecastStep(
-  graph: Graph,
+  modelForwardFlops: number,
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   hw: HardwareProfile,
@@ -51,7 +57,7 @@ export function forecastStep(
   const t = plan.training;
   const microbatches = t.globalBatchSize / t.microBatchSize;
   const tokensPerStep = t.globalBatchSize * t.seqLength;
-  const modelFlopsPerStep = 3 * microbatchForwardFlops(graph) * microbatches;
+  const modelFlopsPerStep = 3 * modelForwardFlops * microbatches;
   const step = simulation.stepSeconds;
   const world = plan.topology.worldSize;
   const forecast: StepForecast = {

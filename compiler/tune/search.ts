@@ -194,7 +194,7 @@ function price(
   const peakBound = Math.max(...memory.map((m) => m.bound.deviceBytes));
   const peakExpected = Math.max(...memory.map((m) => m.expected.deviceBytes));
   const programs = new Map(result.programs.map((p) => [p.id, p]));
-  const { forecast } = forecastStep(result.graph, result.plan, programs, r.hardware);
+  const { forecast } = forecastStep(result.modelForwardFlops, result.plan, programs, r.hardware);
   return {
     layout,
     name: layoutName(layout),

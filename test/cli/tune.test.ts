@@ -89,7 +89,7 @@ function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
                   );
                   if (!fitsOn(peak, device)) continue;
                   const programs = new Map(r.programs.map((p) => [p.id, p]));
-                  const { forecast } = forecastStep(r.graph, r.plan, programs, hw);
+                  const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
                   if (forecast.tokensPerSecond > best.tokensPerSecond)
                     best = { tokensPerSecond: forecast.tokensPerSecond, flags };
                 }

@@ -131,6 +131,24 @@ describe('instruction costs', () => {
     expect(s.get('S')).toBe(moe.plan.symbols.find((x) => x.name === 'S')!.bound);
   });
 
+  it("MFU's model FLOPs are the model's, whatever the layout, at the expected visual tokens", () => {
+    const flops = (parallel: CompileOptions['parallel']) =>
+      compile({
+        model: 'tiny-vlm-moe',
+        nprocPerNode: 4,
+        parallel,
+        microBatchSize: 1,
+        globalBatchSize: 4,
+        skipVerify: true,
+      });
+    const one = flops({});
+    for (const p of [{ tp: 2 }, { pp: 2 }, { ep: 2 }, { tp: 2, ep: 2 }, { ep: 4 }])
+      expect(flops(p).modelForwardFlops).toBe(one.modelForwardFlops);
+    const Nv = one.data.sizes.expected.visualTokens;
+    expect(Nv).toBeLessThan(one.data.sizes.bound.visualTokens);
+    expect(one.modelForwardFlops).toBeCloseTo(microbatchForwardFlops(one.graph, { Nv }), 0);
+  });
+
   it('model FLOPs per microbatch: lfc inspect per text token × S + per image × the images Nv holds', async () => {
     const inspect = await cli('inspect', 'tiny-vlm', '--image-size', '32', '--json');
     const f = (
