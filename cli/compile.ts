@@ -708,12 +708,21 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
           onDump: (text) => io.out(text),
           onProgress: (phase) => status.phase(phase),
         });
+        if (f.dumpAfter) {
+          if (f.output) {
+            status.phase(`writing ${f.output}`);
+            writePlan(f.output, result.plan, result.programs);
+          }
+          return;
+        }
+        const simulated = simulateReport(result, f, () => status.phase('simulating the step'));
         if (f.output) {
           status.phase(`writing ${f.output}`);
-          writePlan(f.output, result.plan, result.programs);
+          // the report beside the plan, for lfc compare
+          const json =
+            JSON.stringify(reportJson(result, request.options, f, simulated), null, 2) + '\n';
+          writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json });
         }
-        if (f.dumpAfter) return;
-        const simulated = simulateReport(result, f, () => status.phase('simulating the step'));
         status.done();
         report(io, result, request, f, simulated);
       } finally {
@@ -721,6 +730,58 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
       }
     },
   );
+}
+
+/** the compile report's file in the plan directory (what lfc compare reads) */
+export const REPORT_FILE = 'report.json';
+
+/** The report as `--json` prints it and the plan directory keeps it (report.json). */
+export interface CompileReportJson {
+  readonly output?: string;
+  readonly training: CompileResult['plan']['training'];
+  readonly topology: CompileResult['plan']['topology'];
+  readonly model: string;
+  /** the encoder's level (0: none) and TP */
+  readonly encoder: { readonly level: number; readonly tp: number };
+  /** the features beyond the sizes, as flags: --use-distributed-optimizer, --recompute-granularity full, … */
+  readonly features: readonly string[];
+  readonly stats: CompileResult['stats'];
+  readonly memory: { readonly device: DeviceMemory; readonly programs: ProgramMemory[] };
+  readonly forecast?: StepForecast;
+}
+
+function reportJson(
+  result: CompileResult,
+  o: CompileOptions,
+  f: CompileFlags,
+  simulated: ReturnType<typeof simulateReport>,
+): CompileReportJson {
+  const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
+  const features = [
+    ...(o.sequenceParallel ? ['--sequence-parallel'] : []),
+    ...(o.distributedOptimizer ? ['--use-distributed-optimizer'] : []),
+    ...(o.moeOverlap?.overlap ? ['--overlap-moe-expert-parallel-comm'] : []),
+    ...(o.recompute
+      ? [
+          `--recompute-granularity ${o.recompute.granularity}${o.recompute.modules?.length ? ` --recompute-modules ${o.recompute.modules.join(' ')}` : ''}`,
+        ]
+      : []),
+    ...(o.offloadTensors?.length ? [`--offload-tensors ${o.offloadTensors.join(' ')}`] : []),
+    ...(o.encoder?.cpuOffload ? ['--full-hetero-dp-cpu-offload'] : []),
+    ...(o.encoder?.recompute ? ['--full-hetero-dp-encoder-recompute'] : []),
+    ...(result.precision.compute === 'bf16' ? ['--bf16'] : []),
+  ];
+  return {
+    output: f.output,
+    model: result.config.name,
+    encoder: { level: result.placement.level, tp: result.placement.encoderTp },
+    features,
+    training: result.plan.training,
+    topology: result.plan.topology,
+    stats: result.stats,
+    memory: { device, programs: memoryByProgram(result, device) },
+    forecast: simulated.forecast,
+  };
 }
 
 /** The compile report on stdout: the plan's figures, memory, advice and the simulated step. */
@@ -736,20 +797,7 @@ function report(
   const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
   const memory = memoryByProgram(result, device);
   if (f.json) {
-    const forecast = simulated.forecast;
-    io.out(
-      JSON.stringify(
-        {
-          output: f.output,
-          training: t,
-          stats: result.stats,
-          memory: { device, programs: memory },
-          forecast,
-        },
-        null,
-        2,
-      ) + '\n',
-    );
+    io.out(JSON.stringify(reportJson(result, request.options, f, simulated), null, 2) + '\n');
     return;
   }
   const world = result.plan.topology.worldSize;

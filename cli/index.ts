@@ -13,6 +13,7 @@ import { addVizCommand } from './viz.js';
 import { addExportHfCommand } from './export-hf.js';
 import { addDataCommand } from './data.js';
 import { addTuneCommand } from './tune.js';
+import { addCompareCommand } from './compare.js';
 
 export interface CliIO {
   out: (text: string) => void;
@@ -41,6 +42,7 @@ export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Comm
   addRunCommand(program, io, isTTY);
   addDemoCommand(program, io, isTTY);
   addTuneCommand(program, io, isTTY);
+  addCompareCommand(program, io);
   addCalibrateCommand(program, io);
   addVizCommand(program, io);
   addExportHfCommand(program, io);

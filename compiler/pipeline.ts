@@ -739,7 +739,16 @@ function printChunks(g: Graph, split: PipelineSplit): string {
  * Writes a plan directory atomically: into a temporary sibling, then renamed over DIR. An
  * existing DIR is replaced only when it holds an lfc plan (nothing else is ever deleted).
  */
-export function writePlan(dir: string, plan: PlanFile, programs: readonly ProgramFile[]): void {
+/**
+ * Writes a plan directory, replacing one that holds a plan at once (a new one is built beside and
+ * renamed); `extra` files (the compile report) go in with it.
+ */
+export function writePlan(
+  dir: string,
+  plan: PlanFile,
+  programs: readonly ProgramFile[],
+  extra: Readonly<Record<string, string>> = {},
+): void {
   if (existsSync(dir)) {
     const entries = readdirSync(dir);
     if (entries.length && !entries.includes('plan.json')) {
@@ -752,6 +761,7 @@ export function writePlan(dir: string, plan: PlanFile, programs: readonly Progra
   writeFileSync(join(tmp, 'plan.json'), JSON.stringify(plan, null, 1) + '\n');
   for (const p of programs)
     writeFileSync(join(tmp, 'programs', `${p.id}.json`), JSON.stringify(p) + '\n');
+  for (const [name, text] of Object.entries(extra)) writeFileSync(join(tmp, name), text);
   if (existsSync(dir)) {
     const old = `${tmp}-old`;
     renameSync(dir, old);

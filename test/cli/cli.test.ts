@@ -185,8 +185,8 @@ describe('compile status', () => {
       'lfc compile: emitting program p0 (stage 1 of 2)',
       'lfc compile: emitting program p1 (stage 2 of 2)',
       'lfc compile: verifying the plan (2 programs)',
-      `lfc compile: writing ${plan}`,
       'lfc compile: simulating the step',
+      `lfc compile: writing ${plan}`,
     ]);
     expect(err.endsWith('\r\x1b[2K')).toBe(true);
     expect(out).toMatch(/^compiled tiny-vlm for 2 ranks/);
