@@ -8,10 +8,12 @@
 // of its line gives. A layout the layout rules refuse is counted with the rule's message; one
 // that fails in any other way is named with its error, never dropped silently.
 //
-// Order: layouts are priced cheapest-looking first (fewest pipeline bubbles, then least
-// recompute; ties in enumeration order), so that a time budget cuts the least promising ones.
-// Without a cut the result does not depend on the order: the ranking is by tokens/s, then by the
-// layout's name. A layout not priced within the budget is reported as such.
+// Order: while no layout priced fits, the most memory-saving come first (recompute, offload, the
+// distributed optimizer, wider tp, smaller micro-batches); once one fits, the cheapest-looking
+// (fewest pipeline bubbles, then least recompute; ties in enumeration order), so that a time
+// budget cuts the least promising ones. Without a cut the result does not depend on the order:
+// the ranking is by tokens/s, then by the layout's name. A layout not priced within the budget
+// is reported as such.
 
 import type { Precision } from '../frontend/precision.js';
 import { layerParams, staticBytesLowerBound } from './bounds.js';
@@ -102,14 +104,33 @@ function promise(l: Layout, req: SearchSpaceRequest): number {
   return (1 + bubble) * recompute;
 }
 
+/** Most memory-saving first: recompute, offload, the distributed optimizer, tp, mbs, pp · ep. */
+function memoryKey(l: Layout): number[] {
+  const recompute = { full: 0, selective: 1, none: 2 }[l.recompute];
+  return [recompute, l.offload ? 0 : 1, l.distopt ? 0 : 1, -l.tp, l.mbs, -l.pp * l.ep];
+}
+
 export function tune(r: TuneRequest): TuneResult {
   const start = performance.now();
   const seconds = () => (performance.now() - start) / 1000;
   const all = enumerateLayouts(r.space);
-  const order = all
-    .map((layout, i) => ({ layout, i, p: promise(layout, r.space) }))
-    .sort((a, b) => a.p - b.p || a.i - b.i)
-    .map((x) => x.layout);
+  // two orders of the same layouts: the most memory-saving first while none priced fits, the
+  // fewest bubbles first once one does
+  const keyed = all.map((layout, i) => ({ layout, i, p: promise(layout, r.space) }));
+  const byPromise = [...keyed].sort((a, b) => a.p - b.p || a.i - b.i);
+  const byMemory = [...keyed].sort((a, b) => {
+    const m = memoryKey(a.layout);
+    const n = memoryKey(b.layout);
+    for (let j = 0; j < m.length; j++) if (m[j] !== n[j]) return m[j] - n[j];
+    return a.p - b.p || a.i - b.i;
+  });
+  const done = new Uint8Array(all.length);
+  const cursor = { promise: 0, memory: 0 };
+  const next = (fits: boolean): (typeof keyed)[number] | undefined => {
+    const [list, at] = fits ? [byPromise, 'promise' as const] : [byMemory, 'memory' as const];
+    while (cursor[at] < list.length && done[list[cursor[at]].i]) cursor[at]++;
+    return list[cursor[at]];
+  };
   const priced: PricedLayout[] = [];
   const refusedBy = new Map<string, number>();
   const failed: { name: string; error: string }[] = [];
@@ -119,11 +140,14 @@ export function tune(r: TuneRequest): TuneResult {
   let best: PricedLayout | undefined;
   const params = layerParams(r.space.config);
   const world = r.space.nnodes * r.space.nprocPerNode;
-  for (const [k, layout] of order.entries()) {
+  for (let k = 0; k < all.length; k++) {
+    const item = next(best !== undefined)!;
     if (seconds() > r.timeBudgetS) {
-      unpriced.push(...order.slice(k).map(layoutName));
+      unpriced.push(...byPromise.filter((x) => !done[x.i]).map((x) => layoutName(x.layout)));
       break;
     }
+    done[item.i] = 1;
+    const layout = item.layout;
     const floor = staticBytesLowerBound(params, layout, world, r.precision);
     if (!fitsOn(floor, r.device)) {
       cannotFit++;
@@ -139,7 +163,7 @@ export function tune(r: TuneRequest): TuneResult {
       priced.push(outcome);
       if (outcome.fits && (!best || better(outcome, best))) best = outcome;
     }
-    r.onProgress?.({ priced: k + 1, total: order.length, seconds: seconds(), best });
+    r.onProgress?.({ priced: k + 1, total: all.length, seconds: seconds(), best });
   }
   const fitting = priced.filter((p) => p.fits).sort((a, b) => (better(a, b) ? -1 : 1));
   // the best k once more, with the plan verifier: a plan it refuses is a bug, not a ranking
