@@ -181,7 +181,7 @@ function simulateReport(
   result: CompileResult,
   f: CompileFlags,
   starting: () => void = () => {},
-): { forecast?: StepForecast; lines: string[] } {
+): { forecast?: StepForecast; lines: string[]; writeTraceFile?: () => void } {
   const hw = loadHardware(f.hardware ?? 'h800');
   if (f.simulate === false) {
     if (f.trace) throw new UserError('--trace needs the simulation; drop --no-simulate');
@@ -204,7 +204,9 @@ function simulateReport(
     programs,
     hw,
   );
-  if (f.trace) {
+  // written once the plan is (a trace inside the plan directory would go with the old one)
+  const writeTraceFile = () => {
+    if (!f.trace) return;
     const parts = simulation.ranks.map((r) =>
       rankTrace(
         result.plan,
@@ -216,8 +218,9 @@ function simulateReport(
       ),
     );
     writeTrace(f.trace, parts, { model: result.config.name, simulated: hw.name, output: f.output });
-  }
+  };
   return {
+    writeTraceFile,
     forecast,
     lines: [
       ...describeForecast(forecast, hw),
@@ -723,6 +726,7 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
             JSON.stringify(reportJson(result, request.options, f, simulated), null, 2) + '\n';
           writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json });
         }
+        simulated.writeTraceFile?.();
         status.done();
         report(io, result, request, f, simulated);
       } finally {

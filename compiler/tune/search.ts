@@ -175,10 +175,11 @@ export function tune(r: TuneRequest): TuneResult {
       );
     return again;
   });
+  const need = (p: PricedLayout) => (r.fit === 'bound' ? p.peakBound : p.peakExpected);
   const closest = fitting.length
     ? []
     : [...priced]
-        .sort((a, b) => a.peakBound - b.peakBound || (better(a, b) ? -1 : 1))
+        .sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1))
         .slice(0, r.top);
   return {
     layouts,
