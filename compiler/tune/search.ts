@@ -178,9 +178,7 @@ export function tune(r: TuneRequest): TuneResult {
   const need = (p: PricedLayout) => (r.fit === 'bound' ? p.peakBound : p.peakExpected);
   const closest = fitting.length
     ? []
-    : [...priced]
-        .sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1))
-        .slice(0, r.top);
+    : [...priced].sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1)).slice(0, r.top);
   return {
     layouts,
     closest,
