@@ -5,6 +5,7 @@
 import { Command, Option } from 'commander';
 import { UserError } from '../compiler/errors.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
+import { loadDataProfile } from '../compiler/frontend/data-profile.js';
 import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { tune, type PricedLayout, type TuneResult } from '../compiler/tune/search.js';
@@ -90,6 +91,8 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       const hardware = f.hardware ?? 'h800';
       const hw = loadHardware(hardware);
       const config = loadModelConfig(model, overrides);
+      // a bad profile is the request's error, not every layout's refusal
+      if (f.dataProfile) loadDataProfile(f.dataProfile);
       const world = f.nnodes! * f.nprocPerNode!;
       const globalBatchSize = f.globalBatchSize ?? world;
       const base = [

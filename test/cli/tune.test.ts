@@ -198,6 +198,8 @@ describe('lfc tune', () => {
     [['--exclude', 'warp-drive'], /--exclude warp-drive: no such feature/],
     [['--fit', 'roughly'], /--fit/],
     [['model.image_encoder.tensor_model_parallel_size=2'], /use --fix encoder-tp=N/],
+    [['--data-profile', 'nowhere'], /nowhere/],
+    [['--hardware', 'h80'], /did you mean 'h800'/],
   ])('%j is a user error', async (extra, message) => {
     const r = await cli('tune', ...BASE, ...extra);
     expect(r.code).toBe(2);
