@@ -5,10 +5,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Command } from 'commander';
 import { UserError, cannotRead } from '../compiler/errors.js';
-import { REPORT_FILE, type CompileReportJson } from './compile.js';
+import { mib, REPORT_FILE, type CompileReportJson } from './compile.js';
 import type { CliIO } from './index.js';
-
-const GiB = 2 ** 30;
 
 export function addCompareCommand(program: Command, io: CliIO): void {
   program
@@ -80,8 +78,6 @@ function layoutOf(r: CompileReportJson): string {
 }
 
 function describe(dirs: readonly string[], rows: readonly CompileReportJson[]): string {
-  const bytes = (b: number) =>
-    b >= GiB ? `${(b / GiB).toFixed(1)} GiB` : `${(b / 2 ** 20).toFixed(1)} MiB`;
   const table: string[][] = [
     ['', ...dirs],
     ['model', ...rows.map((r) => r.model)],
@@ -109,8 +105,8 @@ function describe(dirs: readonly string[], rows: readonly CompileReportJson[]): 
   const peak = (r: CompileReportJson, k: 'bound' | 'expected') =>
     Math.max(...r.memory.programs.map((m) => m[k].deviceBytes));
   table.push(
-    ['memory/rank, bound', ...rows.map((r) => bytes(peak(r, 'bound')))],
-    ['memory/rank, expected', ...rows.map((r) => bytes(peak(r, 'expected')))],
+    ['memory/rank, bound', ...rows.map((r) => mib(peak(r, 'bound')))],
+    ['memory/rank, expected', ...rows.map((r) => mib(peak(r, 'expected')))],
     [
       'fits',
       ...rows.map((r) => {

@@ -136,7 +136,7 @@ function either(
 }
 
 /** bytes in the largest binary unit that keeps the number ≥ 1 (MiB at least) */
-function mib(bytes: number): string {
+export function mib(bytes: number): string {
   const units = ['MiB', 'GiB', 'TiB', 'PiB'];
   let k = 0;
   while (k + 1 < units.length && bytes >= 2 ** (20 + 10 * (k + 1))) k++;

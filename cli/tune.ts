@@ -10,7 +10,7 @@ import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { tune, type PricedLayout, type TuneResult } from '../compiler/tune/search.js';
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
-import { deviceMemoryOf, parseCompileArgs } from './compile.js';
+import { deviceMemoryOf, mib, parseCompileArgs } from './compile.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
 
@@ -31,7 +31,6 @@ interface TuneFlags {
 }
 
 const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
-const GiB = 2 ** 30;
 
 export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean): void {
   program
@@ -151,9 +150,6 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
 /** seconds or milliseconds, three figures */
 const duration = (s: number) =>
   s >= 1 ? `${s.toPrecision(3)} s` : `${(s * 1e3).toPrecision(3)} ms`;
-/** GiB, or MiB under 1 GiB */
-const bytes = (b: number) =>
-  b >= GiB ? `${(b / GiB).toFixed(1)} GiB` : `${(b / 2 ** 20).toFixed(1)} MiB`;
 const kilo = (x: number) => (x >= 1e4 ? `${(x / 1e3).toFixed(1)}k` : x.toFixed(0));
 const quote = (s: string) => (/^[\w./=:,+-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
@@ -202,7 +198,7 @@ function describe(
     ps.forEach((p, i) => {
       const f = p.forecast;
       out.push(
-        `  ${String(i + 1)}  ${kilo(f.tokensPerSecond).padStart(8)}  ${(f.tokensPerSecond / c.world).toFixed(0).padStart(7)}  ${duration(f.stepSeconds).padStart(9)}  ${(100 * f.mfu).toFixed(1).padStart(4)}%  ${bytes(p.peakBound).padStart(14)} / ${bytes(p.peakExpected).padEnd(14)}  ${p.name}`,
+        `  ${String(i + 1)}  ${kilo(f.tokensPerSecond).padStart(8)}  ${(f.tokensPerSecond / c.world).toFixed(0).padStart(7)}  ${duration(f.stepSeconds).padStart(9)}  ${(100 * f.mfu).toFixed(1).padStart(4)}%  ${mib(p.peakBound).padStart(14)} / ${mib(p.peakExpected).padEnd(14)}  ${p.name}`,
       );
     });
     ps.forEach((p, i) => out.push(`  ${i + 1}: ${line(p)}`));
