@@ -146,11 +146,11 @@ export function mib(bytes: number): string {
 /** The report's parallel sizes: `tp 1, pp 2 × vpp 2, dp 2, ep 2 (expert dp 1)`. */
 export function describeSizes(
   result: CompileResult,
-  o: Pick<CompileOptions, 'sequenceParallel' | 'distributedOptimizer'>,
+  o: Pick<CompileOptions, 'distributedOptimizer'>,
 ): string {
   const sz = result.plan.topology.sizes;
   return [
-    `tp ${sz.tp}${o.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
+    `tp ${sz.tp}${result.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
     `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
     `dp ${sz.dp}`,
     ...(sz.ep > 1 ? [`ep ${sz.ep} (expert dp ${sz.edp})`] : []),
@@ -762,7 +762,7 @@ function reportJson(
 ): CompileReportJson {
   const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
   const features = [
-    ...(o.sequenceParallel ? ['--sequence-parallel'] : []),
+    ...(result.sequenceParallel ? ['--sequence-parallel'] : []),
     ...(o.distributedOptimizer ? ['--use-distributed-optimizer'] : []),
     ...(o.moeOverlap?.overlap ? ['--overlap-moe-expert-parallel-comm'] : []),
     ...(o.recompute

@@ -196,6 +196,8 @@ export interface CompileResult {
   readonly layout?: PipelineLayout;
   /** where the encoder runs (compiler/parallel/encoder.ts) */
   readonly placement: EncoderPlacement;
+  /** sequence parallelism, as asked or by default (MoE with tp and ep above 1) */
+  readonly sequenceParallel: boolean;
   readonly precision: Precision;
   /** the data profile planned for, and its sizes of one microbatch */
   readonly data: { readonly profile: string; readonly sizes: ProfileSizes };
@@ -243,6 +245,7 @@ export function compile(o: CompileOptions): CompileResult {
     programs,
     layout: pipeline.partition,
     placement: layout.placement,
+    sequenceParallel: layout.sequenceParallel,
     precision: layout.precision,
     data: { profile: layout.data.profile.name, sizes: layout.data.sizes },
     stats: {
@@ -287,6 +290,11 @@ const dumpGraph = (o: CompileOptions, pass: string, g: Graph) => {
 /** The resolved model, sizes, topology and encoder placement of a compile request. */
 interface Layout {
   readonly cfg: ModelConfig;
+  /**
+   * --sequence-parallel, on by default for MoE with tp and ep both above 1: Megatron-LM requires
+   * it there (ModelParallelConfig), and its MoE dispatch relies on it (passes/parallel/tensor.ts)
+   */
+  readonly sequenceParallel: boolean;
   readonly seqLength: number;
   readonly mbs: number;
   readonly gbs: number;
@@ -318,6 +326,8 @@ function resolveLayout(o: CompileOptions): Layout {
     encoderTp: cfg.model.image_encoder.tensor_model_parallel_size,
   };
   const { world, dp } = resolveSizes(sizes);
+  const sequenceParallel =
+    o.sequenceParallel ?? (cfg.model.text_decoder.num_experts > 0 && sizes.tp > 1 && sizes.ep > 1);
   const gbs = o.globalBatchSize ?? mbs * Math.max(1, Math.floor(dp));
   // every layout rule, each with its own message (compiler/parallel/validate.ts)
   validateParallel({
@@ -329,7 +339,7 @@ function resolveLayout(o: CompileOptions): Layout {
     microbatchGroupSize: o.microbatchGroupSize,
     decoderFirstPipelineNumLayers: o.decoderFirstPipelineNumLayers,
     decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
-    sequenceParallel: o.sequenceParallel,
+    sequenceParallel,
     encoder: o.encoder,
     moeOverlap: o.moeOverlap,
     recompute: o.recompute,
@@ -356,6 +366,7 @@ function resolveLayout(o: CompileOptions): Layout {
   const topology = buildTopology(sizes);
   return {
     cfg,
+    sequenceParallel,
     seqLength,
     mbs,
     gbs,
@@ -390,6 +401,7 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
         expertParallel(g, {
           ep: sizes.ep,
           imbalance: cfg.model.text_decoder.moe_routing_imbalance,
+          tokenSplit: l.sequenceParallel ? sizes.tp : 1,
         }),
     ],
     [
@@ -397,7 +409,7 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
       (g) =>
         tensorParallel(g, {
           tp: sizes.tp,
-          sequenceParallel: o.sequenceParallel ?? false,
+          sequenceParallel: l.sequenceParallel,
           encoderTp: placement.encoderTp,
         }),
     ],

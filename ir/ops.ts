@@ -100,6 +100,8 @@ export const OP_KINDS = [
   'all_to_all_v',
   'gather_v',
   'scatter_v',
+  'all_gather_v',
+  'reduce_scatter_v',
   'send',
   'recv',
   // memory
@@ -1677,6 +1679,45 @@ export const OP_TABLE = {
     flops: noFlops,
     pure: false,
     kernel: 'scatter_v',
+  },
+  all_gather_v: {
+    summary:
+      "every group rank's rows, concatenated in group order: x [n, H], counts i32 [P] (each group " +
+      "rank's rows, the same list on every rank) → [out_rows, H] (Σ counts rows written); the " +
+      "expert-TP gather of Megatron-LM's all-to-all dispatcher under sequence parallelism",
+    category: 'collective',
+    inputs: [2, 2],
+    attrs: { ...collectiveAttrs, out_rows: attr('dims', 'rows gathered, one dim (bounded)') },
+    shape: ([x, counts], attrs) => {
+      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
+      intT(counts, 'counts');
+      need(dimEq(counts.shape[0], num(attrs, 'group_size')), 'counts must have one entry per rank');
+      const [rows] = dimsAttr(attrs, 'out_rows');
+      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'all_gather_v',
+  },
+  reduce_scatter_v: {
+    summary:
+      'sum over the group of x [N, H] (every rank the same layout: consecutive blocks of counts ' +
+      'i32 [P] rows), group rank r keeping block r → [out_rows, H] (counts[r] rows written); ' +
+      "all_gather_v's conjugate",
+    category: 'collective',
+    inputs: [2, 2],
+    attrs: { ...collectiveAttrs, out_rows: attr('dims', "this rank's block, one dim (bounded)") },
+    shape: ([x, counts], attrs) => {
+      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
+      floatT(x, 'rows');
+      intT(counts, 'counts');
+      need(dimEq(counts.shape[0], num(attrs, 'group_size')), 'counts must have one entry per rank');
+      const [rows] = dimsAttr(attrs, 'out_rows');
+      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+    },
+    flops: noFlops,
+    pure: false,
+    kernel: 'reduce_scatter_v',
   },
   send: {
     summary: 'point-to-point send to a peer rank of a group (pipeline stages)',

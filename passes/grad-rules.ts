@@ -5,7 +5,7 @@
 // can delay weight gradients. The tensor/expert-parallel passes run before autodiff (Megatron
 // style), so the collectives and region boundaries they place have conjugate rules here:
 // copy_to_group ↔ all_reduce, group_slice ↔ all_gather(grad slice), all_gather ↔ reduce_scatter,
-// all_to_all_v ↔ all_to_all_v with the received counts.
+// all_to_all_v ↔ all_to_all_v with the received counts, all_gather_v ↔ reduce_scatter_v.
 
 import type { GraphBuilder, Node } from '../ir/graph.js';
 import type { DType } from '../ir/dtype.js';
@@ -231,6 +231,23 @@ export const GRAD_RULES = {
       out_rows: [formatDim(c.b.typeOf(rows).shape[0])],
     });
     return [drows, undefined];
+  }),
+  // each rank's rows gathered / its block of the sum: the conjugate pair over the same counts
+  all_gather_v: rule((c) => {
+    const [x, counts] = c.node.inputs;
+    const [dx] = c.b.op('reduce_scatter_v', [c.dOut(0)!, counts], {
+      ...groupOf(c),
+      out_rows: [formatDim(c.b.typeOf(x).shape[0])],
+    });
+    return [dx, undefined];
+  }),
+  reduce_scatter_v: rule((c) => {
+    const [x, counts] = c.node.inputs;
+    const [dx] = c.b.op('all_gather_v', [c.dOut(0)!, counts], {
+      ...groupOf(c),
+      out_rows: [formatDim(c.b.typeOf(x).shape[0])],
+    });
+    return [dx, undefined];
   }),
   broadcast: none(AFTER_AUTODIFF),
   gather_v: none(AFTER_AUTODIFF),

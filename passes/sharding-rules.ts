@@ -108,6 +108,8 @@ export const SHARDING_RULES = {
   all_to_all_v: { kind: 'collective' },
   gather_v: { kind: 'collective' },
   scatter_v: { kind: 'collective' },
+  all_gather_v: { kind: 'collective' },
+  reduce_scatter_v: { kind: 'collective' },
   send: { kind: 'collective' },
   recv: { kind: 'collective' },
   offload: { kind: 'follows' },

@@ -77,6 +77,9 @@ export const LAYOUTS: readonly Layout[] = [
     flags: ['--pp', '2', '--vpp', '2'],
   },
   { name: 'ep2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--ep', '2'] },
+  // the MoE dispatch under SP: each tp rank routes its own tokens, gathered inside the tp group
+  // for the experts (sequence parallelism is implied by tp and ep together)
+  { name: 'tp2-ep2', model: 'tiny-vlm-moe', ranks: 4, flags: ['--tp', '2', '--ep', '2'] },
   { name: 'ep4', model: 'tiny-vlm-moe', ranks: 4, flags: ['--ep', '4'] },
   {
     name: 'tp2-pp2',

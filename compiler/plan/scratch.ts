@@ -286,6 +286,11 @@ export const SCRATCH_RULES = {
   gather_v: (a) => (a.outputs.length > 1 ? take(a.outputs.reduce((n, y) => n + bytesOf(y), 0)) : 0),
   // run_scatter_v with one input per group rank: the root packs them in scratch first
   scatter_v: (a) => (a.inputs.length > 1 ? take(a.inputs.reduce((n, x) => n + bytesOf(x), 0)) : 0),
+  // run_all_gather_v: one broadcast per group rank straight into its block of the output
+  all_gather_v: none,
+  // run_reduce_scatter_v: every rank's contribution to this rank's block [out_rows, H] lands in
+  // scratch (P blocks) and is summed from there in group order
+  reduce_scatter_v: (a) => take(groupSize(a) * bytesOf(a.outputs[0])),
   send: none,
   recv: none,
   offload: none,

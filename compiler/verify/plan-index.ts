@@ -49,6 +49,8 @@ const KIND_OF_OP: ReadonlyMap<string, number> = new Map(
 );
 /** variable-size collectives: sizes are exchanged first, so buffer rows may differ per rank */
 const VARIABLE_SIZE: ReadonlySet<string> = new Set(OP_KINDS.filter((k) => 'out_rows' in specs(k)));
+/** variable-size collectives whose second input is the counts every member passes */
+const COUNTED: ReadonlySet<string> = new Set(['all_to_all_v', 'all_gather_v', 'reduce_scatter_v']);
 export const ROOTED: ReadonlySet<string> = new Set(OP_KINDS.filter((k) => 'root' in specs(k)));
 
 /** Absent or non-int32 attribute, in the Int32Array fields below. */
@@ -286,8 +288,9 @@ function collectiveSignature(
   if (!VARIABLE_SIZE.has(op)) return `${op}${at} of ${x.dtype} × ${dims.elems(x.shape)}`;
   // variable rows: only the row width is static; the counts input is the size exchange
   const rows = `${op}${at} of ${x.dtype} rows × ${dims.elems(x.shape, 1)}`;
-  // all_to_all_v's second input is its counts; scatter_v's further inputs are the root's blocks
-  if (op !== 'all_to_all_v' || ins.inputs.length < 2) return rows;
+  // all_to_all_v's, all_gather_v's and reduce_scatter_v's second input is their counts;
+  // scatter_v's further inputs are the root's blocks
+  if (!COUNTED.has(op) || ins.inputs.length < 2) return rows;
   const c = input(1);
   return `${rows}, counts ${c.dtype} × ${dims.elems(c.shape)}`;
 }

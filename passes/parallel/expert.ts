@@ -29,6 +29,12 @@ export interface ExpertParallelOptions {
    * balanced routing gives it (the runtime refuses more); absent, the dropless worst case
    */
   readonly imbalance?: number;
+  /**
+   * the ranks each microbatch's tokens are split over before the router (sequence parallelism's
+   * tp, dropless routing: passes/parallel/tensor.ts); a rank dispatches 1/tokenSplit of the
+   * rows, and its receive bound shrinks with them. Default 1
+   */
+  readonly tokenSplit?: number;
 }
 
 export class ExpertParallelError extends Error {}
@@ -142,6 +148,7 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
     b.at(n.scope, n.phase, () => {
       if (n.op === 'moe_permute') {
         const [rows, counts, rowOf] = b.op('moe_permute', ins, n.attrs);
+        const capacity = n.attrs.capacity as number | undefined;
         const perRank = (n.attrs.num_experts as number) / ep;
         const countsBy = b.op1('reshape', [counts], { shape: [String(ep), String(perRank)] });
         const ones = b.op1('constant', [], { value: 1, dtype: 'i32', shape: [String(ep)] });
@@ -152,10 +159,12 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
         const send = b.op1('moe_rank_counts', [counts], { group_size: ep });
         const rowsDim = b.typeOf(rows).shape[0];
         const decl = isSym(rowsDim) ? g.symbols.find((s) => s.name === rowsDim.sym)! : undefined;
-        const scaled = (v: number) => (isSym(rowsDim) ? (v * rowsDim.num) / rowsDim.den : v);
-        const bound = decl ? scaled(decl.bound) : (rowsDim as number);
+        // the rows one rank sends: its share of the tokens (tokenSplit) routed k ways
+        const split = capacity === undefined ? (o.tokenSplit ?? 1) : 1;
+        const scaled = (v: number) =>
+          (isSym(rowsDim) ? (v * rowsDim.num) / rowsDim.den : v) / split;
+        const bound = Math.ceil(decl ? scaled(decl.bound) : scaled(rowsDim as number));
         const sentExpected = decl ? scaled(decl.expected ?? decl.bound) : bound;
-        const capacity = n.attrs.capacity as number | undefined;
         const rxBound = receivedRowsBound(ep, bound, perRank, capacity, o.imbalance);
         const sym = b.symbol(
           `Rx${layerIndex++}`,

@@ -9,6 +9,11 @@
 //   Q  sequence-split (--sequence-parallel): rank i holds block i of dim 0
 //   S  split along `dim`: rank i holds piece i (a column-parallel product); with blocks > 1 the
 //      dim is blocks equal blocks, each split (a fused q/k/v)
+//   L  rank-local (the MoE dispatch under SP): each rank's own tensor, made from its own tokens
+//      (their permuted rows, their counts); there is no whole tensor to convert it to
+//   G  gathered (ibid.): whole on every rank, gathered by all_gather_v, whose conjugate sums the
+//      arriving gradients; only column-parallel ops may read it (their input gradients are
+//      partial, which is what that sum wants)
 //
 // Parameters: column-parallel (q/k/v, gate/up, fc1, fused qkv) split their output dim, row-parallel
 // (o_proj, down_proj, fc2, attn.proj) their input dim, the embedding and lm_head their vocabulary;
@@ -25,6 +30,17 @@
 // entropy over vocabulary-split logits is computed from per-rank statistics: local log-sum-exp
 // gathered and combined, the target logit summed. The vision encoder never runs sequence-split
 // (its patch count is data dependent); the decoder's residual stream does under SP.
+//
+// MoE under SP (dropless routing), Megatron-LM's all-to-all dispatcher with expert TP = TP: each
+// rank routes its own S/tp tokens (router, auxiliary-loss statistics gathered, moe_permute: L),
+// the expert-parallel exchange carries only those rows, and then, inside the tp group:
+//   all_gather       the counts [ep, E/ep] of every tp rank → [tp·ep, E/ep]
+//   all_gather_v     the rows (G), in tp-rank order, blocks (tp rank, source, expert)
+//   moe_sort_chunks  to (expert, tp rank, source): the local experts' rows, column-parallel
+//   …experts…        (P after the row-parallel down projection)
+//   moe_sort_chunks⁻¹, reduce_scatter_v   each rank's own rows, summed (L)
+// and the combine and moe_unpermute run on the rank's own tokens again (Q). Without expert
+// parallelism the same gather follows moe_permute directly, and precedes moe_unpermute.
 
 import {
   GraphBuilder,
@@ -41,8 +57,11 @@ import {
   dimMul,
   formatDim,
   formatShape,
+  isSym,
   parseDim,
+  type Dim,
   type Shape,
+  type SymbolDecl,
 } from '../../ir/shape.js';
 import type { Attrs, TensorType } from '../../ir/types.js';
 import type { OpKind } from '../../ir/ops.js';
@@ -67,17 +86,31 @@ type State =
   | { readonly k: 'R' }
   | { readonly k: 'P' }
   | { readonly k: 'Q' }
+  | { readonly k: 'L' }
+  | { readonly k: 'G' }
   | { readonly k: 'S'; readonly dim: number; readonly blocks: number };
 
 const R: State = { k: 'R' };
 const P: State = { k: 'P' };
 const Q: State = { k: 'Q' };
+const L: State = { k: 'L' };
+const G: State = { k: 'G' };
 const stateText = (s: State) => (s.k === 'S' ? `split(dim ${s.dim})` : s.k);
 
 /** a region's TP context: the decoder's, or the encoder's under hetero TP */
 interface Context {
   readonly tp: number;
   readonly group: string;
+}
+
+/** one MoE layer's gather inside the tp group (the MoE dispatch under SP) */
+interface TpDispatch {
+  /** every tp rank's counts: [tp·ep, E/ep] (ep 1: [tp, E]), blocks (tp rank, source) */
+  readonly countsAll: string;
+  /** rows of each tp rank: i32 [tp] */
+  readonly rowsOf: string;
+  /** dim 0 of this rank's own rows (what the reduce_scatter_v gives back) */
+  readonly ownRows: string;
 }
 
 /** the encoder and its projector: `visual.*` parameters and scopes */
@@ -131,6 +164,13 @@ class TensorParallelRewrite {
    */
   readonly gradOverSeq = new Set<string>();
   readonly paramNames: ReadonlySet<string>;
+  /** MoE scopes whose dispatch crosses the ep group (the expert-parallel pass's moe_sort_chunks) */
+  readonly expertParallelScopes: ReadonlySet<string>;
+  /** MoE scope → its moe_permute's rows dim, whole (before this pass) and the rank's own */
+  readonly ownRows = new Map<string, { whole: string; own: string }>();
+  /** MoE scope → its gather inside the tp group, once made */
+  readonly dispatch = new Map<string, TpDispatch>();
+  private readonly symbols: ReadonlyMap<string, SymbolDecl>;
   /** conversions already made: value, wanted state, consumer kind, group → converted value */
   private readonly cache = new Map<string, string>();
 
@@ -145,6 +185,80 @@ class TensorParallelRewrite {
     this.b = new GraphBuilder(g.name);
     for (const s of g.symbols) this.b.declareSymbol(s);
     this.paramNames = new Set(g.params.map((p) => p.name));
+    this.expertParallelScopes = new Set(
+      g.nodes.filter((n) => n.op === 'moe_sort_chunks').map((n) => n.scope),
+    );
+    this.symbols = new Map(g.symbols.map((x) => [x.name, x]));
+  }
+
+  /** a dim's bound and expected size, from the symbol table */
+  dimSizes(d: Dim): { bound: number; expected: number } {
+    if (!isSym(d)) return { bound: d, expected: d };
+    const decl = this.symbols.get(d.sym);
+    if (!decl) throw new Error(`tensor parallelism: undeclared symbol ${d.sym}`);
+    const scale = (v: number) => Math.ceil((v * d.num) / d.den);
+    return { bound: scale(decl.bound), expected: scale(decl.expected ?? decl.bound) };
+  }
+
+  /**
+   * The gather of an MoE layer's rows inside the tp group: every tp rank's counts [sources, L]
+   * and rows (rank-local) → the rows of the local experts, whole (G), sorted by expert, and their
+   * counts per expert. ownRows: the rank's rows dim; rowsDim: a symbol of its own for the
+   * gathered rows when each rank's differ (ep > 1), else tp × ownRows.
+   */
+  gatherDispatch(
+    scope: string,
+    rows: string,
+    counts: string,
+    layer: number,
+  ): { sorted: string; local: string } {
+    const coll = this.coll();
+    const tp = this.cur.tp;
+    const [sources, experts] = this.typeOf(counts).shape as number[];
+    const [countsAll] = this.emit('all_gather', [counts], { ...coll, grad: 'slice' }, [R]);
+    const [flat] = this.emit(
+      'reshape',
+      [countsAll],
+      { shape: [String(tp * sources * experts)] },
+      [R],
+    );
+    const [rowsOf] = this.emit('moe_rank_counts', [flat], { group_size: tp }, [R]);
+    const own = this.typeOf(rows).shape[0];
+    let gathered: Dim;
+    if (!this.expertParallelScopes.has(scope)) {
+      gathered = dimMul(own, tp);
+    } else {
+      const { bound, expected } = this.dimSizes(own);
+      gathered = this.b.symbol(
+        `Rg${layer}`,
+        tp * bound,
+        `rows ${scope}'s experts take: its expert dispatch's rows (${formatDim(own)}) of every tp rank`,
+        tp * expected,
+      );
+    }
+    const [all] = this.emit(
+      'all_gather_v',
+      [rows, rowsOf],
+      { ...coll, out_rows: [formatDim(gathered)] },
+      [G],
+    );
+    const [sorted] = this.emit('moe_sort_chunks', [all, countsAll], { inverse: false }, [G]);
+    const [local] = this.emit('moe_local_counts', [countsAll], {}, [R]);
+    this.dispatch.set(scope, { countsAll, rowsOf, ownRows: formatDim(own) });
+    return { sorted, local };
+  }
+
+  /** the experts' partial output rows back to each rank's own rows, summed over tp (L) */
+  scatterDispatch(scope: string, y: string): string {
+    const d = this.dispatch.get(scope)!;
+    const [unsorted] = this.emit('moe_sort_chunks', [y, d.countsAll], { inverse: true }, [P]);
+    const [own] = this.emit(
+      'reduce_scatter_v',
+      [unsorted, d.rowsOf],
+      { ...this.coll(), out_rows: [d.ownRows] },
+      [L],
+    );
+    return own;
   }
 
   contextOf(name: string): Context {
@@ -253,6 +367,14 @@ class TensorParallelRewrite {
     const hit = this.cache.get(key);
     if (hit) return hit;
     let out: string;
+    if (s.k === 'L')
+      return this.fail(`a rank-local value ${formatType(this.typeOf(v))} has no whole tensor`);
+    if (s.k === 'G') {
+      if (want === 'R' && forColumn) return v;
+      return this.fail(
+        `gathered rows ${formatType(this.typeOf(v))} feed only column-parallel experts`,
+      );
+    }
     if (want === 'Q') {
       if (s.k === 'Q') return v;
       if (s.k === 'P') [out] = this.emit('reduce_scatter', [v], coll, [Q]);
@@ -320,7 +442,12 @@ const linearRule: OpRule = (t, n, ins) => {
     return t.emitNode(n, [x, ...ins.slice(1)], n.attrs, [{ k: 'S', dim: last, blocks }]);
   }
   if (r.kind === 'row') return rowParallelLinear(t, n, ins);
-  // replicated weight (router gate, patch projection): replicated input
+  // replicated weight (router gate, patch projection): row by row, so a sequence-split input
+  // stays split (its weight's gradient then sums over tp); otherwise a replicated input
+  if (t.stateOf(ins[0]).k === 'Q') {
+    t.noteSeqParams(ins);
+    return t.emitNode(n, ins, n.attrs, [Q]);
+  }
   return t.emitNode(n, [t.convert(ins[0], 'R'), ...ins.slice(1)], n.attrs, [R]);
 };
 
@@ -407,13 +534,14 @@ const reshapeRule: OpRule = (t, n, ins) => {
   const tp = t.cur.tp;
   const target = (n.attrs.shape as string[]).map(parseDim);
   const from = t.typeOf(ins[0]).shape;
-  if (s.k === 'R' || s.k === 'P') return t.emitNode(n, ins, n.attrs, [s]);
+  if (s.k === 'R' || s.k === 'P' || s.k === 'L') return t.emitNode(n, ins, n.attrs, [s]);
   if (s.k === 'Q') {
     if (!dimEq(from[0], target[0]))
       t.fail(`${n.scope}: reshape of a sequence-split value changes dim 0`);
     const shape = [formatDim(from[0]), ...target.slice(1).map(formatDim)];
     return t.emitNode(n, ins, { shape }, [Q]);
   }
+  if (s.k === 'G') return t.fail(`${n.scope}: reshape of gathered expert rows`);
   // a split dim keeps its place when the dims before it are the same
   const d = target.findIndex(
     (_, i) => prefixText(target, i) === prefixText(globalShape(from, s, tp), s.dim),
@@ -511,6 +639,85 @@ const wholeRule: OpRule = (t, n, ins) =>
     n.outputs.map(() => R),
   );
 
+// ---- the MoE dispatch under SP (the header) ----------------------------------------------------
+
+/** decoder MoE layer index of a scope (model.layers.<i>.mlp) */
+const layerOf = (scope: string) => Number(/layers\.(\d+)\./.exec(`${scope}.`)?.[1] ?? 0);
+
+/** router_topk row by row: sequence-split logits give sequence-split choices */
+const routerRule: OpRule = (t, n, ins) =>
+  t.stateOf(ins[0]).k === 'Q' ? t.emitNode(n, ins, n.attrs, [Q, Q, Q]) : wholeRule(t, n, ins);
+
+/**
+ * moe_permute of a rank's own tokens (SP, dropless): its rows and counts are rank-local; without
+ * expert parallelism the gather inside the tp group follows at once
+ */
+const permuteRule: OpRule = (t, n, ins) => {
+  const own =
+    t.o.sequenceParallel &&
+    n.attrs.capacity === undefined &&
+    t.stateOf(ins[0]).k === 'Q' &&
+    t.stateOf(ins[1]).k === 'Q';
+  if (!own) return wholeRule(t, n, ins);
+  const [rows, counts, rowOf] = t.emitNode(n, ins, n.attrs, [L]);
+  t.ownRows.set(n.scope, {
+    whole: formatDim(n.outputs[0].type.shape[0]),
+    own: formatDim(t.typeOf(rows).shape[0]),
+  });
+  if (t.expertParallelScopes.has(n.scope)) return [rows, counts, rowOf];
+  const E = t.typeOf(counts).shape[0];
+  const [byRank] = t.emit('reshape', [counts], { shape: ['1', formatDim(E)] }, [L]);
+  const { sorted, local } = t.gatherDispatch(n.scope, rows, byRank, layerOf(n.scope));
+  return [sorted, local, rowOf];
+};
+
+const isLocal = (t: TensorParallelRewrite, ins: string[]) =>
+  ins.some((v) => t.stateOf(v).k === 'L');
+
+/**
+ * the expert-parallel exchange of rank-local rows and counts: rank-local; the combine's
+ * all_to_all_v returns the rank's own rows (the whole sequence's before this pass)
+ */
+const localOr =
+  (other: OpRule): OpRule =>
+  (t, n, ins) => {
+    if (!isLocal(t, ins)) return other(t, n, ins);
+    const rows = t.ownRows.get(n.scope);
+    const out = n.attrs.out_rows as string[] | undefined;
+    const attrs =
+      rows && out?.[0] === rows.whole ? { ...n.attrs, out_rows: [rows.own] } : n.attrs;
+    return t.emitNode(n, ins, attrs, [L]);
+  };
+
+/**
+ * moe_sort_chunks: after the expert-parallel dispatch of rank-local rows, the gather inside the
+ * tp group and the sort of every tp rank's rows; its inverse after the experts, the scatter back
+ */
+const sortChunksRule: OpRule = (t, n, ins) => {
+  if (n.attrs.inverse !== true && isLocal(t, ins))
+    return [t.gatherDispatch(n.scope, ins[0], ins[1], layerOf(n.scope)).sorted];
+  if (n.attrs.inverse === true && t.dispatch.has(n.scope))
+    return [t.scatterDispatch(n.scope, ins[0])];
+  return linearInFirstRule(t, n, ins);
+};
+
+/** rows per local expert: over every tp rank's sources once they are gathered */
+const localCountsRule: OpRule = (t, n, ins) => {
+  const d = t.dispatch.get(n.scope);
+  if (d && isLocal(t, ins)) return t.emit('moe_local_counts', [d.countsAll], {}, [R]);
+  return wholeRule(t, n, ins);
+};
+
+/** moe_unpermute of a rank's own rows (after the scatter back): its own tokens, sequence-split */
+const unpermuteRule: OpRule = (t, n, ins) => {
+  const rows =
+    t.dispatch.has(n.scope) && t.stateOf(ins[0]).k === 'P'
+      ? t.scatterDispatch(n.scope, ins[0])
+      : ins[0];
+  if (t.stateOf(rows).k !== 'L') return wholeRule(t, n, ins);
+  return t.emitNode(n, [rows, ins[1], ins[2]], n.attrs, [Q]);
+};
+
 /** each op's rule; an op without one needs whole inputs (wholeRule) */
 const OP_RULES: { readonly [K in OpKind]?: OpRule } = {
   linear: linearRule,
@@ -522,17 +729,20 @@ const OP_RULES: { readonly [K in OpKind]?: OpRule } = {
   reshape: reshapeRule,
   attention: attentionRule,
   rope: ropeRule,
-  // the router and the token permutation need whole inputs
+  // the auxiliary loss's statistics need every token: the router's outputs gathered
   moe_aux_loss: wholeRule,
-  moe_permute: wholeRule,
-  router_topk: wholeRule,
+  moe_permute: permuteRule,
+  router_topk: routerRule,
+  moe_unpermute: unpermuteRule,
+  moe_rank_counts: localOr(wholeRule),
+  moe_local_counts: localCountsRule,
   layernorm: rowWiseRule,
   rmsnorm: rowWiseRule,
   add: rowWiseRule,
   gelu: rowWiseRule,
   swiglu: rowWiseRule,
-  moe_sort_chunks: linearInFirstRule,
-  all_to_all_v: linearInFirstRule,
+  moe_sort_chunks: sortChunksRule,
+  all_to_all_v: localOr(linearInFirstRule),
 };
 
 function prefixText(s: Shape, upTo: number): string {

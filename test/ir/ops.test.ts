@@ -556,6 +556,26 @@ const CASES: Record<OpKind, Case> = {
       error: /'out_rows' must be dims/,
     },
   },
+  all_gather_v: {
+    inputs: ['bf16[Rx, 128]', 'i32[4]'],
+    attrs: { group: 'tp', group_size: 4, out_rows: ['Rg'] },
+    out: ['bf16[Rg, 128]'],
+    bad: {
+      inputs: ['bf16[Rx, 128]', 'f32[4]'],
+      attrs: { group: 'tp', group_size: 4, out_rows: ['Rg'] },
+      error: /counts must be an integer tensor/,
+    },
+  },
+  reduce_scatter_v: {
+    inputs: ['f32[Rg, 128]', 'i32[2]'],
+    attrs: { group: 'tp', group_size: 2, out_rows: ['Rx'] },
+    out: ['f32[Rx, 128]'],
+    bad: {
+      inputs: ['f32[Rg, 128]', 'i32[4]'],
+      attrs: { group: 'tp', group_size: 2, out_rows: ['Rx'] },
+      error: /one entry per rank/,
+    },
+  },
   send: {
     inputs: ['f32[S, 128]'],
     attrs: { group: 'pp', peer: 1, tag: 3 },

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/sum.h"
 #include "core/error.h"
 
 namespace lfc::comm {
@@ -238,6 +239,63 @@ int64_t run_scatter_v(const Instr&, StepCtx& c, Group& g) {
   return y.dim(0);
 }
 
+// all_gather_v / reduce_scatter_v: every rank passes the same counts, one per group rank
+std::vector<int64_t> blockRows(StepCtx& c, const Group& g) { return counts(c.in(1), g.P, "input 1 (counts)"); }
+
+int64_t run_all_gather_v(const Instr& in, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireRows(x, y);
+  const std::vector<int64_t> rows = blockRows(c, g);
+  if (rows[size_t(g.r)] > x.dim(0))
+    throw OpError(cat("counts[", g.r, "] = ", rows[size_t(g.r)], " rows, input 0 ", formatShape(x.shape), " has ",
+                      x.dim(0)));
+  if (sum(rows) > y.dim(0))
+    throw OpError(cat("receive bound exceeded: gathers ", sum(rows), " rows; output 0 ", formatShape(y.shape),
+                      " holds at most ", y.dim(0), " (the bound of its out_rows ",
+                      in.attrs.at("out_rows").at(0).get<std::string>(), " at this microbatch's sizes)"));
+  // one broadcast per group rank, each straight into its block of y
+  const int64_t rb = rowBytes(x);
+  int64_t at = 0;
+  for (int i = 0; i < g.P; i++) {
+    const int64_t bytes = rows[size_t(i)] * rb;
+    if (i == g.r && bytes > 0) std::memmove(y.data + at, x.data, size_t(bytes));
+    if (bytes > 0) g.comm.broadcast(y.data + at, bytes, i);
+    at += bytes;
+  }
+  return sum(rows);
+}
+
+template <typename T>
+void sumBlocks(std::byte* out, const std::byte* parts, int P, int64_t n) {
+  std::vector<const T*> p(static_cast<size_t>(P));
+  for (int j = 0; j < P; j++) p[size_t(j)] = reinterpret_cast<const T*>(parts) + j * n;
+  sumParts(reinterpret_cast<T*>(out), p.data(), P, n);
+}
+
+int64_t run_reduce_scatter_v(const Instr&, StepCtx& c, Group& g) {
+  const Tensor &x = c.in(0), &y = c.out(0);
+  requireRows(x, y);
+  const std::vector<int64_t> rows = blockRows(c, g);
+  if (sum(rows) > x.dim(0))
+    throw OpError(cat("counts sum to ", sum(rows), " rows, input 0 ", formatShape(x.shape), " has ", x.dim(0)));
+  const int64_t mine = rows[size_t(g.r)];
+  if (mine > y.dim(0))
+    throw OpError(cat("counts[", g.r, "] = ", mine, " rows; output 0 ", formatShape(y.shape), " holds at most ",
+                      y.dim(0)));
+  // block j of x to rank j; this rank's block from every rank into scratch, summed in group order
+  const int64_t rb = rowBytes(x);
+  std::byte* parts = c.scratch<std::byte>(g.P * mine * rb);
+  g.comm.allToAllV(x.data, times(rows, rb), parts, std::vector<int64_t>(size_t(g.P), mine * rb));
+  const int64_t n = mine * x.last();
+  switch (x.dtype) {
+    case DType::f32: sumBlocks<float>(y.data, parts, g.P, n); break;
+    case DType::f64: sumBlocks<double>(y.data, parts, g.P, n); break;
+    case DType::bf16: sumBlocks<bf16>(y.data, parts, g.P, n); break;
+    default: throw OpError(cat("input 0 has dtype ", dtypeName(x.dtype), "; reduce_scatter_v sums f32, f64 or bf16"));
+  }
+  return mine;
+}
+
 int peerOf(const StepCtx& c, const Group& g) {
   const int64_t peer = c.integer("peer");
   if (peer < 0 || peer >= g.P || peer == g.r)
@@ -287,6 +345,10 @@ const CollectiveEntry* entryOf(Op op) {
                                        run_gather_v};
   static const CollectiveEntry scatterV{1, 1 << 16, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
                                         run_scatter_v};
+  static const CollectiveEntry allGatherV{2, 2, 1, 1, "group:string,group_size:int,out_rows:dims", false,
+                                          run_all_gather_v};
+  static const CollectiveEntry reduceScatterV{2, 2, 1, 1, "group:string,group_size:int,out_rows:dims", false,
+                                              run_reduce_scatter_v};
   static const CollectiveEntry send{1, 1, 0, 0, "group:string,group_size?:int,peer:int,tag:int,batch?:int", false, run_send};
   static const CollectiveEntry recv{0, 0, 1, 1, "group:string,group_size?:int,peer:int,tag:int,dtype:dtype,shape:dims,batch?:int",
                                     false, run_recv};
@@ -298,6 +360,8 @@ const CollectiveEntry* entryOf(Op op) {
     case Op::all_to_all_v: return &allToAllV;
     case Op::gather_v: return &gatherV;
     case Op::scatter_v: return &scatterV;
+    case Op::all_gather_v: return &allGatherV;
+    case Op::reduce_scatter_v: return &reduceScatterV;
     case Op::send: return &send;
     case Op::recv: return &recv;
     default: return nullptr;

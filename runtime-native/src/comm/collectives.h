@@ -18,8 +18,12 @@
 //   scatter_v       the root's x split in consecutive blocks, block i to group rank i; each rank
 //                   receives the rows its output resolves to at this microbatch's sizes (those
 //                   counts go to the root first, so the root checks they fit its rows)
+//   all_gather_v    y = x_0 ‖ … ‖ x_{P−1} along dim 0, counts i32 [P] the rows of each rank (the
+//                   same list on every rank); one broadcast per rank straight into its block
+//   reduce_scatter_v  y = block r of Σ x, x in consecutive blocks of counts i32 [P] rows; this
+//                   rank's block of every rank lands in scratch and is summed in group order
 //   send / recv     to / from group rank `peer`, matched by `tag`
-// The variable-size ops (all_to_all_v, gather_v, scatter_v) report the rows they wrote: output 0
+// The variable-size ops (all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v) report the rows they wrote: output 0
 // holds that many rows, fewer than its planned bound, and the executor hands later instructions
 // the received row count (through output 0's run-time symbol when its dim 0 is one:
 // core/executor.h).
@@ -46,7 +50,7 @@ struct PeerFailedError : OpError {
 };
 
 // Runs one collective instruction. Returns the rows written to output 0 when they depend on the
-// data (all_to_all_v, gather_v, scatter_v), else −1. Throws OpError naming the group (a
+// data (the variable-size ops), else −1. Throws OpError naming the group (a
 // PeerFailedError when another rank's failure ended it).
 // batchEnd: the instruction is the last of a batched send/recv (its stream's next instruction has
 // another batch): every posted send and recv of the batch completes before it returns

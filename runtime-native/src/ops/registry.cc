@@ -123,6 +123,8 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::all_to_all_v, collective());
   set(Op::gather_v, collective());
   set(Op::scatter_v, collective());
+  set(Op::all_gather_v, collective());
+  set(Op::reduce_scatter_v, collective());
   set(Op::send, collective());
   set(Op::recv, collective());
   // memory moves
