@@ -27,7 +27,9 @@ export interface Layout {
  * (a tensor-parallel all-reduce of bf16 partial sums rounds once per sum where one rank's GEMM
  * rounds its f32 accumulator once; pipeline stages and expert ranks cut the same work apart), so
  * values differ by bf16 rounding (2⁻⁹ relative per rounding, not f32's 2⁻²⁴): measured, the
- * losses of 3 steps by at most 1.4e-5 relative (tp 2). AdamW then turns those differences into
+ * losses of 3 steps by at most 1.4e-5 relative (tp 2) on an AVX2 machine, and by 1.13e-4 with the
+ * encoder split too (tp 2, encoder tp 2) on an AVX-512 one (Zen 4, whose kernels round in another
+ * order); the bound is 3e-4, still 7× under one bf16 rounding. AdamW then turns those differences into
  * whole steps: an element whose gradient is near zero moves ±lr either way, so after 3 steps of
  * lr 1e-3 a zero-initialised bias differs by up to 25% of its norm and a routing near-tie moves an
  * expert's weights 7% apart. The parameters are therefore held per element to AdamW's step bound
@@ -35,7 +37,7 @@ export interface Layout {
  * (measured at most 1.4e-2, tp 2); the gradients themselves are checked by cosine in
  * test/multirank/bf16.test.ts.
  */
-export const BF16_TOLERANCE = { loss: 1e-4, modelParam: 5e-2 };
+export const BF16_TOLERANCE = { loss: 3e-4, modelParam: 5e-2 };
 
 export const FROZEN = ['model.image_encoder.freeze=true'];
 /** tied input embedding and output weight (Qwen2.5-VL-3B's) */
@@ -80,6 +82,19 @@ export const LAYOUTS: readonly Layout[] = [
   // the MoE dispatch under SP: each tp rank routes its own tokens, gathered inside the tp group
   // for the experts (sequence parallelism is implied by tp and ep together)
   { name: 'tp2-ep2', model: 'tiny-vlm-moe', ranks: 4, flags: ['--tp', '2', '--ep', '2'] },
+  {
+    name: 'a2a-overlap-tp2-ep2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: [
+      '--tp',
+      '2',
+      '--ep',
+      '2',
+      '--overlap-moe-expert-parallel-comm',
+      '--delay-wgrad-compute',
+    ],
+  },
   { name: 'ep4', model: 'tiny-vlm-moe', ranks: 4, flags: ['--ep', '4'] },
   {
     name: 'tp2-pp2',

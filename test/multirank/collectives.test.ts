@@ -50,6 +50,12 @@ function collectiveSpec(P: number, store: string) {
     const gvY = b.arena('gv.y', 'f32', [8 * P, H]);
     const svX = b.param('sv.x', [8 * P, H], { trainable: false }).buffer;
     const svY = b.arena('sv.y', 'f32', ['S', H], 0);
+    // all_gather_v / reduce_scatter_v: rank r holds vRows(r) rows, every rank the counts of all
+    const vCounts = b.param('v.counts', [P], { dtype: 'i32', trainable: false }).buffer;
+    const agvX = b.arena('agv.x', 'f32', ['S', H], 0);
+    const agvY = b.arena('agv.y', 'f32', [8 * P, H]);
+    const rsvX = b.param('rsv.x', [8 * P, H], { trainable: false }).buffer;
+    const rsvY = b.arena('rsv.y', 'f32', ['S', H], 0);
     const p2pX = b.param('p2p.x', [4], { trainable: false }).buffer;
     const p2pY = b.arena('p2p.y', 'f32', [4]);
     b.instr('comm', 'all_reduce', [arX], [arY], g);
@@ -63,6 +69,8 @@ function collectiveSpec(P: number, store: string) {
     });
     b.instr('comm', 'gather_v', [gvX], [gvY], { ...g, root: 0, out_rows: [`${8 * P}`] });
     b.instr('comm', 'scatter_v', [svX], [svY], { ...g, root: 0, out_rows: ['S'] });
+    b.instr('comm', 'all_gather_v', [agvX, vCounts], [agvY], { ...g, out_rows: [`${8 * P}`] });
+    b.instr('comm', 'reduce_scatter_v', [rsvX, vCounts], [rsvY], { ...g, out_rows: ['S'] });
     const send = () => b.instr('comm', 'send', [p2pX], [], { group: 'dp', peer: -1, tag: 7 });
     const recv = () =>
       b.instr('comm', 'recv', [], [p2pY], {
@@ -82,6 +90,7 @@ function collectiveSpec(P: number, store: string) {
     programs[parity] = b.build();
     ids = { tokens, arX, arY, arInPlace, agX, agY, rsX, rsY, bcX, bcY, a2aX, a2aSend, a2aY };
     Object.assign(ids, { a2aRecv, gvX, gvY, svX, svY, p2pX, p2pY });
+    Object.assign(ids, { vCounts, agvX, agvY, rsvX, rsvY });
   }
   const spec = (rank: number) => {
     const f = (id: number) => String(id);
@@ -98,6 +107,9 @@ function collectiveSpec(P: number, store: string) {
         [f(ids.a2aSend)]: range(P, (j) => a2aCount(rank, j)),
         [f(ids.gvX)]: rowsOf(vRows(rank), (k, h) => rank * 100 + k * 10 + h),
         [f(ids.svX)]: rowsOf(8 * P, (k, h) => k * 10 + h),
+        [f(ids.vCounts)]: range(P, vRows),
+        [f(ids.agvX)]: rowsOf(vRows(rank), (k, h) => rank * 100 + k * 10 + h),
+        [f(ids.rsvX)]: rowsOf(8 * P, (k, h) => rank * 1000 + k * 10 + h),
         [f(ids.p2pX)]: range(4, (i) => rank * 10 + i),
       },
     };
@@ -144,6 +156,8 @@ function collectiveSpec(P: number, store: string) {
       ids.a2aRecv,
       ids.gvY,
       ids.svY,
+      ids.agvY,
+      ids.rsvY,
       ids.p2pY,
     ],
   };
@@ -170,6 +184,9 @@ function expected(P: number, r: number, ids: Record<string, number>, fills: Work
     [ids.a2aRecv]: range(P, (from) => a2aCount(from, r)),
     [ids.gvY]: r === 0 ? range(P, (k) => fill(k, ids.gvX)).flat() : [],
     [ids.svY]: fill(0, ids.svX).slice(svStart * H, (svStart + vRows(r)) * H),
+    // every rank's rows in group order (the rows it reports written)
+    [ids.agvY]: range(P, (k) => fill(k, ids.agvX)).flat(),
+    [ids.rsvY]: sum(ids.rsvX).slice(svStart * H, (svStart + vRows(r)) * H),
     [ids.p2pY]: fill((r + P - 1) % P, ids.p2pX),
   };
 }
@@ -180,7 +197,7 @@ describe('collectives against their plain computation', () => {
     [4, 'tcp', 'shared memory'],
     [4, 'tcp', 'tcp'],
   ] as const)(
-    '%i ranks (%s store, %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, send/recv',
+    '%i ranks (%s store, %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v, send/recv',
     async (P, kind, transport) => {
       const server = kind === 'tcp' ? await StoreServer.listen(0, '127.0.0.1') : undefined;
       const store = server

@@ -23,9 +23,8 @@
 //   - under sequence parallelism lfc keeps the all-gathered input of the first linear after each
 //     norm ([S, h]) for its weight gradient, where Megatron keeps the [S/t, h] shard and gathers it
 //     again in backward: lfc spends memory to save that second all-gather;
-//   - the MoE router under tp runs on the gathered tokens in lfc (its input [S, h] and
-//     probabilities [S, E] are whole on every tensor-parallel rank), on the local shard in
-//     Megatron.
+//   - the MoE auxiliary loss under sequence parallelism reads every token's expert ids in lfc
+//     (gathered over tp, [S, k]), where Megatron all-reduces each rank's per-expert sums.
 
 import { describe, expect, it } from 'vitest';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
@@ -91,13 +90,15 @@ function megatronBytesPerToken(l: Layer, s: Setting): number {
     if (!drop('mlp')) b += (3 * BF16 * l.ffn) / t; // gate, up, activation
     return b;
   }
+  // MoE: each rank routes its own tokens (under SP, S/t of them); the experts' input rows are
+  // every tensor-parallel rank's rows, gathered
   const k = l.k!;
-  b += F32 * l.experts + F32 * k + 4 * k; // router probabilities, top-k weights, expert ids
-  b += BF16 * k * l.h; // permuted rows (input of the experts' gate and up)
+  b += (F32 * l.experts + F32 * k + 4 * k) / seq; // router probabilities, top-k weights, expert ids
+  b += BF16 * k * l.h; // permuted rows (input of the experts' gate and up), gathered over tp
   b += (2 * BF16 * k * l.ffn) / t; // gate and up rows
   if (!drop('moe_act')) b += (BF16 * k * l.ffn) / t; // activation rows (down's input)
-  b += BF16 * k * l.h; // the experts' output rows (moe_unpermute's backward)
-  b += 4 * k; // the row of each assignment
+  b += (BF16 * k * l.h) / seq; // the experts' output rows of its own tokens (moe_unpermute's backward)
+  b += (4 * k) / seq; // the row of each assignment
   return b;
 }
 
