@@ -25,7 +25,7 @@ import { ExpertParallelError, expertParallel } from '../passes/parallel/expert.j
 import { PipelineError, splitPipeline, type PipelineSplit } from '../passes/parallel/pipeline.js';
 import { TensorParallelError, tensorParallel } from '../passes/parallel/tensor.js';
 import { UserError } from './errors.js';
-import { forwardCosts } from './schedule/costs.js';
+import { forwardCosts, type ForwardCosts } from './schedule/costs.js';
 import { partitionPipeline, type PipelineLayout } from './schedule/partition.js';
 import { schedule1F1B, scheduleInterleaved } from './schedule/pipeline.js';
 import { buildForwardGraph } from './frontend/build.js';
@@ -480,12 +480,30 @@ function tiedAcrossStages(graph: Graph, split: PipelineSplit | undefined, pp: nu
   return [...stages].filter(([, set]) => set.size > 1).map(([name]) => name);
 }
 
+/**
+ * What the partition balances: a stage-0 rank's forward work per microbatch, in the decoder's
+ * unsharded FLOPs (every decoder piece is split tp ways alike), at the data profile's expected
+ * visual tokens. The encoder weighs tp / encoder TP at levels 0–1 (its replicas inside the tp
+ * group each encode the whole microbatch) and 1 at level 2 (each of the tp ranks encodes one
+ * microbatch in tp); at level 3 it is off the pipeline.
+ */
+function stageCosts(o: CompileOptions, l: Layout, forward: Graph): ForwardCosts {
+  const { placement, sizes, data } = l;
+  const Nv = Math.min(
+    data.sizes.expected.visualTokens,
+    o.maxVisualTokens ?? data.sizes.bound.visualTokens,
+  );
+  const costs = forwardCosts(forward, { Nv });
+  const share = placement.level === 2 ? sizes.tp : placement.encoderTp;
+  return { ...costs, encoderFlops: (costs.encoderFlops * sizes.tp) / share };
+}
+
 /** pipeline: stages from the partition, passes in the schedule's order */
 function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph): Stages {
   const { sizes, placement, numMicrobatches } = l;
   const partition =
     sizes.pp > 1
-      ? partitionPipeline(forwardCosts(forward), {
+      ? partitionPipeline(stageCosts(o, l, forward), {
           pp: sizes.pp,
           vpp: sizes.vpp,
           // full separation encodes before the pipeline, on every rank: not in stage 0's chunk

@@ -8,7 +8,9 @@
 //        expensive virtual stage is as cheap as any contiguous split allows.
 //
 // Notation: L layers, p stages, v chunks per stage, K = p·v virtual stages; costs are forward
-// FLOPs (backward is 2 × forward for every piece, so forward balance is step balance).
+// FLOPs (backward is 2 × forward for every piece, so forward balance is step balance), as the
+// caller weighs them: the compiler passes a stage-0 rank's share of the encoder in the decoder's
+// unsharded units, at the expected visual tokens (compiler/pipeline.ts, stageCosts).
 
 import { UserError } from '../errors.js';
 import { preFlops, type ForwardCosts } from './costs.js';

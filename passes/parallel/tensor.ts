@@ -216,12 +216,9 @@ class TensorParallelRewrite {
     const tp = this.cur.tp;
     const [sources, experts] = this.typeOf(counts).shape as number[];
     const [countsAll] = this.emit('all_gather', [counts], { ...coll, grad: 'slice' }, [R]);
-    const [flat] = this.emit(
-      'reshape',
-      [countsAll],
-      { shape: [String(tp * sources * experts)] },
-      [R],
-    );
+    const [flat] = this.emit('reshape', [countsAll], { shape: [String(tp * sources * experts)] }, [
+      R,
+    ]);
     const [rowsOf] = this.emit('moe_rank_counts', [flat], { group_size: tp }, [R]);
     const own = this.typeOf(rows).shape[0];
     let gathered: Dim;
@@ -684,8 +681,7 @@ const localOr =
     if (!isLocal(t, ins)) return other(t, n, ins);
     const rows = t.ownRows.get(n.scope);
     const out = n.attrs.out_rows as string[] | undefined;
-    const attrs =
-      rows && out?.[0] === rows.whole ? { ...n.attrs, out_rows: [rows.own] } : n.attrs;
+    const attrs = rows && out?.[0] === rows.whole ? { ...n.attrs, out_rows: [rows.own] } : n.attrs;
     return t.emitNode(n, ins, attrs, [L]);
   };
 
