@@ -8,14 +8,16 @@
 //   collective  latency · steps + factor · bytes / link bandwidth (NCCL's ring and direct
 //               algorithms; n: the whole gathered or reduced size):
 //                 all_reduce              2(P−1)/P · n, 2(P−1) steps
-//                 all_gather, reduce_scatter, all_to_all_v, gather_v, scatter_v
+//                 all_gather, reduce_scatter, all_to_all_v, gather_v, scatter_v,
+//                 all_gather_v, reduce_scatter_v
 //                                         (P−1)/P · n, P−1 steps
 //                 broadcast               n, log2 P steps (pipelined)
 //                 send, recv              n, one step
 //               A group inside one node runs on NVLink. A group over k nodes with q of its ranks
 //               on the rank's own node (GroupShape) is priced by what crosses which link, at the
 //               inter-node latency:
-//                 rings (all_reduce, all_gather, reduce_scatter, broadcast): the whole ring's
+//                 rings (all_reduce, all_gather, reduce_scatter, broadcast, and the variable
+//                   all_gather_v and reduce_scatter_v, as NCCL's grouped ring): the whole ring's
 //                   traffic passes every node boundary, carried by the q ranks' NIC shares at once
 //                   (one ring channel each, as NCCL builds them): factor · n / min(NVLink,
 //                   q · NIC). A group of whole nodes then reaches the node's NIC bandwidth as its
@@ -180,7 +182,7 @@ export function collectiveSteps(op: string, P: number): { steps: number; factor:
       return { steps: 2 * (P - 1), factor: 2 * part };
     case 'broadcast':
       return { steps: Math.ceil(Math.log2(P)), factor: 1 };
-    default: // all_gather, reduce_scatter, all_to_all_v, gather_v, scatter_v
+    default: // all_gather, reduce_scatter, the four variable-row exchanges
       return { steps: P - 1, factor: part };
   }
 }
