@@ -77,6 +77,54 @@ describe('expert capacity bounds the dispatch (tiny-vlm-moe, ep 2)', () => {
   });
 });
 
+// Megatron's all-to-all dispatcher under SP: tiny-vlm-moe has S ≤ 128 tokens, hidden 128 and top-2
+// routing, so a tp 2 rank routes its own S/2 tokens (S assignments) where the whole sequence has 2·S.
+describe('the MoE dispatch under sequence parallelism (tiny-vlm-moe, tp 2, ep 2)', () => {
+  const r = compile({ ...moe4, parallel: { tp: 2, ep: 2 } });
+  const mlp = (layer: number) =>
+    r.graph.nodes.filter((n) => n.phase === 'forward' && n.scope === `model.layers.${layer}.mlp`);
+  const bound = (name: string) => r.plan.symbols.find((s) => s.name === name)?.bound;
+  it('is on by default for MoE with tp and ep above 1 (Megatron requires it)', () => {
+    expect(r.sequenceParallel).toBe(true);
+    expect(compile({ ...moe4, parallel: { tp: 2 } }).sequenceParallel).toBe(false);
+  });
+  it("routes each rank's own tokens and sends only their rows over ep", () => {
+    const permute = mlp(0).find((n) => n.op === 'moe_permute')!;
+    // S/tp tokens routed 2 ways: S rows (the whole sequence's permute has 2·S)
+    expect(permute.outputs[0].type.shape).toEqual([{ sym: 'S', num: 1, den: 1 }, 128]);
+    // the dispatch's bound: ep × the 128 rows a rank sends; the experts' rows: tp × that
+    expect([bound('Rx0'), bound('Rg0')]).toEqual([2 * 128, 2 * 2 * 128]);
+  });
+  it('gathers the rows inside the tp group for the experts and scatters them back summed', () => {
+    const ops = mlp(0).map((n) => `${n.op}${n.attrs.group ? `:${String(n.attrs.group)}` : ''}`);
+    const at = (op: string) => ops.indexOf(op);
+    expect(
+      ops.filter((o) => /^(all_gather_v|reduce_scatter_v|all_to_all_v|all_reduce)/.test(o)),
+    ).toEqual([
+      'all_to_all_v:ep',
+      'all_to_all_v:ep',
+      'all_gather_v:tp',
+      'reduce_scatter_v:tp',
+      'all_to_all_v:ep',
+    ]);
+    expect(at('all_gather_v:tp')).toBeLessThan(at('reduce_scatter_v:tp'));
+    // the backward: the conjugates, over the same counts
+    const back = r.graph.nodes.filter(
+      (n) => n.phase === 'backward' && n.scope === 'model.layers.0.mlp',
+    );
+    expect(back.filter((n) => n.op === 'all_gather_v')).toHaveLength(1);
+    expect(back.filter((n) => n.op === 'reduce_scatter_v')).toHaveLength(1);
+  });
+  it('under an expert capacity, the router sees every token of the microbatch (gathered first)', () => {
+    const capped = compile({ ...moe4, parallel: { tp: 2, ep: 2 }, moeExpertCapacityFactor: 1 });
+    const permute = capped.graph.nodes.find((n) => n.op === 'moe_permute')!;
+    expect(capped.graph.nodes.some((n) => n.op === 'all_gather_v')).toBe(false);
+    expect(
+      capped.graph.nodes.find((n) => n.outputs.some((o) => o.name === permute.inputs[0]))!.op,
+    ).toBe('all_gather');
+  });
+});
+
 describe('tensor-parallel pass (tiny-vlm-moe, tp 2, encoder tp 2)', () => {
   const text = dump('tensor-parallel', { ...moe4, parallel: { tp: 2 }, overrides: encoderTp(2) });
   const g = parseGraph(text);
