@@ -217,7 +217,13 @@ function price(
   const peakBound = Math.max(...memory.map((m) => m.bound.deviceBytes));
   const peakExpected = Math.max(...memory.map((m) => m.expected.deviceBytes));
   const programs = new Map(result.programs.map((p) => [p.id, p]));
-  const { forecast } = forecastStep(result.modelForwardFlops, result.plan, programs, r.hardware);
+  let forecast: PricedLayout['forecast'];
+  try {
+    ({ forecast } = forecastStep(result.modelForwardFlops, result.plan, programs, r.hardware));
+  } catch (e) {
+    // a plan the simulator cannot replay (unverified: a compiler bug): named, not fatal
+    return { error: e instanceof Error ? e.message : String(e) };
+  }
   return {
     layout,
     name: layoutName(layout),
