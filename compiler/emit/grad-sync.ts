@@ -65,19 +65,27 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   // orders, and a sum over groups that span stages (the encoder's under full separation), or the
   // last stage's sends, issued after it on one stage and before it on the other would deadlock
   // the comm stream
+  //
+  // The encoder's sums under levels 2 and 3 (over tp_dp_cp, world) go there too, after the tied
+  // ones: the ranks of those groups run different programs (each encodes its own microbatches, a
+  // mock slot encodes nothing), so their encoder backward ends at different points of the step,
+  // and a group kind whose ranks coincide with another's (tp_dp_cp is tp when dp is 1) shares its
+  // communicator, on which every member must issue the same sums in the same order
   const deferred: PlanInstruction[] = [];
+  const deferredEncoder: PlanInstruction[] = [];
   buckets.forEach((bucket, k) => {
     const { lo, hi, paramLo } = spans[k];
     const whole = b.addFlat(`grad_bucket${k}`, 'grad', lo, hi - lo);
     const ready = readyOf(bucket);
     const tiedSum = bucket.groups.includes('embd');
+    const encoderSum = bucket.groups.some((kind) => ENCODER_SUM_KINDS.has(kind));
     let wait = ready >= 0 ? [b.record(ready)] : [];
     const issue = (ins: Omit<Unscheduled, 'stream' | 'microbatch' | 'phase' | 'scope'>) => {
       const sync = { stream: 'comm' as const, microbatch: -1, phase: 'backward' as const };
       const full = scheduled({ ...sync, ...ins, scope: 'gradient_sync' }, wait);
       wait = [];
-      if (tiedSum) {
-        deferred.push(full);
+      if (tiedSum || encoderSum) {
+        (tiedSum ? deferred : deferredEncoder).push(full);
         return;
       }
       const list = after.get(ready) ?? [];
@@ -124,7 +132,8 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
       })),
     });
   });
-  if (deferred.length) after.set(-1, [...(after.get(-1) ?? []), ...deferred]);
+  const last = [...deferred, ...deferredEncoder];
+  if (last.length) after.set(-1, [...(after.get(-1) ?? []), ...last]);
   return {
     ...d,
     regions: b.regionTop,
@@ -135,6 +144,9 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
     shardBuffers,
   };
 }
+
+/** the sum groups of the encoder's gradients at levels 2 and 3 (compiler/parallel/encoder.ts) */
+const ENCODER_SUM_KINDS: ReadonlySet<string> = new Set(['tp_dp_cp', 'world']);
 
 /** each sum right after its ready instruction (or at the end when never written) */
 function merged(

@@ -86,3 +86,28 @@ describe('tiny-vlm-moe on 8 ranks: tp 2, pp 2 × vpp 2, ep 2, dp 2, distributed 
     120_000,
   );
 });
+
+// Level 2 gives each tp rank a program of its own, and a global batch that is not a multiple of tp
+// leaves the last round a mock slot (encodes nothing): its encoder backward ends earlier in the
+// step. With dp 1, tp_dp_cp (the encoder's sum group) is the tp group itself, so the encoder's
+// gradient sums share a communicator with the decoder's sums over tp: every rank must issue them
+// in the same order (the encoder's go after the backward).
+describe('level 2 with a mock slot: gradient sums in one order on every rank', () => {
+  it.each([
+    [2, 3, []],
+    [2, 5, ['--use-distributed-optimizer']],
+    [4, 6, []],
+  ] as const)('tp %i, %i microbatches %j', (tp, gbs, extra) => {
+    const { plan, programs: list } = compile({
+      model: 'tiny-vlm-moe',
+      nprocPerNode: tp,
+      parallel: { tp },
+      globalBatchSize: gbs,
+      encoder: { heteroDp: true },
+      distributedOptimizer: extra.length > 0,
+    });
+    expect(new Set(plan.rankPrograms).size).toBe(tp);
+    const programs = new Map<string, ProgramFile>(list.map((p) => [p.id, p]));
+    expect(verifyPlan(plan, programs).map(formatPlanProblem)).toEqual([]);
+  });
+});
