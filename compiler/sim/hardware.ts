@@ -12,8 +12,13 @@ import { didYouMean, UserError } from '../errors.js';
 import { configsDir } from '../paths.js';
 
 export interface Link {
-  /** GB/s per GPU, one direction */
+  /**
+   * GB/s per GPU, one direction, as collectives reach it: the profile's peak `gbps` times its
+   * `efficiency` (a measured bus bandwidth over the peak; absent: 1)
+   */
   readonly gbps: number;
+  /** the profile's peak GB/s (the data sheet's); absent: gbps (a measured link) */
+  readonly peakGbps?: number;
   readonly latencyUs: number;
 }
 
@@ -109,10 +114,13 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
       throw new UserError(`${path}: ${key} must be a number ≥ 0, got ${JSON.stringify(v)}`);
     return v;
   };
-  const link = (key: string): Link => ({
-    gbps: positive(`${key}.gbps`),
-    latencyUs: nonNegative(`${key}.latency_us`),
-  });
+  const link = (key: string): Link => {
+    const peak = positive(`${key}.gbps`);
+    const linkDoc = at(key);
+    const given = typeof linkDoc === 'object' && linkDoc !== null && 'efficiency' in linkDoc;
+    const efficiency = given ? positive(`${key}.efficiency`, 1) : 1;
+    return { gbps: peak * efficiency, peakGbps: peak, latencyUs: nonNegative(`${key}.latency_us`) };
+  };
   const gpusPerNode = positive('gpus_per_node');
   if (!Number.isInteger(gpusPerNode))
     throw new UserError(`${path}: gpus_per_node must be an integer, got ${gpusPerNode}`);

@@ -198,6 +198,29 @@ describe('hardware profiles', () => {
     );
     writeFileSync(bad, text.replace(/ {2}inter_node:.*\n/, ''));
     expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: links\.inter_node is missing/);
+    writeFileSync(
+      bad,
+      text.replace(/inter_node: \{ gbps: (\d+)/, 'inter_node: { gbps: $1, efficiency: 1.2'),
+    );
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: links\.inter_node\.efficiency must be a number in \(0, 1\]/,
+    );
+  });
+  it("a link's efficiency scales its peak: what collectives reach (a100, a800: measured on A100)", () => {
+    const text = readFileSync(loadHardware('h800').path, 'utf8');
+    const half = join(tmpdir(), 'half-hw.yaml');
+    writeFileSync(
+      half,
+      text.replace(/inter_node: \{ gbps: (\d+)/, 'inter_node: { gbps: $1, efficiency: 0.5'),
+    );
+    const [base, slowed] = [h800, loadHardware(half)];
+    expect(slowed.links.interNode.gbps).toBe(base.links.interNode.gbps / 2);
+    expect(slowed.links.interNode.peakGbps).toBe(base.links.interNode.gbps);
+    for (const name of ['a100', 'a800']) {
+      const { intraNode, interNode } = loadHardware(name).links;
+      expect(intraNode.gbps / intraNode.peakGbps!).toBeCloseTo(0.775, 6);
+      expect(interNode.gbps / interNode.peakGbps!).toBeCloseTo(0.896, 6);
+    }
   });
 });
 
