@@ -178,9 +178,15 @@ function bucketsOf(
       p.dist?.replicas ?? 'dp',
     ].filter((k) => (groupSizes[k] ?? 1) > 1);
   const buckets: Bucket[] = [];
-  const order = [...gradBuffers].sort(
-    (x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1),
-  );
+  // the encoder's sums under levels 2 and 3 come last, in one order on every rank: the reverse of
+  // the declaration order (its backward's), not this program's last writes (a rank with only mock
+  // slots never writes them)
+  const encoderSum = (p: ParamDecl) => sumGroups(p).some((k) => ENCODER_SUM_KINDS.has(k));
+  const decoder = gradBuffers.filter((x) => !encoderSum(x.p));
+  const order = [
+    ...decoder.sort((x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1)),
+    ...gradBuffers.filter((x) => encoderSum(x.p)).reverse(),
+  ];
   const open = new Map<string, { bucket: Bucket; bytes: number }>();
   for (const gb of order) {
     const groups = sumGroups(gb.p);
