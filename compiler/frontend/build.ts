@@ -71,6 +71,7 @@ export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Gr
     cfg.model.text_decoder,
     S,
     seq * mbs,
+    seq,
     embeds,
     deepstack,
     opts.numMicrobatches ?? 1,
@@ -327,6 +328,8 @@ interface DecoderContext {
   readonly S: Dim;
   /** the packed microbatch's tokens, S's bound */
   readonly maxTokens: number;
+  /** its longest sequence (--seq-length): a micro-batch of several holds them side by side */
+  readonly seqLength: number;
   readonly numMicrobatches: number;
   readonly inputs: DecoderInputs;
   /** the running sum of the MoE auxiliary losses after each MoE layer so far */
@@ -339,6 +342,7 @@ function buildDecoder(
   d: DecoderConfig,
   S: Dim,
   maxTokens: number,
+  seqLength: number,
   embeds: string,
   deepstack: string[],
   numMicrobatches: number,
@@ -352,6 +356,7 @@ function buildDecoder(
     trainable,
     S,
     maxTokens,
+    seqLength,
     numMicrobatches,
     inputs,
     auxLosses: [],
@@ -453,9 +458,11 @@ function selfAttention(c: DecoderContext, p: string, hn: string): string {
   };
   q = b.op1('rope', [q, c.inputs.positions], rope);
   k = b.op1('rope', [k, c.inputs.positions], rope);
+  // a micro-batch of several sequences attends within each (for cost: no segment is longer)
   const [o] = b.op('attention', [q, k, v, c.inputs.segments], {
     causal: true,
     scale: 1 / Math.sqrt(hd),
+    ...(c.seqLength < c.maxTokens ? { max_segment: c.seqLength } : {}),
   });
   const flat = b.op1('reshape', [o], { shape: [s, String(nh * hd)] });
   return linear(b, flat, `${p}.self_attn.o_proj`, h, nh * hd, false, trainable);

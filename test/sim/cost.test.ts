@@ -149,6 +149,28 @@ describe('instruction costs', () => {
     expect(one.modelForwardFlops).toBeCloseTo(microbatchForwardFlops(one.graph, { Nv }), 0);
   });
 
+  it('a micro-batch of several sequences attends within each: its FLOPs scale with the micro-batch', () => {
+    const at = (microBatchSize: number) =>
+      compile({
+        model: 'tiny-vlm-moe',
+        microBatchSize,
+        globalBatchSize: 2 * microBatchSize,
+        skipVerify: true,
+      });
+    const [one, two] = [at(1), at(2)];
+    const seq = one.plan.training.seqLength;
+    const attention = two.graph.nodes.filter(
+      (n) => n.op === 'attention' && n.scope.startsWith('model.layers.'),
+    );
+    expect(attention.length).toBeGreaterThan(0);
+    for (const n of attention) expect(n.attrs.max_segment).toBe(seq);
+    // text only: twice the sequences, twice the FLOPs (not the attention of one of twice the length)
+    expect(microbatchForwardFlops(two.graph, { Nv: 0 })).toBeCloseTo(
+      2 * microbatchForwardFlops(one.graph, { Nv: 0 }),
+      0,
+    );
+  });
+
   it('model FLOPs per microbatch: lfc inspect per text token × S + per image × the images Nv holds', async () => {
     const inspect = await cli('inspect', 'tiny-vlm', '--image-size', '32', '--json');
     const f = (
