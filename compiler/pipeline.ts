@@ -362,7 +362,10 @@ function resolveLayout(o: CompileOptions): Layout {
   const optimizer = { ...DEFAULT_OPTIMIZER, ...o.optimizer };
   const precision = resolvePrecision(o.precision);
   const profile = loadDataProfile(o.dataProfile ?? cfg.training.data_profile);
-  const data = { profile, sizes: profileSizes(profile, cfg.model.image_encoder, seqLength * mbs) };
+  const data = {
+    profile,
+    sizes: profileSizes(profile, cfg.model.image_encoder, seqLength * mbs, seqLength),
+  };
   const topology = buildTopology(sizes);
   return {
     cfg,
@@ -391,6 +394,7 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
     microBatchSize: l.mbs,
     maxVisualTokens: o.maxVisualTokens ?? l.data.sizes.bound.visualTokens,
     expectedVisualTokens: l.data.sizes.expected.visualTokens,
+    expectedSampleTokens: l.data.sizes.expected.sampleTokens,
     numMicrobatches: l.gbs / l.mbs,
     dtype: l.precision.compute,
   });

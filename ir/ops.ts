@@ -398,6 +398,12 @@ export const OP_TABLE = {
       causal: attr('bool', 'causal inside each segment; otherwise bidirectional inside it'),
       scale: attr('number', 'multiplies q·k, usually 1/√d'),
       max_segment: attr('int', 'longest segment (window), for cost; 0 or absent: T', false),
+      expected_segment: attr(
+        'int',
+        "the segment a query typically attends within (a data profile's packed samples), for " +
+          'cost at the expected sizes; absent: max_segment',
+        false,
+      ),
       windows: attr(
         'bool',
         'the segments are attention windows, not contiguous runs (the kernels take their ' +
@@ -436,7 +442,12 @@ export const OP_TABLE = {
     },
     flops: ({ inputs: [q], attrs }) => {
       const [t, nh, d] = q;
-      const seg = Math.min(t, (attrs.max_segment as number | undefined) || t);
+      const seg = Math.min(
+        t,
+        (attrs.expected_segment as number | undefined) ||
+          (attrs.max_segment as number | undefined) ||
+          t,
+      );
       return (4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
     },
     pure: true,
@@ -1069,6 +1080,7 @@ export const OP_TABLE = {
       causal: attr('bool', 'as in the forward'),
       scale: attr('number', 'as in the forward'),
       max_segment: attr('int', 'as in the forward', false),
+      expected_segment: attr('int', 'as in the forward', false),
       windows: attr('bool', 'as in the forward', false),
     },
     shape: ([dout, q, k, v]) => {
@@ -1080,7 +1092,12 @@ export const OP_TABLE = {
     },
     flops: ({ inputs: [, q], attrs }) => {
       const [t, nh, d] = q;
-      const seg = Math.min(t, (attrs.max_segment as number | undefined) || t);
+      const seg = Math.min(
+        t,
+        (attrs.expected_segment as number | undefined) ||
+          (attrs.max_segment as number | undefined) ||
+          t,
+      );
       return (2 * 4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
     },
     pure: true,

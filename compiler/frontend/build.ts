@@ -22,6 +22,11 @@ export interface BuildOptions {
   maxVisualTokens?: number;
   /** Nv in a typical microbatch (a data profile's expectation); default its bound */
   expectedVisualTokens?: number;
+  /**
+   * tokens of the sample a typical token belongs to (a data profile's packed samples): the
+   * decoder's attention is priced within samples of that length; default the sequence
+   */
+  expectedSampleTokens?: number;
   /** microbatches in the global batch: the auxiliary loss is their mean */
   numMicrobatches?: number;
   /** element type of activations and parameters (mixed precision: bf16); default f32 */
@@ -72,6 +77,7 @@ export function buildForwardGraph(cfg: ModelConfig, opts: BuildOptions = {}): Gr
     S,
     seq * mbs,
     seq,
+    opts.expectedSampleTokens,
     embeds,
     deepstack,
     opts.numMicrobatches ?? 1,
@@ -330,6 +336,8 @@ interface DecoderContext {
   readonly maxTokens: number;
   /** its longest sequence (--seq-length): a micro-batch of several holds them side by side */
   readonly seqLength: number;
+  /** the expected length of a token's sample (BuildOptions.expectedSampleTokens) */
+  readonly sampleTokens?: number;
   readonly numMicrobatches: number;
   readonly inputs: DecoderInputs;
   /** the running sum of the MoE auxiliary losses after each MoE layer so far */
@@ -343,6 +351,7 @@ function buildDecoder(
   S: Dim,
   maxTokens: number,
   seqLength: number,
+  sampleTokens: number | undefined,
   embeds: string,
   deepstack: string[],
   numMicrobatches: number,
@@ -357,6 +366,7 @@ function buildDecoder(
     S,
     maxTokens,
     seqLength,
+    sampleTokens,
     numMicrobatches,
     inputs,
     auxLosses: [],
@@ -458,11 +468,17 @@ function selfAttention(c: DecoderContext, p: string, hn: string): string {
   };
   q = b.op1('rope', [q, c.inputs.positions], rope);
   k = b.op1('rope', [k, c.inputs.positions], rope);
-  // a micro-batch of several sequences attends within each (for cost: no segment is longer)
+  // a micro-batch of several sequences attends within each (for cost: no segment is longer), and
+  // a packed sequence within its samples (for cost at the expected sizes: their typical length)
+  const sample =
+    c.sampleTokens !== undefined
+      ? Math.max(1, Math.round(Math.min(c.sampleTokens, c.seqLength)))
+      : 0;
   const [o] = b.op('attention', [q, k, v, c.inputs.segments], {
     causal: true,
     scale: 1 / Math.sqrt(hd),
     ...(c.seqLength < c.maxTokens ? { max_segment: c.seqLength } : {}),
+    ...(sample && sample < c.seqLength ? { expected_segment: sample } : {}),
   });
   const flat = b.op1('reshape', [o], { shape: [s, String(nh * hd)] });
   return linear(b, flat, `${p}.self_attn.o_proj`, h, nh * hd, false, trainable);

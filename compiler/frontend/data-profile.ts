@@ -9,6 +9,8 @@
 //   a sample  L = t + Σ_{its n images} v,  E[L] = E[t] + E[n]·E[v],  visual E[n]·E[v]
 //   expected  samples = min(S / E[L], min(S, C) / (E[n]·E[v]))   whole samples until S or C binds
 //             visual tokens = samples·E[n]·E[v] (≤ the bound), images = samples·E[n]
+//             a token's sample: E[L²] / E[L] tokens (≤ the sequence), E[L²] = E[t²] + 2E[t]E[V]
+//             + E[n]·Var(v) + E[n²]·E[v]², V = a sample's visual tokens
 // each rounded to the nearest integer. Assumed: the histograms are independent, the packer fills a
 // microbatch to S tokens (or to C) with no padding, and these means stand for one microbatch. A
 // packer that stops at the first sample that does not fit pads on average E[L(L−1)]/(2·E[L])
@@ -44,7 +46,16 @@ export interface DataProfile {
 
 export interface ProfileSizes {
   bound: { visualTokens: number };
-  expected: { visualTokens: number; images: number; samples: number };
+  expected: {
+    visualTokens: number;
+    images: number;
+    samples: number;
+    /**
+     * tokens of the sample a token belongs to, on average over tokens: E[L²] / E[L], at most
+     * the sequence (packed samples attend within themselves)
+     */
+    sampleTokens: number;
+  };
 }
 
 // ---- visual tokens of an image ---------------------------------------------------------------
@@ -181,6 +192,7 @@ export function profileSizes(
   profile: DataProfile,
   enc: EncoderConfig,
   tokensPerMicrobatch: number,
+  seqLength = tokensPerMicrobatch,
 ): ProfileSizes {
   const S = tokensPerMicrobatch;
   if (!Number.isInteger(S) || S < 1)
@@ -190,13 +202,20 @@ export function profileSizes(
     maxVisualTokens ?? (maxVisualFraction !== undefined ? Math.floor(maxVisualFraction * S) : S);
   const bound = Math.min(S, cap);
   const imagesPerSample = mean(profile.imagesPerSample, (n) => n);
-  const visualPerImage = mean(profile.imageSizes, (s) =>
+  const visualOf = (s: ImageSize) =>
     s.kind === 'pixels'
       ? visualTokensOfImage(s.width, s.height, enc)
-      : visualTokensOfGrid(s.rows, s.cols, enc),
-  );
+      : visualTokensOfGrid(s.rows, s.cols, enc);
+  const visualPerImage = mean(profile.imageSizes, visualOf);
   const visualPerSample = imagesPerSample * visualPerImage;
-  const tokensPerSample = mean(profile.textTokens, (t) => t) + visualPerSample;
+  const textPerSample = mean(profile.textTokens, (t) => t);
+  const tokensPerSample = textPerSample + visualPerSample;
+  // E[L²] of L = t + V, V the sum of n images' tokens (n, sizes and t independent)
+  const visualVar = mean(profile.imageSizes, (s) => visualOf(s) ** 2) - visualPerImage ** 2;
+  const visualSq =
+    imagesPerSample * visualVar + mean(profile.imagesPerSample, (n) => n * n) * visualPerImage ** 2;
+  const sampleSq =
+    mean(profile.textTokens, (t) => t * t) + 2 * textPerSample * visualPerSample + visualSq;
   const samples = Math.min(
     S / tokensPerSample,
     visualPerSample > 0 ? bound / visualPerSample : Infinity,
@@ -207,6 +226,10 @@ export function profileSizes(
       visualTokens: Math.min(bound, Math.round(samples * visualPerSample)),
       images: Math.round(samples * imagesPerSample),
       samples: Math.round(samples),
+      sampleTokens:
+        tokensPerSample > 0
+          ? Math.min(seqLength, Math.round(sampleSq / tokensPerSample))
+          : seqLength,
     },
   };
 }

@@ -99,7 +99,8 @@ describe('visualTokensOfImage: the processor, then max_image_size on each side',
 
 describe('profileSizes on a hand-made profile', () => {
   // E[images] = 0.5 (weights 2, 2 normalize to ½, ½), one image = 448×448 = 16×16 = 256 tokens on
-  // Qwen2.5-VL, E[text] = 200: E[visual] = 128, E[sample] = 328 tokens
+  // Qwen2.5-VL, E[text] = 200: E[visual] = 128, E[sample] = 328 tokens. A sample is 100, 300, 356
+  // or 556 tokens, equally likely: E[L²] = 133968, so a token's sample has 133968/328 = 408.4
   const body =
     'images_per_sample: {0: 2, 1: 2}\nimage_resolution: {"448x448": 1}\ntext_tokens: {100: 1, 300: 1}\n';
   const S = 32768;
@@ -108,7 +109,7 @@ describe('profileSizes on a hand-made profile', () => {
     const p = loadDataProfile(profileFile(HEAD + body));
     expect(profileSizes(p, qwen25, S)).toEqual({
       bound: { visualTokens: 32768 },
-      expected: { visualTokens: 12788, images: 50, samples: 100 },
+      expected: { visualTokens: 12788, images: 50, samples: 100, sampleTokens: 408 },
     });
   });
 
@@ -116,7 +117,7 @@ describe('profileSizes on a hand-made profile', () => {
     const p = loadDataProfile(profileFile(HEAD + body + 'caps: {max_visual_tokens: 8192}\n'));
     expect(profileSizes(p, qwen25, S)).toEqual({
       bound: { visualTokens: 8192 },
-      expected: { visualTokens: 8192, images: 32, samples: 64 },
+      expected: { visualTokens: 8192, images: 32, samples: 64, sampleTokens: 408 },
     });
   });
 
@@ -124,12 +125,12 @@ describe('profileSizes on a hand-made profile', () => {
     const eighth = loadDataProfile(profileFile(HEAD + body + 'caps: {max_visual_fraction: 0.125}'));
     expect(profileSizes(eighth, qwen25, S)).toEqual({
       bound: { visualTokens: 4096 },
-      expected: { visualTokens: 4096, images: 16, samples: 32 },
+      expected: { visualTokens: 4096, images: 16, samples: 32, sampleTokens: 408 },
     });
     const half = loadDataProfile(profileFile(HEAD + body + 'caps: {max_visual_fraction: 0.5}'));
     expect(profileSizes(half, qwen25, S)).toEqual({
       bound: { visualTokens: 16384 },
-      expected: { visualTokens: 12788, images: 50, samples: 100 },
+      expected: { visualTokens: 12788, images: 50, samples: 100, sampleTokens: 408 },
     });
   });
 });
@@ -273,12 +274,18 @@ describe('the synthetic profile against samples drawn as synthesize() draws them
     }
     const { bound, expected } = profileSizes(synthetic, tiny, 128);
     expect(bound.visualTokens).toBe(128);
-    expect(expected).toEqual({ visualTokens: 54, images: 9, samples: 9 }); // 128/14.75 = 8.68
     // the padding the module's header names: E[L(L−1)]/(2·E[L]) over the 96 equally likely samples
     let lSquared = 0;
+    let squares = 0;
     for (let a = 1; a <= 4; a++)
       for (let b = 1; b <= 4; b++)
-        for (let f = 3; f <= 8; f++) lSquared += (a * b + 3 + f) * (a * b + 2 + f);
+        for (let f = 3; f <= 8; f++) {
+          lSquared += (a * b + 3 + f) * (a * b + 2 + f);
+          squares += (a * b + 3 + f) ** 2;
+        }
+    // 128/14.75 = 8.68 samples; a token's sample E[L²]/E[L] over the same 96
+    const sampleTokens = Math.round(squares / 96 / 14.75);
+    expect(expected).toEqual({ visualTokens: 54, images: 9, samples: 9, sampleTokens });
     const padding = lSquared / 96 / (2 * 14.75); // 7.56 tokens
     expect(Math.abs(128 - tokens / n - padding) / padding).toBeLessThan(0.03);
     const measured = visual / n; // ≈ 50.5

@@ -51,7 +51,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::layernorm, compute(3, 3, 1, 1, "eps:number", run_layernorm));
   set(Op::rmsnorm, compute(2, 2, 1, 1, "eps:number", run_rmsnorm));
   set(Op::rope, compute(2, 2, 1, 1, "theta:number,sections:ints,layout?:string", run_rope, true));
-  set(Op::attention, compute(4, 4, 2, 2, "causal:bool,scale:number,max_segment?:int,windows?:bool", run_attention));
+  set(Op::attention, compute(4, 4, 2, 2, "causal:bool,scale:number,max_segment?:int,expected_segment?:int,windows?:bool", run_attention));
   set(Op::gelu, compute(1, 1, 1, 1, "exact?:bool", run_gelu, true));
   set(Op::swiglu, compute(2, 2, 1, 1, "", run_swiglu, true));
   set(Op::add, compute(2, 2, 1, 1, "", run_add, true));
@@ -84,7 +84,7 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::rmsnorm_grad, compute(3, 3, 2, 2, "eps:number", run_rmsnorm_grad));
   set(Op::rope_grad, compute(2, 2, 1, 1, "theta:number,sections:ints,layout?:string", run_rope_grad, true));
   set(Op::attention_grad,
-      compute(7, 7, 3, 3, "causal:bool,scale:number,max_segment?:int,windows?:bool", run_attention_grad));
+      compute(7, 7, 3, 3, "causal:bool,scale:number,max_segment?:int,expected_segment?:int,windows?:bool", run_attention_grad));
   set(Op::gelu_grad, compute(2, 2, 1, 1, "exact?:bool", run_gelu_grad, true));
   set(Op::swiglu_grad, compute(3, 3, 2, 2, "", run_swiglu_grad));
   set(Op::merge_visual_grad, compute(3, 3, 2, 2, "mode:string,visual_rows:dims",
