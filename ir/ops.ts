@@ -156,6 +156,15 @@ function intT(t: TensorType, what: string): void {
   need(isInt(t.dtype), () => `${what} must be an integer tensor, got ${t.dtype}`);
 }
 
+/** all_gather_v, reduce_scatter_v: rows [n, H] and one count per group rank → [out_rows, H] */
+function countedRowsShape(x: TensorType, counts: TensorType, attrs: Attrs): TensorType[] {
+  need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
+  intT(counts, 'counts');
+  need(dimEq(counts.shape[0], num(attrs, 'group_size')), 'counts must have one entry per rank');
+  const [rows] = dimsAttr(attrs, 'out_rows');
+  return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+}
+
 function rank(t: TensorType, r: number, what: string): void {
   need(t.shape.length === r, () => `${what} must have rank ${r}, got ${formatShape(t.shape)}`);
 }
@@ -1705,13 +1714,7 @@ export const OP_TABLE = {
     category: 'collective',
     inputs: [2, 2],
     attrs: { ...collectiveAttrs, out_rows: attr('dims', 'rows gathered, one dim (bounded)') },
-    shape: ([x, counts], attrs) => {
-      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
-      intT(counts, 'counts');
-      need(dimEq(counts.shape[0], num(attrs, 'group_size')), 'counts must have one entry per rank');
-      const [rows] = dimsAttr(attrs, 'out_rows');
-      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
-    },
+    shape: ([x, counts], attrs) => countedRowsShape(x, counts, attrs),
     flops: noFlops,
     pure: false,
     kernel: 'all_gather_v',
@@ -1725,12 +1728,8 @@ export const OP_TABLE = {
     inputs: [2, 2],
     attrs: { ...collectiveAttrs, out_rows: attr('dims', "this rank's block, one dim (bounded)") },
     shape: ([x, counts], attrs) => {
-      need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
       floatT(x, 'rows');
-      intT(counts, 'counts');
-      need(dimEq(counts.shape[0], num(attrs, 'group_size')), 'counts must have one entry per rank');
-      const [rows] = dimsAttr(attrs, 'out_rows');
-      return [{ dtype: x.dtype, shape: [rows, x.shape[1]] }];
+      return countedRowsShape(x, counts, attrs);
     },
     flops: noFlops,
     pure: false,
