@@ -203,8 +203,8 @@ class TensorParallelRewrite {
   /**
    * The gather of an MoE layer's rows inside the tp group: every tp rank's counts [sources, L]
    * and rows (rank-local) → the rows of the local experts, whole (G), sorted by expert, and their
-   * counts per expert. ownRows: the rank's rows dim; rowsDim: a symbol of its own for the
-   * gathered rows when each rank's differ (ep > 1), else tp × ownRows.
+   * counts per expert. The gathered rows are a symbol of their own (Rg<layer>) when each rank
+   * receives its own count (ep > 1), else tp × the rank's rows.
    */
   gatherDispatch(
     scope: string,
