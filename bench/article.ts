@@ -9,11 +9,17 @@
 // ±3 points, tokens/s per GPU within ±20%. It does so under the article's data profile and two
 // other documented ones, so a reader sees how much the match rests on the profile.
 //
-//   npx tsx bench/article.ts [--profiles article,sft-multi-image,caption]
+// Two splits of the decoder over the two stages are printed: the article's, Megatron's default
+// of 24 + 24 layers, which the lines leave as it is (the article says so: "with the decoder split
+// evenly, the first pipeline stage has more parameters and compute than the others", section 2),
+// and lfc's own, balanced by each piece's priced seconds on a800 (compiler/schedule/priced.ts),
+// what `lfc compile` of the lines gives.
+//
+//   npx tsx bench/article.ts [--profiles article,sft-multi-image,caption] [--splits even,lfc]
 
 import { parseCompileArgs } from '../cli/compile.js';
 import { compile } from '../compiler/pipeline.js';
-import { loadHardware } from '../compiler/sim/hardware.js';
+import { EFFICIENCY_FAMILIES, loadHardware, scaleEfficiency } from '../compiler/sim/hardware.js';
 import { forecastStep } from '../compiler/sim/report.js';
 
 const BASE = [
@@ -22,7 +28,15 @@ const BASE = [
   ...['--seq-length', '32768', '--micro-batch-size', '1', '--global-batch-size', '64'],
   ...['--use-distributed-optimizer', '--bf16'],
   'model.image_encoder.tensor_model_parallel_size=1',
+  ...['--hardware', 'a800'],
 ];
+const SPLITS: Record<string, { name: string; flags: string[] }> = {
+  even: {
+    name: "the article's split: 24 + 24 decoder layers (Megatron's default)",
+    flags: ['--decoder-first-pipeline-num-layers', '24'],
+  },
+  lfc: { name: "lfc's split: balanced by priced seconds on a800", flags: [] },
+};
 const LEVELS = [
   { name: 'hetero TP (level 1)', flags: [], article: 800 },
   { name: 'hetero DP (level 2)', flags: ['--enable-encoder-hetero-dp'], article: 855 },
@@ -37,24 +51,54 @@ const arg = (name: string, def: string) => {
 
 const hw = loadHardware('a800');
 const pct = (x: number) => `${x >= 0 ? '+' : ''}${(100 * x).toFixed(1)}%`;
-for (const profile of arg('profiles', 'article,sft-multi-image,caption').split(',')) {
-  console.log(`data profile ${profile} (a800, 4 × 8 GPUs)`);
-  console.log(
-    '  level                         step s  tokens/s/GPU  article  ratio   gain     article gain',
-  );
-  let base = 0;
-  for (const level of LEVELS) {
-    const t0 = performance.now();
-    const { options } = parseCompileArgs([...BASE, ...level.flags, '--data-profile', profile]);
-    const r = compile({ ...options, skipVerify: true });
-    const programs = new Map(r.programs.map((p) => [p.id, p]));
-    const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
-    const perGpu = forecast.tokensPerSecond / GPUS;
-    if (!base) base = perGpu;
-    const gain = perGpu / base - 1;
-    const articleGain = level.article / LEVELS[0].article - 1;
+for (const split of arg('splits', 'even,lfc').split(','))
+  for (const profile of arg('profiles', 'article,sft-multi-image,caption').split(',')) {
+    const { name: splitName, flags: splitFlags } = SPLITS[split];
+    console.log(`data profile ${profile} (a800, 4 × 8 GPUs), ${splitName}`);
     console.log(
-      `  ${level.name.padEnd(28)} ${forecast.stepSeconds.toFixed(1).padStart(7)}  ${perGpu.toFixed(0).padStart(12)}  ${String(level.article).padStart(7)}  ${(perGpu / level.article).toFixed(2).padStart(5)}  ${pct(gain).padStart(6)}  ${pct(articleGain).padStart(6)}  (${((performance.now() - t0) / 1000).toFixed(0)} s)`,
+      '  level                         step s  tokens/s/GPU  article  ratio   gain     article gain',
+    );
+    let base = 0;
+    for (const level of LEVELS) {
+      const t0 = performance.now();
+      const { options } = parseCompileArgs([
+        ...BASE,
+        ...splitFlags,
+        ...level.flags,
+        ...['--data-profile', profile],
+      ]);
+      const r = compile({ ...options, skipVerify: true });
+      const programs = new Map(r.programs.map((p) => [p.id, p]));
+      const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
+      const perGpu = forecast.tokensPerSecond / GPUS;
+      if (!base) base = perGpu;
+      const gain = perGpu / base - 1;
+      const articleGain = level.article / LEVELS[0].article - 1;
+      console.log(
+        `  ${level.name.padEnd(28)} ${forecast.stepSeconds.toFixed(1).padStart(7)}  ${perGpu.toFixed(0).padStart(12)}  ${String(level.article).padStart(7)}  ${(perGpu / level.article).toFixed(2).padStart(5)}  ${pct(gain).padStart(6)}  ${pct(articleGain).padStart(6)}  (${((performance.now() - t0) / 1000).toFixed(0)} s)`,
+      );
+    }
+  }
+// how much the figures rest on the profile's efficiencies: the article's base line (its split,
+// the article data profile) re-simulated with one family moved ±20% at a time, the plan fixed
+{
+  const { options } = parseCompileArgs([
+    ...BASE,
+    ...SPLITS.even.flags,
+    ...['--data-profile', 'article'],
+  ]);
+  const r = compile({ ...options, skipVerify: true });
+  const programs = new Map(r.programs.map((p) => [p.id, p]));
+  const perGpu = (h: typeof hw) =>
+    forecastStep(r.modelForwardFlops, r.plan, programs, h).forecast.tokensPerSecond / GPUS;
+  const at = perGpu(hw);
+  console.log(
+    `sensitivity of the base line (${at.toFixed(0)} tokens/s/GPU) to each efficiency family of a800, ×0.8 and ×1.2:`,
+  );
+  for (const family of EFFICIENCY_FAMILIES) {
+    const [lo, hi] = [0.8, 1.2].map((f) => perGpu(scaleEfficiency(hw, family, f)));
+    console.log(
+      `  ${family.padEnd(12)} ${lo.toFixed(0).padStart(6)} (${pct(lo / at - 1).padStart(6)})  ${hi.toFixed(0).padStart(6)} (${pct(hi / at - 1).padStart(6)})`,
     );
   }
 }

@@ -649,6 +649,7 @@ export function compileRequest(
       moeTokenDropPolicy: f.moeTokenDropPolicy,
       moeRoutingImbalance: f.moeRoutingImbalance,
       dataProfile: f.dataProfile,
+      hardware: loadHardware(f.hardware ?? 'h800'),
       dumpAfter: f.dumpAfter,
       dumpProgram: f.dumpProgram,
     },

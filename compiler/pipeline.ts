@@ -34,6 +34,8 @@ import { countParams, forwardFlops } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
 import { validateParallel } from './parallel/validate.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
+import { pricedStageWeights } from './schedule/priced.js';
+import type { HardwareProfile } from './sim/hardware.js';
 import { encoderPlacement, isEncoderScope, type EncoderPlacement } from './parallel/encoder.js';
 import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
@@ -166,6 +168,11 @@ export interface CompileOptions {
   readonly moeRoutingImbalance?: number;
   /** --data-profile: a name under configs/data or a YAML file (default: training.data_profile) */
   readonly dataProfile?: string;
+  /**
+   * the hardware the plan is for (--hardware): the pipeline partition balances each piece's
+   * priced seconds on it (compiler/schedule/priced.ts); absent: forward FLOPs
+   */
+  readonly hardware?: HardwareProfile;
   /** --moe-token-drop-policy (default: model.text_decoder.moe_token_drop_policy) */
   readonly moeTokenDropPolicy?: DecoderConfig['moe_token_drop_policy'];
   /** print the IR (or, after an emission pass, one program) after this pass */
@@ -502,6 +509,22 @@ function stageCosts(o: CompileOptions, l: Layout, forward: Graph): ForwardCosts 
   return { ...costs, encoderFlops: (costs.encoderFlops * sizes.tp) / share };
 }
 
+/**
+ * What the partition balances on a hardware profile: a rank's priced seconds per piece, the
+ * encoder at its share of a microbatch on a stage-0 rank (all of it at level 1, where each encoder
+ * TP group encodes the whole microbatch; 1/tp at level 2; off the pipeline at level 3).
+ */
+function pricedWeights(l: Layout, graph: Graph, hardware: HardwareProfile) {
+  const { placement, sizes } = l;
+  const w = pricedStageWeights(graph, {
+    hardware,
+    topology: l.topology,
+    nprocPerNode: sizes.nprocPerNode,
+    encoderShare: placement.level === 2 ? 1 / sizes.tp : 1,
+  });
+  return { layer: w.layer, pre: w.embed + (placement.level < 3 ? w.encoder : 0), post: w.post };
+}
+
 /** pipeline: stages from the partition, passes in the schedule's order */
 function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph): Stages {
   const { sizes, placement, numMicrobatches } = l;
@@ -514,6 +537,12 @@ function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph)
           encoderOnStage0: placement.level < 3,
           firstStageLayers: o.decoderFirstPipelineNumLayers,
           lastStageLayers: o.decoderLastPipelineNumLayers,
+          weights:
+            o.hardware &&
+            o.decoderFirstPipelineNumLayers === undefined &&
+            o.decoderLastPipelineNumLayers === undefined
+              ? pricedWeights(l, graph, o.hardware)
+              : undefined,
         })
       : undefined;
   let split: PipelineSplit | undefined;

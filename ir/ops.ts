@@ -119,6 +119,38 @@ export interface AttrSpec {
   readonly doc: string;
 }
 
+/**
+ * How an op's matmul work runs on a GPU, for the cost model's efficiency curves
+ * (compiler/sim/cost.ts). The op's FLOPs are this shape's (gemmCost, attentionCost).
+ */
+export type MatmulShape =
+  /** `groups` GEMMs of m × n × k (a grouped GEMM: one per expert, m its mean rows) */
+  | {
+      readonly kind: 'gemm';
+      readonly m: number;
+      readonly n: number;
+      readonly k: number;
+      readonly groups: number;
+    }
+  /** flash attention: `tokens` queries over heads of `headDim`, each within `segment` tokens */
+  | {
+      readonly kind: 'attention';
+      readonly backward: boolean;
+      readonly causal: boolean;
+      readonly tokens: number;
+      readonly heads: number;
+      readonly headDim: number;
+      readonly segment: number;
+    };
+
+/** FLOPs of a matmul shape: 2·m·n·k per GEMM; attention 4·T·L·h·d forward (two GEMMs), twice
+ * that backward, half of it causal */
+export function matmulFlops(s: MatmulShape): number {
+  if (s.kind === 'gemm') return 2 * s.m * s.n * s.k * s.groups;
+  const forward = 4 * s.tokens * s.segment * s.heads * s.headDim;
+  return ((s.backward ? 2 : 1) * forward) / (s.causal ? 2 : 1);
+}
+
 /** Resolved sizes of one node, for cost functions. */
 export interface CostArgs {
   readonly inputs: readonly number[][];
@@ -136,6 +168,8 @@ export interface OpInfo {
   readonly shape: (inputs: readonly TensorType[], attrs: Attrs) => TensorType[];
   /** matmul FLOPs only (2·m·n·k), forward; causal attention at half the full work */
   readonly flops: (c: CostArgs) => number;
+  /** how the matmul work runs, for the cost model's efficiency curves; absent: no matmul */
+  readonly matmul?: (c: CostArgs) => MatmulShape;
   /** no side effects beyond its outputs (collectives, send/recv and memory moves are not pure) */
   readonly pure: boolean;
   readonly kernel: string;
@@ -190,6 +224,54 @@ function elems(s: readonly number[]): number {
 }
 
 const noFlops = (): number => 0;
+
+/** an op's flops and matmul from its matmul shape */
+function matmulCost(shape: (c: CostArgs) => MatmulShape): Pick<OpInfo, 'flops' | 'matmul'> {
+  return { flops: (c) => matmulFlops(shape(c)), matmul: shape };
+}
+
+/** a plain GEMM of m × n × k */
+const gemmCost = (f: (c: CostArgs) => readonly [number, number, number]) =>
+  matmulCost((c) => {
+    const [m, n, k] = f(c);
+    return { kind: 'gemm', m, n, k, groups: 1 };
+  });
+
+/** a grouped GEMM over `counts`' experts: rows split among them, m × n × k each */
+const groupedGemmCost = (
+  f: (c: CostArgs) => { rows: number; experts: number; n: number; k: number; rowsAreK?: boolean },
+) =>
+  matmulCost((c) => {
+    const { rows, experts, n, k, rowsAreK } = f(c);
+    const per = rows / Math.max(1, experts);
+    return rowsAreK
+      ? { kind: 'gemm', m: n, n: k, k: per, groups: experts }
+      : { kind: 'gemm', m: per, n, k, groups: experts };
+  });
+
+/** y = x·Wᵀ: x [..., in], W [out, in] */
+const linearCost = gemmCost(({ inputs: [x, w] }) => [rowsOf(x), w[0], w[1]]);
+
+/** attention over q [T, nh, d]: each query within the expected (else longest) segment */
+const attentionCost = (backward: boolean, qAt: number) =>
+  matmulCost(({ inputs, attrs }) => {
+    const [t, nh, d] = inputs[qAt];
+    const seg = Math.min(
+      t,
+      (attrs.expected_segment as number | undefined) ||
+        (attrs.max_segment as number | undefined) ||
+        t,
+    );
+    return {
+      kind: 'attention',
+      backward,
+      causal: Boolean(attrs.causal),
+      tokens: t,
+      heads: nh,
+      headDim: d,
+      segment: seg,
+    };
+  });
 
 const scalarF32: TensorType = { dtype: 'f32', shape: [] };
 
@@ -329,7 +411,7 @@ export const OP_TABLE = {
     inputs: [2, 3],
     attrs: {},
     shape: ([x, w, b], attrs) => linearShape(x, w, b, attrs),
-    flops: linearFlops,
+    ...linearCost,
     pure: true,
     kernel: 'linear',
   },
@@ -339,7 +421,7 @@ export const OP_TABLE = {
     inputs: [2, 3],
     attrs: outDtypeAttrs,
     shape: ([x, w, b], attrs) => linearShape(x, w, b, attrs),
-    flops: linearFlops,
+    ...linearCost,
     pure: true,
     kernel: 'linear',
   },
@@ -449,16 +531,7 @@ export const OP_TABLE = {
         { dtype: 'f32', shape: [q.shape[0], nh] },
       ];
     },
-    flops: ({ inputs: [q], attrs }) => {
-      const [t, nh, d] = q;
-      const seg = Math.min(
-        t,
-        (attrs.expected_segment as number | undefined) ||
-          (attrs.max_segment as number | undefined) ||
-          t,
-      );
-      return (4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
-    },
+    ...attentionCost(false, 0),
     pure: true,
     kernel: 'attention',
   },
@@ -645,7 +718,12 @@ export const OP_TABLE = {
       sameDim(w0.shape[1], x.shape[1], 'expert weight in vs x');
       return [{ dtype: x.dtype, shape: [x.shape[0], w0.shape[0]] }];
     },
-    flops: ({ inputs }) => 2 * inputs[0][0] * inputs[0][1] * inputs[2][0],
+    ...groupedGemmCost(({ inputs: [x, counts, w] }) => ({
+      rows: x[0],
+      experts: counts[0],
+      n: w[0],
+      k: x[1],
+    })),
     pure: true,
     kernel: 'grouped_linear',
   },
@@ -1004,7 +1082,7 @@ export const OP_TABLE = {
       const dtype = dtypeOr(attrs, 'dtype', dy.dtype);
       return [{ dtype, shape: [...dy.shape.slice(0, -1), w.shape[1]] }];
     },
-    flops: ({ inputs: [dy, w] }) => 2 * (elems(dy) / dy[dy.length - 1]) * w[0] * w[1],
+    ...gemmCost(({ inputs: [dy, w] }) => [rowsOf(dy), w[1], w[0]]),
     pure: true,
     kernel: 'linear_backward_data',
   },
@@ -1022,8 +1100,7 @@ export const OP_TABLE = {
       if (attrs.bias) out.push({ dtype, shape: [last(dy.shape)] });
       return out;
     },
-    flops: ({ inputs: [dy, x] }) =>
-      2 * (elems(dy) / dy[dy.length - 1]) * dy[dy.length - 1] * x[x.length - 1],
+    ...gemmCost(({ inputs: [dy, x] }) => [dy[dy.length - 1], x[x.length - 1], rowsOf(dy)]),
     pure: true,
     kernel: 'linear_backward_weight',
   },
@@ -1099,16 +1176,7 @@ export const OP_TABLE = {
       );
       return [q, k, v].map((t) => ({ dtype: t.dtype, shape: t.shape }));
     },
-    flops: ({ inputs: [, q], attrs }) => {
-      const [t, nh, d] = q;
-      const seg = Math.min(
-        t,
-        (attrs.expected_segment as number | undefined) ||
-          (attrs.max_segment as number | undefined) ||
-          t,
-      );
-      return (2 * 4 * t * seg * nh * d) / (attrs.causal ? 2 : 1);
-    },
+    ...attentionCost(true, 1),
     pure: true,
     kernel: 'attention_backward',
   },
@@ -1210,7 +1278,12 @@ export const OP_TABLE = {
       sameDim(ws[0].shape[0], dy.shape[1], 'expert weight out vs dy');
       return [{ dtype: dy.dtype, shape: [dy.shape[0], ws[0].shape[1]] }];
     },
-    flops: ({ inputs }) => 2 * inputs[0][0] * inputs[0][1] * inputs[2][1],
+    ...groupedGemmCost(({ inputs: [dy, counts, w] }) => ({
+      rows: dy[0],
+      experts: counts[0],
+      n: w[1],
+      k: dy[1],
+    })),
     pure: true,
     kernel: 'grouped_linear_backward_data',
   },
@@ -1230,7 +1303,13 @@ export const OP_TABLE = {
         shape: [dy.shape[1], x.shape[1]],
       }));
     },
-    flops: ({ inputs: [dy, x] }) => 2 * dy[0] * dy[1] * x[1],
+    ...groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
+      rows: dy[0],
+      experts: counts[0],
+      n: dy[1],
+      k: x[1],
+      rowsAreK: true,
+    })),
     pure: true,
     kernel: 'grouped_linear_backward_weight',
   },
@@ -1851,8 +1930,9 @@ function linearShape(
   ];
 }
 
-function linearFlops({ inputs: [x, w] }: CostArgs): number {
-  return 2 * (elems(x) / x[x.length - 1]) * w[0] * w[1];
+/** rows of a [..., features] tensor */
+function rowsOf(s: readonly number[]): number {
+  return elems(s) / s[s.length - 1];
 }
 
 export function opInfo(kind: OpKind): OpInfo {

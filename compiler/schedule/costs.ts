@@ -30,14 +30,14 @@ export interface ForwardCosts {
 }
 
 /** Where a node's cost goes, by its module scope. */
-type CostSite = { readonly layer: number } | 'embed' | 'encoder' | 'post';
+export type CostSite = { readonly layer: number } | 'embed' | 'encoder' | 'post';
 
 const LAYER_SCOPE = /^model\.layers\.(\d+)(\.|$)/;
 
-function costSite(scope: string): CostSite {
+export function costSite(scope: string): CostSite {
   const layer = LAYER_SCOPE.exec(scope);
   if (layer) return { layer: Number(layer[1]) };
-  if (scope.startsWith('visual.')) return 'encoder';
+  if (scope === 'visual' || scope.startsWith('visual.')) return 'encoder';
   const top = scope.split('.').slice(0, 2).join('.');
   if (top === 'model.embed_tokens' || top === 'model.merge_visual') return 'embed';
   if (top === 'model.norm' || scope.startsWith('lm_head') || scope.startsWith('loss'))

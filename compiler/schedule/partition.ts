@@ -7,10 +7,12 @@
 // after: every virtual stage holds ≥ 1 layer and, unless the user fixed the end stages, the most
 //        expensive virtual stage is as cheap as any contiguous split allows.
 //
-// Notation: L layers, p stages, v chunks per stage, K = p·v virtual stages; costs are forward
-// FLOPs (backward is 2 × forward for every piece, so forward balance is step balance), as the
-// caller weighs them: the compiler passes a stage-0 rank's share of the encoder in the decoder's
-// unsharded units, at the expected visual tokens (compiler/pipeline.ts, stageCosts).
+// Notation: L layers, p stages, v chunks per stage, K = p·v virtual stages. Costs are a rank's
+// seconds per microbatch on the compile's hardware profile where it has one (priced.ts: kernels
+// and collectives, forward and backward), else forward FLOPs (backward is 2 × forward for every
+// piece, so forward balance is step balance) as the caller weighs them: the compiler passes a
+// stage-0 rank's share of the encoder in the decoder's unsharded units, at the expected visual
+// tokens (compiler/pipeline.ts, stageCosts). The stage lines report forward FLOPs either way.
 
 import { UserError } from '../errors.js';
 import { preFlops, type ForwardCosts } from './costs.js';
@@ -26,14 +28,26 @@ export interface PartitionOptions {
   readonly firstStageLayers?: number;
   /** --decoder-last-pipeline-num-layers: layers of stage p−1, over all its chunks */
   readonly lastStageLayers?: number;
+  /**
+   * what to balance instead of forward FLOPs: each piece's seconds on the hardware profile
+   * (compiler/schedule/priced.ts), pre already holding what runs before layer 0 on stage 0
+   */
+  readonly weights?: {
+    readonly layer: readonly number[];
+    readonly pre: number;
+    readonly post: number;
+  };
 }
 
 export interface PipelineLayout {
   readonly pp: number;
   readonly vpp: number;
   readonly encoderOnStage0: boolean;
-  /** 'balanced': chosen by cost; 'given': Megatron's split from the first/last-stage overrides */
-  readonly method: 'balanced' | 'given';
+  /**
+   * 'balanced': chosen by forward FLOPs; 'priced': by seconds on a hardware profile; 'given':
+   * Megatron's split from the first/last-stage overrides
+   */
+  readonly method: 'balanced' | 'priced' | 'given';
   /** layers of virtual stage s = c·pp + r, s = 0 … pp·vpp − 1 (in layer order) */
   readonly virtualStageLayers: readonly number[];
   /** first decoder layer of each virtual stage */
@@ -167,9 +181,14 @@ export function partitionPipeline(costs: ForwardCosts, opts: PartitionOptions): 
   const pre = preFlops(costs, encoderOnStage0);
   const post = costs.postFlops;
   const given = opts.firstStageLayers !== undefined || opts.lastStageLayers !== undefined;
+  const w = opts.weights;
+  if (w && w.layer.length !== L)
+    throw new Error(`partitionPipeline: ${w.layer.length} layer weights for ${L} layers`);
   const virtualStageLayers = given
     ? givenSplit(L, p, v, opts.firstStageLayers, opts.lastStageLayers)
-    : splitMinMax(costs.layerFlops, K, pre, post);
+    : w
+      ? splitMinMax(w.layer, K, w.pre, w.post)
+      : splitMinMax(costs.layerFlops, K, pre, post);
 
   const virtualStageFirstLayer: number[] = [];
   const virtualStageFlops: number[] = [];
@@ -185,7 +204,7 @@ export function partitionPipeline(costs: ForwardCosts, opts: PartitionOptions): 
     pp: p,
     vpp: v,
     encoderOnStage0,
-    method: given ? 'given' : 'balanced',
+    method: given ? 'given' : w ? 'priced' : 'balanced',
     virtualStageLayers,
     virtualStageFirstLayer,
     virtualStageFlops,

@@ -1,10 +1,22 @@
 // The cost model: seconds per instruction of a program on a hardware profile (hardware.ts).
 //
-//   compute     launch + max(FLOPs / (peak · eff(FLOPs)), bytes / (bandwidth · efficiency)):
-//               matmul FLOPs from the op table (ir/ops.ts), bytes from the instruction's
-//               operands; eff(f) = efficiency · f / (f + half), so small GEMMs reach less of the
-//               peak. Ops without matmul FLOPs (norms, activations, AdamW, layout) are bound by
-//               memory traffic alone.
+//   compute     launch + max(FLOPs / (peak · eff), bytes / (bandwidth · memory_efficiency)):
+//               matmul FLOPs and shape from the op table (ir/ops.ts), bytes from the
+//               instruction's operands. Ops without matmul FLOPs (norms, activations, AdamW,
+//               layout) are bound by memory traffic alone. On a GPU profile (its efficiency
+//               section, hardware.ts):
+//                 GEMM       eff = matmul_efficiency · f / (f + half) · tiles · waves: small GEMMs
+//                            reach less of the peak; the m × n output is computed in whole
+//                            blocks of a tile size (tiles = m·n / the blocks' area) which run in
+//                            waves of one block per SM (waves = blocks / (whole waves · SMs)), at
+//                            the profile's tile size that wastes least; a grouped GEMM's experts
+//                            are GEMMs of their mean rows, grouped_streams of them at once sharing
+//                            the waves
+//                 attention  eff = peak(forward | backward) · L / (L + half) · d / d': flash
+//                            attention within segments of L tokens, head dim d computed as d'
+//                            (padded up to the kernel's multiple)
+//               A CPU profile has no such curves: eff = matmul_efficiency · f / (f + half) for
+//               every op with matmul FLOPs.
 //   collective  latency · steps + factor · bytes / link bandwidth (NCCL's ring and direct
 //               algorithms; n: the whole gathered or reduced size):
 //                 all_reduce              2(P−1)/P · n, 2(P−1) steps
@@ -24,7 +36,9 @@
 //                   bus bandwidth, which is what nccl-tests report across nodes.
 //                 direct exchanges (all_to_all_v, gather_v, scatter_v): each rank's blocks for
 //                   the q − 1 peers on its node go over NVLink and those for the P − q off it over
-//                   its own NIC share, both at once: max((q−1)/P · n / NVLink, (P−q)/P · n / NIC).
+//                   its own NIC share, both at once: max((q−1)/P · n / NVLink, (P−q)/P · n / NIC),
+//                   each link at the profile's all_to_all share of its bandwidth (also inside a
+//                   node).
 //                 send, recv: n over the NIC share.
 //   offload, reload   bytes / host link
 //
@@ -34,12 +48,22 @@
 // run-time symbol an all_to_all_v receives without a stated one at its bound / P. Element
 // sizes are the profile's: the plan's f32 buffers are priced at dtype_bytes (activations) or
 // grad_dtype_bytes (optimizer-phase collectives: gradient reduction, parameter gathering).
+//
+// A compute kernel that runs while a communication kernel runs on the same GPU shares its SMs:
+// the simulator (simulate.ts) lengthens it by the profile's overlap compute_slowdown for the
+// part of it that overlaps.
 
-import { OP_TABLE, type OpCategory, type OpKind } from '../../ir/ops.js';
+import {
+  OP_TABLE,
+  type MatmulShape,
+  type OpCategory,
+  type OpInfo,
+  type OpKind,
+} from '../../ir/ops.js';
 import { parseDim, resolveShape, type Dim } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
-import type { HardwareProfile, Link } from './hardware.js';
+import type { Efficiency, HardwareProfile, Link } from './hardware.js';
 
 /** How a collective's group lies on the machines (for a send or recv: the pair). */
 export interface GroupShape {
@@ -78,6 +102,8 @@ export interface Work {
   readonly category: OpCategory;
   /** matmul FLOPs (compute instructions) */
   readonly flops: number;
+  /** how they run (an op with matmul FLOPs) */
+  readonly matmul?: MatmulShape;
   /** compute: bytes read and written; collective: the larger of sent and received; memory: the
    * bytes copied */
   readonly bytes: number;
@@ -107,7 +133,7 @@ export function instructionWork(
   );
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
   return program.instructions.map((x) => {
-    const info = OP_TABLE[x.op as OpKind];
+    const info: OpInfo = OP_TABLE[x.op as OpKind];
     const per =
       info.category === 'collective' && x.phase === 'optimizer' ? gradDtypeBytes : dtypeBytes;
     const bytes = (ids: readonly number[]) =>
@@ -123,24 +149,73 @@ export function instructionWork(
       };
     if (info.category === 'memory')
       return { category: info.category, flops: 0, bytes: bytes(x.inputs) };
-    const flops = info.flops({
+    const args = {
       inputs: x.inputs.map((id) => shapes[id]),
       outputs: x.outputs.map((id) => shapes[id]),
       attrs: x.attrs as Attrs, // the verifier checked them against the op table
-    });
+    };
+    const flops = info.flops(args);
+    const matmul = flops > 0 ? info.matmul?.(args) : undefined;
     // a view (reshape) moves nothing
     const moved = x.op === 'reshape' ? 0 : bytes(x.inputs) + bytes(x.outputs);
-    return { category: info.category, flops, bytes: moved };
+    return { category: info.category, flops, bytes: moved, matmul };
   });
 }
 
-/** A kernel's seconds: launch + max(FLOPs at the efficiency its size reaches, bytes at bandwidth). */
-export function kernelSeconds(flops: number, bytes: number, c: HardwareProfile['compute']): number {
+/**
+ * A kernel's seconds: launch + max(FLOPs at the efficiency its shape reaches, bytes at the
+ * memory bandwidth) (the header's model).
+ */
+export function kernelSeconds(
+  flops: number,
+  bytes: number,
+  hw: Pick<HardwareProfile, 'compute' | 'efficiency'>,
+  matmul?: MatmulShape,
+): number {
+  const c = hw.compute;
   const memory = bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency);
-  const gflop = flops / 1e9;
-  const eff = gflop > 0 ? (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop) : 1;
-  const math = flops > 0 ? flops / (c.matmulTflops * 1e12 * eff) : 0;
+  const math =
+    flops > 0 ? flops / (c.matmulTflops * 1e12 * matmulEfficiency(flops, hw, matmul)) : 0;
   return c.launchUs * 1e-6 + Math.max(math, memory);
+}
+
+/** The fraction of the peak a matmul of `flops` and this shape reaches (the header's model). */
+export function matmulEfficiency(
+  flops: number,
+  hw: Pick<HardwareProfile, 'compute' | 'efficiency'>,
+  s?: MatmulShape,
+): number {
+  const c = hw.compute;
+  const e = hw.efficiency;
+  if (e && s?.kind === 'attention') {
+    const peak = s.backward ? e.attentionBackward : e.attentionForward;
+    const padded = Math.ceil(s.headDim / e.headDimMultiple) * e.headDimMultiple;
+    return ((peak * s.segment) / (s.segment + e.attentionHalfSegment)) * (s.headDim / padded);
+  }
+  const gflop = flops / 1e9;
+  const size = (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop);
+  return e && s?.kind === 'gemm' ? size * gemmQuantization(s, e) : size;
+}
+
+/**
+ * Tile and wave quantization: the useful share of the tiles and waves a GEMM's output takes, at
+ * the tile size that wastes least. A grouped GEMM's experts run `groupedStreams` at a time, their
+ * tiles sharing the waves.
+ */
+export function gemmQuantization(
+  s: Extract<MatmulShape, { kind: 'gemm' }>,
+  e: Pick<Efficiency, 'gemmTiles' | 'sms' | 'groupedStreams'>,
+): number {
+  if (!(s.m > 0 && s.n > 0)) return 1;
+  const together = Math.max(1, Math.min(Math.round(s.groups), e.groupedStreams));
+  let best = 0;
+  for (const [rows, cols] of e.gemmTiles) {
+    const blocks = Math.ceil(s.m / rows) * Math.ceil(s.n / cols);
+    const tiles = (s.m * s.n) / (blocks * rows * cols);
+    const inWave = blocks * together;
+    best = Math.max(best, tiles * (inWave / (Math.ceil(inWave / e.sms) * e.sms)));
+  }
+  return best;
 }
 
 /** Prices the instructions of one program; `groupOf` says how a collective's group lies. */
@@ -155,13 +230,13 @@ export function instructionCosts(
   return Float64Array.from(program.instructions, (x, i) => {
     const w = work[i];
     if (w.category === 'collective') {
-      return groupCollectiveSeconds(x.op, groupOf(x), w.bytes, hw.links);
+      return groupCollectiveSeconds(x.op, groupOf(x), w.bytes, hw.links, hw.efficiency?.allToAll);
     }
     if (w.category === 'memory') {
       const link = hw.links.host;
       return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
     }
-    return x.op === 'reshape' ? 0 : kernelSeconds(w.flops, w.bytes, c);
+    return x.op === 'reshape' ? 0 : kernelSeconds(w.flops, w.bytes, hw, w.matmul);
   });
 }
 
@@ -187,10 +262,23 @@ export function collectiveSteps(op: string, P: number): { steps: number; factor:
   }
 }
 
-/** One collective of `bytes` (the whole gathered or reduced size) over P ranks on `link`. */
-export function collectiveSeconds(op: string, P: number, bytes: number, link: Link): number {
+/** the direct exchanges, which run at a profile's all_to_all share of a link */
+const DIRECT = new Set(['all_to_all_v', 'gather_v', 'scatter_v']);
+
+/**
+ * One collective of `bytes` (the whole gathered or reduced size) over P ranks on `link`; a
+ * direct exchange at `direct` of the link's bandwidth.
+ */
+export function collectiveSeconds(
+  op: string,
+  P: number,
+  bytes: number,
+  link: Link,
+  direct = 1,
+): number {
   const { steps, factor } = collectiveSteps(op, P);
-  return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * 1e9);
+  const share = DIRECT.has(op) ? direct : 1;
+  return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * share * 1e9);
 }
 
 /** One collective of `bytes` over a group as it lies on the machines (the header's model). */
@@ -199,8 +287,9 @@ export function groupCollectiveSeconds(
   g: GroupShape,
   bytes: number,
   links: Pick<HardwareProfile['links'], 'intraNode' | 'interNode'>,
+  direct = 1,
 ): number {
-  if (g.nodes <= 1) return collectiveSeconds(op, g.size, bytes, links.intraNode);
+  if (g.nodes <= 1) return collectiveSeconds(op, g.size, bytes, links.intraNode, direct);
   const { intraNode: nvlink, interNode: nic } = links;
   const P = g.size;
   const q = Math.max(1, Math.min(g.local, P - 1));
@@ -217,8 +306,8 @@ export function groupCollectiveSeconds(
       return (
         latency +
         Math.max(
-          (((q - 1) / P) * bytes) / (nvlink.gbps * GB),
-          (((P - q) / P) * bytes) / (nic.gbps * GB),
+          (((q - 1) / P) * bytes) / (nvlink.gbps * direct * GB),
+          (((P - q) / P) * bytes) / (nic.gbps * direct * GB),
         )
       );
     default: // rings

@@ -3,7 +3,10 @@
 // given size reaches, memory bandwidth, kernel launch overhead, the element sizes a GPU runtime
 // computes and reduces in, and per-GPU link bandwidth and latency inside a node, across nodes
 // and to pinned host memory. Every field is required; a missing or bad one is an error naming
-// the key and the file.
+// the key and the file. The `efficiency:` section (how a GPU's kernels and collectives fall short
+// of those rates by shape: GEMM tiles and waves, flash attention, direct exchanges, compute that
+// shares the SMs with communication) is required of a GPU profile; a CPU profile (lfc
+// calibrate's) has none, and its kernels are priced by FLOPs and bytes alone.
 
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
@@ -53,6 +56,91 @@ export interface HardwareProfile {
     readonly gradDtypeBytes: number;
   };
   readonly links: { readonly intraNode: Link; readonly interNode: Link; readonly host: Link };
+  /** a GPU's efficiency curves (cost.ts); absent on a CPU profile */
+  readonly efficiency?: Efficiency;
+}
+
+/** How a GPU's kernels and collectives fall short of the peak rates, by shape (cost.ts). */
+export interface Efficiency {
+  /**
+   * GEMM tile quantization and wave quantization: a GEMM's m × n output is computed in tiles of
+   * one of these [rows, columns] (the library picks the one that wastes least), and the tiles run
+   * in waves of one per SM, so a partial tile or a partial last wave costs as much as a whole one
+   */
+  readonly gemmTiles: readonly (readonly [number, number])[];
+  readonly sms: number;
+  /** a grouped GEMM runs one GEMM per expert, this many at once (their tiles share the waves) */
+  readonly groupedStreams: number;
+  /** the most flash attention reaches, forward and backward, as a fraction of the peak */
+  readonly attentionForward: number;
+  readonly attentionBackward: number;
+  /** the segment length (tokens a query attends within) at which it reaches half of that */
+  readonly attentionHalfSegment: number;
+  /** head dims are computed padded up to a multiple of this (the kernel's instantiations) */
+  readonly headDimMultiple: number;
+  /** a direct exchange's (all-to-all, gather, scatter) bandwidth over a ring's on the same link */
+  readonly allToAll: number;
+  /** how much longer a compute kernel takes while a communication kernel runs on the rank's GPU
+   * (they share the SMs): 0.1 is 10% */
+  readonly overlapSlowdown: number;
+}
+
+/** The efficiency families lfc tune's sensitivity table moves one at a time. */
+export const EFFICIENCY_FAMILIES = [
+  'gemm',
+  'attention',
+  'memory',
+  'nvlink',
+  'network',
+  'all-to-all',
+  'overlap',
+] as const;
+export type EfficiencyFamily = (typeof EFFICIENCY_FAMILIES)[number];
+
+/**
+ * The profile with one family's efficiency times `factor` (capped at 1 where it is a fraction
+ * of a peak): gemm (matmul_efficiency), attention (forward and backward), memory
+ * (memory_efficiency), nvlink and network (the intra- and inter-node links' bandwidth),
+ * all-to-all (the direct exchanges' share of a link), overlap (compute under communication: its
+ * slowdown divided by `factor`, so that a factor above 1 is faster here too).
+ */
+export function scaleEfficiency(
+  hw: HardwareProfile,
+  family: EfficiencyFamily,
+  factor: number,
+): HardwareProfile {
+  const frac = (x: number) => Math.min(1, x * factor);
+  const c = hw.compute;
+  const e = hw.efficiency;
+  const link = (l: Link): Link => ({
+    ...l,
+    gbps: l.peakGbps !== undefined ? Math.min(l.peakGbps, l.gbps * factor) : l.gbps * factor,
+  });
+  switch (family) {
+    case 'gemm':
+      return { ...hw, compute: { ...c, matmulEfficiency: frac(c.matmulEfficiency) } };
+    case 'memory':
+      return { ...hw, compute: { ...c, memoryEfficiency: frac(c.memoryEfficiency) } };
+    case 'attention':
+      return e
+        ? {
+            ...hw,
+            efficiency: {
+              ...e,
+              attentionForward: frac(e.attentionForward),
+              attentionBackward: frac(e.attentionBackward),
+            },
+          }
+        : hw;
+    case 'all-to-all':
+      return e ? { ...hw, efficiency: { ...e, allToAll: frac(e.allToAll) } } : hw;
+    case 'overlap':
+      return e ? { ...hw, efficiency: { ...e, overlapSlowdown: e.overlapSlowdown / factor } } : hw;
+    case 'nvlink':
+      return { ...hw, links: { ...hw.links, intraNode: link(hw.links.intraNode) } };
+    case 'network':
+      return { ...hw, links: { ...hw.links, interNode: link(hw.links.interNode) } };
+  }
 }
 
 export function hardwareDir(): string {
@@ -121,6 +209,44 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
     const efficiency = given ? positive(`${key}.efficiency`, 1) : 1;
     return { gbps: peak * efficiency, peakGbps: peak, latencyUs: nonNegative(`${key}.latency_us`) };
   };
+  const has = (key: string) => typeof doc === 'object' && doc !== null && key in doc;
+  const runtime = runtimeOf(doc, path);
+  if (runtime === 'gpu' && !has('efficiency'))
+    throw new UserError(
+      `${path}: efficiency is missing (a GPU profile's kernel and collective efficiency curves; see configs/hardware/a100.yaml)`,
+    );
+  const integer = (key: string) => {
+    const v = positive(key);
+    if (!Number.isInteger(v))
+      throw new UserError(`${path}: ${key} must be an integer, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const tiles = (key: string): [number, number][] => {
+    const v = at(key);
+    const ok = (d: unknown) => typeof d === 'number' && Number.isInteger(d) && d > 0;
+    if (
+      !Array.isArray(v) ||
+      v.length === 0 ||
+      !v.every((t) => Array.isArray(t) && t.length === 2 && t.every(ok))
+    )
+      throw new UserError(
+        `${path}: ${key} must be a list of [rows, columns] tile sizes, got ${JSON.stringify(v)}`,
+      );
+    return v as [number, number][];
+  };
+  const efficiency: Efficiency | undefined = has('efficiency')
+    ? {
+        gemmTiles: tiles('efficiency.gemm.tiles'),
+        sms: integer('efficiency.gemm.sms'),
+        groupedStreams: integer('efficiency.gemm.grouped_streams'),
+        attentionForward: positive('efficiency.attention.forward', 1),
+        attentionBackward: positive('efficiency.attention.backward', 1),
+        attentionHalfSegment: nonNegative('efficiency.attention.half_segment'),
+        headDimMultiple: integer('efficiency.attention.head_dim_multiple'),
+        allToAll: positive('efficiency.collectives.all_to_all', 1),
+        overlapSlowdown: nonNegative('efficiency.overlap.compute_slowdown'),
+      }
+    : undefined;
   const gpusPerNode = positive('gpus_per_node');
   if (!Number.isInteger(gpusPerNode))
     throw new UserError(`${path}: gpus_per_node must be an integer, got ${gpusPerNode}`);
@@ -131,7 +257,7 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
     gpusPerNode,
     memoryGiB: positive('memory_gib'),
     memoryReserveGiB: nonNegative('memory_reserve_gib'),
-    runtime: runtimeOf(doc, path),
+    runtime,
     compute: {
       matmulTflops: positive('compute.matmul_tflops'),
       matmulEfficiency: positive('compute.matmul_efficiency', 1),
@@ -147,5 +273,6 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
       interNode: link('links.inter_node'),
       host: link('links.host'),
     },
+    efficiency,
   };
 }

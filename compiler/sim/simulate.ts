@@ -18,6 +18,10 @@
 // when their last instruction ends, how long their compute stream is busy, and how long
 // communication or host copies run while compute is idle (exposed communication). The step is
 // the latest end over every rank.
+//
+// On a GPU profile whose compute slows while communication kernels share the SMs (its overlap
+// compute_slowdown), the replay runs twice: the second with each compute kernel lengthened by the
+// slowdown times the share of it the first showed overlapping a collective's transfer.
 
 import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { UserError } from '../errors.js';
@@ -74,8 +78,59 @@ export function simulatePlan(
     costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
   );
   const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
-  if (plan.topology.nprocPerNode <= cores) return run(ix, costs, hw);
-  return runOnSharedCores(ix, costs, hw, cores);
+  if (plan.topology.nprocPerNode > cores) return runOnSharedCores(ix, costs, hw, cores);
+  const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
+  const sim = run(ix, costs, hw);
+  if (!(slowdown > 0)) return sim;
+  // compute that shares the SMs with communication: lengthen it by the overlap the first replay
+  // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
+  return run(
+    ix,
+    sim.ranks.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)),
+    hw,
+  );
+}
+
+/**
+ * A program's costs with each compute kernel lengthened by `slowdown` × the share of it that
+ * overlaps a collective's transfer (the last `cost` of its interval) on the rank's other
+ * streams, as the first replay timed them.
+ */
+function slowOverlapped(
+  p: ProgramIndex,
+  k: RankTimes,
+  cost: Float64Array,
+  slowdown: number,
+): Float64Array {
+  const moving: [number, number][] = [];
+  const kernels: number[] = [];
+  for (let i = 0; i < p.n; i++) {
+    const category = OP_TABLE[p.file.instructions[i].op as OpKind].category;
+    if (category === 'collective') {
+      const from = Math.max(k.start[i], k.end[i] - cost[i]);
+      if (k.end[i] > from) moving.push([from, k.end[i]]);
+    } else if (category !== 'memory' && p.stream[i] === COMPUTE && cost[i] > 0) kernels.push(i);
+  }
+  moving.sort((a, b) => a[0] - b[0]);
+  const union: [number, number][] = [];
+  for (const [a, b] of moving) {
+    const last = union[union.length - 1];
+    if (last && a <= last[1]) last[1] = Math.max(last[1], b);
+    else union.push([a, b]);
+  }
+  kernels.sort((a, b) => k.start[a] - k.start[b]);
+  const out = Float64Array.from(cost);
+  let u = 0;
+  for (const i of kernels) {
+    const a = k.start[i];
+    const b = k.end[i];
+    while (u < union.length && union[u][1] <= a) u++;
+    let overlap = 0;
+    for (let v = u; v < union.length && union[v][0] < b; v++)
+      overlap += Math.min(b, union[v][1]) - Math.max(a, union[v][0]);
+    if (overlap > 0) out[i] = cost[i] * (1 + (slowdown * overlap) / (b - a));
+  }
+  return out;
 }
 
 /**

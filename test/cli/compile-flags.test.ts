@@ -20,6 +20,8 @@ describe('lfc compile: the article launch lines parse into their options', () =>
         microBatchSize: 1,
         globalBatchSize: 32,
         optimizer: { lr: 1e-5 },
+        // --hardware's default: the partition balances priced seconds on it
+        hardware: expect.objectContaining({ name: 'h800' }),
       },
       output: 'DIR',
       compatibility: { trainingPhase: 'sft', attentionBackend: 'flash' },
@@ -49,6 +51,7 @@ describe('lfc compile: the article launch lines parse into their options', () =>
           modules: ['a2a_overlap_attn', 'a2a_overlap_post_attn', 'a2a_overlap_mlp'],
         },
         offloadTensors: ['dispatched_input', 'pre_mlp_layernorm_output'],
+        hardware: expect.objectContaining({ name: 'h800' }),
       },
       output: 'DIR',
       compatibility: {

@@ -2,7 +2,9 @@
 // the model shapes, and the pieces against `lfc inspect`'s total. Partitioning: the most
 // expensive virtual stage against an exhaustive search over every contiguous split (the brute
 // force below), on three presets with the encoder on stage 0 and off; Megatron's first/last-stage
-// overrides against layouts written by hand; the per-stage description as text.
+// overrides against layouts written by hand; the per-stage description as text. The priced split:
+// its weights against the simulator's cost model of the emitted programs, its balance against
+// the exhaustive search.
 import { describe, expect, it } from 'vitest';
 import { UserError } from '../../compiler/errors.js';
 import { forwardFlops } from '../../compiler/inspect.js';
@@ -13,6 +15,11 @@ import {
   splitMinMax,
   type PipelineLayout,
 } from '../../compiler/schedule/partition.js';
+import { compile } from '../../compiler/pipeline.js';
+import { buildTopology } from '../../compiler/parallel/topology.js';
+import { pricedStageWeights } from '../../compiler/schedule/priced.js';
+import { expectedSizes, instructionCosts, oneNode } from '../../compiler/sim/cost.js';
+import { loadHardware } from '../../compiler/sim/hardware.js';
 import { MODULES } from '../../ir/graph.js';
 import { presetGraph } from '../helpers.js';
 
@@ -311,6 +318,66 @@ describe('first/last-stage overrides (Megatron: the rest evenly, each stage even
     expect(() => partitionPipeline(c, { pp: 8, vpp: 4 })).toThrow(
       'invalid layout (pp-layers): 28 decoder layers cannot fill pp·vpp = 32 virtual stages (pipeline 8 × virtual 4); each needs at least one layer',
     );
+  });
+});
+
+describe('the priced partition (compile with a hardware profile)', () => {
+  const hw = loadHardware('h800');
+  const result = compile({
+    model: 'tiny-vlm-moe',
+    nprocPerNode: 4,
+    parallel: { pp: 2, ep: 2 },
+    globalBatchSize: 4,
+    microBatchSize: 1,
+    hardware: hw,
+  });
+  const weights = pricedStageWeights(result.graph, {
+    hardware: hw,
+    topology: buildTopology({ nnodes: 1, nprocPerNode: 4, tp: 1, pp: 2, vpp: 1, cp: 1, ep: 2 }),
+    nprocPerNode: 4,
+    encoderShare: 1,
+  });
+  it("each piece's weight is what the simulator's cost model gives its instructions, per microbatch", () => {
+    // the emitted programs, priced instruction by instruction (compiler/sim/cost.ts), summed by
+    // piece over the step's microbatches: another path to the same seconds
+    const sizes = expectedSizes(result.plan, result.programs);
+    const microbatches = result.plan.training.numMicrobatches;
+    const per = new Map<string, number>();
+    for (const p of result.programs) {
+      const costs = instructionCosts(p, hw, sizes, (x) => oneNode(Number(x.attrs.group_size ?? 2)));
+      p.instructions.forEach((x, i) => {
+        if (x.phase === 'optimizer' || x.op === 'send' || x.op === 'recv') return;
+        const layer = /^model\.layers\.(\d+)/.exec(x.scope);
+        const piece = layer ? `layer ${layer[1]}` : x.scope.split('.')[0];
+        per.set(piece, (per.get(piece) ?? 0) + costs[i] / microbatches);
+      });
+    }
+    weights.layer.forEach((w, i) => expect(w / per.get(`layer ${i}`)!).toBeCloseTo(1, 2));
+    expect(weights.encoder / per.get('visual')!).toBeCloseTo(1, 2);
+    expect(weights.post / (per.get('lm_head')! + per.get('loss')!)).toBeCloseTo(1, 1);
+  });
+  it('balances them: the most expensive stage is the least any split allows', () => {
+    expect(result.layout!.method).toBe('priced');
+    const pre = weights.embed + weights.encoder;
+    const stages = result.layout!.virtualStageLayers;
+    const cost = (s: number) => {
+      const first = stages.slice(0, s).reduce((a, b) => a + b, 0);
+      const own = weights.layer.slice(first, first + stages[s]).reduce((a, b) => a + b, 0);
+      return own + (s === 0 ? pre : 0) + (s === stages.length - 1 ? weights.post : 0);
+    };
+    const worst = Math.max(...stages.map((_, s) => cost(s)));
+    expect(worst).toBeCloseTo(bruteForceMax(weights.layer, 2, pre, weights.post), 12);
+  });
+  it('without a profile, forward FLOPs', () => {
+    const flops = compile({
+      model: 'tiny-vlm-moe',
+      nprocPerNode: 4,
+      parallel: { pp: 2, ep: 2 },
+      globalBatchSize: 4,
+      microBatchSize: 1,
+      skipVerify: true,
+    });
+    expect(flops.layout!.method).toBe('balanced');
   });
 });
 

@@ -34,15 +34,23 @@ describe('calibration fits', () => {
     const samples = [];
     for (let k = 0; k < 40; k++) {
       const bytes = 2 ** (8 + (k % 6)); // 256 B … 8 KiB: launch-bound
-      samples.push({ flops: 0, bytes, seconds: kernelSeconds(0, bytes, truth) * jitter() });
+      samples.push({
+        flops: 0,
+        bytes,
+        seconds: kernelSeconds(0, bytes, { compute: truth }) * jitter(),
+      });
       const big = 2 ** (18 + (k % 8)); // 256 KiB … 32 MiB: bandwidth-bound
-      samples.push({ flops: 0, bytes: big, seconds: kernelSeconds(0, big, truth) * jitter() });
+      samples.push({
+        flops: 0,
+        bytes: big,
+        seconds: kernelSeconds(0, big, { compute: truth }) * jitter(),
+      });
       const flops = 2 * 64 ** 3 * 2 ** (k % 12); // 0.5 MFLOP … 1 GFLOP
       const bytesMoved = 3 * 4 * 64 * 64;
       samples.push({
         flops,
         bytes: bytesMoved,
-        seconds: kernelSeconds(flops, bytesMoved, truth) * jitter(),
+        seconds: kernelSeconds(flops, bytesMoved, { compute: truth }) * jitter(),
       });
     }
     const fit = fitCompute(samples);

@@ -9,11 +9,13 @@ import { compile, type CompileOptions } from '../../compiler/pipeline.js';
 import {
   collectiveSeconds,
   expectedSizes,
+  gemmQuantization,
   groupCollectiveSeconds,
   instructionCosts,
+  matmulEfficiency,
   oneNode,
 } from '../../compiler/sim/cost.js';
-import { listHardware, loadHardware } from '../../compiler/sim/hardware.js';
+import { listHardware, loadHardware, scaleEfficiency } from '../../compiler/sim/hardware.js';
 import { microbatchForwardFlops } from '../../compiler/sim/report.js';
 import { cli } from '../helpers.js';
 
@@ -96,7 +98,16 @@ describe('instruction costs', () => {
     const [n] = dims(x.inputs[1]);
     const flops = 2 * m * n * k;
     const c = h800.compute;
-    const eff = (c.matmulEfficiency * flops) / 1e9 / (flops / 1e9 + c.matmulHalfGflop);
+    const e = h800.efficiency!;
+    // whole tiles of the m × n output, in whole waves over the SMs, at the best tile size
+    const quantization = Math.max(
+      ...e.gemmTiles.map(([rows, cols]) => {
+        const blocks = Math.ceil(m / rows) * Math.ceil(n / cols);
+        return ((m * n) / (blocks * rows * cols)) * (blocks / (Math.ceil(blocks / e.sms) * e.sms));
+      }),
+    );
+    const eff =
+      ((c.matmulEfficiency * flops) / 1e9 / (flops / 1e9 + c.matmulHalfGflop)) * quantization;
     const bytes =
       c.dtypeBytes *
       [...x.inputs, ...x.outputs].reduce((a, id) => a + dims(id).reduce((p, d) => p * d, 1), 0);
@@ -106,6 +117,7 @@ describe('instruction costs', () => {
         flops / (c.matmulTflops * 1e12 * eff),
         bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency),
       );
+    expect(quantization).toBeLessThan(1);
     expect(costs[i]).toBeCloseTo(want, 15);
   });
 
@@ -200,6 +212,96 @@ describe('instruction costs', () => {
   });
 });
 
+describe('efficiency curves (a GPU profile)', () => {
+  const a100 = loadHardware('a100');
+  const e = a100.efficiency!;
+  const gemm = (m: number, n: number, k: number, groups = 1) =>
+    ({ kind: 'gemm', m, n, k, groups }) as const;
+  const T = 128;
+  const square = { gemmTiles: [[T, T]] as [number, number][], sms: 108, groupedStreams: 4 };
+  it('a GEMM of whole tiles in whole waves loses nothing to quantization', () => {
+    // sms × 4 blocks: four whole waves
+    expect(gemmQuantization(gemm(T * square.sms, 4 * T, 4096), square)).toBe(1);
+    // one row past a tile: a second row of tiles, nearly empty
+    const m = T + 1;
+    const blocks = 2 * 4;
+    expect(gemmQuantization(gemm(m, 4 * T, 4096), square)).toBeCloseTo(
+      ((m * 4 * T) / (blocks * T * T)) * (blocks / square.sms),
+      12,
+    );
+  });
+  it('the tile size that wastes least is taken', () => {
+    const both = {
+      ...square,
+      gemmTiles: [
+        [2 * T, T],
+        [T, T],
+      ] as [number, number][],
+    };
+    // 128 rows: a 256-row tile is half empty, a 128-row one full
+    const g = gemm(T, 27 * T * 4, 4096);
+    expect(gemmQuantization(g, both)).toBe(gemmQuantization(g, square));
+    expect(gemmQuantization(g, { ...square, gemmTiles: [[2 * T, T]] })).toBeLessThan(
+      gemmQuantization(g, square),
+    );
+  });
+  it("a grouped GEMM's experts run grouped_streams at a time, sharing the waves", () => {
+    const one = gemmQuantization(gemm(T, T, 4096, 1), square);
+    expect(one).toBeCloseTo(1 / square.sms, 12);
+    // 64 experts of one tile each, 4 at once: each wave has 4 of the 108 SMs busy
+    expect(gemmQuantization(gemm(T, T, 4096, 64), square)).toBeCloseTo(4 / square.sms, 12);
+    expect(gemmQuantization(gemm(T, T, 4096, 108), { ...square, groupedStreams: 108 })).toBe(1);
+  });
+  it('flash attention: its peak by pass, by segment length, head dims padded up', () => {
+    const att = (backward: boolean, segment: number, headDim: number) => ({
+      kind: 'attention' as const,
+      backward,
+      causal: true,
+      tokens: 32768,
+      heads: 32,
+      headDim,
+      segment,
+    });
+    const h = e.attentionHalfSegment;
+    expect(matmulEfficiency(1e12, a100, att(false, h, 128))).toBeCloseTo(
+      e.attentionForward / 2,
+      12,
+    );
+    expect(matmulEfficiency(1e12, a100, att(true, h, 128))).toBeCloseTo(
+      e.attentionBackward / 2,
+      12,
+    );
+    // a head dim between multiples computes the padded one: 72 as 96 at a multiple of 32
+    const m = e.headDimMultiple;
+    const d = m * 2 + m / 4;
+    expect(
+      matmulEfficiency(1e12, a100, att(false, 8192, d)) /
+        matmulEfficiency(1e12, a100, att(false, 8192, m * 3)),
+    ).toBeCloseTo(d / (m * 3), 12);
+  });
+  it("a direct exchange runs at the profile's all-to-all share of each link", () => {
+    const g = { size: 4, nodes: 2, local: 2 };
+    const at = (share: number) => groupCollectiveSeconds('all_to_all_v', g, GiB, a100.links, share);
+    const latency = 3 * a100.links.interNode.latencyUs * 1e-6;
+    expect(at(0.5) - latency).toBeCloseTo(2 * (at(1) - latency), 12);
+    // rings keep the link's bandwidth
+    expect(groupCollectiveSeconds('all_reduce', g, GiB, a100.links, 0.5)).toBe(
+      groupCollectiveSeconds('all_reduce', g, GiB, a100.links),
+    );
+  });
+  it('each family scales on its own (lfc tune --sensitivity)', () => {
+    const slower = scaleEfficiency(a100, 'gemm', 0.8);
+    expect(slower.compute.matmulEfficiency).toBeCloseTo(0.8 * a100.compute.matmulEfficiency, 12);
+    expect(slower.efficiency).toEqual(a100.efficiency);
+    const faster = scaleEfficiency(a100, 'network', 1.2);
+    // never past the link's peak
+    expect(faster.links.interNode.gbps).toBeLessThanOrEqual(a100.links.interNode.peakGbps!);
+    expect(faster.links.interNode.gbps).toBeGreaterThan(a100.links.interNode.gbps);
+    const a2a = scaleEfficiency(a100, 'all-to-all', 0.8);
+    expect(a2a.efficiency!.allToAll).toBeCloseTo(0.8 * e.allToAll, 12);
+  });
+});
+
 describe('hardware profiles', () => {
   it("ships h800, h100, a100, a800 (the article's) and h200, each loading", () => {
     expect(listHardware()).toEqual(
@@ -237,6 +339,12 @@ describe('hardware profiles', () => {
     );
     expect(() => loadHardware(bad)).toThrow(
       /bad-hw\.yaml: links\.inter_node\.efficiency must be a number in \(0, 1\]/,
+    );
+    writeFileSync(bad, text.replace(/\nefficiency:[^]*?\n(?=[a-z])/, '\n'));
+    expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: efficiency is missing/);
+    writeFileSync(bad, text.replace(/sms: \d+/, 'sms: 1.5'));
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: efficiency\.gemm\.sms must be an integer/,
     );
   });
   it("a link's efficiency scales its peak: what collectives reach (a100, a800: measured on A100)", () => {

@@ -165,8 +165,12 @@ function exposedByBruteForce(
   return total;
 }
 
+const h800 = loadHardware('h800');
+/** h800 without its compute slowdown under communication (that is a second replay, tested below) */
+const unshared = { ...h800, efficiency: { ...h800.efficiency!, overlapSlowdown: 0 } };
+
 describe('the step simulator solves the timing equations', () => {
-  const hw = loadHardware('h800');
+  const hw = unshared;
   it.each(Object.keys(LAYOUTS))('%s', (name) => {
     const result = compile({
       model: 'tiny-vlm-moe',
@@ -203,6 +207,63 @@ describe('the step simulator solves the timing equations', () => {
         expect(byOp).toBeCloseTo(r.exposedComm, 9);
       }
     }
+  });
+});
+
+describe('compute that shares the SMs with communication', () => {
+  it('is lengthened by the slowdown × the share of it that overlaps a transfer, then replayed', () => {
+    const result = compile({
+      model: 'tiny-vlm-moe',
+      microBatchSize: 1,
+      globalBatchSize: 4,
+      ...LAYOUTS['pp 2 × vpp 2, ep 2, full separation, A2A overlap, cpu offload'],
+    } as CompileOptions);
+    const programs = new Map(result.programs.map((p) => [p.id, p]));
+    const costs = randomCosts(5, 4);
+    const slowdown = 0.5;
+    const hw = { ...h800, efficiency: { ...h800.efficiency!, overlapSlowdown: slowdown } };
+    const sim = simulatePlan(result.plan, programs, hw, costs);
+    // the same by hand: the equations' times at the given costs, then each compute kernel's
+    // overlap with the transfers (the last `cost` of a collective) of its rank, clipped and merged
+    const first = fixedPoint(result.plan, programs, costs);
+    const ix = buildPlanIndex(result.plan, programs);
+    let lengthened = 0;
+    const slowed = new Map<string, Float64Array>();
+    for (const p of ix.programs) {
+      const r = p.ranks[0];
+      const c = costs(p.file);
+      const out = Float64Array.from(c);
+      const transfers: [number, number][] = [];
+      p.file.instructions.forEach((x, i) => {
+        if (OP_TABLE[x.op as OpKind].category === 'collective')
+          transfers.push([Math.max(first.post[r][i], first.end[r][i] - c[i]), first.end[r][i]]);
+      });
+      p.file.instructions.forEach((x, i) => {
+        const category = OP_TABLE[x.op as OpKind].category;
+        if (category === 'collective' || category === 'memory' || x.stream !== 'compute') return;
+        const [a, b] = [first.post[r][i], first.end[r][i]];
+        const clipped = transfers
+          .map(([s, e]) => [Math.max(a, s), Math.min(b, e)])
+          .filter(([s, e]) => e > s)
+          .sort((u, v) => u[0] - v[0]);
+        let covered = 0;
+        let upTo = -Infinity;
+        for (const [s, e] of clipped) {
+          if (e <= upTo) continue;
+          covered += e - Math.max(s, upTo);
+          upTo = e;
+        }
+        if (covered > 0) {
+          out[i] = c[i] * (1 + (slowdown * covered) / (b - a));
+          lengthened++;
+        }
+      });
+      slowed.set(p.file.id, out);
+    }
+    expect(lengthened).toBeGreaterThan(0);
+    const want = fixedPoint(result.plan, programs, (p) => slowed.get(p.id)!);
+    expect(sim.stepSeconds).toBeCloseTo(want.step, 9);
+    expect(sim.stepSeconds).toBeGreaterThan(first.step);
   });
 });
 

@@ -1,0 +1,130 @@
+// Priced stage weights: what each pipeline piece (decoder layer, what sits before layer 0, what
+// sits after the last) costs a rank per microbatch in seconds on a hardware profile, forward and
+// backward, collectives included. The partition balances these when the compile has a profile
+// (compiler/pipeline.ts); FLOPs alone miss that an MoE layer's time is mostly its expert
+// exchange, which a FLOP-balanced split piles onto the stages with the most layers.
+//
+// Each node of the sharded, differentiated graph is priced as the simulator prices its
+// instruction (compiler/sim/cost.ts): a kernel by its FLOPs, matmul shape and bytes, a collective
+// by its bytes over its group as the group lies on the machines, taken for the first rank of the
+// world (every stage's groups are shaped alike in the layouts lfc builds). Sizes are the
+// symbols' expected ones, an expert dispatch without one at its bound over the group (balanced
+// routing), as the cost model takes them. The optimizer phase is left out: it does not depend on
+// the split.
+
+import type { Graph } from '../../ir/graph.js';
+import { valueTypes } from '../../ir/graph.js';
+import { OP_TABLE, type OpInfo, type OpKind } from '../../ir/ops.js';
+import { resolveShape } from '../../ir/shape.js';
+import type { Attrs, TensorType } from '../../ir/types.js';
+import type { GroupKind, Topology } from '../parallel/topology.js';
+import { groupCollectiveSeconds, kernelSeconds, type GroupShape } from '../sim/cost.js';
+import type { HardwareProfile } from '../sim/hardware.js';
+import { costSite } from './costs.js';
+
+/** Seconds a rank spends per microbatch on each pipeline piece (forward and backward). */
+export interface StageWeights {
+  readonly layer: readonly number[];
+  /** embedding and merge_visual */
+  readonly embed: number;
+  /** the encoder and projector, as a stage-0 rank runs them per microbatch */
+  readonly encoder: number;
+  /** final norm, lm_head and loss */
+  readonly post: number;
+}
+
+export interface PricingContext {
+  readonly hardware: HardwareProfile;
+  readonly topology: Topology;
+  readonly nprocPerNode: number;
+  /** the encoder's share of a microbatch a stage-0 rank runs (1/tp under hetero DP) */
+  readonly encoderShare: number;
+}
+
+/** The graph's pieces priced on the profile (the header's model). */
+export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights {
+  const { hardware: hw, topology, nprocPerNode } = ctx;
+  const expected = new Map(g.symbols.map((s) => [s.name, s.expected ?? s.bound]));
+  const stated = new Set(g.symbols.filter((s) => s.expected !== undefined).map((s) => s.name));
+  for (const n of g.nodes) {
+    if (n.op !== 'all_to_all_v') continue;
+    const rows = (n.attrs.out_rows as string[] | undefined)?.[0];
+    const P = n.attrs.group_size as number | undefined;
+    const bound = g.symbols.find((s) => s.name === rows)?.bound;
+    if (rows !== undefined && !stated.has(rows) && bound !== undefined && P)
+      expected.set(rows, Math.ceil(bound / P));
+  }
+  const size = (sym: string) => expected.get(sym) ?? 0;
+  const node = (r: number) => Math.floor(r / nprocPerNode);
+  const shapes = new Map<string, GroupShape>();
+  const shapeOf = (kind: string): GroupShape => {
+    let s = shapes.get(kind);
+    if (s === undefined) {
+      const group = topology.groupOf(kind as Exclude<GroupKind, 'embd'>, 0);
+      const ranks = group?.ranks ?? [0];
+      s = {
+        size: ranks.length,
+        nodes: new Set(ranks.map(node)).size,
+        local: ranks.filter((r) => node(r) === node(0)).length,
+      };
+      shapes.set(kind, s);
+    }
+    return s;
+  };
+  const c = hw.compute;
+  const elementBytes = (t: TensorType) =>
+    t.dtype === 'f32'
+      ? c.dtypeBytes
+      : t.dtype === 'f64' || t.dtype === 'i64'
+        ? 8
+        : t.dtype === 'bf16' || t.dtype === 'f16'
+          ? 2
+          : 4;
+  const types = valueTypes(g);
+  const layer: number[] = [];
+  let embed = 0;
+  let encoder = 0;
+  let post = 0;
+  for (const n of g.nodes) {
+    if (n.phase === 'optimizer' || n.op === 'reshape') continue;
+    const info: OpInfo = OP_TABLE[n.op as OpKind];
+    const ins = n.inputs.map((i) => types.get(i)!);
+    const outs = n.outputs.map((o) => o.type);
+    const dims = (ts: readonly TensorType[]) => ts.map((t) => resolveShape(t.shape, size));
+    const bytes = (ts: readonly TensorType[]) =>
+      ts.reduce(
+        (a, t) => a + resolveShape(t.shape, size).reduce((p, d) => p * d, 1) * elementBytes(t),
+        0,
+      );
+    let seconds: number;
+    if (info.category === 'collective') {
+      if (n.op === 'send' || n.op === 'recv') continue;
+      seconds = groupCollectiveSeconds(
+        n.op,
+        shapeOf(String(n.attrs.group)),
+        Math.max(bytes(ins), bytes(outs)),
+        hw.links,
+        hw.efficiency?.allToAll,
+      );
+    } else if (info.category === 'memory') {
+      const link = hw.links.host;
+      seconds = link.latencyUs * 1e-6 + bytes(ins) / (link.gbps * 1e9);
+    } else {
+      const args = { inputs: dims(ins), outputs: dims(outs), attrs: n.attrs as Attrs };
+      const flops = info.flops(args);
+      seconds = kernelSeconds(
+        flops,
+        bytes(ins) + bytes(outs),
+        hw,
+        flops > 0 ? info.matmul?.(args) : undefined,
+      );
+    }
+    const site = costSite(n.scope);
+    if (site === 'embed') embed += seconds;
+    else if (site === 'encoder') encoder += seconds;
+    else if (site === 'post') post += seconds;
+    else layer[site.layer] = (layer[site.layer] ?? 0) + seconds;
+  }
+  for (let i = 0; i < layer.length; i++) layer[i] ??= 0;
+  return { layer, embed, encoder: encoder * ctx.encoderShare, post };
+}
