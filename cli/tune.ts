@@ -28,6 +28,7 @@ interface TuneFlags {
   timeBudget: number;
   fit: 'bound' | 'expected';
   json?: boolean;
+  sensitivity?: boolean;
 }
 
 const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
@@ -79,6 +80,10 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         .choices(['bound', 'expected'])
         .default('bound'),
     )
+    .option(
+      '--sensitivity',
+      "re-simulate the best layout with each of the profile's efficiency families moved ±20%, one at a time",
+    )
     .option('--json', 'print the result as JSON')
     .action((model: string, overrides: string[], f: TuneFlags) => {
       if (overrides.some((o) => o.replace(/^\+/, '').startsWith(`${ENCODER_TP}=`)))
@@ -106,6 +111,8 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         String(globalBatchSize),
         ...(f.bf16 ? ['--bf16'] : []),
         ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
+        // the pipeline split balances priced seconds on it: part of the layout's line
+        ...['--hardware', hardware],
       ];
       const tty = isTTY() && !f.json;
       const result = tune({
@@ -124,6 +131,7 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         fit: f.fit,
         top: f.top,
         timeBudgetS: f.timeBudget,
+        sensitivity: f.sensitivity,
         onProgress: tty
           ? (p) =>
               io.err(
@@ -133,12 +141,7 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       });
       if (tty) io.err('\r\x1b[2K');
       const line = (p: PricedLayout) =>
-        [
-          'lfc compile',
-          ...[...base, ...p.flags, '--hardware', hardware].map(quote),
-          '-o',
-          'plan',
-        ].join(' ');
+        ['lfc compile', ...[...base, ...p.flags].map(quote), '-o', 'plan'].join(' ');
       if (f.json) {
         io.out(JSON.stringify(jsonOf(result, line), null, 2) + '\n');
         return;
@@ -179,6 +182,7 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
     failed: r.failed,
     unpriced: r.unpriced,
     seconds: r.seconds,
+    ...(r.sensitivity ? { sensitivity: r.sensitivity } : {}),
   };
 }
 
@@ -210,5 +214,20 @@ function describe(
     );
     table(r.closest);
   } else out.push('  no layout could be priced');
+  if (r.sensitivity && r.layouts.length) {
+    const at = r.layouts[0].forecast.tokensPerSecond;
+    out.push(
+      `  sensitivity of #1 (the plan fixed) to each efficiency family of ${c.hardware}, tokens/s per GPU:`,
+    );
+    out.push('    family        ×0.8            ×1.2');
+    for (const family of [...new Set(r.sensitivity.map((s) => s.family))]) {
+      const cell = (factor: number) => {
+        const t = r.sensitivity!.find((s) => s.family === family && s.factor === factor)!;
+        const pct = 100 * (t.tokensPerSecond / at - 1);
+        return `${(t.tokensPerSecond / c.world).toFixed(0).padStart(6)} (${pct >= 0 ? '+' : ''}${pct.toFixed(1)}%)`;
+      };
+      out.push(`    ${family.padEnd(12)} ${cell(0.8).padEnd(15)} ${cell(1.2)}`);
+    }
+  }
   return out.join('\n') + '\n';
 }

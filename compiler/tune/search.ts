@@ -26,7 +26,12 @@ import {
   type DeviceMemory,
   type ProgramMemory,
 } from '../report/memory.js';
-import type { HardwareProfile } from '../sim/hardware.js';
+import {
+  EFFICIENCY_FAMILIES,
+  scaleEfficiency,
+  type EfficiencyFamily,
+  type HardwareProfile,
+} from '../sim/hardware.js';
 import { forecastStep, type StepForecast } from '../sim/report.js';
 import {
   enumerateLayouts,
@@ -66,6 +71,8 @@ export interface TuneRequest {
   /** seconds of pricing after which the rest is reported unpriced */
   readonly timeBudgetS: number;
   readonly onProgress?: (p: TuneProgress) => void;
+  /** re-simulate the best with each efficiency family ×0.8 and ×1.2 (the plan fixed) */
+  readonly sensitivity?: boolean;
 }
 
 export interface TuneProgress {
@@ -93,6 +100,12 @@ export interface TuneResult {
   /** left when the time budget ran out */
   readonly unpriced: readonly string[];
   readonly seconds: number;
+  /** the best layout's tokens/s with one efficiency family moved (TuneRequest.sensitivity) */
+  readonly sensitivity?: readonly {
+    readonly family: EfficiencyFamily;
+    readonly factor: number;
+    readonly tokensPerSecond: number;
+  }[];
 }
 
 /** Priority under a time budget: fewer bubbles first, then less recompute. */
@@ -175,6 +188,8 @@ export function tune(r: TuneRequest): TuneResult {
       );
     return again;
   });
+  const sensitivity =
+    r.sensitivity && layouts.length ? sensitivityOf(r, layouts[0].layout) : undefined;
   const need = (p: PricedLayout) => (r.fit === 'bound' ? p.peakBound : p.peakExpected);
   const closest = fitting.length
     ? []
@@ -193,7 +208,27 @@ export function tune(r: TuneRequest): TuneResult {
     failed,
     unpriced,
     seconds: seconds(),
+    ...(sensitivity ? { sensitivity } : {}),
   };
+}
+
+/** A layout's plan re-simulated with each efficiency family ×0.8 and ×1.2. */
+function sensitivityOf(r: TuneRequest, layout: Layout): NonNullable<TuneResult['sensitivity']> {
+  const flags = flagsOf(layout, r.space.config.model.image_encoder.tensor_model_parallel_size);
+  const result = compile({ ...r.optionsOf(flags), skipVerify: true });
+  const programs = new Map(result.programs.map((p) => [p.id, p]));
+  return EFFICIENCY_FAMILIES.flatMap((family) =>
+    [0.8, 1.2].map((factor) => ({
+      family,
+      factor,
+      tokensPerSecond: forecastStep(
+        result.modelForwardFlops,
+        result.plan,
+        programs,
+        scaleEfficiency(r.hardware, family, factor),
+      ).forecast.tokensPerSecond,
+    })),
+  );
 }
 
 const better = (a: PricedLayout, b: PricedLayout) =>

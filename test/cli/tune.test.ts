@@ -182,6 +182,47 @@ describe('lfc tune', () => {
     }
   }, 300_000);
 
+  it('--sensitivity: the best re-simulated with each efficiency family ±20%, slower down, faster up', async () => {
+    const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
+    const r = await cli(
+      'tune',
+      ...BASE,
+      ...SPACE,
+      ...fixed,
+      '--top',
+      '1',
+      '--sensitivity',
+      '--json',
+    );
+    expect(r.code).toBe(0);
+    const j = JSON.parse(r.out) as TuneJson & {
+      sensitivity: { family: string; factor: number; tokensPerSecond: number }[];
+    };
+    const at = j.layouts[0].forecast.tokensPerSecond;
+    const families = [...new Set(j.sensitivity.map((s) => s.family))];
+    expect(families).toEqual([
+      'gemm',
+      'attention',
+      'memory',
+      'nvlink',
+      'network',
+      'all-to-all',
+      'overlap',
+    ]);
+    for (const s of j.sensitivity)
+      if (s.factor < 1) expect(s.tokensPerSecond).toBeLessThanOrEqual(at * (1 + 1e-9));
+      else expect(s.tokensPerSecond).toBeGreaterThanOrEqual(at * (1 - 1e-9));
+    // a tp 2 × ep 2 layout on one node: its GEMMs and NVLink matter, the network does not
+    const of = (family: string, factor: number) =>
+      j.sensitivity.find((s) => s.family === family && s.factor === factor)!.tokensPerSecond;
+    expect(of('gemm', 0.8)).toBeLessThan(at);
+    expect(of('nvlink', 0.8)).toBeLessThan(at);
+    expect(of('network', 0.8)).toBe(at);
+    const text = await cli('tune', ...BASE, ...SPACE, ...fixed, '--top', '1', '--sensitivity');
+    expect(text.out).toMatch(/sensitivity of #1 \(the plan fixed\)/);
+    expect(text.out).toMatch(/\n {4}gemm +\d+ \(-\d/);
+  }, 300_000);
+
   it('names what the time budget leaves unpriced', async () => {
     const r = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001', '--json');
     expect(r.code).toBe(0);
