@@ -92,7 +92,8 @@ const planAt = async (name: string, argv: string[], scale: number) => {
   const plan = join(dir, name.replace(/\W+/g, '-'));
   const at = argv.indexOf('--global-batch-size');
   const scaled = argv.map((a, i) => (i === at + 1 ? String(Number(a) * scale) : a));
-  await must('compile', ...scaled, '--no-simulate', '-o', plan);
+  // the split balanced on the calibrated profile, as the plan is simulated on it
+  await must('compile', ...scaled, '--hardware', profile, '--no-simulate', '-o', plan);
   const loaded = readPlan(plan);
   return {
     plan,
