@@ -136,13 +136,14 @@ describe('profileSizes on a hand-made profile', () => {
 });
 
 describe('shipped profiles', () => {
-  it('lists the five profiles and loads `default` when none is named', () => {
+  it('lists the six profiles and loads `default` when none is named', () => {
     expect(listDataProfiles()).toEqual([
       'article',
       'caption',
       'default',
       'sft-multi-image',
       'synthetic',
+      'text',
     ]);
     expect(loadDataProfile().name).toBe('default');
   });
@@ -156,7 +157,9 @@ describe('shipped profiles', () => {
       for (const enc of [qwen3, qwen25, tiny]) {
         const { bound, expected } = profileSizes(p, enc, 32768);
         expect(bound.visualTokens).toBeLessThanOrEqual(32768);
-        expect(expected.visualTokens).toBeGreaterThan(0);
+        // text: no images, the encoder planned for one visual token
+        if (name === 'text') expect([bound.visualTokens, expected.visualTokens]).toEqual([1, 0]);
+        else expect(expected.visualTokens).toBeGreaterThan(0);
         expect(expected.visualTokens).toBeLessThanOrEqual(bound.visualTokens);
       }
     });
