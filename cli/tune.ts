@@ -8,7 +8,13 @@ import { loadModelConfig } from '../compiler/frontend/config.js';
 import { loadDataProfile } from '../compiler/frontend/data-profile.js';
 import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
-import { tune, type PricedLayout, type TuneResult } from '../compiler/tune/search.js';
+import {
+  ESTIMATE_MEMORY_MARGIN,
+  ESTIMATE_SLACK,
+  tune,
+  type PricedLayout,
+  type TuneResult,
+} from '../compiler/tune/search.js';
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
 import { deviceMemoryOf, mib, parseCompileArgs } from './compile.js';
 import type { CliIO } from './index.js';
@@ -29,6 +35,8 @@ interface TuneFlags {
   fit: 'bound' | 'expected';
   json?: boolean;
   sensitivity?: boolean;
+  verify?: boolean;
+  exhaustive?: boolean;
 }
 
 const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
@@ -84,6 +92,11 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       '--sensitivity',
       "re-simulate the best layout with each of the profile's efficiency families moved ±20%, one at a time",
     )
+    .option('--verify', 'compile the best k again with the plan verifier')
+    .option(
+      '--exhaustive',
+      'compile and simulate every layout the rules allow, not only those the estimate ranks first',
+    )
     .option('--json', 'print the result as JSON')
     .action((model: string, overrides: string[], f: TuneFlags) => {
       if (overrides.some((o) => o.replace(/^\+/, '').startsWith(`${ENCODER_TP}=`)))
@@ -132,10 +145,12 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         top: f.top,
         timeBudgetS: f.timeBudget,
         sensitivity: f.sensitivity,
+        verify: f.verify,
+        exhaustive: f.exhaustive,
         onProgress: tty
           ? (p) =>
               io.err(
-                `\r\x1b[2Klfc tune: ${p.priced} of ${p.total} layouts (${p.seconds.toFixed(0)} s)${p.best ? `; best ${kilo(p.best.forecast.tokensPerSecond)} tokens/s: ${p.best.name}` : ''}`,
+                `\r\x1b[2Klfc tune: ${p.phase === 'estimate' ? 'estimated' : 'compiled'} ${p.done} of ${p.total} layouts (${p.seconds.toFixed(0)} s)${p.best ? `; best ${kilo(p.best.forecast.tokensPerSecond)} tokens/s: ${p.best.name}` : ''}`,
               )
           : undefined,
       });
@@ -146,7 +161,15 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         io.out(JSON.stringify(jsonOf(result, line), null, 2) + '\n');
         return;
       }
-      io.out(describe(result, line, { model: config.name, world, hardware: hw.name, fit: f.fit }));
+      io.out(
+        describe(result, line, {
+          model: config.name,
+          world,
+          hardware: hw.name,
+          fit: f.fit,
+          top: f.top,
+        }),
+      );
     });
 }
 
@@ -154,6 +177,13 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
 const duration = (s: number) =>
   s >= 1 ? `${s.toPrecision(3)} s` : `${(s * 1e3).toPrecision(3)} ms`;
 const kilo = (x: number) => (x >= 1e4 ? `${(x / 1e3).toFixed(1)}k` : x.toFixed(0));
+/** 'best', '2nd best', '11th best', … */
+const kthBest = (k: number) => {
+  if (k === 1) return 'best';
+  const teen = k % 100 >= 11 && k % 100 <= 13;
+  const suffix = teen ? 'th' : ({ 1: 'st', 2: 'nd', 3: 'rd' } as Record<number, string>)[k % 10];
+  return `${k}${suffix ?? 'th'} best`;
+};
 const quote = (s: string) => (/^[\w./=:,+-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
 function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
@@ -164,6 +194,7 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
     fits: p.fits,
     verified: p.verified,
     forecast: p.forecast,
+    estimate: p.estimate,
     memory: {
       peakBoundBytes: p.peakBound,
       peakExpectedBytes: p.peakExpected,
@@ -174,9 +205,13 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
     layouts: r.layouts.map(layout),
     closest: r.closest.map(layout),
     enumerated: r.enumerated,
+    estimated: r.estimated,
     priced: r.priced,
     fitting: r.fitting,
     cannotFit: r.cannotFit,
+    estimatedPastDevice: r.estimatedPastDevice,
+    cannotWin: r.cannotWin,
+    estimateGraphs: r.estimateGraphs,
     refused: r.refused,
     refusedBy: r.refusedBy,
     failed: r.failed,
@@ -189,10 +224,12 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
 function describe(
   r: TuneResult,
   line: (p: PricedLayout) => string,
-  c: { model: string; world: number; hardware: string; fit: string },
+  c: { model: string; world: number; hardware: string; fit: string; top: number },
 ): string {
   const out = [
-    `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}): ${r.enumerated} layouts, ${r.cannotFit} skipped (their weights and optimizer state alone are past the device), ${r.refused} refused by the layout rules, ${r.priced} priced in ${r.seconds.toFixed(1)} s, ${r.fitting} fit`,
+    `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}) in ${r.seconds.toFixed(1)} s: ${r.enumerated} layouts`,
+    `  ${r.cannotFit} skipped (their weights and optimizer state alone are past the device), ${r.refused} refused by the layout rules, ${r.estimated} estimated (${r.estimateGraphs} reduced models)`,
+    `  ${r.estimatedPastDevice} estimated past the device by over ${Math.round(100 * (ESTIMATE_MEMORY_MARGIN - 1))}%, ${r.cannotWin} estimated over ${Math.round(100 * ESTIMATE_SLACK)}% below the ${kthBest(c.top)}; ${r.priced} compiled and simulated, ${r.fitting} fit`,
   ];
   if (r.unpriced.length)
     out.push(`  not priced within --time-budget: ${r.unpriced.length} layouts (--json lists them)`);

@@ -271,6 +271,35 @@ export function compile(o: CompileOptions): CompileResult {
   };
 }
 
+/** The layout rules alone (compiler/parallel/validate.ts): throws the UserError a compile would. */
+export function checkLayout(o: CompileOptions): void {
+  resolveLayout(o);
+}
+
+/**
+ * The graph passes alone (build, the parallel rewrites, autodiff): the training-step graph of one
+ * rank and what the layout resolved to, without the pipeline split or emission. lfc tune prices
+ * its pieces on this (compiler/tune/estimate.ts). Unverified, like a compile with skipVerify.
+ */
+export function trainingGraph(o: CompileOptions): {
+  readonly graph: Graph;
+  readonly placement: EncoderPlacement;
+  readonly sequenceParallel: boolean;
+  readonly numMicrobatches: number;
+  readonly sizes: ProfileSizes;
+} {
+  const layout = resolveLayout(o);
+  const { sharded } = runShardingPasses({ ...o, skipVerify: true }, layout);
+  const { graph } = autodiff(sharded, layout.optimizer, layout.precision.grad);
+  return {
+    graph,
+    placement: layout.placement,
+    sequenceParallel: layout.sequenceParallel,
+    numMicrobatches: layout.numMicrobatches,
+    sizes: layout.data.sizes,
+  };
+}
+
 function checkDumpRequest(o: CompileOptions): void {
   if (
     o.dumpAfter !== undefined &&

@@ -128,19 +128,18 @@ export function applyActivationPolicy(
 // ---- pass 1: recompute ----------------------------------------------------------------------
 
 /** the forward instructions of a module in one layer's forward (`fw`, issue order) */
-type ModuleRule = (
-  fw: readonly number[],
-  ins: readonly PlanInstruction[],
-  layer: string,
-) => number[];
+type ModuleRule = (fw: readonly number[], ins: readonly Ins[], layer: string) => number[];
 
-const isMoe = (fw: readonly number[], ins: readonly PlanInstruction[], p: string) =>
+/** what the module and tensor rules read of an instruction (lfc tune applies them to graph nodes) */
+type Ins = Pick<PlanInstruction, 'op' | 'scope' | 'inputs' | 'outputs'>;
+
+const isMoe = (fw: readonly number[], ins: readonly Ins[], p: string) =>
   fw.some((i) => ins[i].op === 'router_topk' && under(ins[i].scope, `${p}.mlp`));
 
 const pick = (fw: readonly number[], keep: (i: number) => boolean) => fw.filter(keep);
 
 /** the first instruction of scope exactly `scope` in fw, or -1 */
-const firstIn = (fw: readonly number[], ins: readonly PlanInstruction[], scope: string) =>
+const firstIn = (fw: readonly number[], ins: readonly Ins[], scope: string) =>
   fw.find((i) => ins[i].scope === scope) ?? -1;
 
 const MODULES: Record<RecomputeModule, ModuleRule> = {
@@ -201,6 +200,14 @@ const MODULES: Record<RecomputeModule, ModuleRule> = {
   },
   a2a_overlap_mlp: (fw, ins, p) => pick(fw, (i) => under(ins[i].scope, `${p}.mlp.experts`)),
 };
+
+/** The forward instructions of `module` in one layer's forward `fw` (pass 1's region). */
+export const moduleInstructions = (
+  module: RecomputeModule,
+  fw: readonly number[],
+  ins: readonly Ins[],
+  layer: string,
+): number[] => MODULES[module](fw, ins, layer);
 
 function recompute(ctx: Ctx, modules: 'full' | readonly RecomputeModule[]): void {
   const ix = new ProgramIndex(ctx);
@@ -336,23 +343,15 @@ function recompute(ctx: Ctx, modules: 'full' | readonly RecomputeModule[]): void
 // ---- pass 2: offload ------------------------------------------------------------------------
 
 /** the root buffers a name means in one layer's forward (`fw`, issue order) */
-type TensorRule = (
-  fw: readonly number[],
-  ins: readonly PlanInstruction[],
-  layer: string,
-) => number[];
+type TensorRule = (fw: readonly number[], ins: readonly Ins[], layer: string) => number[];
 
-const inputsOf = (x: PlanInstruction | undefined, k: number[]) =>
+const inputsOf = (x: Ins | undefined, k: number[]) =>
   x ? k.map((n) => x.inputs[n]).filter((v) => v !== undefined) : [];
-const firstOf = (
-  fw: readonly number[],
-  ins: readonly PlanInstruction[],
-  keep: (x: PlanInstruction) => boolean,
-) => {
+const firstOf = (fw: readonly number[], ins: readonly Ins[], keep: (x: Ins) => boolean) => {
   const i = fw.find((j) => keep(ins[j]));
   return i === undefined ? undefined : ins[i];
 };
-const norm = (fw: readonly number[], ins: readonly PlanInstruction[], scope: string) =>
+const norm = (fw: readonly number[], ins: readonly Ins[], scope: string) =>
   firstOf(fw, ins, (x) => x.scope === scope);
 const expertFc1: TensorRule = (fw, ins, p) =>
   inputsOf(
@@ -392,6 +391,14 @@ const TENSORS: Record<OffloadTensor, TensorRule> = {
       [0, 1],
     ),
 };
+
+/** The buffers `name` means in one layer's forward `fw` (pass 2's copies). */
+export const offloadedBuffers = (
+  name: OffloadTensor,
+  fw: readonly number[],
+  ins: readonly Ins[],
+  layer: string,
+): number[] => TENSORS[name](fw, ins, layer);
 
 function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
   const ix = new ProgramIndex(ctx);

@@ -9,6 +9,7 @@ import { basename, join } from 'node:path';
 import YAML from 'yaml';
 import { didYouMean, oneLine, parseFile, UserError } from '../errors.js';
 import { configsDir } from '../paths.js';
+import { cachedParse } from './file-cache.js';
 
 export interface EncoderConfig {
   type: 'vit';
@@ -238,7 +239,9 @@ function isTree(v: unknown): v is Tree {
 }
 
 function readYaml(path: string): Tree {
-  const doc: unknown = parseFile(path, 'YAML', (text) => YAML.parse(text, { logLevel: 'error' }));
+  const doc: unknown = cachedParse(path, () =>
+    parseFile(path, 'YAML', (text): unknown => YAML.parse(text, { logLevel: 'error' })),
+  );
   if (!isTree(doc)) throw new UserError(`${path}: expected a mapping at the top level`);
   return doc;
 }

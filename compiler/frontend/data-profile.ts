@@ -17,6 +17,7 @@
 // tokens, and the expected sizes are that share too high: negligible when S ≫ E[L].
 
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { cachedParse } from './file-cache.js';
 import { basename, relative } from 'node:path';
 import YAML from 'yaml';
 import { didYouMean, UserError } from '../errors.js';
@@ -266,7 +267,9 @@ export function loadDataProfile(ref = 'default'): DataProfile {
   const fail: Fail = (msg) => new UserError(`${source}: ${msg}`);
   let doc: unknown;
   try {
-    doc = YAML.parse(readFileSync(file, 'utf8'), { logLevel: 'error' });
+    doc = cachedParse(file, (): unknown =>
+      YAML.parse(readFileSync(file, 'utf8'), { logLevel: 'error' }),
+    );
   } catch (e) {
     throw fail(`malformed YAML: ${(e as Error).message.split('\n')[0]}`);
   }

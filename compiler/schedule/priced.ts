@@ -14,7 +14,7 @@
 
 import type { Graph } from '../../ir/graph.js';
 import { valueTypes } from '../../ir/graph.js';
-import { OP_TABLE, type OpInfo, type OpKind } from '../../ir/ops.js';
+import { OP_TABLE, type MatmulShape, type OpInfo, type OpKind } from '../../ir/ops.js';
 import { resolveShape } from '../../ir/shape.js';
 import type { Attrs, TensorType } from '../../ir/types.js';
 import type { GroupKind, Topology } from '../parallel/topology.js';
@@ -41,9 +41,25 @@ export interface PricingContext {
   readonly encoderShare: number;
 }
 
-/** The graph's pieces priced on the profile (the header's model). */
-export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights {
-  const { hardware: hw, topology, nprocPerNode } = ctx;
+/** What one graph node computes or moves at the sizes it was read at (graphWork). */
+export interface NodeWork {
+  /** its index in the graph's nodes */
+  readonly node: number;
+  readonly category: OpInfo['category'];
+  readonly op: OpKind;
+  /** a collective's group kind */
+  readonly group?: string;
+  /** compute: bytes read and written; collective: the larger of sent and received; memory: read */
+  readonly bytes: number;
+  readonly flops: number;
+  readonly matmul?: MatmulShape;
+}
+
+/**
+ * The symbol sizes the cost model takes (the simulator's, compiler/sim/cost.ts expectedSizes): each
+ * symbol's expected size, an expert dispatch without one at its bound over the group.
+ */
+export function expectedGraphSizes(g: Graph): (sym: string) => number {
   const expected = new Map(g.symbols.map((s) => [s.name, s.expected ?? s.bound]));
   const stated = new Set(g.symbols.filter((s) => s.expected !== undefined).map((s) => s.name));
   for (const n of g.nodes) {
@@ -54,10 +70,84 @@ export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights 
     if (rows !== undefined && !stated.has(rows) && bound !== undefined && P)
       expected.set(rows, Math.ceil(bound / P));
   }
-  const size = (sym: string) => expected.get(sym) ?? 0;
+  return (sym) => expected.get(sym) ?? 0;
+}
+
+/** Bytes of one element as the profile prices it: f32 at the profile's compute dtype size. */
+export function elementBytesOn(hw: HardwareProfile): (t: TensorType) => number {
+  const f32 = hw.compute.dtypeBytes;
+  return (t) =>
+    t.dtype === 'f32'
+      ? f32
+      : t.dtype === 'f64' || t.dtype === 'i64'
+        ? 8
+        : t.dtype === 'bf16' || t.dtype === 'f16'
+          ? 2
+          : 4;
+}
+
+/** Every node's work at `size` (reshapes, which move nothing, left out). */
+export function graphWork(
+  g: Graph,
+  size: (sym: string) => number,
+  elementBytes: (t: TensorType) => number,
+): NodeWork[] {
+  const types = valueTypes(g);
+  const out: NodeWork[] = [];
+  g.nodes.forEach((n, node) => {
+    if (n.op === 'reshape') return;
+    const info: OpInfo = OP_TABLE[n.op as OpKind];
+    const ins = n.inputs.map((i) => types.get(i)!);
+    const outs = n.outputs.map((o) => o.type);
+    const dims = (ts: readonly TensorType[]) => ts.map((t) => resolveShape(t.shape, size));
+    const bytes = (ts: readonly TensorType[]) =>
+      ts.reduce(
+        (a, t) => a + resolveShape(t.shape, size).reduce((p, d) => p * d, 1) * elementBytes(t),
+        0,
+      );
+    const common = { node, category: info.category, op: n.op as OpKind };
+    if (info.category === 'collective')
+      out.push({
+        ...common,
+        group: String(n.attrs.group),
+        bytes: Math.max(bytes(ins), bytes(outs)),
+        flops: 0,
+      });
+    else if (info.category === 'memory') out.push({ ...common, bytes: bytes(ins), flops: 0 });
+    else {
+      const args = { inputs: dims(ins), outputs: dims(outs), attrs: n.attrs as Attrs };
+      const flops = info.flops(args);
+      const matmul = flops > 0 ? info.matmul?.(args) : undefined;
+      out.push({
+        ...common,
+        bytes: bytes(ins) + bytes(outs),
+        flops,
+        ...(matmul ? { matmul } : {}),
+      });
+    }
+  });
+  return out;
+}
+
+/** One node's seconds as the simulator prices its instruction; `shape`: a collective's group. */
+export function workSeconds(w: NodeWork, hw: HardwareProfile, shape?: GroupShape): number {
+  if (w.category === 'collective')
+    return groupCollectiveSeconds(w.op, shape!, w.bytes, hw.links, hw.efficiency?.allToAll);
+  if (w.category === 'memory') {
+    const link = hw.links.host;
+    return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
+  }
+  return kernelSeconds(w.flops, w.bytes, hw, w.matmul);
+}
+
+/** How the group of `kind` holding rank 0 lies on the machines. */
+export function groupShapes(
+  topology: Topology,
+  nprocPerNode: number,
+): (kind: string) => GroupShape {
   const node = (r: number) => Math.floor(r / nprocPerNode);
   const shapes = new Map<string, GroupShape>();
-  const shapeOf = (kind: string): GroupShape => {
+  return (kind) => {
     let s = shapes.get(kind);
     if (s === undefined) {
       const group = topology.groupOf(kind as Exclude<GroupKind, 'embd'>, 0);
@@ -71,54 +161,20 @@ export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights 
     }
     return s;
   };
-  const c = hw.compute;
-  const elementBytes = (t: TensorType) =>
-    t.dtype === 'f32'
-      ? c.dtypeBytes
-      : t.dtype === 'f64' || t.dtype === 'i64'
-        ? 8
-        : t.dtype === 'bf16' || t.dtype === 'f16'
-          ? 2
-          : 4;
-  const types = valueTypes(g);
+}
+
+/** The graph's pieces priced on the profile (the header's model). */
+export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights {
+  const { hardware: hw } = ctx;
+  const shapeOf = groupShapes(ctx.topology, ctx.nprocPerNode);
   const layer: number[] = [];
   let embed = 0;
   let encoder = 0;
   let post = 0;
-  for (const n of g.nodes) {
-    if (n.phase === 'optimizer' || n.op === 'reshape') continue;
-    const info: OpInfo = OP_TABLE[n.op as OpKind];
-    const ins = n.inputs.map((i) => types.get(i)!);
-    const outs = n.outputs.map((o) => o.type);
-    const dims = (ts: readonly TensorType[]) => ts.map((t) => resolveShape(t.shape, size));
-    const bytes = (ts: readonly TensorType[]) =>
-      ts.reduce(
-        (a, t) => a + resolveShape(t.shape, size).reduce((p, d) => p * d, 1) * elementBytes(t),
-        0,
-      );
-    let seconds: number;
-    if (info.category === 'collective') {
-      if (n.op === 'send' || n.op === 'recv') continue;
-      seconds = groupCollectiveSeconds(
-        n.op,
-        shapeOf(String(n.attrs.group)),
-        Math.max(bytes(ins), bytes(outs)),
-        hw.links,
-        hw.efficiency?.allToAll,
-      );
-    } else if (info.category === 'memory') {
-      const link = hw.links.host;
-      seconds = link.latencyUs * 1e-6 + bytes(ins) / (link.gbps * 1e9);
-    } else {
-      const args = { inputs: dims(ins), outputs: dims(outs), attrs: n.attrs as Attrs };
-      const flops = info.flops(args);
-      seconds = kernelSeconds(
-        flops,
-        bytes(ins) + bytes(outs),
-        hw,
-        flops > 0 ? info.matmul?.(args) : undefined,
-      );
-    }
+  for (const w of graphWork(g, expectedGraphSizes(g), elementBytesOn(hw))) {
+    const n = g.nodes[w.node];
+    if (n.phase === 'optimizer' || n.op === 'send' || n.op === 'recv') continue;
+    const seconds = workSeconds(w, hw, w.group === undefined ? undefined : shapeOf(w.group));
     const site = costSite(n.scope);
     if (site === 'embed') embed += seconds;
     else if (site === 'encoder') encoder += seconds;

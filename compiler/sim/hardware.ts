@@ -9,6 +9,7 @@
 // calibrate's) has none, and its kernels are priced by FLOPs and bytes alone.
 
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { cachedParse } from '../frontend/file-cache.js';
 import { basename, join } from 'node:path';
 import YAML from 'yaml';
 import { didYouMean, UserError } from '../errors.js';
@@ -174,7 +175,7 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
   }
   let doc: unknown;
   try {
-    doc = YAML.parse(readFileSync(path, 'utf8'));
+    doc = cachedParse(path, (): unknown => YAML.parse(readFileSync(path, 'utf8')));
   } catch (e) {
     throw new UserError(`${path}: malformed YAML (${(e as Error).message.split('\n')[0]})`);
   }

@@ -42,12 +42,18 @@ interface TuneJson {
     memory: { peakBoundBytes: number };
   }[];
   enumerated: number;
+  estimated: number;
   priced: number;
   cannotFit: number;
+  estimatedPastDevice: number;
+  cannotWin: number;
   failed: { name: string; error: string }[];
   refused: number;
   unpriced: string[];
 }
+
+const accounted = (j: TuneJson) =>
+  j.cannotFit + j.refused + j.failed.length + j.estimatedPastDevice + j.cannotWin + j.priced;
 
 /** the best tokens/s of every flag combination of the same space, each compiled here */
 function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
@@ -146,12 +152,14 @@ describe('the static-memory bound', () => {
 
 describe('lfc tune', () => {
   it('finds the exhaustive best; its line compiles to the same figures', async () => {
-    const r = await cli('tune', ...BASE, ...SPACE, '--top', '3', '--json');
+    const r = await cli('tune', ...BASE, ...SPACE, '--top', '3', '--verify', '--json');
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
     expect(j.unpriced).toEqual([]);
-    expect(j.priced + j.refused + j.cannotFit + j.failed.length).toBe(j.enumerated);
+    // every layout is accounted for once: skipped, refused, failed, estimated out, or priced
+    expect(accounted(j)).toBe(j.enumerated);
+    expect(j.estimated).toBe(j.priced + j.estimatedPastDevice + j.cannotWin);
     expect(j.failed).toEqual([]);
     expect(j.layouts).toHaveLength(3);
     const speeds = j.layouts.map((l) => l.forecast.tokensPerSecond);
@@ -228,7 +236,7 @@ describe('lfc tune', () => {
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
     expect(j.unpriced.length).toBeGreaterThan(0);
-    expect(j.priced + j.refused + j.cannotFit + j.unpriced.length).toBe(j.enumerated);
+    expect(accounted(j) + j.unpriced.length).toBe(j.enumerated);
     const text = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001');
     expect(text.out).toMatch(/not priced within --time-budget: \d+ layouts/);
   }, 120_000);

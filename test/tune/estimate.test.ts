@@ -1,0 +1,106 @@
+// The cheaper model of lfc tune (compiler/tune/estimate.ts) against the compiler and simulator
+// it stands in for: on a spread of layouts of two small MoE presets (one with deepstack taps, so
+// that the reduced model keeps distinct first layers), the estimated step and memory lie near the
+// priced ones, and the estimate orders the layouts as the simulator does.
+import { describe, expect, it } from 'vitest';
+import { deviceMemoryOf, parseCompileArgs } from '../../cli/compile.js';
+import { loadModelConfig } from '../../compiler/frontend/config.js';
+import { resolvePrecision } from '../../compiler/frontend/precision.js';
+import { compile } from '../../compiler/pipeline.js';
+import { memoryByProgram } from '../../compiler/report/memory.js';
+import { loadHardware } from '../../compiler/sim/hardware.js';
+import { forecastStep } from '../../compiler/sim/report.js';
+import { Estimator } from '../../compiler/tune/estimate.js';
+import { enumerateLayouts, flagsOf, layoutName } from '../../compiler/tune/space.js';
+
+/** Spearman's rank correlation (no ties expected) */
+function spearman(a: readonly number[], b: readonly number[]): number {
+  const rank = (x: readonly number[]) => {
+    const r: number[] = [];
+    [...x.keys()].sort((i, j) => x[i] - x[j]).forEach((i, k) => (r[i] = k));
+    return r;
+  };
+  const ra = rank(a);
+  const rb = rank(b);
+  const n = a.length;
+  const d2 = ra.reduce((s, v, i) => s + (v - rb[i]) ** 2, 0);
+  return 1 - (6 * d2) / (n * (n * n - 1));
+}
+
+describe.each([
+  ['tiny-vlm-moe', 8],
+  ['qwen3-vl-moe-tiny', 8],
+] as const)('the estimate of %s on %i ranks', (model, world) => {
+  it('lies near compile + simulate, and ranks layouts alike', () => {
+    const hw = loadHardware('h800');
+    const base = [
+      model,
+      ...['--nnodes', '2', '--nproc-per-node', String(world / 2)],
+      ...['--global-batch-size', '16', '--bf16', '--hardware', 'h800'],
+    ];
+    const config = loadModelConfig(model, []);
+    const space = { config, nnodes: 2, nprocPerNode: world / 2, globalBatchSize: 16 };
+    const all = enumerateLayouts(space);
+    // every 23rd layout: a spread over every knob the space has
+    const sample = all.filter((_, i) => i % 23 === 5);
+    const estimator = new Estimator({
+      space,
+      hardware: hw,
+      precision: resolvePrecision({ bf16: true }),
+    });
+    const rows: { name: string; step: [number, number]; bound: [number, number] }[] = [];
+    for (const l of sample) {
+      const options = parseCompileArgs([...base, ...flagsOf(l, 1)]).options;
+      let r;
+      try {
+        r = compile({ ...options, skipVerify: true });
+      } catch {
+        continue; // refused by a layout rule: the tuner never estimates it
+      }
+      const e = estimator.estimate(l, options);
+      const programs = new Map(r.programs.map((p) => [p.id, p]));
+      const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
+      const peak = Math.max(
+        ...memoryByProgram(r, deviceMemoryOf(hw)).map((m) => m.bound.deviceBytes),
+      );
+      rows.push({
+        name: layoutName(l),
+        step: [e.stepSeconds, forecast.stepSeconds],
+        bound: [e.peakBound, peak],
+      });
+    }
+    expect(rows.length).toBeGreaterThanOrEqual(40);
+    for (const r of rows) {
+      const step = r.step[0] / r.step[1];
+      const bound = r.bound[0] / r.bound[1];
+      expect(
+        step,
+        `${r.name}: step estimated ${r.step[0]} s, simulated ${r.step[1]} s`,
+      ).toBeGreaterThan(0.85);
+      expect(
+        step,
+        `${r.name}: step estimated ${r.step[0]} s, simulated ${r.step[1]} s`,
+      ).toBeLessThan(1.15);
+      expect(
+        bound,
+        `${r.name}: memory estimated ${r.bound[0]}, planned ${r.bound[1]}`,
+      ).toBeGreaterThan(0.65);
+      expect(
+        bound,
+        `${r.name}: memory estimated ${r.bound[0]}, planned ${r.bound[1]}`,
+      ).toBeLessThan(1.35);
+    }
+    expect(
+      spearman(
+        rows.map((r) => r.step[0]),
+        rows.map((r) => r.step[1]),
+      ),
+    ).toBeGreaterThan(0.98);
+    expect(
+      spearman(
+        rows.map((r) => r.bound[0]),
+        rows.map((r) => r.bound[1]),
+      ),
+    ).toBeGreaterThan(0.9);
+  }, 120_000);
+});
