@@ -6,7 +6,6 @@ import { Command, Option } from 'commander';
 import { UserError } from '../compiler/errors.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
 import { loadDataProfile } from '../compiler/frontend/data-profile.js';
-import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import {
   ESTIMATE_MEMORY_MARGIN,
@@ -16,7 +15,8 @@ import {
   type TuneResult,
 } from '../compiler/tune/search.js';
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
-import { deviceMemoryOf, mib, parseCompileArgs } from './compile.js';
+import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tune-pool.js';
+import { mib } from './compile.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
 
@@ -37,6 +37,7 @@ interface TuneFlags {
   sensitivity?: boolean;
   verify?: boolean;
   exhaustive?: boolean;
+  workers?: number;
 }
 
 const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
@@ -97,8 +98,13 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       '--exhaustive',
       'compile and simulate every layout the rules allow, not only those the estimate ranks first',
     )
+    .option(
+      '--workers <n>',
+      `worker threads that estimate and compile layouts; 1: this thread (default: a core each, at most 8; here ${defaultWorkers()})`,
+      positiveInt('--workers'),
+    )
     .option('--json', 'print the result as JSON')
-    .action((model: string, overrides: string[], f: TuneFlags) => {
+    .action(async (model: string, overrides: string[], f: TuneFlags) => {
       if (overrides.some((o) => o.replace(/^\+/, '').startsWith(`${ENCODER_TP}=`)))
         throw new UserError(
           `tune: the encoder's TP is a knob of the search: use --fix encoder-tp=N, not ${ENCODER_TP}`,
@@ -128,20 +134,24 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         ...['--hardware', hardware],
       ];
       const tty = isTTY() && !f.json;
-      const result = tune({
-        space: {
-          config,
-          nnodes: f.nnodes!,
-          nprocPerNode: f.nprocPerNode!,
-          globalBatchSize,
-          fix,
-          exclude,
-        },
-        optionsOf: (flags) => parseCompileArgs([...base, ...flags]).options,
-        hardware: hw,
-        device: deviceMemoryOf(hw),
-        precision: resolvePrecision({ bf16: f.bf16 }),
+      const spec: TuneSpec = {
+        model,
+        overrides,
+        base,
+        hardware,
+        bf16: f.bf16 ?? false,
+        nnodes: f.nnodes!,
+        nprocPerNode: f.nprocPerNode!,
+        globalBatchSize,
         fit: f.fit,
+      };
+      const request = pricingRequestOf(spec);
+      const workers = f.workers ?? defaultWorkers();
+      const pool = workers > 1 ? new TunePool(spec, workers) : undefined;
+      const result = await tune({
+        ...request,
+        space: { ...request.space, fix, exclude },
+        pricer: pool,
         top: f.top,
         timeBudgetS: f.timeBudget,
         sensitivity: f.sensitivity,
@@ -153,7 +163,7 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
                 `\r\x1b[2Klfc tune: ${p.phase === 'estimate' ? 'estimated' : 'compiled'} ${p.done} of ${p.total} layouts (${p.seconds.toFixed(0)} s)${p.best ? `; best ${kilo(p.best.forecast.tokensPerSecond)} tokens/s: ${p.best.name}` : ''}`,
               )
           : undefined,
-      });
+      }).finally(() => pool?.close());
       if (tty) io.err('\r\x1b[2K');
       const line = (p: PricedLayout) =>
         ['lfc compile', ...[...base, ...p.flags].map(quote), '-o', 'plan'].join(' ');

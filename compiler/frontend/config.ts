@@ -258,9 +258,18 @@ export function listPresets(): PresetEntry[] {
     .filter((f) => f.endsWith('.yaml'))
     .sort()
     .map((f) => {
-      const doc = readYaml(join(dir, f));
-      const aliases = Array.isArray(doc.aliases) ? doc.aliases.map(String) : [];
-      return { name: String(doc.name ?? basename(f, '.yaml')), aliases, path: join(dir, f) };
+      const path = join(dir, f);
+      // names only: kept apart from the parsed file, so that a search's thousands of lookups do
+      // not copy every preset each time
+      return cachedParse(
+        path,
+        (): PresetEntry => {
+          const doc = readYaml(path);
+          const aliases = Array.isArray(doc.aliases) ? doc.aliases.map(String) : [];
+          return { name: String(doc.name ?? basename(f, '.yaml')), aliases, path };
+        },
+        `${path}\0entry`,
+      );
     });
 }
 

@@ -8,13 +8,16 @@ import { statSync } from 'node:fs';
 
 const parsed = new Map<string, { mtimeMs: number; size: number; value: unknown }>();
 
-/** `load()`'s value for `path`, parsed once while the file stays as it is. */
-export function cachedParse<T>(path: string, load: () => T): T {
+/**
+ * `load()`'s value for `path`, parsed once while the file stays as it is. `key` tells apart two
+ * values read from one file (default: the path).
+ */
+export function cachedParse<T>(path: string, load: () => T, key = path): T {
   const st = statSync(path, { throwIfNoEntry: false });
-  const hit = st ? parsed.get(path) : undefined;
+  const hit = st ? parsed.get(key) : undefined;
   if (st && hit && hit.mtimeMs === st.mtimeMs && hit.size === st.size)
     return structuredClone(hit.value) as T;
   const value = load();
-  if (st) parsed.set(path, { mtimeMs: st.mtimeMs, size: st.size, value: structuredClone(value) });
+  if (st) parsed.set(key, { mtimeMs: st.mtimeMs, size: st.size, value: structuredClone(value) });
   return value;
 }

@@ -4,20 +4,23 @@
 //      and optimizer state alone are past the device (bounds.ts) is skipped; one the layout rules
 //      refuse is counted with the rule's message; every other is estimated (estimate.ts: its
 //      step and memory without emission or simulation, from priced pieces of a reduced model).
-//   2. the candidates compiled and simulated, best estimate first: those estimated to fit
-//      (within the estimate's margin, ESTIMATE_MEMORY_MARGIN, so that a layout the estimate
-//      overstates is still tried), then those estimated just past the device. A candidate is
-//      compiled unless `top` layouts that fit have been priced and its estimate is below the
-//      k-th best's priced tokens/s by more than the estimate's error (ESTIMATE_SLACK): it cannot
-//      win. The figures the tuner prints are the priced ones, so a printed line compiles to them.
+//   2. the candidates compiled and simulated, best estimate first: those estimated to fit, or
+//      past the device by less than the estimate's error (ESTIMATE_MEMORY_MARGIN), so that a
+//      layout the estimate overstates is still tried. Once `top` layouts that fit have been
+//      priced, a candidate whose estimate is below the k-th best's priced tokens/s by more than
+//      the estimate's error (ESTIMATE_SLACK) cannot win, nor can any after it: the search stops.
+//      Candidates go in rounds of PRICE_ROUND, each decided from the rounds before it, so the
+//      result is the same whatever the number of worker threads (Pricer: this thread, or
+//      cli/tune-pool.ts). The figures the tuner prints are the priced ones, so a printed line
+//      compiles to them.
 //
-// Each priced layout goes through the same parse as an `lfc compile` command line (the caller's
-// optionsOf) and the compiler itself: memory off the plan (compiler/report/memory.ts), the step
-// off the simulator (compiler/sim). One that fails is named with its error, never dropped. The
-// ranking is by tokens/s, then by the layout's name, so the result does not depend on the order
-// of pricing; `exhaustive` prices every layout the rules allow (the test of search quality does).
-// A layout left when the time budget runs out is reported as such. With `verify`, the best k are
-// compiled once more with the plan verifier.
+// A layout's compile options are the request's with its flags applied (space.ts layoutOptions,
+// held equal to the parse of its `lfc compile` line by a test); the compiler itself prices it:
+// memory off the plan (compiler/report/memory.ts), the step off the simulator (compiler/sim). One
+// that fails is named with its error, never dropped. The ranking is by tokens/s, then by the
+// layout's name; `exhaustive` prices every layout the rules allow (the test of search quality
+// does). A layout left when the time budget runs out is reported as such. With `verify`, the best
+// k are compiled once more with the plan verifier.
 
 import type { Precision } from '../frontend/precision.js';
 import { layerParams, staticBytesLowerBound } from './bounds.js';
@@ -41,6 +44,7 @@ import { Estimator, type Estimate } from './estimate.js';
 import {
   enumerateLayouts,
   flagsOf,
+  layoutOptions,
   layoutName,
   type Layout,
   type SearchSpaceRequest,
@@ -69,16 +73,42 @@ export interface PricedLayout {
   readonly estimate: Estimate;
 }
 
-export interface TuneRequest {
+/** What a layout is estimated and priced with: what a worker thread rebuilds for itself. */
+export interface PricingRequest {
   readonly space: SearchSpaceRequest;
-  /** a layout's compile options from its flags: the parse `lfc compile` applies to them */
-  readonly optionsOf: (flags: readonly string[]) => CompileOptions;
+  /**
+   * the request's own compile options (model, cluster, batch, precision, data profile, hardware),
+   * as `lfc compile` parses them; each layout's are these with its flags (space.ts layoutOptions)
+   */
+  readonly baseOptions: CompileOptions;
   readonly hardware: HardwareProfile;
   readonly device: DeviceMemory;
   /** the request's precision: the static-memory bound's bytes per parameter */
   readonly precision: Precision;
   /** fit at the bounds (what a rank can need) or at expected sizes (a typical step) */
   readonly fit: 'bound' | 'expected';
+}
+
+export type EstimateOutcome =
+  { readonly estimate: Estimate } | { readonly refused: string } | { readonly error: string };
+export type PriceOutcome = PricedLayout | { readonly refused: string } | { readonly error: string };
+
+/**
+ * Where layouts are estimated and priced: this thread (LocalPricer) or a pool of worker threads
+ * (cli/tune-pool.ts). Outcomes come back in the order asked, whoever computed them.
+ */
+export interface Pricer {
+  estimate(layouts: readonly Layout[]): Promise<EstimateOutcome[]>;
+  /** compile and simulate; `verify`: with the plan verifier */
+  price(
+    items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
+    verify: boolean,
+  ): Promise<PriceOutcome[]>;
+  /** graph-pass runs of the cheaper model so far (reduced models), over all threads */
+  readonly graphs: number;
+}
+
+export interface TuneRequest extends PricingRequest {
   readonly top: number;
   /** seconds of search after which the rest is reported unpriced */
   readonly timeBudgetS: number;
@@ -89,6 +119,8 @@ export interface TuneRequest {
   readonly verify?: boolean;
   /** price every layout the rules allow with the full compiler, whatever its estimate */
   readonly exhaustive?: boolean;
+  /** where the work runs (default: this thread) */
+  readonly pricer?: Pricer;
 }
 
 export interface TuneProgress {
@@ -135,23 +167,30 @@ export interface TuneResult {
   }[];
 }
 
-export function tune(r: TuneRequest): TuneResult {
+/** layouts a call of Pricer.estimate takes: the status line moves and the budget is checked between */
+const ESTIMATE_CHUNK = 512;
+/**
+ * candidates a round of pricing takes. Which to price is decided at a round's start from the
+ * rounds before it, so the result is the same whatever the number of workers (up to this many
+ * run at once).
+ */
+export const PRICE_ROUND = 4;
+
+/** the estimator's graphs are cached by these: a chunk of neighbours builds few of them */
+const estimateOrder = (a: Layout, b: Layout) =>
+  a.tp - b.tp || a.ep - b.ep || a.mbs - b.mbs || a.level - b.level || a.encoderTp - b.encoderTp;
+
+export async function tune(r: TuneRequest): Promise<TuneResult> {
   const start = performance.now();
   const seconds = () => (performance.now() - start) / 1000;
+  const pricer = r.pricer ?? new LocalPricer(r);
   const all = enumerateLayouts(r.space);
-  const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
   const params = layerParams(r.space.config);
   const world = r.space.nnodes * r.space.nprocPerNode;
-  const estimator = new Estimator({
-    space: r.space,
-    hardware: r.hardware,
-    precision: r.precision,
-  });
   const refusedBy = new Map<string, number>();
   const failed: { name: string; error: string }[] = [];
   const unpriced: string[] = [];
   let refused = 0;
-  let cannotFit = 0;
   const refuse = (message: string) => {
     refused++;
     const reason = message.replace(/\d+/g, 'N');
@@ -159,92 +198,95 @@ export function tune(r: TuneRequest): TuneResult {
   };
 
   // 1. the bounds, the layout rules and the cheaper model, every layout
-  const estimated: { layout: Layout; name: string; estimate: Estimate }[] = [];
-  for (let k = 0; k < all.length; k++) {
-    const layout = all[k];
-    if (seconds() > r.timeBudgetS) {
-      unpriced.push(...all.slice(k).map(layoutName));
-      break;
-    }
-    r.onProgress?.({ phase: 'estimate', done: k, total: all.length, seconds: seconds() });
-    if (!fitsOn(staticBytesLowerBound(params, layout, world, r.precision), r.device)) {
-      cannotFit++;
-      continue;
-    }
-    const name = layoutName(layout);
-    try {
-      const options = r.optionsOf(flagsOf(layout, presetEncoderTp));
-      checkLayout(options);
-      estimated.push({ layout, name, estimate: estimator.estimate(layout, options) });
-    } catch (e) {
-      if (e instanceof UserError) refuse(e.message);
-      else failed.push({ name, error: e instanceof Error ? e.message : String(e) });
-    }
+  const possible = all.filter((l) =>
+    fitsOn(staticBytesLowerBound(params, l, world, r.precision), r.device),
+  );
+  const cannotFit = all.length - possible.length;
+  const order = [...possible.keys()].sort(
+    (i, j) => estimateOrder(possible[i], possible[j]) || i - j,
+  );
+  const outcomes: (EstimateOutcome | undefined)[] = new Array(possible.length);
+  for (let k = 0; k < order.length; k += ESTIMATE_CHUNK) {
+    r.onProgress?.({ phase: 'estimate', done: k, total: order.length, seconds: seconds() });
+    if (seconds() > r.timeBudgetS) break;
+    const chunk = order.slice(k, k + ESTIMATE_CHUNK);
+    const got = await pricer.estimate(chunk.map((i) => possible[i]));
+    chunk.forEach((i, j) => (outcomes[i] = got[j]));
   }
+  const estimated: { layout: Layout; name: string; estimate: Estimate }[] = [];
+  possible.forEach((layout, i) => {
+    const o = outcomes[i];
+    const name = layoutName(layout);
+    if (o === undefined) unpriced.push(name);
+    else if ('estimate' in o) estimated.push({ layout, name, estimate: o.estimate });
+    else if ('refused' in o) refuse(o.refused);
+    else failed.push({ name, error: o.error });
+  });
 
-  // 2. the candidates compiled and simulated, best estimate first
+  // 2. the candidates compiled and simulated, best estimate first, in rounds
   const need = (x: { peakBound: number; peakExpected: number }) =>
     r.fit === 'bound' ? x.peakBound : x.peakExpected;
-  const band = (e: Estimate) =>
-    fitsOn(need(e), r.device) ? 0 : fitsOn(need(e) / ESTIMATE_MEMORY_MARGIN, r.device) ? 1 : 2;
+  const tryable = (e: Estimate) => fitsOn(need(e) / ESTIMATE_MEMORY_MARGIN, r.device);
   const candidates = estimated
-    .map((x) => ({ ...x, band: r.exhaustive ? 0 : band(x.estimate) }))
-    .filter((x) => x.band < 2)
+    .filter((x) => r.exhaustive || tryable(x.estimate))
     .sort(
       (a, b) =>
-        a.band - b.band ||
         b.estimate.tokensPerSecond - a.estimate.tokensPerSecond ||
         (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
     );
   const estimatedPastDevice = estimated.length - candidates.length;
   const priced: PricedLayout[] = [];
   const fitting: PricedLayout[] = [];
-  let best: PricedLayout | undefined;
   let cannotWin = 0;
-  for (let k = 0; k < candidates.length; k++) {
-    const c = candidates[k];
-    if (seconds() > r.timeBudgetS) {
-      unpriced.push(...candidates.slice(k).map((x) => x.name));
-      break;
-    }
+  for (let k = 0; k < candidates.length;) {
     r.onProgress?.({
       phase: 'price',
       done: k,
       total: candidates.length,
       seconds: seconds(),
-      best,
+      best: fitting[0],
     });
+    if (seconds() > r.timeBudgetS) {
+      unpriced.push(...candidates.slice(k).map((x) => x.name));
+      break;
+    }
+    // this round: the next candidates that can still win against the k-th best priced so far
     const kth = fitting.length >= r.top ? fitting[r.top - 1] : undefined;
-    if (
-      !r.exhaustive &&
-      kth &&
-      c.estimate.tokensPerSecond < kth.forecast.tokensPerSecond * (1 - ESTIMATE_SLACK)
-    ) {
-      cannotWin++;
-      continue;
+    const round: typeof candidates = [];
+    const canWin = (c: (typeof candidates)[number]) =>
+      r.exhaustive ||
+      !kth ||
+      c.estimate.tokensPerSecond >= kth.forecast.tokensPerSecond * (1 - ESTIMATE_SLACK);
+    while (k < candidates.length && round.length < PRICE_ROUND && canWin(candidates[k]))
+      round.push(candidates[k++]);
+    if (!round.length) {
+      // best estimate first: none after this one can win either
+      cannotWin = candidates.length - k;
+      break;
     }
-    const outcome = price(r, c.layout, c.estimate, true);
-    if ('refused' in outcome) refuse(outcome.refused);
-    else if ('error' in outcome) failed.push({ name: c.name, error: outcome.error });
-    else {
-      priced.push(outcome);
-      if (outcome.fits) {
-        fitting.push(outcome);
-        fitting.sort((a, b) => (better(a, b) ? -1 : 1));
-        best = fitting[0];
+    const got = await pricer.price(round, false);
+    got.forEach((outcome, j) => {
+      if ('refused' in outcome) refuse(outcome.refused);
+      else if ('error' in outcome) failed.push({ name: round[j].name, error: outcome.error });
+      else {
+        priced.push(outcome);
+        if (outcome.fits) fitting.push(outcome);
       }
-    }
+    });
+    fitting.sort((a, b) => (better(a, b) ? -1 : 1));
   }
   // the best k, once more with the plan verifier when asked: a plan it refuses is a bug
-  const layouts = fitting.slice(0, r.top).map((p) => {
-    if (!r.verify) return p;
-    const again = price(r, p.layout, p.estimate, false);
-    if (!('forecast' in again))
-      throw new Error(
-        `${p.name}: the verified compile failed: ${'error' in again ? again.error : again.refused}`,
-      );
-    return again;
-  });
+  let layouts = fitting.slice(0, r.top);
+  if (r.verify && layouts.length) {
+    const again = await pricer.price(layouts, true);
+    layouts = again.map((a, j) => {
+      if (!('forecast' in a))
+        throw new Error(
+          `${layouts[j].name}: the verified compile failed: ${'error' in a ? a.error : a.refused}`,
+        );
+      return a;
+    });
+  }
   const sensitivity =
     r.sensitivity && layouts.length ? sensitivityOf(r, layouts[0].layout) : undefined;
   const closest = fitting.length
@@ -263,19 +305,67 @@ export function tune(r: TuneRequest): TuneResult {
     refused,
     refusedBy: [...refusedBy]
       .map(([reason, n]) => ({ reason, layouts: n }))
-      .sort((a, b) => b.layouts - a.layouts),
+      .sort((a, b) => b.layouts - a.layouts || (a.reason < b.reason ? -1 : 1)),
     failed,
     unpriced,
-    estimateGraphs: estimator.graphs,
+    estimateGraphs: pricer.graphs,
     seconds: seconds(),
     ...(sensitivity ? { sensitivity } : {}),
   };
 }
 
+/** The estimates and prices of layouts on this thread (and in each worker of the pool). */
+export class LocalPricer implements Pricer {
+  private readonly estimator: Estimator;
+  private readonly presetEncoderTp: number;
+
+  constructor(private readonly r: PricingRequest) {
+    this.estimator = new Estimator({
+      space: r.space,
+      hardware: r.hardware,
+      precision: r.precision,
+    });
+    this.presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
+  }
+
+  get graphs(): number {
+    return this.estimator.graphs;
+  }
+
+  estimateOne(layout: Layout): EstimateOutcome {
+    try {
+      const options = layoutOptions(this.r.baseOptions, layout, this.presetEncoderTp);
+      checkLayout(options);
+      return { estimate: this.estimator.estimate(layout, options) };
+    } catch (e) {
+      if (e instanceof UserError) return { refused: e.message };
+      return { error: e instanceof Error ? e.message : String(e) };
+    }
+  }
+
+  priceOne(layout: Layout, estimate: Estimate, verify: boolean): PriceOutcome {
+    return price(this.r, layout, estimate, !verify);
+  }
+
+  estimate(layouts: readonly Layout[]): Promise<EstimateOutcome[]> {
+    return Promise.resolve(layouts.map((l) => this.estimateOne(l)));
+  }
+
+  price(
+    items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
+    verify: boolean,
+  ): Promise<PriceOutcome[]> {
+    return Promise.resolve(items.map((x) => this.priceOne(x.layout, x.estimate, verify)));
+  }
+}
+
 /** A layout's plan re-simulated with each efficiency family ×0.8 and ×1.2. */
 function sensitivityOf(r: TuneRequest, layout: Layout): NonNullable<TuneResult['sensitivity']> {
-  const flags = flagsOf(layout, r.space.config.model.image_encoder.tensor_model_parallel_size);
-  const result = compile({ ...r.optionsOf(flags), skipVerify: true });
+  const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
+  const result = compile({
+    ...layoutOptions(r.baseOptions, layout, presetEncoderTp),
+    skipVerify: true,
+  });
   const programs = new Map(result.programs.map((p) => [p.id, p]));
   return EFFICIENCY_FAMILIES.flatMap((family) =>
     [0.8, 1.2].map((factor) => ({
@@ -296,15 +386,16 @@ const better = (a: PricedLayout, b: PricedLayout) =>
   (a.forecast.tokensPerSecond === b.forecast.tokensPerSecond && a.name < b.name);
 
 function price(
-  r: TuneRequest,
+  r: PricingRequest,
   layout: Layout,
   estimate: Estimate,
   skipVerify: boolean,
 ): PricedLayout | { refused: string } | { error: string } {
-  const flags = flagsOf(layout, r.space.config.model.image_encoder.tensor_model_parallel_size);
+  const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
+  const flags = flagsOf(layout, presetEncoderTp);
   let result: CompileResult;
   try {
-    result = compile({ ...r.optionsOf(flags), skipVerify });
+    result = compile({ ...layoutOptions(r.baseOptions, layout, presetEncoderTp), skipVerify });
   } catch (e) {
     if (e instanceof UserError) return { refused: e.message };
     return { error: e instanceof Error ? e.message : String(e) };

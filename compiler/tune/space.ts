@@ -19,6 +19,7 @@
 
 import { UserError } from '../errors.js';
 import type { ModelConfig } from '../frontend/config.js';
+import type { CompileOptions } from '../pipeline.js';
 
 export interface Layout {
   readonly tp: number;
@@ -105,6 +106,52 @@ export function flagsOf(l: Layout, presetEncoderTp: number): string[] {
   if (l.encoderTp !== presetEncoderTp)
     f.push(`model.image_encoder.tensor_model_parallel_size=${l.encoderTp}`);
   return f;
+}
+
+/**
+ * A layout's compile options: `base` (the request's flags, parsed) with the layout's flags
+ * (flagsOf) applied as `lfc compile` parses them, without the parse. The search builds thousands;
+ * test/tune/space.test.ts holds it equal to the parse of base + flagsOf for every layout of a
+ * space that has every knob.
+ */
+export function layoutOptions(
+  base: CompileOptions,
+  l: Layout,
+  presetEncoderTp: number,
+): CompileOptions {
+  const recompute =
+    l.recompute === 'full'
+      ? { granularity: 'full' as const }
+      : l.recompute === 'selective'
+        ? {
+            granularity: 'selective' as const,
+            modules: [...(l.overlap ? SELECTIVE_OVERLAP : SELECTIVE)],
+          }
+        : undefined;
+  return {
+    ...base,
+    overrides: [
+      ...(base.overrides ?? []),
+      ...(l.encoderTp !== presetEncoderTp
+        ? [`model.image_encoder.tensor_model_parallel_size=${l.encoderTp}`]
+        : []),
+    ],
+    microBatchSize: l.mbs,
+    parallel: {
+      ...base.parallel,
+      tp: l.tp,
+      pp: l.pp,
+      ...(l.vpp > 1 ? { vpp: l.vpp } : {}),
+      ...(l.ep > 1 ? { ep: l.ep } : {}),
+    },
+    ...(l.tp > 1 ? { sequenceParallel: true } : {}),
+    ...(l.distopt ? { distributedOptimizer: true } : {}),
+    ...(l.level === 2 ? { encoder: { heteroDp: true } } : {}),
+    ...(l.level === 3 ? { encoder: { fullHeteroDp: true } } : {}),
+    ...(l.overlap ? { moeOverlap: { overlap: true, delayWgrad: true } } : {}),
+    ...(recompute ? { recompute } : {}),
+    ...(l.offload ? { offloadTensors: [...OFFLOAD] } : {}),
+  };
 }
 
 /** A short name of a layout: `tp4 pp2 vpp2 ep4 mbs1 L3 overlap sel offload distopt`. */

@@ -5,10 +5,9 @@
 // Errors come back as one line: a UserError (bad data under --strict-data, a bad tokenizer) stays
 // one, anything else keeps its stack.
 
-import { createRequire } from 'node:module';
-import { fileURLToPath, pathToFileURL } from 'node:url';
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 import { UserError } from '../../compiler/errors.js';
+import { spawnWorker } from '../../compiler/threads.js';
 import type { DataCounts, LoaderOptions, StepData } from './loader.js';
 import type { ImagePlaceholder } from './tokenizer.js';
 
@@ -39,22 +38,9 @@ export type WorkerReply =
   | { readonly kind: 'done' }
   | { readonly kind: 'error'; readonly user: boolean; readonly message: string };
 
-/** The worker's entry, run through tsx where this checkout is not compiled. */
-function spawn(options: WorkerLoaderOptions): Worker {
-  const here = fileURLToPath(import.meta.url);
-  const workerData = { options };
-  if (!here.endsWith('.ts'))
-    return new Worker(new URL('./prefetch-worker.js', import.meta.url), { workerData });
-  // tsx's loader does not reach worker threads by --import: register it in the worker first
-  const api = createRequire(import.meta.url)
-    .resolve('tsx/esm/api')
-    .replace(/index\.cjs$/, 'index.mjs');
-  const entry = new URL('./prefetch-worker.ts', import.meta.url).href;
-  const boot =
-    `import(${JSON.stringify(pathToFileURL(api).href)})` +
-    `.then((m) => { m.register(); return import(${JSON.stringify(entry)}); })`;
-  return new Worker(boot, { eval: true, workerData });
-}
+/** The worker's entry (prefetch-worker.ts). */
+const spawn = (options: WorkerLoaderOptions): Worker =>
+  spawnWorker(import.meta.url, 'prefetch-worker', { options });
 
 export class PrefetchingLoader {
   private replies: ((r: WorkerReply) => void)[] = [];

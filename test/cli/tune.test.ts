@@ -231,6 +231,22 @@ describe('lfc tune', () => {
     expect(text.out).toMatch(/\n {4}gemm +\d+ \(-\d/);
   }, 300_000);
 
+  it('gives the same result on this thread and on worker threads', async () => {
+    const run = async (workers: string) => {
+      const r = await cli('tune', ...BASE, ...SPACE, '--top', '2', '--workers', workers, '--json');
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+      const j = JSON.parse(r.out) as Record<string, unknown>;
+      // how long it took, and how many reduced models each thread built for itself, may differ
+      delete j.seconds;
+      delete j.estimateGraphs;
+      return j;
+    };
+    const one = await run('1');
+    expect((one.layouts as unknown[]).length).toBe(2);
+    expect(await run('3')).toEqual(one);
+  }, 300_000);
+
   it('names what the time budget leaves unpriced', async () => {
     const r = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001', '--json');
     expect(r.code).toBe(0);
@@ -249,6 +265,7 @@ describe('lfc tune', () => {
     [['model.image_encoder.tensor_model_parallel_size=2'], /use --fix encoder-tp=N/],
     [['--data-profile', 'nowhere'], /nowhere/],
     [['--hardware', 'h80'], /did you mean 'h800'/],
+    [['--workers', '0'], /--workers/],
   ])('%j is a user error', async (extra, message) => {
     const r = await cli('tune', ...BASE, ...extra);
     expect(r.code).toBe(2);
