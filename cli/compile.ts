@@ -27,6 +27,7 @@ import { listDataProfiles } from '../compiler/frontend/data-profile.js';
 import { describePrecision } from '../compiler/frontend/precision.js';
 import { remediesFor } from '../compiler/report/advice.js';
 import { describeForecast, forecastStep, type StepForecast } from '../compiler/sim/report.js';
+import { replaySetup } from '../compiler/sim/simulate.js';
 import { rankTrace, writeTrace } from '../runtime/trace.js';
 
 interface CompileFlags {
@@ -187,22 +188,24 @@ function simulateReport(
     if (f.trace) throw new UserError('--trace needs the simulation; drop --no-simulate');
     return { lines: [] };
   }
-  const length = new Map(result.programs.map((p) => [p.id, p.instructions.length]));
-  const work = result.plan.rankPrograms.reduce((a, id) => a + (length.get(id) ?? 0), 0);
+  const programs = new Map(result.programs.map((p) => [p.id, p]));
+  // a symmetric plan replays one rank per program (compiler/sim/simulate.ts), any other every rank
+  const setup = replaySetup(result.plan, programs);
+  const work = setup.rankInstructions;
   const forced = f.simulate === true || f.trace !== undefined;
   if (work > SIMULATE_BUDGET && !forced)
     return {
       lines: [
-        `simulation skipped: ${(work / 1e6).toFixed(1)}M rank-instructions (over ${SIMULATE_BUDGET / 1e6}M); --simulate runs it`,
+        `simulation skipped: ${(work / 1e6).toFixed(1)}M rank-instructions to replay (over ${SIMULATE_BUDGET / 1e6}M; the plan is not symmetric); --simulate runs it`,
       ],
     };
-  const programs = new Map(result.programs.map((p) => [p.id, p]));
   starting();
   const { forecast, simulation } = forecastStep(
     result.modelForwardFlops,
     result.plan,
     programs,
     hw,
+    setup,
   );
   // written once the plan is (a trace inside the plan directory would go with the old one)
   const writeTraceFile = () => {
@@ -550,7 +553,8 @@ export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
   };
 }
 
-/** rank-instructions (Σ over ranks of their program's length) simulated without --simulate */
+/** rank-instructions to replay (Σ over the replayed ranks of their program's length: one rank per
+ * program where the plan is symmetric) simulated without --simulate */
 export const SIMULATE_BUDGET = 4e6;
 
 /** The request of a parsed command line: flags → CompileOptions. Throws a UserError for a flag

@@ -13,7 +13,7 @@ import type { Graph } from '../../ir/graph.js';
 import { forwardFlops } from '../inspect.js';
 import type { PlanFile, ProgramFile } from '../plan/format.js';
 import type { HardwareProfile } from './hardware.js';
-import { simulatePlan, type Simulation } from './simulate.js';
+import { simulatePlan, type ReplaySetup, type Simulation } from './simulate.js';
 
 export interface ProgramForecast {
   readonly program: string;
@@ -52,8 +52,9 @@ export function forecastStep(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   hw: HardwareProfile,
+  setup?: ReplaySetup,
 ): { forecast: StepForecast; simulation: Simulation } {
-  const simulation = simulatePlan(plan, programs, hw);
+  const simulation = simulatePlan(plan, programs, hw, undefined, setup);
   const t = plan.training;
   const microbatches = t.globalBatchSize / t.microBatchSize;
   const tokensPerStep = t.globalBatchSize * t.seqLength;

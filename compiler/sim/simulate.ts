@@ -13,11 +13,18 @@
 //     of them ends when every transfer of the batch has, and records its events then
 // The plan is verified before it is simulated, so every stream runs to its end.
 //
-// Every rank is stepped through, but instruction times are kept only for the first rank of each
-// distinct program (ranks that share a program are alike): what it reports for those ranks is
-// when their last instruction ends, how long their compute stream is busy, and how long
-// communication or host copies run while compute is idle (exposed communication). The step is
-// the latest end over every rank.
+// Ranks that share a program are alike: their instructions are priced alike (on the first rank's
+// groups), and where the plan is symmetric they run alike too. Symmetric means that every
+// collective and send/recv, seen from any rank, meets the same (program, instruction) pairs as
+// seen from the first rank of each of its members' programs. Then only the first rank of each
+// distinct program is replayed, each member of a collective standing for by its program's first
+// rank (a group of data-parallel replicas of one program is complete once that one rank
+// arrives): a 1024-rank plan of 8 programs replays 8 ranks. The times are those of the full
+// replay, and test/sim checks them equal on every layout of the digests. A plan that is not
+// symmetric (symmetricRanks) replays every rank. What the simulation reports for the first rank
+// of each program is when its last instruction ends, how long its compute stream is busy, and how
+// long communication or host copies run while compute is idle (exposed communication). The step
+// is the latest end over the ranks replayed.
 //
 // On a GPU profile whose compute slows while communication kernels share the SMs (its overlap
 // compute_slowdown), the replay runs twice: the second with each compute kernel lengthened by the
@@ -65,30 +72,50 @@ export interface Simulation {
   readonly ranks: readonly RankTimes[];
 }
 
+/** What a replay of a plan steps through: the plan's index and the rank replayed for each. */
+export interface ReplaySetup {
+  readonly ix: PlanIndex;
+  /** [rank] the rank replayed for it (itself, or its program's first where the plan is symmetric) */
+  readonly standIn: Int32Array;
+  /** instructions replayed: Σ over the replayed ranks of their program's length */
+  readonly rankInstructions: number;
+}
+
+/** The replay of a plan: its first rank per program where it is symmetric, else every rank. */
+export function replaySetup(
+  plan: PlanFile,
+  programs: ReadonlyMap<string, ProgramFile>,
+  allRanks = false,
+): ReplaySetup {
+  const ix = buildPlanIndex(plan, programs);
+  const standIn = (allRanks ? undefined : symmetricRanks(ix)) ?? identity(ix.world);
+  let rankInstructions = 0;
+  for (const r of new Set(standIn)) rankInstructions += ix.programs[ix.programOf[r]].n;
+  return { ix, standIn, rankInstructions };
+}
+
 /** Simulates one step of a plan on a hardware profile (costs: cost.ts, or given per program). */
 export function simulatePlan(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   hw: HardwareProfile,
   costsOf?: (program: ProgramFile) => Float64Array,
+  setup: ReplaySetup = replaySetup(plan, programs),
 ): Simulation {
-  const ix = buildPlanIndex(plan, programs);
+  const { ix, standIn } = setup;
   const sizes = expectedSizes(plan, programs.values());
   const costs = ix.programs.map((p) =>
     costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
   );
+  const run = (c: readonly Float64Array[]) => replay(ix, standIn, c, hw);
   const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
-  if (plan.topology.nprocPerNode > cores) return runOnSharedCores(ix, costs, hw, cores);
+  if (plan.topology.nprocPerNode > cores) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
-  const sim = run(ix, costs, hw);
+  const sim = run(costs);
   if (!(slowdown > 0)) return sim;
   // compute that shares the SMs with communication: lengthen it by the overlap the first replay
   // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
-  return run(
-    ix,
-    sim.ranks.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)),
-    hw,
-  );
+  return run(sim.ranks.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)));
 }
 
 /**
@@ -146,7 +173,7 @@ function slowOverlapped(
 function runOnSharedCores(
   ix: PlanIndex,
   base: readonly Float64Array[],
-  hw: HardwareProfile,
+  run: (costs: readonly Float64Array[]) => Simulation,
   cores: number,
 ): Simulation {
   const perNode = ix.plan.topology.nprocPerNode;
@@ -159,7 +186,7 @@ function runOnSharedCores(
   });
   const nodesOf = count.map((c) => range(nodes, (n) => n).filter((n) => c[n] > 0));
   let costs = base.map((c) => Float64Array.from(c));
-  let sim = run(ix, costs, hw);
+  let sim = run(costs);
   let previous = NaN;
   for (let round = 0; round < 12; round++) {
     const load = range(nodes, (n) => nodeLoad(sim, costs, count, n, cores));
@@ -175,7 +202,7 @@ function runOnSharedCores(
       return out;
     });
     previous = sim.stepSeconds;
-    sim = run(ix, costs, hw);
+    sim = run(costs);
     if (Math.abs(sim.stepSeconds - previous) <= 0.005 * previous) break;
   }
   return { ...sim, stepSeconds: (sim.stepSeconds + previous) / 2 };
@@ -289,8 +316,13 @@ function defaultCosts(
   return instructionCosts(p.file, hw, sizes, groupOf);
 }
 
-function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile): Simulation {
-  const replay = new StepReplay(ix, costs);
+function replay(
+  ix: PlanIndex,
+  standIn: Int32Array,
+  costs: readonly Float64Array[],
+  hw: HardwareProfile,
+): Simulation {
+  const replay = new StepReplay(ix, standIn, costs);
   replay.runAll();
   replay.assertFinished();
   return {
@@ -300,15 +332,105 @@ function run(ix: PlanIndex, costs: readonly Float64Array[], hw: HardwareProfile)
   };
 }
 
+const identity = (n: number) => Int32Array.from({ length: n }, (_, r) => r);
+
 /**
- * One replay of a step: the clock state of every rank's streams, events, collectives and
- * send/recv pairs, moved on by a worklist of (rank × stream) that may advance.
+ * Where a rank's meetings are encoded as numbers: `rank * stride + instruction` (stride: the
+ * longest program), so that a collective or a transfer is named by the smallest of its members'.
+ */
+const strideOf = (ix: PlanIndex) => ix.programs.reduce((m, p) => Math.max(m, p.n), 1);
+
+/**
+ * The members of collective i of rank r's program, each as (its stand-in, its instruction):
+ * distinct, encoded as rank * stride + instruction, smallest first.
+ */
+function collectiveMembers(
+  ix: PlanIndex,
+  standIn: Int32Array,
+  stride: number,
+  r: number,
+  p: ProgramIndex,
+  i: number,
+): number[] {
+  const j = p.collRef[p.slot[i]];
+  const c = ix.rankComm[r][j];
+  const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
+  const out = new Set<number>();
+  for (const m of ix.comms[c].ranks) out.add(standIn[m] * stride + ix.seqOn(m, c)!.instrs[k]);
+  return [...out].sort((a, b) => a - b);
+}
+
+/** send or recv i of rank r's other side, as (its stand-in, its instruction), encoded */
+function transferPeer(
+  ix: PlanIndex,
+  standIn: Int32Array,
+  stride: number,
+  r: number,
+  p: ProgramIndex,
+  i: number,
+): number {
+  const { pairs } = ix;
+  const q = pairs.pairOf[r][p.slot[i]];
+  return p.kind[i] === SEND
+    ? standIn[pairs.dst[q]] * stride + pairs.recvInstr[q]
+    : standIn[pairs.src[q]] * stride + pairs.sendInstr[q];
+}
+
+/**
+ * The first rank of each rank's program, where the plan is symmetric: every collective, seen
+ * from the first rank of each of its members' programs, has the same members (as stand-ins), and
+ * every send/recv's other side sees it as its own other side. Otherwise undefined: every rank is
+ * replayed.
+ */
+export function symmetricRanks(ix: PlanIndex): Int32Array | undefined {
+  const standIn = Int32Array.from(
+    { length: ix.world },
+    (_, r) => ix.programs[ix.programOf[r]].ranks[0],
+  );
+  if (ix.programs.every((p) => p.ranks.length === 1)) return undefined; // nothing to gain
+  const stride = strideOf(ix);
+  const programOfRank = (r: number) => ix.programs[ix.programOf[r]];
+  for (const p of ix.programs) {
+    const r = p.ranks[0];
+    for (let i = 0; i < p.n; i++) {
+      if (p.kind[i] === GROUP) {
+        const members = collectiveMembers(ix, standIn, stride, r, p, i);
+        for (const code of members) {
+          const m = Math.floor(code / stride);
+          const again = collectiveMembers(
+            ix,
+            standIn,
+            stride,
+            m,
+            programOfRank(m),
+            code - m * stride,
+          );
+          if (again.length !== members.length || again.some((x, k) => x !== members[k]))
+            return undefined;
+        }
+      } else if (p.kind[i] !== LOCAL) {
+        const peer = transferPeer(ix, standIn, stride, r, p, i);
+        const m = Math.floor(peer / stride);
+        if (
+          transferPeer(ix, standIn, stride, m, programOfRank(m), peer - m * stride) !==
+          r * stride + i
+        )
+          return undefined;
+      }
+    }
+  }
+  return standIn;
+}
+
+/**
+ * One replay of a step: the clock state of the replayed ranks' streams, events, collectives and
+ * send/recv pairs, moved on by a worklist of (rank × stream) that may advance. `standIn[r]`: the
+ * rank replayed for rank r (r itself, or the first rank of its program where the plan is
+ * symmetric).
  */
 class StepReplay {
   private readonly programs: readonly ProgramIndex[];
   private readonly programOf: Int32Array;
-  private readonly comms: PlanIndex['comms'];
-  private readonly pairs: PlanIndex['pairs'];
   /** instruction times of each program's first rank; other ranks' only as far as the step needs */
   private readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
   /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
@@ -329,11 +451,15 @@ class StepReplay {
   private readonly arrived: Uint8Array;
   /** [rank × stream] the event it is blocked on, -1 when none */
   private readonly blockedOn: Int32Array;
-  /** [communicator] per collective of its sequence: members arrived and their latest start */
-  private readonly arrivals: readonly { count: Int32Array; latest: Float64Array }[];
-  /** [pair] bit 1: send posted, bit 2: recv posted; and the later post */
-  private readonly pairState: Uint8Array;
-  private readonly pairLatest: Float64Array;
+  /** the replayed ranks */
+  private readonly active: readonly number[];
+  private readonly stride: number;
+  /** collectives under way, by their smallest member: members arrived and their latest start */
+  private readonly arrivals = new Map<number, { count: number; latest: number }>();
+  /** [program] per collective instruction of its first replayed rank: its members (encoded) */
+  private readonly members: Map<number, number[]>[];
+  /** transfers under way, by their smaller side: bit 1 send posted, bit 2 recv posted, the later post */
+  private readonly transfers = new Map<number, { state: number; latest: number }>();
   /** [rank × stream] the batch being posted: list positions [batchAt, batchEnd), the next to
    * post, transfers not yet done, the latest transfer end so far */
   private readonly batchEnd: Int32Array;
@@ -348,13 +474,15 @@ class StepReplay {
 
   constructor(
     private readonly ix: PlanIndex,
+    private readonly standIn: Int32Array,
     private readonly costs: readonly Float64Array[],
   ) {
-    const { world, programs, programOf, comms, pairs } = ix;
+    const { world, programs, programOf } = ix;
     this.programs = programs;
     this.programOf = programOf;
-    this.comms = comms;
-    this.pairs = pairs;
+    this.active = [...new Set(standIn)].sort((a, b) => a - b);
+    this.stride = strideOf(ix);
+    this.members = programs.map(() => new Map());
     const kept = programs.map((p) => ({
       rank: p.ranks[0],
       start: new Float64Array(p.n),
@@ -378,13 +506,6 @@ class StepReplay {
     this.free = new Float64Array(world * S);
     this.arrived = new Uint8Array(world * S);
     this.blockedOn = new Int32Array(world * S).fill(-1);
-    this.arrivals = comms.map((c) => {
-      let len = 0;
-      for (const m of c.ranks) len = Math.max(len, ix.seqOn(m, c.id)?.instrs.length ?? 0);
-      return { count: new Int32Array(len), latest: new Float64Array(len) };
-    });
-    this.pairState = new Uint8Array(pairs.count);
-    this.pairLatest = new Float64Array(pairs.count);
     this.batchEnd = new Int32Array(world * S);
     this.batchNext = new Int32Array(world * S);
     this.batchOpen = new Int32Array(world * S);
@@ -396,26 +517,24 @@ class StepReplay {
     this.work = new Worklist(world * S);
   }
 
-  /** every stream moved until none can */
+  /** every replayed stream moved until none can */
   runAll(): void {
-    const size = this.ix.world * S;
-    for (let rs = 0; rs < size; rs++) this.work.push(rs);
+    for (const r of this.active) for (let s = 0; s < S; s++) this.work.push(r * S + s);
     this.work.drain((rs) => this.advance(rs));
   }
 
   /** a stream that stopped short is a plan the verifier would refuse (a hand-edited one) */
   assertFinished(): void {
     const { programs, programOf, pc } = this;
-    const size = this.ix.world * S;
-    for (let rs = 0; rs < size; rs++) {
-      const r = (rs / S) | 0;
-      const list = programs[programOf[r]].streams[rs - r * S];
-      if (pc[rs] < list.length)
-        // the user's file, not lfc
-        throw new UserError(
-          `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} of ${programs[programOf[r]].id}: the plan deadlocks (was it edited? recompile it)`,
-        );
-    }
+    for (const r of this.active)
+      for (let rs = r * S; rs < r * S + S; rs++) {
+        const list = programs[programOf[r]].streams[rs - r * S];
+        if (pc[rs] < list.length)
+          // the user's file, not lfc
+          throw new UserError(
+            `simulation: rank ${r}'s ${STREAMS[rs - r * S]} stream stops at instruction ${list[pc[rs]]} of ${programs[programOf[r]].id}: the plan deadlocks (was it edited? recompile it)`,
+          );
+      }
   }
 
   /** the times of the first rank of each distinct program, and how its step divides */
@@ -487,20 +606,27 @@ class StepReplay {
 
   /** send or recv i of rank r is posted at `at`; once both sides are, the transfer runs */
   private post(r: number, i: number, at: number): void {
-    const { pairs, pairLatest } = this;
+    const { stride, transfers } = this;
     const p = this.programs[this.programOf[r]];
     this.start[r][i] = at;
-    const q = pairs.pairOf[r][p.slot[i]];
-    pairLatest[q] = Math.max(pairLatest[q], at);
-    if ((this.pairState[q] |= p.kind[i] === SEND ? 1 : 2) !== 3) return;
-    const [src, dst] = [pairs.src[q], pairs.dst[q]];
+    const self = r * stride + i;
+    const peer = transferPeer(this.ix, this.standIn, stride, r, p, i);
+    const key = Math.min(self, peer);
+    let t = transfers.get(key);
+    if (t === undefined) transfers.set(key, (t = { state: 0, latest: at }));
+    t.latest = Math.max(t.latest, at);
+    if ((t.state |= p.kind[i] === SEND ? 1 : 2) !== 3) return;
+    transfers.delete(key);
+    const [send, recv] = p.kind[i] === SEND ? [self, peer] : [peer, self];
+    const [src, sendInstr] = [Math.floor(send / stride), send % stride];
+    const [dst, recvInstr] = [Math.floor(recv / stride), recv % stride];
     const cost = Math.max(
-      this.costs[this.programOf[src]][pairs.sendInstr[q]],
-      this.costs[this.programOf[dst]][pairs.recvInstr[q]],
+      this.costs[this.programOf[src]][sendInstr],
+      this.costs[this.programOf[dst]][recvInstr],
     );
-    const done = pairLatest[q] + cost;
-    this.transferDone(pairs.src[q], pairs.sendInstr[q], done);
-    this.transferDone(pairs.dst[q], pairs.recvInstr[q], done);
+    const done = t.latest + cost;
+    this.transferDone(src, sendInstr, done);
+    this.transferDone(dst, recvInstr, done);
   }
 
   /** the time instruction i may start on its stream (free from `t`), NaN while an event it waits
@@ -577,26 +703,40 @@ class StepReplay {
     pc[rs] = list.length;
   }
 
-  /** collective i of rank r starts at t; the last member to arrive ends it on every member */
+  /**
+   * collective i of rank r starts at t; once every member (as its stand-in) has arrived, it ends
+   * on each at the latest start plus the longest member's cost
+   */
   private arriveAtCollective(r: number, p: ProgramIndex, i: number, t: number): void {
-    const { ix, comms, costs, programs, programOf } = this;
+    const { costs, programs, programOf, stride } = this;
     this.start[r][i] = t;
-    const j = p.collRef[p.slot[i]];
-    const c = ix.rankComm[r][j];
-    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-    const a = this.arrivals[c];
-    a.latest[k] = Math.max(a.latest[k], t);
-    if (++a.count[k] === comms[c].ranks.length) {
-      const members = Array.from(comms[c].ranks, (m) => [m, ix.seqOn(m, c)!.instrs[k]]);
-      let longest = 0;
-      for (const [m, mi] of members) longest = Math.max(longest, costs[programOf[m]][mi]);
-      for (const [m, mi] of members)
-        this.finish(
-          m,
-          mi,
-          a.latest[k] + longest,
-          this.pc[m * S + programs[programOf[m]].stream[mi]] + 1,
-        );
+    // a program's first rank keeps its members (the others are replayed only with every rank)
+    const cached = r === p.ranks[0] ? this.members[programOf[r]] : undefined;
+    let members = cached?.get(i);
+    if (members === undefined) {
+      members = collectiveMembers(this.ix, this.standIn, stride, r, p, i);
+      cached?.set(i, members);
+    }
+    const key = members[0];
+    let a = this.arrivals.get(key);
+    if (a === undefined) this.arrivals.set(key, (a = { count: 0, latest: t }));
+    a.latest = Math.max(a.latest, t);
+    if (++a.count < members.length) return;
+    this.arrivals.delete(key);
+    let longest = 0;
+    for (const code of members) {
+      const m = Math.floor(code / stride);
+      longest = Math.max(longest, costs[programOf[m]][code - m * stride]);
+    }
+    for (const code of members) {
+      const m = Math.floor(code / stride);
+      const mi = code - m * stride;
+      this.finish(
+        m,
+        mi,
+        a.latest + longest,
+        this.pc[m * S + programs[programOf[m]].stream[mi]] + 1,
+      );
     }
   }
 
