@@ -123,6 +123,16 @@ const QWEN3_TINY_VIT: Vit = {
   posParams: 16 * 64,
 };
 
+/** Llama 2 and 3 decoders: 8 KV heads of 128, no biases, no qk-norm, untied */
+const LLAMA = {
+  kv: 8,
+  headDim: 128,
+  vocab: 128256,
+  tied: false,
+  qkvBias: false,
+  qkNorm: false,
+} as const;
+
 const EXPECTED: Record<
   string,
   { enc: number; proj: number; dec: { total: number; active: number } }
@@ -323,6 +333,22 @@ const EXPECTED: Record<
       expertFfn: 1536,
     }),
   },
+  // text-only stand-ins (bench/published.ts): a published decoder on the tiny encoder
+  'llama3-8b-text': {
+    enc: vitCount(TINY_VIT),
+    proj: mergerCount(64, 4096, true, false),
+    dec: decoderCount({ ...LLAMA, layers: 32, hidden: 4096, heads: 32, ffn: 14336 }),
+  },
+  'llama3-70b-text': {
+    enc: vitCount(TINY_VIT),
+    proj: mergerCount(64, 8192, true, false),
+    dec: decoderCount({ ...LLAMA, layers: 80, hidden: 8192, heads: 64, ffn: 28672 }),
+  },
+  'llama2-70b-text': {
+    enc: vitCount(TINY_VIT),
+    proj: mergerCount(64, 8192, true, false),
+    dec: decoderCount({ ...LLAMA, layers: 80, hidden: 8192, heads: 64, vocab: 32000, ffn: 28672 }),
+  },
 };
 
 describe('parameter counts equal the hand count', () => {
@@ -335,6 +361,11 @@ describe('parameter counts equal the hand count', () => {
       active: 3_353_032_704,
     });
     expect(EXPECTED['qwen3-vl-235b-a22b'].dec.total).toBe(235_093_634_560);
+  });
+  it('anchors: the Llama decoders as published (their Hugging Face checkpoints)', () => {
+    expect(EXPECTED['llama3-8b-text'].dec.total).toBe(8_030_261_248);
+    expect(EXPECTED['llama3-70b-text'].dec.total).toBe(70_553_706_496);
+    expect(EXPECTED['llama2-70b-text'].dec.total).toBe(68_976_648_192);
   });
   it.each(PRESETS)('%s', (name) => {
     const p = countParams(presetGraph(name), loadModelConfig(name));
