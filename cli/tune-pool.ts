@@ -1,9 +1,9 @@
 // lfc tune's work on worker threads: each worker rebuilds the search's pricing request from its
 // plain description (TuneSpec) and runs a LocalPricer (compiler/tune/search.ts); the pool hands
 // out the layouts and puts each outcome back where it was asked, so the search sees the same
-// answers in the same order whatever the number of workers. A chunk of estimates goes out as one
-// contiguous part per worker (neighbours share the estimator's cached graphs); compiles go out one
-// at a time to whichever worker is free.
+// answers in the same order whatever the number of workers. Estimates go out as one part per
+// worker, the same worker's share each time (its cached reduced models serve it); compiles go out
+// one at a time to whichever worker is free.
 
 import { availableParallelism } from 'node:os';
 import type { Worker } from 'node:worker_threads';
@@ -82,6 +82,8 @@ export type PoolReply =
 
 interface Slot {
   readonly worker: Worker;
+  /** requests for this worker alone (its share of the estimates) */
+  readonly queue: Task[];
   graphs: number;
   busy: boolean;
 }
@@ -102,6 +104,7 @@ export class TunePool implements Pricer {
     this.slots = Array.from({ length: workers }, () => {
       const slot: Slot = {
         worker: spawnWorker(import.meta.url, 'tune-worker', { spec }),
+        queue: [],
         graphs: 0,
         busy: false,
       };
@@ -118,19 +121,20 @@ export class TunePool implements Pricer {
     return this.slots.reduce((s, x) => s + x.graphs, 0);
   }
 
-  async estimate(layouts: readonly Layout[]): Promise<EstimateOutcome[]> {
-    const n = Math.min(this.slots.length, layouts.length);
-    const size = Math.ceil(layouts.length / Math.max(1, n));
-    const parts: Promise<EstimateOutcome[]>[] = [];
-    for (let k = 0; k < layouts.length; k += size) {
-      const part = layouts.slice(k, k + size);
-      parts.push(
-        this.submit((id) => ({ id, kind: 'estimate', layouts: part })).then((r) =>
-          r.kind === 'estimate' ? r.outcomes : [],
-        ),
-      );
-    }
-    return (await Promise.all(parts)).flat();
+  get threads(): number {
+    return this.slots.length;
+  }
+
+  /** part i on worker i */
+  estimate(parts: readonly (readonly Layout[])[]): Promise<EstimateOutcome[][]> {
+    return Promise.all(
+      parts.map((layouts, w) =>
+        this.submit(
+          (id) => ({ id, kind: 'estimate', layouts }),
+          this.slots[w % this.slots.length],
+        ).then((r) => (r.kind === 'estimate' ? r.outcomes : [])),
+      ),
+    );
   }
 
   price(
@@ -154,11 +158,12 @@ export class TunePool implements Pricer {
     await Promise.all(this.slots.map((s) => s.worker.terminate()));
   }
 
-  private submit(make: (id: number) => PoolRequest): Promise<PoolReply> {
+  /** a request for `slot` alone, or (without one) for whichever worker is free first */
+  private submit(make: (id: number) => PoolRequest, slot?: Slot): Promise<PoolReply> {
     if (this.failure) return Promise.reject(this.failure);
     return new Promise((resolve, reject) => {
       const request = make(this.nextId++);
-      this.queue.push({
+      (slot ? slot.queue : this.queue).push({
         request,
         done: (reply) =>
           reply.kind === 'failed' ? reject(new Error(reply.message)) : resolve(reply),
@@ -170,8 +175,8 @@ export class TunePool implements Pricer {
   private dispatch(): void {
     for (const slot of this.slots) {
       if (slot.busy) continue;
-      const task = this.queue.shift();
-      if (!task) return;
+      const task = slot.queue.shift() ?? this.queue.shift();
+      if (!task) continue;
       slot.busy = true;
       this.pending.set(task.request.id, task);
       slot.worker.postMessage(task.request);
@@ -191,9 +196,14 @@ export class TunePool implements Pricer {
     if (this.failure) return;
     this.failure = e;
     const message = `a tune worker failed: ${e.message}`;
-    for (const task of [...this.pending.values(), ...this.queue])
-      task.done({ id: task.request.id, kind: 'failed', message });
+    const waiting = [
+      ...this.pending.values(),
+      ...this.queue,
+      ...this.slots.flatMap((s) => s.queue),
+    ];
+    for (const task of waiting) task.done({ id: task.request.id, kind: 'failed', message });
     this.pending.clear();
     this.queue.length = 0;
+    for (const s of this.slots) s.queue.length = 0;
   }
 }

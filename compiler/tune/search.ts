@@ -50,9 +50,16 @@ import {
   type SearchSpaceRequest,
 } from './space.js';
 
-/** the estimate's memory may overstate a plan's by this factor: candidates up to it are tried */
-export const ESTIMATE_MEMORY_MARGIN = 1.2;
-/** the estimate's tokens/s may understate a plan's by this share: below it a layout cannot win */
+/**
+ * the estimate's memory may overstate a plan's by this factor: candidates up to it are tried
+ * (measured at most 1.14 on the test's small presets and 1.08 on the article's 30B search;
+ * test/tune/estimate.test.ts holds it under this)
+ */
+export const ESTIMATE_MEMORY_MARGIN = 1.15;
+/**
+ * the estimate's tokens/s may understate a plan's by this share: below it a layout cannot win
+ * (the step measured within 0.92–1.01 of the simulated on the test's presets)
+ */
 export const ESTIMATE_SLACK = 0.15;
 
 export interface PricedLayout {
@@ -98,7 +105,10 @@ export type PriceOutcome = PricedLayout | { readonly refused: string } | { reado
  * (cli/tune-pool.ts). Outcomes come back in the order asked, whoever computed them.
  */
 export interface Pricer {
-  estimate(layouts: readonly Layout[]): Promise<EstimateOutcome[]>;
+  /** threads it runs on: estimate takes a part for each */
+  readonly threads: number;
+  /** part i on thread i (its cached graphs are that thread's): outcomes per part, in order */
+  estimate(parts: readonly (readonly Layout[])[]): Promise<EstimateOutcome[][]>;
   /** compile and simulate; `verify`: with the plan verifier */
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
@@ -179,6 +189,8 @@ export const PRICE_ROUND = 4;
 /** the estimator's graphs are cached by these: a chunk of neighbours builds few of them */
 const estimateOrder = (a: Layout, b: Layout) =>
   a.tp - b.tp || a.ep - b.ep || a.mbs - b.mbs || a.level - b.level || a.encoderTp - b.encoderTp;
+/** layouts of one reduced decoder model (estimate.ts caches its pieces by these) */
+const sameModel = (a: Layout, b: Layout) => a.tp === b.tp && a.ep === b.ep && a.mbs === b.mbs;
 
 export async function tune(r: TuneRequest): Promise<TuneResult> {
   const start = performance.now();
@@ -202,16 +214,34 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
     fitsOn(staticBytesLowerBound(params, l, world, r.precision), r.device),
   );
   const cannotFit = all.length - possible.length;
+  // a contiguous share of the sorted layouts per thread, so that each builds few reduced models
   const order = [...possible.keys()].sort(
     (i, j) => estimateOrder(possible[i], possible[j]) || i - j,
   );
+  const threads = Math.max(1, pricer.threads);
+  const shares: number[][] = Array.from({ length: threads }, () => []);
+  const groups: number[][] = [];
+  for (const i of order) {
+    const last = groups[groups.length - 1];
+    if (last && sameModel(possible[last[0]], possible[i])) last.push(i);
+    else groups.push([i]);
+  }
+  // the groups dealt out largest first, each to the thread with the fewest layouts so far
+  for (const g of [...groups].sort((a, b) => b.length - a.length || a[0] - b[0])) {
+    let w = 0;
+    for (let v = 1; v < threads; v++) if (shares[v].length < shares[w].length) w = v;
+    shares[w].push(...g);
+  }
+  const size = Math.max(...shares.map((x) => x.length));
+  const step = Math.ceil(ESTIMATE_CHUNK / threads);
   const outcomes: (EstimateOutcome | undefined)[] = new Array(possible.length);
-  for (let k = 0; k < order.length; k += ESTIMATE_CHUNK) {
-    r.onProgress?.({ phase: 'estimate', done: k, total: order.length, seconds: seconds() });
+  for (let k = 0, done = 0; k < size; k += step) {
+    r.onProgress?.({ phase: 'estimate', done, total: order.length, seconds: seconds() });
     if (seconds() > r.timeBudgetS) break;
-    const chunk = order.slice(k, k + ESTIMATE_CHUNK);
-    const got = await pricer.estimate(chunk.map((i) => possible[i]));
-    chunk.forEach((i, j) => (outcomes[i] = got[j]));
+    const parts = shares.map((share) => share.slice(k, k + step));
+    const got = await pricer.estimate(parts.map((part) => part.map((i) => possible[i])));
+    parts.forEach((part, w) => part.forEach((i, j) => (outcomes[i] = got[w][j])));
+    done += parts.reduce((n, part) => n + part.length, 0);
   }
   const estimated: { layout: Layout; name: string; estimate: Estimate }[] = [];
   possible.forEach((layout, i) => {
@@ -347,8 +377,10 @@ export class LocalPricer implements Pricer {
     return price(this.r, layout, estimate, !verify);
   }
 
-  estimate(layouts: readonly Layout[]): Promise<EstimateOutcome[]> {
-    return Promise.resolve(layouts.map((l) => this.estimateOne(l)));
+  readonly threads = 1;
+
+  estimate(parts: readonly (readonly Layout[])[]): Promise<EstimateOutcome[][]> {
+    return Promise.resolve(parts.map((part) => part.map((l) => this.estimateOne(l))));
   }
 
   price(
