@@ -192,6 +192,28 @@ const estimateOrder = (a: Layout, b: Layout) =>
 /** layouts of one reduced decoder model (estimate.ts caches its pieces by these) */
 const sameModel = (a: Layout, b: Layout) => a.tp === b.tp && a.ep === b.ep && a.mbs === b.mbs;
 
+/**
+ * The layouts' indices dealt to `threads` threads: whole groups of one reduced decoder model
+ * (neighbours in estimateOrder), largest first, each to the thread with the fewest so far, so that
+ * each thread builds few reduced models and the threads get about as many layouts.
+ */
+function sharesOf(layouts: readonly Layout[], threads: number): number[][] {
+  const order = [...layouts.keys()].sort((i, j) => estimateOrder(layouts[i], layouts[j]) || i - j);
+  const groups: number[][] = [];
+  for (const i of order) {
+    const last = groups[groups.length - 1];
+    if (last && sameModel(layouts[last[0]], layouts[i])) last.push(i);
+    else groups.push([i]);
+  }
+  const shares: number[][] = Array.from({ length: Math.max(1, threads) }, () => []);
+  for (const g of [...groups].sort((a, b) => b.length - a.length || a[0] - b[0])) {
+    let w = 0;
+    for (let v = 1; v < shares.length; v++) if (shares[v].length < shares[w].length) w = v;
+    shares[w].push(...g);
+  }
+  return shares;
+}
+
 export async function tune(r: TuneRequest): Promise<TuneResult> {
   const start = performance.now();
   const seconds = () => (performance.now() - start) / 1000;
@@ -214,29 +236,12 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
     fitsOn(staticBytesLowerBound(params, l, world, r.precision), r.device),
   );
   const cannotFit = all.length - possible.length;
-  // a contiguous share of the sorted layouts per thread, so that each builds few reduced models
-  const order = [...possible.keys()].sort(
-    (i, j) => estimateOrder(possible[i], possible[j]) || i - j,
-  );
-  const threads = Math.max(1, pricer.threads);
-  const shares: number[][] = Array.from({ length: threads }, () => []);
-  const groups: number[][] = [];
-  for (const i of order) {
-    const last = groups[groups.length - 1];
-    if (last && sameModel(possible[last[0]], possible[i])) last.push(i);
-    else groups.push([i]);
-  }
-  // the groups dealt out largest first, each to the thread with the fewest layouts so far
-  for (const g of [...groups].sort((a, b) => b.length - a.length || a[0] - b[0])) {
-    let w = 0;
-    for (let v = 1; v < threads; v++) if (shares[v].length < shares[w].length) w = v;
-    shares[w].push(...g);
-  }
+  const shares = sharesOf(possible, pricer.threads);
   const size = Math.max(...shares.map((x) => x.length));
-  const step = Math.ceil(ESTIMATE_CHUNK / threads);
+  const step = Math.ceil(ESTIMATE_CHUNK / shares.length);
   const outcomes: (EstimateOutcome | undefined)[] = new Array(possible.length);
   for (let k = 0, done = 0; k < size; k += step) {
-    r.onProgress?.({ phase: 'estimate', done, total: order.length, seconds: seconds() });
+    r.onProgress?.({ phase: 'estimate', done, total: possible.length, seconds: seconds() });
     if (seconds() > r.timeBudgetS) break;
     const parts = shares.map((share) => share.slice(k, k + step));
     const got = await pricer.estimate(parts.map((part) => part.map((i) => possible[i])));
