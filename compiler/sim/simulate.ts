@@ -335,45 +335,39 @@ function replay(
 const identity = (n: number) => Int32Array.from({ length: n }, (_, r) => r);
 
 /**
- * Where a rank's meetings are encoded as numbers: `rank * stride + instruction` (stride: the
- * longest program), so that a collective or a transfer is named by the smallest of its members'.
+ * Who meets whom in a replay where each rank stands for `standIn[r]`: a collective's members and a
+ * transfer's other side, each as (the stand-in, its instruction) encoded as `rank * stride +
+ * instruction` (stride: the longest program), so that a meeting is named by its smallest member.
  */
-const strideOf = (ix: PlanIndex) => ix.programs.reduce((m, p) => Math.max(m, p.n), 1);
+class Meetings {
+  readonly stride: number;
 
-/**
- * The members of collective i of rank r's program, each as (its stand-in, its instruction):
- * distinct, encoded as rank * stride + instruction, smallest first.
- */
-function collectiveMembers(
-  ix: PlanIndex,
-  standIn: Int32Array,
-  stride: number,
-  r: number,
-  p: ProgramIndex,
-  i: number,
-): number[] {
-  const j = p.collRef[p.slot[i]];
-  const c = ix.rankComm[r][j];
-  const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-  const out = new Set<number>();
-  for (const m of ix.comms[c].ranks) out.add(standIn[m] * stride + ix.seqOn(m, c)!.instrs[k]);
-  return [...out].sort((a, b) => a - b);
-}
+  constructor(
+    private readonly ix: PlanIndex,
+    private readonly standIn: Int32Array,
+  ) {
+    this.stride = ix.programs.reduce((m, p) => Math.max(m, p.n), 1);
+  }
 
-/** send or recv i of rank r's other side, as (its stand-in, its instruction), encoded */
-function transferPeer(
-  ix: PlanIndex,
-  standIn: Int32Array,
-  stride: number,
-  r: number,
-  p: ProgramIndex,
-  i: number,
-): number {
-  const { pairs } = ix;
-  const q = pairs.pairOf[r][p.slot[i]];
-  return p.kind[i] === SEND
-    ? standIn[pairs.dst[q]] * stride + pairs.recvInstr[q]
-    : standIn[pairs.src[q]] * stride + pairs.sendInstr[q];
+  /** collective i of rank r's program p: its members, distinct, smallest first */
+  members(r: number, p: ProgramIndex, i: number): number[] {
+    const { ix, standIn, stride } = this;
+    const j = p.collRef[p.slot[i]];
+    const c = ix.rankComm[r][j];
+    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
+    const out = new Set<number>();
+    for (const m of ix.comms[c].ranks) out.add(standIn[m] * stride + ix.seqOn(m, c)!.instrs[k]);
+    return [...out].sort((a, b) => a - b);
+  }
+
+  /** send or recv i of rank r's program p: its other side */
+  peer(r: number, p: ProgramIndex, i: number): number {
+    const { pairs } = this.ix;
+    const q = pairs.pairOf[r][p.slot[i]];
+    return p.kind[i] === SEND
+      ? this.standIn[pairs.dst[q]] * this.stride + pairs.recvInstr[q]
+      : this.standIn[pairs.src[q]] * this.stride + pairs.sendInstr[q];
+  }
 }
 
 /**
@@ -383,39 +377,29 @@ function transferPeer(
  * replayed.
  */
 export function symmetricRanks(ix: PlanIndex): Int32Array | undefined {
+  if (ix.programs.every((p) => p.ranks.length === 1)) return undefined; // nothing to gain
   const standIn = Int32Array.from(
     { length: ix.world },
     (_, r) => ix.programs[ix.programOf[r]].ranks[0],
   );
-  if (ix.programs.every((p) => p.ranks.length === 1)) return undefined; // nothing to gain
-  const stride = strideOf(ix);
+  const meet = new Meetings(ix, standIn);
+  const { stride } = meet;
   const programOfRank = (r: number) => ix.programs[ix.programOf[r]];
   for (const p of ix.programs) {
     const r = p.ranks[0];
     for (let i = 0; i < p.n; i++) {
       if (p.kind[i] === GROUP) {
-        const members = collectiveMembers(ix, standIn, stride, r, p, i);
+        const members = meet.members(r, p, i);
         for (const code of members) {
           const m = Math.floor(code / stride);
-          const again = collectiveMembers(
-            ix,
-            standIn,
-            stride,
-            m,
-            programOfRank(m),
-            code - m * stride,
-          );
+          const again = meet.members(m, programOfRank(m), code - m * stride);
           if (again.length !== members.length || again.some((x, k) => x !== members[k]))
             return undefined;
         }
       } else if (p.kind[i] !== LOCAL) {
-        const peer = transferPeer(ix, standIn, stride, r, p, i);
+        const peer = meet.peer(r, p, i);
         const m = Math.floor(peer / stride);
-        if (
-          transferPeer(ix, standIn, stride, m, programOfRank(m), peer - m * stride) !==
-          r * stride + i
-        )
-          return undefined;
+        if (meet.peer(m, programOfRank(m), peer - m * stride) !== r * stride + i) return undefined;
       }
     }
   }
@@ -453,6 +437,7 @@ class StepReplay {
   private readonly blockedOn: Int32Array;
   /** the replayed ranks */
   private readonly active: readonly number[];
+  private readonly meet: Meetings;
   private readonly stride: number;
   /** collectives under way, by their smallest member: members arrived and their latest start */
   private readonly arrivals = new Map<number, { count: number; latest: number }>();
@@ -473,15 +458,16 @@ class StepReplay {
   private readonly work: Worklist;
 
   constructor(
-    private readonly ix: PlanIndex,
-    private readonly standIn: Int32Array,
+    ix: PlanIndex,
+    standIn: Int32Array,
     private readonly costs: readonly Float64Array[],
   ) {
     const { world, programs, programOf } = ix;
     this.programs = programs;
     this.programOf = programOf;
     this.active = [...new Set(standIn)].sort((a, b) => a - b);
-    this.stride = strideOf(ix);
+    this.meet = new Meetings(ix, standIn);
+    this.stride = this.meet.stride;
     this.members = programs.map(() => new Map());
     const kept = programs.map((p) => ({
       rank: p.ranks[0],
@@ -610,7 +596,7 @@ class StepReplay {
     const p = this.programs[this.programOf[r]];
     this.start[r][i] = at;
     const self = r * stride + i;
-    const peer = transferPeer(this.ix, this.standIn, stride, r, p, i);
+    const peer = this.meet.peer(r, p, i);
     const key = Math.min(self, peer);
     let t = transfers.get(key);
     if (t === undefined) transfers.set(key, (t = { state: 0, latest: at }));
@@ -714,7 +700,7 @@ class StepReplay {
     const cached = r === p.ranks[0] ? this.members[programOf[r]] : undefined;
     let members = cached?.get(i);
     if (members === undefined) {
-      members = collectiveMembers(this.ix, this.standIn, stride, r, p, i);
+      members = this.meet.members(r, p, i);
       cached?.set(i, members);
     }
     const key = members[0];
