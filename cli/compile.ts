@@ -196,7 +196,7 @@ function simulateReport(
   if (work > SIMULATE_BUDGET && !forced)
     return {
       lines: [
-        `simulation skipped: ${(work / 1e6).toFixed(1)}M rank-instructions to replay (over ${SIMULATE_BUDGET / 1e6}M; the plan is not symmetric); --simulate runs it`,
+        `simulation skipped: ${(work / 1e6).toFixed(1)}M instructions to replay on ${setup.ranks} of ${setup.ix.world} ranks (over ${SIMULATE_BUDGET / 1e6}M); --simulate runs it`,
       ],
     };
   starting();

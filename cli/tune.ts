@@ -4,9 +4,7 @@
 
 import { Command, Option } from 'commander';
 import { UserError } from '../compiler/errors.js';
-import { loadModelConfig } from '../compiler/frontend/config.js';
 import { loadDataProfile } from '../compiler/frontend/data-profile.js';
-import { loadHardware } from '../compiler/sim/hardware.js';
 import {
   ESTIMATE_MEMORY_MARGIN,
   ESTIMATE_SLACK,
@@ -112,10 +110,6 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       const fix = parseFix(f.fix);
       const exclude = parseExclude(f.exclude.flatMap((e) => e.split(',')));
       const hardware = f.hardware ?? 'h800';
-      const hw = loadHardware(hardware);
-      const config = loadModelConfig(model, overrides);
-      // a bad profile is the request's error, not every layout's refusal
-      if (f.dataProfile) loadDataProfile(f.dataProfile);
       const world = f.nnodes! * f.nprocPerNode!;
       const globalBatchSize = f.globalBatchSize ?? world;
       const base = [
@@ -145,7 +139,10 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         globalBatchSize,
         fit: f.fit,
       };
+      // the hardware and the model load here: a bad one is the request's user error
       const request = pricingRequestOf(spec);
+      // a bad profile too, not every layout's refusal
+      if (f.dataProfile) loadDataProfile(f.dataProfile);
       const workers = f.workers ?? defaultWorkers();
       const pool = workers > 1 ? new TunePool(spec, workers) : undefined;
       const result = await tune({
@@ -173,9 +170,9 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       }
       io.out(
         describe(result, line, {
-          model: config.name,
+          model: request.space.config.name,
           world,
-          hardware: hw.name,
+          hardware: request.hardware.name,
           fit: f.fit,
           top: f.top,
         }),

@@ -278,26 +278,13 @@ export function checkLayout(o: CompileOptions): void {
 
 /**
  * The graph passes alone (build, the parallel rewrites, autodiff): the training-step graph of one
- * rank and what the layout resolved to, without the pipeline split or emission. lfc tune prices
- * its pieces on this (compiler/tune/estimate.ts). Unverified, like a compile with skipVerify.
+ * rank, without the pipeline split or emission. lfc tune prices its pieces on this
+ * (compiler/tune/estimate.ts). Unverified, like a compile with skipVerify.
  */
-export function trainingGraph(o: CompileOptions): {
-  readonly graph: Graph;
-  readonly placement: EncoderPlacement;
-  readonly sequenceParallel: boolean;
-  readonly numMicrobatches: number;
-  readonly sizes: ProfileSizes;
-} {
+export function trainingGraph(o: CompileOptions): Graph {
   const layout = resolveLayout(o);
   const { sharded } = runShardingPasses({ ...o, skipVerify: true }, layout);
-  const { graph } = autodiff(sharded, layout.optimizer, layout.precision.grad);
-  return {
-    graph,
-    placement: layout.placement,
-    sequenceParallel: layout.sequenceParallel,
-    numMicrobatches: layout.numMicrobatches,
-    sizes: layout.data.sizes,
-  };
+  return autodiff(sharded, layout.optimizer, layout.precision.grad).graph;
 }
 
 function checkDumpRequest(o: CompileOptions): void {

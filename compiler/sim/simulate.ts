@@ -17,11 +17,11 @@
 // groups), and where the plan is symmetric they run alike too. Symmetric means that every
 // collective and send/recv, seen from any rank, meets the same (program, instruction) pairs as
 // seen from the first rank of each of its members' programs. Then only the first rank of each
-// distinct program is replayed, each member of a collective standing for by its program's first
-// rank (a group of data-parallel replicas of one program is complete once that one rank
+// distinct program is replayed, and a collective's members are counted as their programs' first
+// ranks (a group of data-parallel replicas of one program is complete once that one rank
 // arrives): a 1024-rank plan of 8 programs replays 8 ranks. The times are those of the full
-// replay, and test/sim checks them equal on every layout of the digests. A plan that is not
-// symmetric (symmetricRanks) replays every rank. What the simulation reports for the first rank
+// replay, and test/sim checks them equal on every layout of the equivalence matrix. A plan that is
+// not symmetric (symmetricMeetings) replays every rank. What the simulation reports for the first rank
 // of each program is when its last instruction ends, how long its compute stream is busy, and how
 // long communication or host copies run while compute is idle (exposed communication). The step
 // is the latest end over the ranks replayed.
@@ -72,12 +72,15 @@ export interface Simulation {
   readonly ranks: readonly RankTimes[];
 }
 
-/** What a replay of a plan steps through: the plan's index and the rank replayed for each. */
+/** What a replay of a plan steps through: the plan's index and who meets whom. */
 export interface ReplaySetup {
   readonly ix: PlanIndex;
+  /** each rank's stand-in, and the meetings between them (the replays of one plan share it) */
+  readonly meet: Meetings;
   /** [rank] the rank replayed for it (itself, or its program's first where the plan is symmetric) */
   readonly standIn: Int32Array;
-  /** instructions replayed: Σ over the replayed ranks of their program's length */
+  /** the ranks replayed, and the instructions: Σ over them of their program's length */
+  readonly ranks: number;
   readonly rankInstructions: number;
 }
 
@@ -88,10 +91,16 @@ export function replaySetup(
   allRanks = false,
 ): ReplaySetup {
   const ix = buildPlanIndex(plan, programs);
-  const standIn = (allRanks ? undefined : symmetricRanks(ix)) ?? identity(ix.world);
+  const meet =
+    (allRanks ? undefined : symmetricMeetings(ix)) ??
+    new Meetings(
+      ix,
+      Int32Array.from({ length: ix.world }, (_, r) => r),
+    );
+  const replayed = new Set(meet.standIn);
   let rankInstructions = 0;
-  for (const r of new Set(standIn)) rankInstructions += ix.programs[ix.programOf[r]].n;
-  return { ix, standIn, rankInstructions };
+  for (const r of replayed) rankInstructions += ix.programs[ix.programOf[r]].n;
+  return { ix, meet, standIn: meet.standIn, ranks: replayed.size, rankInstructions };
 }
 
 /** Simulates one step of a plan on a hardware profile (costs: cost.ts, or given per program). */
@@ -102,12 +111,12 @@ export function simulatePlan(
   costsOf?: (program: ProgramFile) => Float64Array,
   setup: ReplaySetup = replaySetup(plan, programs),
 ): Simulation {
-  const { ix, standIn } = setup;
+  const { ix } = setup;
   const sizes = expectedSizes(plan, programs.values());
   const costs = ix.programs.map((p) =>
     costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
   );
-  const run = (c: readonly Float64Array[]) => replay(ix, standIn, c, hw);
+  const run = (c: readonly Float64Array[]) => replay(setup, c, hw);
   const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
   if (plan.topology.nprocPerNode > cores) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
@@ -317,12 +326,11 @@ function defaultCosts(
 }
 
 function replay(
-  ix: PlanIndex,
-  standIn: Int32Array,
+  setup: ReplaySetup,
   costs: readonly Float64Array[],
   hw: HardwareProfile,
 ): Simulation {
-  const replay = new StepReplay(ix, standIn, costs);
+  const replay = new StepReplay(setup, costs);
   replay.runAll();
   replay.assertFinished();
   return {
@@ -332,25 +340,38 @@ function replay(
   };
 }
 
-const identity = (n: number) => Int32Array.from({ length: n }, (_, r) => r);
-
 /**
  * Who meets whom in a replay where each rank stands for `standIn[r]`: a collective's members and a
  * transfer's other side, each as (the stand-in, its instruction) encoded as `rank * stride +
  * instruction` (stride: the longest program), so that a meeting is named by its smallest member.
+ * A program's first rank keeps its collectives' members: the symmetry check and every replay of
+ * the plan ask for them.
  */
-class Meetings {
+export class Meetings {
   readonly stride: number;
+  /** [program] per collective instruction: the members its first rank meets */
+  private readonly kept: Map<number, number[]>[];
 
   constructor(
     private readonly ix: PlanIndex,
-    private readonly standIn: Int32Array,
+    readonly standIn: Int32Array,
   ) {
     this.stride = ix.programs.reduce((m, p) => Math.max(m, p.n), 1);
+    this.kept = ix.programs.map(() => new Map());
   }
 
   /** collective i of rank r's program p: its members, distinct, smallest first */
   members(r: number, p: ProgramIndex, i: number): number[] {
+    const kept = r === p.ranks[0] ? this.kept[this.ix.programOf[r]] : undefined;
+    let out = kept?.get(i);
+    if (out === undefined) {
+      out = this.gather(r, p, i);
+      kept?.set(i, out);
+    }
+    return out;
+  }
+
+  private gather(r: number, p: ProgramIndex, i: number): number[] {
     const { ix, standIn, stride } = this;
     const j = p.collRef[p.slot[i]];
     const c = ix.rankComm[r][j];
@@ -371,12 +392,12 @@ class Meetings {
 }
 
 /**
- * The first rank of each rank's program, where the plan is symmetric: every collective, seen
- * from the first rank of each of its members' programs, has the same members (as stand-ins), and
- * every send/recv's other side sees it as its own other side. Otherwise undefined: every rank is
- * replayed.
+ * The meetings with the first rank of each rank's program standing in for it, where the plan is
+ * symmetric: every collective, seen from the first rank of each of its members' programs, has the
+ * same members (as stand-ins), and every send/recv's other side sees it as its own other side.
+ * Otherwise undefined: every rank is replayed.
  */
-export function symmetricRanks(ix: PlanIndex): Int32Array | undefined {
+function symmetricMeetings(ix: PlanIndex): Meetings | undefined {
   if (ix.programs.every((p) => p.ranks.length === 1)) return undefined; // nothing to gain
   const standIn = Int32Array.from(
     { length: ix.world },
@@ -403,7 +424,7 @@ export function symmetricRanks(ix: PlanIndex): Int32Array | undefined {
       }
     }
   }
-  return standIn;
+  return meet;
 }
 
 /**
@@ -438,11 +459,8 @@ class StepReplay {
   /** the replayed ranks */
   private readonly active: readonly number[];
   private readonly meet: Meetings;
-  private readonly stride: number;
   /** collectives under way, by their smallest member: members arrived and their latest start */
   private readonly arrivals = new Map<number, { count: number; latest: number }>();
-  /** [program] per collective instruction of its first replayed rank: its members (encoded) */
-  private readonly members: Map<number, number[]>[];
   /** transfers under way, by their smaller side: bit 1 send posted, bit 2 recv posted, the later post */
   private readonly transfers = new Map<number, { state: number; latest: number }>();
   /** [rank × stream] the batch being posted: list positions [batchAt, batchEnd), the next to
@@ -458,17 +476,14 @@ class StepReplay {
   private readonly work: Worklist;
 
   constructor(
-    ix: PlanIndex,
-    standIn: Int32Array,
+    { ix, meet }: ReplaySetup,
     private readonly costs: readonly Float64Array[],
   ) {
     const { world, programs, programOf } = ix;
     this.programs = programs;
     this.programOf = programOf;
-    this.active = [...new Set(standIn)].sort((a, b) => a - b);
-    this.meet = new Meetings(ix, standIn);
-    this.stride = this.meet.stride;
-    this.members = programs.map(() => new Map());
+    this.active = [...new Set(meet.standIn)].sort((a, b) => a - b);
+    this.meet = meet;
     const kept = programs.map((p) => ({
       rank: p.ranks[0],
       start: new Float64Array(p.n),
@@ -592,7 +607,8 @@ class StepReplay {
 
   /** send or recv i of rank r is posted at `at`; once both sides are, the transfer runs */
   private post(r: number, i: number, at: number): void {
-    const { stride, transfers } = this;
+    const { transfers } = this;
+    const { stride } = this.meet;
     const p = this.programs[this.programOf[r]];
     this.start[r][i] = at;
     const self = r * stride + i;
@@ -694,15 +710,10 @@ class StepReplay {
    * on each at the latest start plus the longest member's cost
    */
   private arriveAtCollective(r: number, p: ProgramIndex, i: number, t: number): void {
-    const { costs, programs, programOf, stride } = this;
+    const { costs, programs, programOf } = this;
+    const { stride } = this.meet;
     this.start[r][i] = t;
-    // a program's first rank keeps its members (the others are replayed only with every rank)
-    const cached = r === p.ranks[0] ? this.members[programOf[r]] : undefined;
-    let members = cached?.get(i);
-    if (members === undefined) {
-      members = this.meet.members(r, p, i);
-      cached?.set(i, members);
-    }
+    const members = this.meet.members(r, p, i);
     const key = members[0];
     let a = this.arrivals.get(key);
     if (a === undefined) this.arrivals.set(key, (a = { count: 0, latest: t }));

@@ -242,9 +242,9 @@ export class Estimator {
       recompute: undefined,
       offloadTensors: undefined,
     };
-    const t = trainingGraph(reduced);
+    const graph = trainingGraph(reduced);
     this.graphs++;
-    const pieces = readPieces(t.graph, this.r.hardware);
+    const pieces = readPieces(graph, this.r.hardware);
     decoder ??= pieces.decoder;
     encoder ??= pieces.encoder;
     this.decoders.set(dkey, decoder);
