@@ -12,6 +12,14 @@
 // no images), so the step is the decoder's. Pipeline splits are Megatron's default, the decoder's
 // layers evenly over the stages (none of the runs sets a split).
 //
+// Attention is priced with the kernel each run used (--attention-kernel; the profile's figures for
+// it, configs/hardware). FlagPerf's READMEs list "flash attention 2" among the runs'
+// optimisations, and Megatron-Core 0.6 predates FlashAttention-3; Transformer Engine's later
+// releases pick cuDNN's fused attention over FlashAttention on Hopper
+// (transformer_engine/pytorch/attention/dot_product_attention/utils.py, "FusedAttention preference
+// on Hopper+"), which NeMo AutoModel's Transformer Engine run (point 5) gets. The bench prints each
+// point's ratio under every kernel its profile has, to show how much the match rests on that.
+//
 // The points, bf16 all, each with its primary source:
 //
 // 1. Llama 3 8B on 8 A800 SXM4 80GB (a800), Megatron-Core 0.6: tp 1, pp 2, dp 4, distributed
@@ -69,6 +77,8 @@ import { OP_TABLE, type OpKind } from '../ir/ops.js';
 interface Point {
   name: string;
   hardware: string;
+  /** the attention kernel the run used (--attention-kernel; the profile's figures for it) */
+  attention: string;
   gpus: number;
   /** lfc compile's arguments, --hardware and the data profile aside */
   args: string[];
@@ -107,6 +117,7 @@ const POINTS: Point[] = [
   {
     name: 'Llama 3 8B, 8 A800, tp 1 pp 2 dp 4 (Megatron-Core)',
     hardware: 'a800',
+    attention: 'flash2',
     gpus: 8,
     args: flagperfLlama3('llama3-8b-text', 8, 1, 2, 32),
     published: 3698.7,
@@ -115,6 +126,7 @@ const POINTS: Point[] = [
   {
     name: 'Llama 3 8B, 8 H100, tp 2 pp 1 dp 4 (Megatron-Core)',
     hardware: 'h100',
+    attention: 'flash2',
     gpus: 8,
     args: flagperfLlama3('llama3-8b-text', 8, 2, 1, 32),
     published: 8103,
@@ -123,6 +135,7 @@ const POINTS: Point[] = [
   {
     name: 'Llama 3 70B, 64 H100, tp 8 pp 4 dp 2 (Megatron-Core)',
     hardware: 'h100',
+    attention: 'flash2',
     gpus: 64,
     args: flagperfLlama3('llama3-70b-text', 64, 8, 4, 80),
     published: 851,
@@ -131,6 +144,7 @@ const POINTS: Point[] = [
   {
     name: 'Llama 2 70B, 32 H800, tp 4 pp 8 dp 1 (FlagScale)',
     hardware: 'h800',
+    attention: 'flash2',
     gpus: 32,
     args: [
       'llama2-70b-text',
@@ -144,6 +158,7 @@ const POINTS: Point[] = [
   {
     name: 'Qwen3-30B-A3B, 8 H100, ep 8 (NeMo AutoModel, FSDP2)',
     hardware: 'h100',
+    attention: 'cudnn',
     gpus: 8,
     args: [
       'qwen3-vl-30b-a3b',
@@ -182,9 +197,12 @@ interface Predicted {
 }
 
 /** Compiles and simulates one point; the busiest rank's step by family. */
-function predict(args: string[], hardware: string): Predicted {
-  const hw = loadHardware(hardware);
-  const { options } = parseCompileArgs([...args, '--hardware', hardware, '--data-profile', 'text']);
+function predict(args: string[], hardware: string, attention: string): Predicted {
+  const hw = loadHardware(hardware, attention);
+  const { options } = parseCompileArgs([
+    ...args,
+    ...['--hardware', hardware, '--attention-kernel', attention, '--data-profile', 'text'],
+  ]);
   const r = compile({ ...options, skipVerify: true });
   const programs = new Map(r.programs.map((p) => [p.id, p]));
   const { forecast, simulation } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
@@ -238,7 +256,7 @@ let shown = 0;
 POINTS.forEach((p, k) => {
   if (only && !only.includes(k + 1)) return;
   const t0 = performance.now();
-  const x = predict(p.args, p.hardware);
+  const x = predict(p.args, p.hardware, p.attention);
   const ratio = x.perGpu / p.published;
   const tokensPerStep = x.step * x.perGpu * p.gpus;
   const publishedStep = tokensPerStep / (p.published * p.gpus);
@@ -250,8 +268,14 @@ POINTS.forEach((p, k) => {
   console.log(
     `     busiest rank: ${x.shares.map(([f, s]) => `${f} ${pct(s / x.step)}`).join(', ')}`,
   );
+  // how much the ratio rests on the attention kernel: the same plan priced with each of the profile's
+  const kernels = Object.keys(loadHardware(p.hardware).efficiency!.attentionKernels);
+  if (kernels.length > 1)
+    console.log(
+      `     ratio by attention kernel: ${kernels.map((k) => `${k}${k === p.attention ? " (the run's)" : ''} ${(x.perGpuOn(loadHardware(p.hardware, k)) / p.published).toFixed(2)}`).join(', ')}`,
+    );
   if (process.argv.includes('--sensitivity')) {
-    const hw = loadHardware(p.hardware);
+    const hw = loadHardware(p.hardware, p.attention);
     const moved = EFFICIENCY_FAMILIES.map(
       (f) => `${f} ${(x.perGpuOn(scaleEfficiency(hw, f, 0.8)) / p.published).toFixed(2)}`,
     );
@@ -265,7 +289,7 @@ if (process.argv.includes('--ablation')) {
   console.log("FlagPerf's Llama 3 8B layouts on 8 A800 (point 1's source), Megatron's even split:");
   console.log('  tp  pp  dp  tokens/s/GPU  published  ratio');
   const rows = ABLATION.map(([tp, pp, published]) => {
-    const x = predict(flagperfLlama3('llama3-8b-text', 8, tp, pp, 32), 'a800');
+    const x = predict(flagperfLlama3('llama3-8b-text', 8, tp, pp, 32), 'a800', 'flash2');
     console.log(
       `  ${String(tp).padStart(2)}  ${String(pp).padStart(2)}  ${String(8 / tp / pp).padStart(2)}  ${x.perGpu.toFixed(0).padStart(12)}  ${String(published).padStart(9)}  ${(x.perGpu / published).toFixed(2).padStart(5)}`,
     );

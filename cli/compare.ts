@@ -85,7 +85,14 @@ function describe(dirs: readonly string[], rows: readonly CompileReportJson[]): 
     ['layout', ...rows.map(layoutOf)],
     ['features', ...rows.map((r) => r.features.join(' ') || '–')],
     ['batch', ...rows.map((r) => `${r.training.globalBatchSize} × ${r.training.seqLength} tokens`)],
-    ['simulated on', ...rows.map((r) => r.forecast?.hardware ?? '(not simulated)')],
+    [
+      'simulated on',
+      ...rows.map((r) =>
+        r.forecast
+          ? `${r.forecast.hardware}${r.forecast.attentionKernel ? ` (attention: ${r.forecast.attentionKernel})` : ''}`
+          : '(not simulated)',
+      ),
+    ],
     ['step', ...rows.map((r) => (r.forecast ? `${r.forecast.stepSeconds.toPrecision(4)} s` : '–'))],
     ['tokens/s', ...rows.map((r) => (r.forecast ? r.forecast.tokensPerSecond.toFixed(0) : '–'))],
     [

@@ -48,6 +48,7 @@ interface CompileFlags {
   listPasses?: boolean;
   json?: boolean;
   hardware?: string;
+  attentionKernel?: string;
   simulate?: boolean;
   trace?: string;
   tensorModelParallelSize?: number;
@@ -183,7 +184,7 @@ function simulateReport(
   f: CompileFlags,
   starting: () => void = () => {},
 ): { forecast?: StepForecast; lines: string[]; writeTraceFile?: () => void } {
-  const hw = loadHardware(f.hardware ?? 'h800');
+  const hw = hardwareOf(f);
   if (f.simulate === false) {
     if (f.trace) throw new UserError('--trace needs the simulation; drop --no-simulate');
     return { lines: [] };
@@ -501,6 +502,10 @@ function defineCompileCommand(cmd: Command): Command {
       `the hardware profile the step is simulated on: ${listHardware().join(', ')}, or a YAML file (default h800)`,
     )
     .option(
+      '--attention-kernel <name>',
+      "the attention kernel the step is priced with, one the profile has figures for: flash2, flash3, cudnn on Hopper, flash2 on Ampere (default: the profile's)",
+    )
+    .option(
       '--simulate',
       `simulate the step even when the plan has over ${SIMULATE_BUDGET / 1e6}M rank-instructions`,
     )
@@ -542,6 +547,9 @@ function describeAdvice(
     `  (planned ${remedies.length} alternatives in ${((performance.now() - started) / 1000).toFixed(1)} s; --no-advice skips them)`,
   ];
 }
+
+/** the profile --hardware names (default h800), its attention priced as --attention-kernel's */
+const hardwareOf = (f: CompileFlags) => loadHardware(f.hardware ?? 'h800', f.attentionKernel);
 
 /** what a hardware profile's device offers a plan */
 export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
@@ -653,7 +661,7 @@ export function compileRequest(
       moeTokenDropPolicy: f.moeTokenDropPolicy,
       moeRoutingImbalance: f.moeRoutingImbalance,
       dataProfile: f.dataProfile,
-      hardware: loadHardware(f.hardware ?? 'h800'),
+      hardware: hardwareOf(f),
       dumpAfter: f.dumpAfter,
       dumpProgram: f.dumpProgram,
     },
@@ -765,7 +773,7 @@ function reportJson(
   f: CompileFlags,
   simulated: ReturnType<typeof simulateReport>,
 ): CompileReportJson {
-  const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
+  const device = deviceMemoryOf(hardwareOf(f));
   const features = [
     ...(result.sequenceParallel ? ['--sequence-parallel'] : []),
     ...(o.distributedOptimizer ? ['--use-distributed-optimizer'] : []),
@@ -803,7 +811,7 @@ function report(
 ): void {
   const e = result.stats.emit;
   const t = result.plan.training;
-  const device = deviceMemoryOf(loadHardware(f.hardware ?? 'h800'));
+  const device = deviceMemoryOf(hardwareOf(f));
   const memory = memoryByProgram(result, device);
   if (f.json) {
     io.out(JSON.stringify(reportJson(result, request.options, f, simulated), null, 2) + '\n');

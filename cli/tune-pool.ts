@@ -9,7 +9,6 @@ import { availableParallelism } from 'node:os';
 import type { Worker } from 'node:worker_threads';
 import { loadModelConfig } from '../compiler/frontend/config.js';
 import { resolvePrecision } from '../compiler/frontend/precision.js';
-import { loadHardware } from '../compiler/sim/hardware.js';
 import { spawnWorker } from '../compiler/threads.js';
 import type { Estimate } from '../compiler/tune/estimate.js';
 import type {
@@ -27,7 +26,6 @@ export interface TuneSpec {
   readonly overrides: readonly string[];
   /** the `lfc compile` arguments every layout shares (model and overrides first) */
   readonly base: readonly string[];
-  readonly hardware: string;
   readonly bf16: boolean;
   readonly nnodes: number;
   readonly nprocPerNode: number;
@@ -36,7 +34,9 @@ export interface TuneSpec {
 }
 
 export function pricingRequestOf(s: TuneSpec): PricingRequest {
-  const hardware = loadHardware(s.hardware);
+  const baseOptions = parseCompileArgs([...s.base]).options;
+  // the base line names the profile (--hardware, and --attention-kernel where given)
+  const hardware = baseOptions.hardware!;
   return {
     space: {
       config: loadModelConfig(s.model, [...s.overrides]),
@@ -44,7 +44,7 @@ export function pricingRequestOf(s: TuneSpec): PricingRequest {
       nprocPerNode: s.nprocPerNode,
       globalBatchSize: s.globalBatchSize,
     },
-    baseOptions: parseCompileArgs([...s.base]).options,
+    baseOptions,
     hardware,
     device: deviceMemoryOf(hardware),
     precision: resolvePrecision({ bf16: s.bf16 }),

@@ -22,6 +22,7 @@ interface TuneFlags {
   nnodes?: number;
   nprocPerNode?: number;
   hardware?: string;
+  attentionKernel?: string;
   seqLength?: number;
   globalBatchSize?: number;
   bf16?: boolean;
@@ -51,6 +52,10 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
     .requiredOption('--nnodes <n>', 'nodes in the cluster', positiveInt('--nnodes'))
     .requiredOption('--nproc-per-node <n>', 'GPUs per node', positiveInt('--nproc-per-node'))
     .option('--hardware <name|file>', 'the hardware profile (default h800)')
+    .option(
+      '--attention-kernel <name>',
+      "the attention kernel layouts are priced with, one the profile has figures for (default: the profile's)",
+    )
     .option(
       '--seq-length <n>',
       "tokens per sequence (default: the preset's)",
@@ -126,13 +131,13 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
         // the pipeline split balances priced seconds on it: part of the layout's line
         ...['--hardware', hardware],
+        ...(f.attentionKernel ? ['--attention-kernel', f.attentionKernel] : []),
       ];
       const tty = isTTY() && !f.json;
       const spec: TuneSpec = {
         model,
         overrides,
         base,
-        hardware,
         bf16: f.bf16 ?? false,
         nnodes: f.nnodes!,
         nprocPerNode: f.nprocPerNode!,
@@ -172,7 +177,7 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         describe(result, line, {
           model: request.space.config.name,
           world,
-          hardware: request.hardware.name,
+          hardware: `${request.hardware.name}${f.attentionKernel ? ` (attention: ${f.attentionKernel})` : ''}`,
           fit: f.fit,
           top: f.top,
         }),

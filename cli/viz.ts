@@ -21,12 +21,21 @@ export function addVizCommand(program: Command, io: CliIO): void {
       'draw this measured timeline (lfc run --trace) instead of the simulated one',
     )
     .option('--hardware <name|file>', 'the profile the timeline is simulated on (default h800)')
-    .action((dir: string, f: { output?: string; trace?: string; hardware?: string }) => {
-      const data = vizData(dir, { trace: f.trace, hardware: f.hardware });
-      const out = f.output ?? join(dir, 'viz.html');
-      writeFileAtomic(out, renderPage(data));
-      io.out(
-        `${data.title}: ${data.timeline.events.length} instructions on ${data.timeline.lanes.length} lanes, ${data.timeline.source}\nopen file://${resolve(out)}\n`,
-      );
-    });
+    .option(
+      '--attention-kernel <name>',
+      "the attention kernel the timeline is priced with (default: the profile's)",
+    )
+    .action(
+      (
+        dir: string,
+        f: { output?: string; trace?: string; hardware?: string; attentionKernel?: string },
+      ) => {
+        const data = vizData(dir, { ...f });
+        const out = f.output ?? join(dir, 'viz.html');
+        writeFileAtomic(out, renderPage(data));
+        io.out(
+          `${data.title}: ${data.timeline.events.length} instructions on ${data.timeline.lanes.length} lanes, ${data.timeline.source}\nopen file://${resolve(out)}\n`,
+        );
+      },
+    );
 }

@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { memoryByProgram, type ProgramMemory } from '../compiler/report/memory.js';
 import { UserError } from '../compiler/errors.js';
 import { stageOfRank, type PlanFile, type ProgramFile } from '../compiler/plan/format.js';
-import { loadHardware } from '../compiler/sim/hardware.js';
+import { loadHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
 import type { TraceEvent } from '../runtime/trace.js';
@@ -75,9 +75,8 @@ interface Timed {
 function simulated(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
-  hardware: string,
+  hw: HardwareProfile,
 ): Timed {
-  const hw = loadHardware(hardware);
   const sim = simulatePlan(plan, programs, hw);
   const lanes: VizLane[] = [];
   const spans: Timed['spans'] = [];
@@ -131,9 +130,14 @@ function measured(file: string, plan: PlanFile): Timed {
   return { lanes, spans, source: `measured (${file})` };
 }
 
-export function vizData(planDir: string, o: { trace?: string; hardware?: string } = {}): VizData {
+export function vizData(
+  planDir: string,
+  o: { trace?: string; hardware?: string; attentionKernel?: string } = {},
+): VizData {
   const { plan, programs } = readPlan(planDir);
-  const t = o.trace ? measured(o.trace, plan) : simulated(plan, programs, o.hardware ?? 'h800');
+  const t = o.trace
+    ? measured(o.trace, plan)
+    : simulated(plan, programs, loadHardware(o.hardware ?? 'h800', o.attentionKernel));
   const ops: string[] = [];
   const phases: string[] = [];
   const intern = (list: string[], x: string) => {

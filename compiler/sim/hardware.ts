@@ -7,6 +7,10 @@
 // of those rates by shape: GEMM tiles and waves, flash attention, direct exchanges, compute that
 // shares the SMs with communication) is required of a GPU profile; a CPU profile (lfc
 // calibrate's) has none, and its kernels are priced by FLOPs and bytes alone.
+//
+// Attention is priced by the kernel a run uses: a profile lists each kernel it has figures for
+// (FlashAttention-2, FlashAttention-3, cuDNN's fused attention, …) under `efficiency.attention`,
+// and names the default; `--attention-kernel` picks another (loadHardware's second argument).
 
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { cachedParse } from '../frontend/file-cache.js';
@@ -72,7 +76,11 @@ export interface Efficiency {
   readonly sms: number;
   /** a grouped GEMM runs one GEMM per expert, this many at once (their tiles share the waves) */
   readonly groupedStreams: number;
-  /** the most flash attention reaches, forward and backward, as a fraction of the peak */
+  /** the attention kernel the four figures below are of: the profile's default or the chosen */
+  readonly attentionKernel: string;
+  /** every attention kernel the profile has figures for, by name */
+  readonly attentionKernels: Readonly<Record<string, AttentionFigures>>;
+  /** the most the attention kernel reaches, forward and backward, as a fraction of the peak */
   readonly attentionForward: number;
   readonly attentionBackward: number;
   /** the segment length (tokens a query attends within) at which it reaches half of that */
@@ -84,6 +92,47 @@ export interface Efficiency {
   /** how much longer a compute kernel takes while a communication kernel runs on the rank's GPU
    * (they share the SMs): 0.1 is 10% */
   readonly overlapSlowdown: number;
+}
+
+/** One attention kernel's figures (a profile's `efficiency.attention.<kernel>`). */
+export interface AttentionFigures {
+  readonly forward: number;
+  readonly backward: number;
+  readonly halfSegment: number;
+  readonly headDimMultiple: number;
+}
+
+/**
+ * The profile with its attention priced as `kernel` runs it (one of the profile's
+ * `efficiency.attention` kernels); undefined: the profile as it is (its default kernel).
+ */
+export function withAttentionKernel(
+  hw: HardwareProfile,
+  kernel: string | undefined,
+): HardwareProfile {
+  if (kernel === undefined) return hw;
+  const e = hw.efficiency;
+  if (!e)
+    throw new UserError(
+      `--attention-kernel ${kernel}: ${hw.name} is a CPU profile; its attention is priced by FLOPs and bytes, with no kernels to choose`,
+    );
+  const names = Object.keys(e.attentionKernels);
+  const f = e.attentionKernels[kernel];
+  if (!f)
+    throw new UserError(
+      `--attention-kernel ${kernel}: ${hw.name} has no figures for it${didYouMean(kernel, names)} (its kernels: ${names.join(', ')}; ${hw.path})`,
+    );
+  return {
+    ...hw,
+    efficiency: {
+      ...e,
+      attentionKernel: kernel,
+      attentionForward: f.forward,
+      attentionBackward: f.backward,
+      attentionHalfSegment: f.halfSegment,
+      headDimMultiple: f.headDimMultiple,
+    },
+  };
 }
 
 /** The efficiency families lfc tune's sensitivity table moves one at a time. */
@@ -163,8 +212,11 @@ function runtimeOf(doc: unknown, path: string): 'cpu' | 'gpu' {
   throw new UserError(`${path}: runtime must be cpu or gpu, got ${JSON.stringify(v)}`);
 }
 
-/** A profile by preset name or by path to a YAML file. */
-export function loadHardware(nameOrPath: string): HardwareProfile {
+/**
+ * A profile by preset name or by path to a YAML file; `attentionKernel`: price attention as that
+ * kernel of the profile's runs it (--attention-kernel), not as its default.
+ */
+export function loadHardware(nameOrPath: string, attentionKernel?: string): HardwareProfile {
   const isPath = nameOrPath.includes('/') || nameOrPath.endsWith('.yaml');
   const path = isPath ? nameOrPath : join(hardwareDir(), `${nameOrPath}.yaml`);
   if (!existsSync(path)) {
@@ -235,23 +287,56 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
       );
     return v as [number, number][];
   };
-  const efficiency: Efficiency | undefined = has('efficiency')
-    ? {
-        gemmTiles: tiles('efficiency.gemm.tiles'),
-        sms: integer('efficiency.gemm.sms'),
-        groupedStreams: integer('efficiency.gemm.grouped_streams'),
-        attentionForward: positive('efficiency.attention.forward', 1),
-        attentionBackward: positive('efficiency.attention.backward', 1),
-        attentionHalfSegment: nonNegative('efficiency.attention.half_segment'),
-        headDimMultiple: integer('efficiency.attention.head_dim_multiple'),
-        allToAll: positive('efficiency.collectives.all_to_all', 1),
-        overlapSlowdown: nonNegative('efficiency.overlap.compute_slowdown'),
-      }
-    : undefined;
+  // efficiency.attention: `default: <kernel>` and one entry of figures per kernel
+  const attentionKernels = (): Record<string, AttentionFigures> => {
+    const v = at('efficiency.attention');
+    const names = typeof v === 'object' && v !== null ? Object.keys(v) : [];
+    const kernels = names.filter((k) => k !== 'default');
+    if (kernels.length === 0)
+      throw new UserError(
+        `${path}: efficiency.attention must list at least one kernel's figures (e.g. flash2: { forward, backward, half_segment, head_dim_multiple }) and name the default`,
+      );
+    return Object.fromEntries(
+      kernels.map((k) => {
+        const key = `efficiency.attention.${k}`;
+        return [
+          k,
+          {
+            forward: positive(`${key}.forward`, 1),
+            backward: positive(`${key}.backward`, 1),
+            halfSegment: nonNegative(`${key}.half_segment`),
+            headDimMultiple: integer(`${key}.head_dim_multiple`),
+          },
+        ];
+      }),
+    );
+  };
+  const efficiency = (): Efficiency => {
+    const kernels = attentionKernels();
+    const chosen = at('efficiency.attention.default');
+    if (typeof chosen !== 'string' || !(chosen in kernels))
+      throw new UserError(
+        `${path}: efficiency.attention.default must name one of its kernels (${Object.keys(kernels).join(', ')}), got ${JSON.stringify(chosen)}`,
+      );
+    const f = kernels[chosen];
+    return {
+      gemmTiles: tiles('efficiency.gemm.tiles'),
+      sms: integer('efficiency.gemm.sms'),
+      groupedStreams: integer('efficiency.gemm.grouped_streams'),
+      attentionKernel: chosen,
+      attentionKernels: kernels,
+      attentionForward: f.forward,
+      attentionBackward: f.backward,
+      attentionHalfSegment: f.halfSegment,
+      headDimMultiple: f.headDimMultiple,
+      allToAll: positive('efficiency.collectives.all_to_all', 1),
+      overlapSlowdown: nonNegative('efficiency.overlap.compute_slowdown'),
+    };
+  };
   const gpusPerNode = positive('gpus_per_node');
   if (!Number.isInteger(gpusPerNode))
     throw new UserError(`${path}: gpus_per_node must be an integer, got ${gpusPerNode}`);
-  return {
+  const profile: HardwareProfile = {
     name: String(at('name')),
     description: String(at('description')),
     path,
@@ -274,6 +359,7 @@ export function loadHardware(nameOrPath: string): HardwareProfile {
       interNode: link('links.inter_node'),
       host: link('links.host'),
     },
-    efficiency,
+    efficiency: has('efficiency') ? efficiency() : undefined,
   };
+  return withAttentionKernel(profile, attentionKernel);
 }

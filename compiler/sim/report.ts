@@ -29,6 +29,8 @@ export interface ProgramForecast {
 
 export interface StepForecast {
   readonly hardware: string;
+  /** the attention kernel the step is priced with (a GPU profile's; --attention-kernel) */
+  readonly attentionKernel?: string;
   readonly stepSeconds: number;
   readonly tokensPerStep: number;
   readonly tokensPerSecond: number;
@@ -63,6 +65,7 @@ export function forecastStep(
   const world = plan.topology.worldSize;
   const forecast: StepForecast = {
     hardware: hw.name,
+    ...(hw.efficiency ? { attentionKernel: hw.efficiency.attentionKernel } : {}),
     stepSeconds: step,
     tokensPerStep,
     tokensPerSecond: tokensPerStep / step,
@@ -96,7 +99,7 @@ export function describeForecast(f: StepForecast, hw: HardwareProfile): string[]
     return top.length ? ` (${top.map((x) => `${x.op} ${pct(x.share)}`).join(', ')})` : '';
   };
   return [
-    `simulated on ${hw.name}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
+    `simulated on ${hw.name}${f.attentionKernel ? ` (attention: ${f.attentionKernel})` : ''}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
     ...f.programs.map(
       (p) =>
         `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}${ops(p.exposedByOp)}, idle ${pct(p.idle)}`,

@@ -231,6 +231,19 @@ describe('lfc tune', () => {
     expect(text.out).toMatch(/\n {4}gemm +\d+ \(-\d/);
   }, 300_000);
 
+  it('--attention-kernel prices every layout with that kernel and goes into the compile line', async () => {
+    const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
+    const best = async (...more: string[]) => {
+      const r = await cli('tune', ...BASE, ...SPACE, ...fixed, '--top', '1', ...more, '--json');
+      expect(r.code).toBe(0);
+      return (JSON.parse(r.out) as TuneJson).layouts[0];
+    };
+    const [fa3, fa2] = [await best(), await best('--attention-kernel', 'flash2')];
+    expect(fa3.compileLine).not.toMatch(/--attention-kernel/);
+    expect(fa2.compileLine).toMatch(/ --attention-kernel flash2 /);
+    expect(fa2.forecast.tokensPerSecond).toBeLessThan(fa3.forecast.tokensPerSecond);
+  }, 300_000);
+
   it('gives the same result on this thread and on worker threads', async () => {
     const run = async (workers: string) => {
       const r = await cli('tune', ...BASE, ...SPACE, '--top', '2', '--workers', workers, '--json');
@@ -266,6 +279,7 @@ describe('lfc tune', () => {
     [['--data-profile', 'nowhere'], /nowhere/],
     [['--hardware', 'h80'], /did you mean 'h800'/],
     [['--workers', '0'], /--workers/],
+    [['--attention-kernel', 'flash9'], /--attention-kernel flash9: h800 has no figures for it/],
   ])('%j is a user error', async (extra, message) => {
     const r = await cli('tune', ...BASE, ...extra);
     expect(r.code).toBe(2);

@@ -309,7 +309,7 @@ describe('hardware profiles', () => {
     );
     for (const name of listHardware()) expect(loadHardware(name).name).toBe(name);
     // the A800 is an A100 with NVLink cut to 400 GB/s; the H200 an H100 with more, faster HBM
-    const [a100, a800, h200] = ['a100', 'a800', 'h200'].map(loadHardware);
+    const [a100, a800, h200] = ['a100', 'a800', 'h200'].map((n) => loadHardware(n));
     expect(a800.compute.matmulTflops).toBe(a100.compute.matmulTflops);
     expect(a800.links.intraNode.gbps).toBeLessThan(a100.links.intraNode.gbps);
     expect([h200.memoryGiB, h200.compute.memoryGbps]).toEqual([140, 4800]);
@@ -342,10 +342,67 @@ describe('hardware profiles', () => {
     );
     writeFileSync(bad, text.replace(/\nefficiency:[^]*?\n(?=[a-z])/, '\n'));
     expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: efficiency is missing/);
+    writeFileSync(bad, text.replace(/default: flash3/, 'default: flash9'));
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: efficiency\.attention\.default must name one of its kernels \(flash3, flash2, cudnn\), got "flash9"/,
+    );
+    writeFileSync(bad, text.replace(/(flash2: \{ forward: )[\d.]+/, '$11.5'));
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: efficiency\.attention\.flash2\.forward must be a number in \(0, 1\]/,
+    );
     writeFileSync(bad, text.replace(/sms: \d+/, 'sms: 1.5'));
     expect(() => loadHardware(bad)).toThrow(
       /bad-hw\.yaml: efficiency\.gemm\.sms must be an integer/,
     );
+  });
+  it('prices attention as the chosen kernel runs it, the default unless --attention-kernel', () => {
+    const h100 = loadHardware('h100');
+    const e = h100.efficiency!;
+    expect(e.attentionKernel).toBe('flash3');
+    expect(Object.keys(e.attentionKernels)).toEqual(['flash3', 'flash2', 'cudnn']);
+    const att = (backward: boolean) => ({
+      kind: 'attention' as const,
+      backward,
+      causal: true,
+      tokens: 8192,
+      heads: 32,
+      headDim: 128,
+      segment: 8192,
+    });
+    for (const kernel of ['flash3', 'flash2', 'cudnn']) {
+      const hw = loadHardware('h100', kernel);
+      const f = e.attentionKernels[kernel];
+      expect(hw.efficiency!.attentionKernel).toBe(kernel);
+      // the kernel's own figures, by the header's curve: peak × L / (L + half)
+      expect(matmulEfficiency(1e12, hw, att(false))).toBeCloseTo(
+        (f.forward * 8192) / (8192 + f.halfSegment),
+        12,
+      );
+      expect(matmulEfficiency(1e12, hw, att(true))).toBeCloseTo(
+        (f.backward * 8192) / (8192 + f.halfSegment),
+        12,
+      );
+      // GEMMs are the kernel's business alone
+      expect(hw.compute).toEqual(h100.compute);
+    }
+    // FlashAttention-2 on Hopper runs at about half of FlashAttention-3 (arXiv 2407.08608)
+    const fa2 = matmulEfficiency(1e12, loadHardware('h100', 'flash2'), att(false));
+    expect(fa2 / matmulEfficiency(1e12, h100, att(false))).toBeGreaterThan(0.45);
+    expect(fa2 / matmulEfficiency(1e12, h100, att(false))).toBeLessThan(0.6);
+  });
+  it.each([
+    [
+      'h100',
+      'flash',
+      /--attention-kernel flash: h100 has no figures for it \(did you mean 'flash3'\?\) \(its kernels: flash3, flash2, cudnn;/,
+    ],
+    [
+      'a800',
+      'flash3',
+      /--attention-kernel flash3: a800 has no figures for it .*\(its kernels: flash2;/,
+    ],
+  ])('refuses an attention kernel the profile has no figures for: %s %s', (hw, kernel, message) => {
+    expect(() => loadHardware(hw, kernel)).toThrow(message);
   });
   it("a link's efficiency scales its peak: what collectives reach (a100, a800: measured on A100)", () => {
     const text = readFileSync(loadHardware('h800').path, 'utf8');
@@ -371,7 +428,9 @@ describe('lfc compile: the simulated step', () => {
   it('reports step time, tokens/s, MFU and each program’s split', async () => {
     const r = await cli('compile', 'tiny-vlm-moe', ...flags);
     expect(r.code).toBe(0);
-    expect(r.out).toMatch(/simulated on h800: step [\d.]+ ms, [\d.]+k tokens\/s, MFU [\d.]+%/);
+    expect(r.out).toMatch(
+      /simulated on h800 \(attention: flash3\): step [\d.]+ ms, [\d.]+k tokens\/s, MFU [\d.]+%/,
+    );
     expect(r.out).toMatch(
       /p0 \(rank 0\): compute [\d.]+%, exposed communication [\d.]+%( \(\w+ [\d.]+%(, \w+ [\d.]+%)*\))?, idle [\d.]+%/,
     );
@@ -385,6 +444,44 @@ describe('lfc compile: the simulated step', () => {
     const [a, h] = [await step('a100'), await step('h100')];
     expect(a.stepSeconds).toBeGreaterThan(h.stepSeconds);
     expect(a.mfu).toBeGreaterThan(0);
+  });
+  it('--attention-kernel prices the step with that kernel: flash2 is slower on Hopper', async () => {
+    const compiled = async (...more: string[]) => {
+      const r = await cli(
+        'compile',
+        'tiny-vlm-moe',
+        ...flags,
+        '--hardware',
+        'h100',
+        ...more,
+        '--json',
+      );
+      expect(r.code).toBe(0);
+      return JSON.parse(r.out) as {
+        forecast: { stepSeconds: number; attentionKernel: string };
+        stats: unknown;
+      };
+    };
+    const [fa3, fa2] = [await compiled(), await compiled('--attention-kernel', 'flash2')];
+    expect([fa3.forecast.attentionKernel, fa2.forecast.attentionKernel]).toEqual([
+      'flash3',
+      'flash2',
+    ]);
+    expect(fa2.forecast.stepSeconds).toBeGreaterThan(fa3.forecast.stepSeconds);
+    const bad = await cli(
+      'compile',
+      'tiny-vlm-moe',
+      ...flags,
+      '--hardware',
+      'a800',
+      '--attention-kernel',
+      'flash3',
+    );
+    expect(bad.code).toBe(2);
+    expect(bad.err).toMatch(
+      /--attention-kernel flash3: a800 has no figures for it .*its kernels: flash2/,
+    );
+    expect(bad.err).not.toMatch(/\n\s+at /);
   });
   it('--trace writes the predicted timeline: the first rank of each program', async () => {
     const trace = join(out, 'predicted.json');
