@@ -129,7 +129,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, const std::vector<int>& ra
   if (elsewhere > 0) return nullptr;
 
   // 2. rank 0 makes the mapping, the others open it and check its nonce
-  const size_t mapped = kHeaderBytes + metaBytes(size) + 2 * size_t(size) * kSlotBytes;
+  const size_t mapped = kHeaderBytes + metaBytes(size) + 2 * size_t(size) * kExchangeSlotBytes;
   Offer offer{};
   void* base = MAP_FAILED;
   if (rank == 0) {
@@ -191,8 +191,9 @@ int64_t* ShmGroup::meta(int set, int rank) const {
 
 char* ShmGroup::slot(int set, int rank) const {
   return static_cast<char*>(base_) + kHeaderBytes + metaBytes(size_) +
-         (size_t(set) * size_t(size_) + size_t(rank)) * kSlotBytes;
+         (size_t(set) * size_t(size_) + size_t(rank)) * kExchangeSlotBytes;
 }
+
 
 void ShmGroup::barrier() {
   Header& h = *headerOf(base_);
@@ -375,7 +376,7 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
   if (sendBytes[size_t(rank_)] > 0)
     std::memmove(y + recvAt[size_t(rank_)], x + sendAt[size_t(rank_)], size_t(sendBytes[size_t(rank_)]));
   // a slot is P lanes, lane j carrying this round's piece of the block to rank j
-  const int64_t lane = int64_t(kSlotBytes) / P / 64 * 64;
+  const int64_t lane = int64_t(kExchangeSlotBytes) / P / 64 * 64;
   int64_t mine = 0;
   for (int j = 0; j < P; j++)
     if (j != rank_) mine = std::max({mine, (sendBytes[size_t(j)] + lane - 1) / lane, (recvBytes[size_t(j)] + lane - 1) / lane});
@@ -399,7 +400,7 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
 }
 
 // Each sender copies a whole slot a round into its own slot, the root copies every sender's out:
-// one barrier per kSlotBytes of the largest block (an allToAllV would give each a lane, 1/P slot)
+// one barrier per slot of the largest block (an allToAllV would give each a lane, 1/P slot)
 void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& blockBytes, int root) {
   const int P = size_;
   if (int(blockBytes.size()) != P || root < 0 || root >= P)
@@ -410,7 +411,7 @@ void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& bl
   for (int i = 0; i < P; i++) at[size_t(i) + 1] = at[size_t(i)] + blockBytes[size_t(i)];
   if (rank_ == root && blockBytes[size_t(root)] > 0)
     std::memmove(y + at[size_t(root)], x, size_t(blockBytes[size_t(root)]));
-  const int64_t S = int64_t(kSlotBytes);
+  const int64_t S = int64_t(kExchangeSlotBytes);
   int64_t rounds = 0;
   for (int i = 0; i < P; i++)
     if (i != root) rounds = std::max(rounds, (blockBytes[size_t(i)] + S - 1) / S);

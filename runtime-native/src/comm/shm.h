@@ -24,8 +24,12 @@
 //                block. Each rank knows only its own sizes, so the first round also carries each
 //                rank's count of rounds, and all run the largest
 //
-// Slots are small (kSlotBytes) so a round's data is still in cache when it is read: at 64 MiB on
-// 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The barriers are
+// Rounds are small (kSlotBytes) so a round's data is still in cache when it is read: at 64 MiB on
+// 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The direct
+// exchanges move more a round (kExchangeSlotBytes): each of their rounds is a barrier for a 1/P
+// lane of every block, and over 256 KiB slots a 64 MiB all_to_all_v on 2 ranks was bound by its
+// barriers (26-29 ms, against 16-18 ms with 1 MiB slots and 18-22 ms for OpenMPI, bench/collectives,
+// two runs each on a 2-core EPYC; gather_v 15-16 ms against 9-11 ms). The barriers are
 // a counter and a generation in the mapping, waited on with a futex and the collective timeout; a
 // rank that waits checks every 100 ms that its peers' processes still exist, so a member that dies
 // fails the others at once, as a closed TCP connection would. The mapping also holds an abort word
@@ -56,7 +60,11 @@ namespace lfc::comm {
 
 class ShmGroup {
  public:
-  // bytes of one rank's slot in one set
+  // bytes of one rank's slot in one set, and what a round of the direct exchanges (all_to_all_v,
+  // gather_v) moves through it
+  static constexpr size_t kExchangeSlotBytes = size_t(1) << 20;
+  // what a round of the others moves through a slot: all_reduce's chunk, reduce_scatter's lanes,
+  // all_gather's and broadcast's pieces
   static constexpr size_t kSlotBytes = size_t(256) << 10;
 
   // what setup needs of the group's other transport
