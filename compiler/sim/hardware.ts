@@ -212,6 +212,12 @@ function runtimeOf(doc: unknown, path: string): 'cpu' | 'gpu' {
   throw new UserError(`${path}: runtime must be cpu or gpu, got ${JSON.stringify(v)}`);
 }
 
+/** a profile's efficiency.attention in the form before kernels were named: how to write it now */
+const flatAttention = (path: string) =>
+  new UserError(
+    `${path}: efficiency.attention lists its figures by kernel: write default: <kernel> and <kernel>: { forward, backward, half_segment, head_dim_multiple } (e.g. flash2; see configs/hardware/a100.yaml)`,
+  );
+
 /**
  * A profile by preset name or by path to a YAML file; `attentionKernel`: price attention as that
  * kernel of the profile's runs it (--attention-kernel), not as its default.
@@ -291,6 +297,7 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
   const attentionKernels = (): Record<string, AttentionFigures> => {
     const v = at('efficiency.attention');
     const names = typeof v === 'object' && v !== null ? Object.keys(v) : [];
+    if (names.includes('forward')) throw flatAttention(path);
     const kernels = names.filter((k) => k !== 'default');
     if (kernels.length === 0)
       throw new UserError(

@@ -57,7 +57,7 @@ describe('the fits advice', () => {
         'memory_reserve_gib: 0',
         'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
         'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
-        'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
+        'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { default: flash2, flash2: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 } }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
         '',
       ].join('\n'),
     );

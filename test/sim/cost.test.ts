@@ -342,6 +342,16 @@ describe('hardware profiles', () => {
     );
     writeFileSync(bad, text.replace(/\nefficiency:[^]*?\n(?=[a-z])/, '\n'));
     expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: efficiency is missing/);
+    writeFileSync(
+      bad,
+      text.replace(
+        / {2}attention:\n(?: {4}.*\n)+/,
+        '  attention: { forward: 0.5, backward: 0.4 }\n',
+      ),
+    );
+    expect(() => loadHardware(bad)).toThrow(
+      /bad-hw\.yaml: efficiency\.attention lists its figures by kernel: write default: <kernel>/,
+    );
     writeFileSync(bad, text.replace(/default: flash3/, 'default: flash9'));
     expect(() => loadHardware(bad)).toThrow(
       /bad-hw\.yaml: efficiency\.attention\.default must name one of its kernels \(flash3, flash2, cudnn\), got "flash9"/,
