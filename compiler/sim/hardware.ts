@@ -117,7 +117,7 @@ export function withAttentionKernel(
       `--attention-kernel ${kernel}: ${hw.name} is a CPU profile; its attention is priced by FLOPs and bytes, with no kernels to choose`,
     );
   const names = Object.keys(e.attentionKernels);
-  const f = e.attentionKernels[kernel];
+  const f = Object.hasOwn(e.attentionKernels, kernel) ? e.attentionKernels[kernel] : undefined;
   if (!f)
     throw new UserError(
       `--attention-kernel ${kernel}: ${hw.name} has no figures for it${didYouMean(kernel, names)} (its kernels: ${names.join(', ')}; ${hw.path})`,
@@ -321,7 +321,7 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
   const efficiency = (): Efficiency => {
     const kernels = attentionKernels();
     const chosen = at('efficiency.attention.default');
-    if (typeof chosen !== 'string' || !(chosen in kernels))
+    if (typeof chosen !== 'string' || !Object.hasOwn(kernels, chosen))
       throw new UserError(
         `${path}: efficiency.attention.default must name one of its kernels (${Object.keys(kernels).join(', ')}), got ${JSON.stringify(chosen)}`,
       );

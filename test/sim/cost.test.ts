@@ -411,6 +411,8 @@ describe('hardware profiles', () => {
       'flash3',
       /--attention-kernel flash3: a800 has no figures for it .*\(its kernels: flash2;/,
     ],
+    // a name every object has is no kernel either
+    ['a800', 'constructor', /--attention-kernel constructor: a800 has no figures for it/],
   ])('refuses an attention kernel the profile has no figures for: %s %s', (hw, kernel, message) => {
     expect(() => loadHardware(hw, kernel)).toThrow(message);
   });
