@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import type { Command } from 'commander';
 import { UserError, cannotRead } from '../compiler/errors.js';
 import { mib, REPORT_FILE, type CompileReportJson } from './compile.js';
+import { simulatedOn } from '../compiler/sim/report.js';
 import type { CliIO } from './index.js';
 
 export function addCompareCommand(program: Command, io: CliIO): void {
@@ -87,11 +88,7 @@ function describe(dirs: readonly string[], rows: readonly CompileReportJson[]): 
     ['batch', ...rows.map((r) => `${r.training.globalBatchSize} × ${r.training.seqLength} tokens`)],
     [
       'simulated on',
-      ...rows.map((r) =>
-        r.forecast
-          ? `${r.forecast.hardware}${r.forecast.attentionKernel ? ` (attention: ${r.forecast.attentionKernel})` : ''}`
-          : '(not simulated)',
-      ),
+      ...rows.map((r) => (r.forecast ? simulatedOn(r.forecast) : '(not simulated)')),
     ],
     ['step', ...rows.map((r) => (r.forecast ? `${r.forecast.stepSeconds.toPrecision(4)} s` : '–'))],
     ['tokens/s', ...rows.map((r) => (r.forecast ? r.forecast.tokensPerSecond.toFixed(0) : '–'))],

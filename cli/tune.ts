@@ -13,6 +13,7 @@ import {
   type TuneResult,
 } from '../compiler/tune/search.js';
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
+import { simulatedOn } from '../compiler/sim/report.js';
 import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tune-pool.js';
 import { mib } from './compile.js';
 import type { CliIO } from './index.js';
@@ -177,7 +178,10 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         describe(result, line, {
           model: request.space.config.name,
           world,
-          hardware: `${request.hardware.name}${f.attentionKernel ? ` (attention: ${f.attentionKernel})` : ''}`,
+          hardware: simulatedOn({
+            hardware: request.hardware.name,
+            attentionKernel: f.attentionKernel,
+          }),
           fit: f.fit,
           top: f.top,
         }),

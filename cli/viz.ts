@@ -30,7 +30,11 @@ export function addVizCommand(program: Command, io: CliIO): void {
         dir: string,
         f: { output?: string; trace?: string; hardware?: string; attentionKernel?: string },
       ) => {
-        const data = vizData(dir, { ...f });
+        const data = vizData(dir, {
+          trace: f.trace,
+          hardware: f.hardware,
+          attentionKernel: f.attentionKernel,
+        });
         const out = f.output ?? join(dir, 'viz.html');
         writeFileAtomic(out, renderPage(data));
         io.out(

@@ -188,9 +188,10 @@ export function matmulEfficiency(
   const c = hw.compute;
   const e = hw.efficiency;
   if (e && s?.kind === 'attention') {
-    const peak = s.backward ? e.attentionBackward : e.attentionForward;
-    const padded = Math.ceil(s.headDim / e.headDimMultiple) * e.headDimMultiple;
-    return ((peak * s.segment) / (s.segment + e.attentionHalfSegment)) * (s.headDim / padded);
+    const a = e.attention;
+    const peak = s.backward ? a.backward : a.forward;
+    const padded = Math.ceil(s.headDim / a.headDimMultiple) * a.headDimMultiple;
+    return ((peak * s.segment) / (s.segment + a.halfSegment)) * (s.headDim / padded);
   }
   const gflop = flops / 1e9;
   const size = (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop);

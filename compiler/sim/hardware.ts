@@ -76,17 +76,12 @@ export interface Efficiency {
   readonly sms: number;
   /** a grouped GEMM runs one GEMM per expert, this many at once (their tiles share the waves) */
   readonly groupedStreams: number;
-  /** the attention kernel the four figures below are of: the profile's default or the chosen */
+  /** the attention kernel the step is priced with: the profile's default or the chosen */
   readonly attentionKernel: string;
+  /** its figures (attentionKernels[attentionKernel], or those scaled by scaleEfficiency) */
+  readonly attention: AttentionFigures;
   /** every attention kernel the profile has figures for, by name */
   readonly attentionKernels: Readonly<Record<string, AttentionFigures>>;
-  /** the most the attention kernel reaches, forward and backward, as a fraction of the peak */
-  readonly attentionForward: number;
-  readonly attentionBackward: number;
-  /** the segment length (tokens a query attends within) at which it reaches half of that */
-  readonly attentionHalfSegment: number;
-  /** head dims are computed padded up to a multiple of this (the kernel's instantiations) */
-  readonly headDimMultiple: number;
   /** a direct exchange's (all-to-all, gather, scatter) bandwidth over a ring's on the same link */
   readonly allToAll: number;
   /** how much longer a compute kernel takes while a communication kernel runs on the rank's GPU
@@ -96,9 +91,12 @@ export interface Efficiency {
 
 /** One attention kernel's figures (a profile's `efficiency.attention.<kernel>`). */
 export interface AttentionFigures {
+  /** the most it reaches, forward and backward, as a fraction of the peak */
   readonly forward: number;
   readonly backward: number;
+  /** the segment length (tokens a query attends within) at which it reaches half of that */
   readonly halfSegment: number;
+  /** head dims are computed padded up to a multiple of this (the kernel's instantiations) */
   readonly headDimMultiple: number;
 }
 
@@ -122,17 +120,7 @@ export function withAttentionKernel(
     throw new UserError(
       `--attention-kernel ${kernel}: ${hw.name} has no figures for it${didYouMean(kernel, names)} (its kernels: ${names.join(', ')}; ${hw.path})`,
     );
-  return {
-    ...hw,
-    efficiency: {
-      ...e,
-      attentionKernel: kernel,
-      attentionForward: f.forward,
-      attentionBackward: f.backward,
-      attentionHalfSegment: f.halfSegment,
-      headDimMultiple: f.headDimMultiple,
-    },
-  };
+  return { ...hw, efficiency: { ...e, attentionKernel: kernel, attention: f } };
 }
 
 /** The efficiency families lfc tune's sensitivity table moves one at a time. */
@@ -177,8 +165,11 @@ export function scaleEfficiency(
             ...hw,
             efficiency: {
               ...e,
-              attentionForward: frac(e.attentionForward),
-              attentionBackward: frac(e.attentionBackward),
+              attention: {
+                ...e.attention,
+                forward: frac(e.attention.forward),
+                backward: frac(e.attention.backward),
+              },
             },
           }
         : hw;
@@ -325,17 +316,13 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
       throw new UserError(
         `${path}: efficiency.attention.default must name one of its kernels (${Object.keys(kernels).join(', ')}), got ${JSON.stringify(chosen)}`,
       );
-    const f = kernels[chosen];
     return {
       gemmTiles: tiles('efficiency.gemm.tiles'),
       sms: integer('efficiency.gemm.sms'),
       groupedStreams: integer('efficiency.gemm.grouped_streams'),
       attentionKernel: chosen,
+      attention: kernels[chosen],
       attentionKernels: kernels,
-      attentionForward: f.forward,
-      attentionBackward: f.backward,
-      attentionHalfSegment: f.halfSegment,
-      headDimMultiple: f.headDimMultiple,
       allToAll: positive('efficiency.collectives.all_to_all', 1),
       overlapSlowdown: nonNegative('efficiency.overlap.compute_slowdown'),
     };

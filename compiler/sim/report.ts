@@ -85,6 +85,10 @@ export function forecastStep(
   return { forecast, simulation };
 }
 
+/** where a step was simulated: the profile, and the attention kernel where it has one */
+export const simulatedOn = (f: Pick<StepForecast, 'hardware' | 'attentionKernel'>): string =>
+  `${f.hardware}${f.attentionKernel ? ` (attention: ${f.attentionKernel})` : ''}`;
+
 /** The report's lines. */
 export function describeForecast(f: StepForecast, hw: HardwareProfile): string[] {
   const pct = (x: number) => `${(100 * x).toFixed(x > 0 && x < 0.001 ? 3 : 1)}%`;
@@ -99,7 +103,7 @@ export function describeForecast(f: StepForecast, hw: HardwareProfile): string[]
     return top.length ? ` (${top.map((x) => `${x.op} ${pct(x.share)}`).join(', ')})` : '';
   };
   return [
-    `simulated on ${hw.name}${f.attentionKernel ? ` (attention: ${f.attentionKernel})` : ''}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
+    `simulated on ${simulatedOn(f)}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
     ...f.programs.map(
       (p) =>
         `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}${ops(p.exposedByOp)}, idle ${pct(p.idle)}`,

@@ -262,17 +262,17 @@ describe('efficiency curves (a GPU profile)', () => {
       headDim,
       segment,
     });
-    const h = e.attentionHalfSegment;
+    const h = e.attention.halfSegment;
     expect(matmulEfficiency(1e12, a100, att(false, h, 128))).toBeCloseTo(
-      e.attentionForward / 2,
+      e.attention.forward / 2,
       12,
     );
     expect(matmulEfficiency(1e12, a100, att(true, h, 128))).toBeCloseTo(
-      e.attentionBackward / 2,
+      e.attention.backward / 2,
       12,
     );
     // a head dim between multiples computes the padded one: 72 as 96 at a multiple of 32
-    const m = e.headDimMultiple;
+    const m = e.attention.headDimMultiple;
     const d = m * 2 + m / 4;
     expect(
       matmulEfficiency(1e12, a100, att(false, 8192, d)) /

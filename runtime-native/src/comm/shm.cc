@@ -194,7 +194,6 @@ char* ShmGroup::slot(int set, int rank) const {
          (size_t(set) * size_t(size_) + size_t(rank)) * kExchangeSlotBytes;
 }
 
-
 void ShmGroup::barrier() {
   Header& h = *headerOf(base_);
   requireNotAborted();

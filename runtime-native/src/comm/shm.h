@@ -4,7 +4,7 @@
 // call or two per message, and the ranks take turns on the cores to do it; OpenMPI and NCCL move
 // data between processes of one machine through shared memory instead (OpenMPI's vader, NCCL's
 // SHM transport). This is that path for lfc's Gloo backend: one mapping per communicator, holding
-// two sets of P slots (one per rank, kSlotBytes each). Every collective runs in rounds, and a
+// two sets of P slots (one per rank, kExchangeSlotBytes each). Every collective runs in rounds, and a
 // round is: each rank writes its piece into its own slot of the round's set, a barrier, each rank
 // reads what it needs from the others' slots. Rounds alternate between the two sets, so a round's
 // writes never meet the previous round's reads: they go to the other set, and the set after waits
@@ -18,8 +18,8 @@
 //                rank's block k; rank r sums its lane of every slot (its own piece straight from
 //                its data) in group order into its block. Each rank writes and reads (P−1)/P of
 //                the data once, against the all-reduce's copy in, sum and copy out of all of it
-//   all_gather   each rank's block, a slot's worth per round
-//   broadcast    the root's data, a slot's worth per round
+//   all_gather   each rank's block, kSlotBytes of it per round
+//   broadcast    the root's data, kSlotBytes of it per round
 //   all_to_all_v a slot is P lanes, one per destination; a round moves a lane's worth of every
 //                block. Each rank knows only its own sizes, so the first round also carries each
 //                rank's count of rounds, and all run the largest
@@ -28,8 +28,8 @@
 // 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The direct
 // exchanges move more a round (kExchangeSlotBytes): each of their rounds is a barrier for a 1/P
 // lane of every block, and over 256 KiB slots a 64 MiB all_to_all_v on 2 ranks was bound by its
-// barriers (26-29 ms, against 16-18 ms with 1 MiB slots and 18-22 ms for OpenMPI, bench/collectives,
-// two runs each on a 2-core EPYC; gather_v 15-16 ms against 9-11 ms). The barriers are
+// barriers (26-29 ms, against 16-18 ms with 1 MiB slots, bench/collectives, two runs each,
+// alternated, on a 2-core EPYC; gather_v 15-16 ms against 9-11 ms). The barriers are
 // a counter and a generation in the mapping, waited on with a futex and the collective timeout; a
 // rank that waits checks every 100 ms that its peers' processes still exist, so a member that dies
 // fails the others at once, as a closed TCP connection would. The mapping also holds an abort word
