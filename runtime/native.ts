@@ -193,6 +193,8 @@ export interface NativeCommunicatorInfo {
   readonly name: string;
   readonly size: number;
   readonly transport: 'local' | 'tcp' | 'shared memory';
+  /** shared memory that reads its peers' inputs in place, one copy (runtime-native/src/comm/shm.h) */
+  readonly direct: boolean;
 }
 
 /** What a failed step rejects with. */

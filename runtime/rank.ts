@@ -20,10 +20,13 @@ export interface RankIO {
   readonly err: (text: string) => void;
 }
 
-/** "world/control, dp[0]/comm over shared memory; pp[0]/compute over tcp" */
+/** "world/control, dp[0]/comm over shared memory (direct reads); pp[0]/compute over tcp" */
 export function describeTransports(comms: readonly NativeCommunicatorInfo[]): string {
   const by = new Map<string, string[]>();
-  for (const c of comms) by.set(c.transport, [...(by.get(c.transport) ?? []), c.name]);
+  for (const c of comms) {
+    const how = c.direct ? `${c.transport} (direct reads)` : c.transport;
+    by.set(how, [...(by.get(how) ?? []), c.name]);
+  }
   return [...by].map(([t, names]) => `${names.join(', ')} over ${t}`).join('; ') || 'none';
 }
 

@@ -516,6 +516,7 @@ class RuntimeWrap : public Napi::ObjectWrap<RuntimeWrap> {
         e.Set("name", c->name());
         e.Set("size", c->size());
         e.Set("transport", c->transport());
+        e.Set("direct", c->direct());
         comms.Set(comms.Length(), e);
       }
       o.Set("communicators", comms);

@@ -60,8 +60,15 @@ Runtime::Runtime(const std::string& programJson, const RuntimeOptions& options)
 
 void Runtime::connect(const comm::Config& config) {
   if (backend_) throw RuntimeError("connect: this runtime is connected already");
+  // the regions, for shared-memory groups to read collectives' inputs in place; the memory
+  // outlives the backend (it is destroyed first: runtime.h)
+  comm::Config withMemory = config;
+  for (int r = 0; r < kRegionCount; r++) {
+    const Block& b = memory_->block(Region(r));
+    if (b.fd() >= 0 && b.size() > 0) withMemory.shared.push_back({b.data(), b.size(), b.fd()});
+  }
   try {
-    backend_ = comm::connectGloo(config);
+    backend_ = comm::connectGloo(withMemory);
   } catch (const comm::CommError& e) {
     throw RuntimeError(cat("connect (rank ", config.rank, " of ", config.worldSize, "): ", e.what()));
   }

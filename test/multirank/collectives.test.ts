@@ -192,24 +192,35 @@ function expected(P: number, r: number, ids: Record<string, number>, fills: Work
 }
 
 describe('collectives against their plain computation', () => {
+  // direct: shared memory reads all_to_all_v's and gather_v's inputs in place (LFC_COMM_DIRECT)
   it.each([
-    [2, 'file', 'shared memory'],
-    [4, 'tcp', 'shared memory'],
-    [4, 'tcp', 'tcp'],
+    [2, 'file', 'shared memory', true],
+    [4, 'tcp', 'shared memory', true],
+    [4, 'tcp', 'shared memory', false],
+    [4, 'tcp', 'tcp', false],
   ] as const)(
-    '%i ranks (%s store, %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v, send/recv',
-    async (P, kind, transport) => {
+    '%i ranks (%s store, %s, direct %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v, send/recv',
+    async (P, kind, transport, direct) => {
       const server = kind === 'tcp' ? await StoreServer.listen(0, '127.0.0.1') : undefined;
       const store = server
         ? `tcp:127.0.0.1:${server.port}`
         : `file:${mkdtempSync(join(tmpdir(), 'lfc-rdzv-'))}`;
       try {
         const { spec, ids } = collectiveSpec(P, store);
-        const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+        const env = {
+          ...process.env,
+          LFC_COMM_SHM: transport === 'tcp' ? '0' : '1',
+          LFC_COMM_DIRECT: direct ? '1' : '0',
+        };
         const results = await runRanks(spec, P, env);
         results.forEach((res, r) => {
           expect(res.error).toBeUndefined();
-          expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
+          expect(res.communicators).toContainEqual({
+            name: 'dp[0]/comm',
+            size: P,
+            transport,
+            direct,
+          });
           const want = expected(P, r, ids, spec.ranks);
           for (const id of spec.read)
             expect({ id, got: res.buffers![id] }).toEqual({ id, got: want[id] });
@@ -225,14 +236,15 @@ describe('collectives against their plain computation', () => {
   // (i32) and 10 MiB (40 chunks, the last not a multiple of the parts), an all_gather of 300 KB
   // blocks, a broadcast of 600 KB, an all_to_all_v of uneven blocks up to 300 KiB (lanes of 64 or
   // 85 KiB, some blocks empty), each exact against its plain result; LFC_COMM_SHM=0 runs the same
-  // over Gloo's TCP.
+  // over Gloo's TCP, and LFC_COMM_DIRECT=1 reads the all_to_all_v's blocks in place instead.
   it.each([
-    [4, 'shared memory'],
-    [3, 'shared memory'],
-    [4, 'tcp'],
+    [4, 'shared memory', false],
+    [3, 'shared memory', false],
+    [3, 'shared memory', true],
+    [4, 'tcp', false],
   ] as const)(
-    '%i ranks: collectives over many rounds (%s)',
-    async (P, transport) => {
+    '%i ranks: collectives over many rounds (%s, direct %s)',
+    async (P, transport, direct) => {
       const W = 256; // values per all_to_all_v row
       const M = 300; // most rows one rank sends another
       const a2aRows = (from: number, to: number) =>
@@ -299,7 +311,11 @@ describe('collectives against their plain computation', () => {
         read: [...ys, agY, bcY, a2aY, a2aRecv],
         binary: true,
       };
-      const env = { ...process.env, LFC_COMM_SHM: transport === 'tcp' ? '0' : '1' };
+      const env = {
+        ...process.env,
+        LFC_COMM_SHM: transport === 'tcp' ? '0' : '1',
+        LFC_COMM_DIRECT: direct ? '1' : '0',
+      };
       const results = await runRanks(spec, P, env);
       const input = range(P, (r) => cases.map((_, k) => generated(gen(r, k))));
       const sums = [0, 1, 2].map((k) => {
@@ -309,7 +325,12 @@ describe('collectives against their plain computation', () => {
       });
       results.forEach((res, r) => {
         expect(res.error).toBeUndefined();
-        expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
+        expect(res.communicators).toContainEqual({
+          name: 'dp[0]/comm',
+          size: P,
+          transport,
+          direct,
+        });
         const read = (id: number, dtype = 'f32') => {
           const bytes = Buffer.from(res.buffers![id] as string, 'base64');
           const n = bytes.length / 4;

@@ -110,7 +110,12 @@ describe('reduce_scatter against its plain computation', () => {
       rmSync(rdzv, { recursive: true, force: true });
       results.forEach((res, r) => {
         expect(res.error).toBeUndefined();
-        expect(res.communicators).toContainEqual({ name: 'dp[0]/comm', size: P, transport });
+        expect(res.communicators).toContainEqual({
+          name: 'dp[0]/comm',
+          size: P,
+          transport,
+          direct: transport === 'shared memory',
+        });
         CASES.forEach((c, k) => {
           const got = bitsOf(
             res.buffers![ys[k]] as string,

@@ -14,7 +14,7 @@ const TSX = createRequire(import.meta.url).resolve('tsx');
 export type Result = {
   /** number lists, or base64 of the bytes with the spec's `binary` */
   buffers?: Record<number, number[] | string>;
-  communicators?: { name: string; transport: string }[];
+  communicators?: { name: string; transport: string; direct: boolean }[];
   error?: string;
   /** when the steps began and the error came (ms since the epoch), on a rank that failed */
   stepStartMs?: number;

@@ -65,6 +65,15 @@ struct ContextSpec {
   }
 };
 
+// A range of this rank's memory that the members of a shared-memory group may map and read
+// directly (the runtime's regions, each a memfd: core/memory.h). A collective whose input lies in
+// one is read by its peers straight from it, one copy instead of two through the group's slots.
+struct SharedRange {
+  const void* base = nullptr;
+  int64_t bytes = 0;
+  int fd = -1;  // open in this process while it runs; peers open it as /proc/PID/fd/FD
+};
+
 // One rank's view of the job, from plan.json and the launcher.
 struct Config {
   int rank = 0;
@@ -79,6 +88,7 @@ struct Config {
   // members of a group open the same ones (ranks outside a group skip it)
   std::vector<ContextSpec> contexts;
   std::chrono::milliseconds timeout{300'000};
+  std::vector<SharedRange> shared;  // filled by the runtime (Runtime::connect), not the launcher
 };
 
 class Communicator {
@@ -90,6 +100,8 @@ class Communicator {
   // how its collectives move data: "local" (one rank), "tcp" (Gloo), "shared memory" (shm.h;
   // decided when the communicator opens; send/recv stay on TCP)
   virtual std::string transport() const = 0;
+  // whether its shared memory reads peers' inputs in place (ShmGroup::direct)
+  virtual bool direct() const { return false; }
 
   // data[0:count] ← sum over the group (f32, f64, bf16, i32, i64; bf16 summed in f32 and rounded to
   // nearest even once per element: the shared-memory path sums bf16 slots in f32, Gloo over TCP

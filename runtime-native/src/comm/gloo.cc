@@ -275,15 +275,16 @@ class GlooComm : public Communicator {
   int size() const override { return ctx_->size; }
   const std::string& name() const override { return name_; }
   std::string transport() const override { return shm_ ? "shared memory" : "tcp"; }
+  bool direct() const override { return shm_ && shm_->direct(); }
 
   // Collective over the group: from now on the collectives go through shared memory when every
   // member is on this machine (and may), else stay on Gloo.
-  void openSharedMemory(bool allowed) {
+  void openSharedMemory(bool allowed, const std::vector<SharedRange>& shared) {
     ShmGroup::Exchange exchange{
         [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
         [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
     };
-    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange);
+    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange, shared);
   }
 
   // Collective over the group, before shared memory opens: each peer's address for its pair with
@@ -732,7 +733,7 @@ class GlooBackend : public Backend {
     auto comm = std::make_unique<GlooComm>(name, ctx, ranks, board_, config_.timeout);
     try {
       comm->learnPeerAddresses();
-      comm->openSharedMemory(shmAllowed());
+      comm->openSharedMemory(shmAllowed(), config_.shared);
     } catch (const CommError& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }

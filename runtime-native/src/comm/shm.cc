@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -47,6 +50,20 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>
 // per set and rank, one value on a line of its own (allToAllV's round counts)
 constexpr size_t kMetaLine = 64;
 size_t metaBytes(int P) { return (2 * size_t(P) * kMetaLine + 4095) / 4096 * 4096; }
+// per rank, its shared ranges for direct reads: where each lies in its process, its size, and the
+// memfd (number, device and inode, so a reader knows it opened that file)
+constexpr int kMaxShared = 16;
+struct SharedEntry {
+  uint64_t base;
+  int64_t bytes;
+  int64_t fd;
+  uint64_t dev, ino;
+};
+struct SharedTable {
+  int64_t count;
+  SharedEntry entries[kMaxShared];
+};
+size_t tableBytes(int P) { return (size_t(P) * sizeof(SharedTable) + 4095) / 4096 * 4096; }
 
 // what rank 0 tells the others first: its machine (hostname and boot id) and process id namespace
 // (so that a peer's process id means the same process to every rank)
@@ -116,8 +133,50 @@ bool shmAllowed() {
   return !(v && std::string(v) == "0");
 }
 
+bool directAllowed() {
+  const char* v = std::getenv("LFC_COMM_DIRECT");
+  return !(v && std::string(v) == "0");
+}
+
+struct ShmGroup::PeerMapping {
+  const char* at = nullptr;
+  size_t bytes = 0;
+  ~PeerMapping() { munmap(const_cast<char*>(at), bytes); }
+};
+
+namespace {
+
+// Peer regions mapped in this process, by (pid, device, inode): a rank's groups share them.
+std::shared_ptr<const ShmGroup::PeerMapping> mapPeerRegion(int32_t pid, const SharedEntry& e) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int32_t, uint64_t, uint64_t>, std::weak_ptr<const ShmGroup::PeerMapping>> mapped;
+  const auto key = std::make_tuple(pid, e.dev, e.ino);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto m = mapped[key].lock(); m && m->bytes >= size_t(e.bytes)) return m;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/fd/%lld", int(pid), static_cast<long long>(e.fd));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  // the same file the peer named, and as large as it said
+  if (fstat(fd, &st) == 0 && uint64_t(st.st_dev) == e.dev && uint64_t(st.st_ino) == e.ino && st.st_size >= e.bytes &&
+      e.bytes > 0)
+    p = mmap(nullptr, size_t(e.bytes), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  auto m = std::make_shared<ShmGroup::PeerMapping>();
+  m->at = static_cast<const char*>(p);
+  m->bytes = size_t(e.bytes);
+  mapped[key] = m;
+  return m;
+}
+
+}  // namespace
+
 std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, const std::vector<int>& ranks, bool allowed,
-                                            std::chrono::milliseconds timeout, const Exchange& exchange) {
+                                            std::chrono::milliseconds timeout, const Exchange& exchange,
+                                            const std::vector<SharedRange>& shared) {
   const int size = int(ranks.size());
   // 1. one machine? (nothing is allocated for a group that spans several)
   const HostKey mine = hostKey();
@@ -129,7 +188,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, const std::vector<int>& ra
   if (elsewhere > 0) return nullptr;
 
   // 2. rank 0 makes the mapping, the others open it and check its nonce
-  const size_t mapped = kHeaderBytes + metaBytes(size) + 2 * size_t(size) * kExchangeSlotBytes;
+  const size_t mapped = kHeaderBytes + metaBytes(size) + tableBytes(size) + 2 * size_t(size) * kExchangeSlotBytes;
   Offer offer{};
   void* base = MAP_FAILED;
   if (rank == 0) {
@@ -174,7 +233,70 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(int rank, const std::vector<int>& ra
     return nullptr;
   }
   headerOf(base)->pids[rank].store(int32_t(getpid()), std::memory_order_relaxed);
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, ranks, base, mapped, timeout));
+  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, ranks, base, mapped, timeout));
+  group->mapPeers(shared, exchange);
+  return group;
+}
+
+// Collective: every member writes its shared ranges into the table, then maps every other's; if
+// any member has none, or cannot map one, none reads directly.
+void ShmGroup::mapPeers(const std::vector<SharedRange>& shared, const Exchange& exchange) {
+  auto* table = reinterpret_cast<SharedTable*>(static_cast<char*>(base_) + kHeaderBytes + metaBytes(size_));
+  int32_t unable = (!directAllowed() || shared.empty() || shared.size() > size_t(kMaxShared)) ? 1 : 0;
+  SharedTable& mine = table[rank_];
+  mine.count = 0;
+  for (const SharedRange& r : shared) {
+    struct stat st {};
+    if (unable || fstat(r.fd, &st) != 0) {
+      unable = 1;
+      break;
+    }
+    mine.entries[mine.count++] = {uint64_t(reinterpret_cast<uintptr_t>(r.base)), r.bytes, r.fd, uint64_t(st.st_dev),
+                                  uint64_t(st.st_ino)};
+  }
+  exchange.sum(&unable);  // also: every member's table and process id are written
+  if (unable > 0) return;
+  std::vector<std::vector<PeerRange>> peers(static_cast<size_t>(size_));
+  int32_t failed = 0;
+  for (int j = 0; j < size_ && !failed; j++) {
+    if (j == rank_) continue;
+    const int32_t pid = headerOf(base_)->pids[j].load(std::memory_order_relaxed);
+    const SharedTable& theirs = table[j];
+    for (int64_t k = 0; k < std::min<int64_t>(theirs.count, kMaxShared) && !failed; k++) {
+      const SharedEntry& e = theirs.entries[k];
+      auto m = mapPeerRegion(pid, e);
+      if (m) peers[size_t(j)].push_back({e.base, e.bytes, std::move(m)});
+      else failed = 1;
+    }
+  }
+  exchange.sum(&failed);
+  if (failed > 0) return;
+  own_ = shared;
+  peers_ = std::move(peers);
+}
+
+bool ShmGroup::shared(const void* p, int64_t n) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  for (const SharedRange& r : own_) {
+    const auto lo = reinterpret_cast<uintptr_t>(r.base);
+    if (at >= lo && at + uintptr_t(n) <= lo + uintptr_t(r.bytes)) return true;
+  }
+  return false;
+}
+
+const char* ShmGroup::peerBytes(int j, uint64_t at, int64_t n) const {
+  for (const PeerRange& r : peers_[size_t(j)])
+    if (at >= r.base && at + uint64_t(n) <= r.base + uint64_t(r.bytes)) return r.map->at + (at - r.base);
+  throw CommError(cat("rank ", ranks_[size_t(j)], " offered ", n, " bytes to read outside its shared memory"));
+}
+
+bool ShmGroup::publish(int set, bool ok, const std::vector<uint64_t>& where) {
+  meta(set, rank_)[1] = ok ? 1 : 0;
+  std::memcpy(slot(set, rank_), where.data(), where.size() * sizeof(uint64_t));
+  barrier();
+  for (int j = 0; j < size_; j++)
+    if (meta(set, j)[1] == 0) return false;
+  return true;
 }
 
 ShmGroup::ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes,
@@ -190,7 +312,7 @@ int64_t* ShmGroup::meta(int set, int rank) const {
 }
 
 char* ShmGroup::slot(int set, int rank) const {
-  return static_cast<char*>(base_) + kHeaderBytes + metaBytes(size_) +
+  return static_cast<char*>(base_) + kHeaderBytes + metaBytes(size_) + tableBytes(size_) +
          (size_t(set) * size_t(size_) + size_t(rank)) * kExchangeSlotBytes;
 }
 
@@ -333,6 +455,17 @@ void ShmGroup::allGather(const void* in, void* out, int64_t blockBytes) {
   char* o = static_cast<char*>(out);
   const char* x = static_cast<const char*>(in);
   if (o + rank_ * blockBytes != x) std::memmove(o + rank_ * blockBytes, x, size_t(blockBytes));
+  if (direct()) {
+    // in place (x is this rank's block of out), or apart from out
+    const bool apart = x + blockBytes <= o || o + size_ * blockBytes <= x || x == o + rank_ * blockBytes;
+    const int set = nextSet();
+    if (publish(set, blockBytes == 0 || (shared(x, blockBytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(x))})) {
+      for (int j = 0; j < size_ && blockBytes > 0; j++)
+        if (j != rank_) std::memcpy(o + j * blockBytes, peerBytes(j, published(set, j)[0], blockBytes), size_t(blockBytes));
+      barrier();  // every block is read
+      return;
+    }
+  }
   const int64_t S = int64_t(kSlotBytes);
   for (int64_t at = 0; at < blockBytes; at += S) {
     const int64_t n = std::min(S, blockBytes - at);
@@ -346,6 +479,14 @@ void ShmGroup::allGather(const void* in, void* out, int64_t blockBytes) {
 
 void ShmGroup::broadcast(void* data, int64_t bytes, int root) {
   char* d = static_cast<char*>(data);
+  if (direct()) {
+    const int set = nextSet();
+    if (publish(set, rank_ != root || bytes == 0 || shared(d, bytes), {uint64_t(reinterpret_cast<uintptr_t>(d))})) {
+      if (rank_ != root && bytes > 0) std::memcpy(d, peerBytes(root, published(set, root)[0], bytes), size_t(bytes));
+      barrier();  // the root's data is read
+      return;
+    }
+  }
   const int64_t S = int64_t(kSlotBytes);
   for (int64_t at = 0; at < bytes; at += S) {
     const int64_t n = std::min(S, bytes - at);
@@ -374,6 +515,22 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
   }
   if (sendBytes[size_t(rank_)] > 0)
     std::memmove(y + recvAt[size_t(rank_)], x + sendAt[size_t(rank_)], size_t(sendBytes[size_t(rank_)]));
+  if (direct()) {
+    // in place, unless this rank's output overlaps its input (its own writes would meet the reads)
+    const int64_t sent = sendAt[size_t(P)], received = recvAt[size_t(P)];
+    const bool ok = sent == 0 || (shared(x, sent) && (x + sent <= y || y + received <= x));
+    std::vector<uint64_t> where(static_cast<size_t>(P));
+    for (int j = 0; j < P; j++) where[size_t(j)] = uint64_t(reinterpret_cast<uintptr_t>(x + sendAt[size_t(j)]));
+    const int set = nextSet();
+    if (publish(set, ok, where)) {
+      for (int i = 0; i < P; i++) {
+        const int64_t n = recvBytes[size_t(i)];
+        if (i != rank_ && n > 0) std::memcpy(y + recvAt[size_t(i)], peerBytes(i, published(set, i)[rank_], n), size_t(n));
+      }
+      barrier();  // the senders' inputs are read
+      return;
+    }
+  }
   // a slot is P lanes, lane j carrying this round's piece of the block to rank j
   const int64_t lane = int64_t(kExchangeSlotBytes) / P / 64 * 64;
   int64_t mine = 0;
@@ -410,6 +567,19 @@ void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& bl
   for (int i = 0; i < P; i++) at[size_t(i) + 1] = at[size_t(i)] + blockBytes[size_t(i)];
   if (rank_ == root && blockBytes[size_t(root)] > 0)
     std::memmove(y + at[size_t(root)], x, size_t(blockBytes[size_t(root)]));
+  if (direct()) {
+    const int64_t n = blockBytes[size_t(rank_)];
+    const int set = nextSet();
+    if (publish(set, rank_ == root || n == 0 || shared(x, n), {uint64_t(reinterpret_cast<uintptr_t>(x))})) {
+      if (rank_ == root)
+        for (int i = 0; i < P; i++) {
+          const int64_t m = blockBytes[size_t(i)];
+          if (i != root && m > 0) std::memcpy(y + at[size_t(i)], peerBytes(i, published(set, i)[0], m), size_t(m));
+        }
+      barrier();  // the senders' inputs are read
+      return;
+    }
+  }
   const int64_t S = int64_t(kExchangeSlotBytes);
   int64_t rounds = 0;
   for (int i = 0; i < P; i++)

@@ -24,6 +24,17 @@
 //                block. Each rank knows only its own sizes, so the first round also carries each
 //                rank's count of rounds, and all run the largest
 //
+// Direct reads. The runtime's regions are memfds (core/memory.h), and at setup each member maps
+// the others' read-only (one mapping per peer region per process, whatever the groups). Where
+// every member's input lies in its regions, all_to_all_v, gather_v, all_gather and broadcast skip
+// the slots: each rank
+// publishes where its blocks lie, a barrier, each reader copies its blocks straight from the
+// senders' memory, a barrier (the senders keep their input until it has been read). One copy a
+// byte and two barriers, against the slots' two copies and a barrier a round; OpenMPI copies once
+// too, for large messages, through the kernel (cross-memory attach), which on this kind of machine
+// is slower than memcpy (docs/benchmarks.md). An input elsewhere (a count on the stack) takes the
+// slots, after that first barrier. LFC_COMM_DIRECT=0 turns direct reads off.
+//
 // Rounds are small (kSlotBytes) so a round's data is still in cache when it is read: at 64 MiB on
 // 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The direct
 // exchanges move more a round (kExchangeSlotBytes): each of their rounds is a barrier for a 1/P
@@ -75,8 +86,10 @@ class ShmGroup {
   // Collective: the group's shared mapping, or null on every member when some member cannot share
   // it or is not `allowed` to.
   // ranks: the global rank of each group rank (errors name them).
+  // shared: this rank's memory that peers may map for direct reads (none: the slots alone).
   static std::unique_ptr<ShmGroup> connect(int rank, const std::vector<int>& ranks, bool allowed,
-                                           std::chrono::milliseconds timeout, const Exchange& exchange);
+                                           std::chrono::milliseconds timeout, const Exchange& exchange,
+                                           const std::vector<SharedRange>& shared = {});
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -92,8 +105,17 @@ class ShmGroup {
   // Fails every member's barrier, now and from now on, with `reason` (the first one set stays);
   // wakes those asleep. Any thread, never throws.
   void abort(const std::string& reason) noexcept;
+  // whether every member mapped every other's shared memory at setup (direct reads)
+  bool direct() const { return !peers_.empty(); }
+
+  struct PeerMapping;  // a peer's region mapped here, shared by the groups that read it
 
  private:
+  struct PeerRange {
+    uint64_t base;  // where it lies in the peer's process
+    int64_t bytes;
+    std::shared_ptr<const PeerMapping> map;
+  };
   ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes, std::chrono::milliseconds timeout);
   int nextSet() { return int(rounds_++ % 2); }
   char* slot(int set, int rank) const;
@@ -101,6 +123,17 @@ class ShmGroup {
   void barrier();
   void requirePeers() const;  // throws PeerFailure when a member's process is gone
   void requireNotAborted() const;  // throws PeerFailure when a member aborted the group
+  // whether [p, p + n) lies in one of this rank's shared ranges
+  bool shared(const void* p, int64_t n) const;
+  // peer j's bytes [at, at + n) of its own address space, mapped here; throws CommError when they
+  // are not in one of its shared ranges
+  const char* peerBytes(int j, uint64_t at, int64_t n) const;
+  // Direct reads' first step, on a fresh set: this rank says whether its input qualifies (`ok`)
+  // and writes `where` (its blocks' addresses) into its slot; a barrier; true when every member's
+  // does. False leaves the set's slots to be overwritten by the slots' rounds.
+  bool publish(int set, bool ok, const std::vector<uint64_t>& where);
+  const uint64_t* published(int set, int j) const { return reinterpret_cast<const uint64_t*>(slot(set, j)); }
+  void mapPeers(const std::vector<SharedRange>& shared, const Exchange& exchange);
   template <typename T>
   void reduceChunk(T* data, int64_t count);
   template <typename T>
@@ -112,9 +145,13 @@ class ShmGroup {
   size_t mappedBytes_;
   std::chrono::milliseconds timeout_;
   uint64_t rounds_ = 0;  // rounds run so far: the next one's set is rounds_ % 2
+  std::vector<SharedRange> own_;                // this rank's shared memory
+  std::vector<std::vector<PeerRange>> peers_;   // per group rank: its shared memory (empty: no direct reads)
 };
 
 // Whether communicators try shared memory at all: LFC_COMM_SHM=0 turns it off (Gloo over TCP only).
 bool shmAllowed();
+// Whether shared-memory groups read peers' inputs in place: LFC_COMM_DIRECT=0 turns it off.
+bool directAllowed();
 
 }  // namespace lfc::comm

@@ -1,5 +1,8 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -13,12 +16,31 @@ constexpr int64_t kAlign = 64;
 
 Block::Block(int64_t bytes) : size_(bytes) {
   const int64_t rounded = std::max<int64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  // a memfd's pages are zero until written, and mmap aligns to a page (an empty region needs none)
+  const int fd = bytes > 0 ? memfd_create("lfc-region", MFD_CLOEXEC) : -1;
+  if (fd >= 0 && ftruncate(fd, off_t(rounded)) == 0) {
+    void* p = mmap(nullptr, size_t(rounded), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      data_ = static_cast<std::byte*>(p);
+      mapped_ = rounded;
+      fd_ = fd;
+      return;
+    }
+  }
+  if (fd >= 0) close(fd);
   data_ = static_cast<std::byte*>(std::aligned_alloc(size_t(kAlign), size_t(rounded)));
   if (!data_) throw RuntimeError(cat("cannot allocate ", bytes, " bytes"));
   std::memset(data_, 0, size_t(rounded));
 }
 
-Block::~Block() { std::free(data_); }
+Block::~Block() {
+  if (fd_ < 0) {
+    std::free(data_);
+    return;
+  }
+  munmap(data_, size_t(mapped_));
+  close(fd_);
+}
 
 Memory::Memory(const Program& p) {
   for (int r = 0; r < kRegionCount; r++) regions_[size_t(r)] = std::make_unique<Block>(p.regionBytes[size_t(r)]);

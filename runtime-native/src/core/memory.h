@@ -3,6 +3,10 @@
 // their buffers' offsets; the scratch region holds each stream's slice, program.scratchBytes).
 // Shared by the runtime and the ArrayBuffers handed to JS, so the bytes outlive whichever goes
 // last.
+//
+// A block is a memfd mapped shared where the kernel allows (else plain aligned memory), so that
+// the other ranks of a shared-memory group can map it and read a collective's input in place
+// (comm/shm.h): the runtime hands each block's fd to its communicators when it connects.
 #pragma once
 
 #include <array>
@@ -23,10 +27,14 @@ class Block {
   Block& operator=(const Block&) = delete;
   std::byte* data() const { return data_; }
   int64_t size() const { return size_; }
+  // the memfd behind it, or -1 when it is plain memory
+  int fd() const { return fd_; }
 
  private:
   std::byte* data_ = nullptr;
   int64_t size_ = 0;
+  int64_t mapped_ = 0;  // bytes mapped from fd_
+  int fd_ = -1;
 };
 
 class Memory {
@@ -39,6 +47,7 @@ class Memory {
   std::byte* scratch(const Program& p, int stream) const;
   // every region's bytes: what this memory holds
   int64_t totalBytes() const;
+  const Block& block(Region r) const { return *regions_[size_t(r)]; }
   // first byte of a buffer (a view resolves to the bytes of the buffer it shares)
   std::byte* buffer(const Program& p, int id) const;
 
