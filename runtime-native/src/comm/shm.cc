@@ -139,9 +139,9 @@ bool directAllowed() {
 }
 
 struct ShmGroup::PeerMapping {
-  const char* at = nullptr;
+  char* at = nullptr;
   size_t bytes = 0;
-  ~PeerMapping() { munmap(const_cast<char*>(at), bytes); }
+  ~PeerMapping() { munmap(at, bytes); }
 };
 
 namespace {
@@ -155,18 +155,18 @@ std::shared_ptr<const ShmGroup::PeerMapping> mapPeerRegion(int32_t pid, const Sh
   if (auto m = mapped[key].lock(); m && m->bytes >= size_t(e.bytes)) return m;
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/fd/%lld", int(pid), static_cast<long long>(e.fd));
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
   void* p = MAP_FAILED;
   // the same file the peer named, and as large as it said
   if (fstat(fd, &st) == 0 && uint64_t(st.st_dev) == e.dev && uint64_t(st.st_ino) == e.ino && st.st_size >= e.bytes &&
       e.bytes > 0)
-    p = mmap(nullptr, size_t(e.bytes), PROT_READ, MAP_SHARED, fd, 0);
+    p = mmap(nullptr, size_t(e.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return nullptr;
   auto m = std::make_shared<ShmGroup::PeerMapping>();
-  m->at = static_cast<const char*>(p);
+  m->at = static_cast<char*>(p);
   m->bytes = size_t(e.bytes);
   mapped[key] = m;
   return m;
@@ -284,10 +284,10 @@ bool ShmGroup::shared(const void* p, int64_t n) const {
   return false;
 }
 
-const char* ShmGroup::peerBytes(int j, uint64_t at, int64_t n) const {
+char* ShmGroup::peerBytes(int j, uint64_t at, int64_t n) const {
   for (const PeerRange& r : peers_[size_t(j)])
     if (at >= r.base && at + uint64_t(n) <= r.base + uint64_t(r.bytes)) return r.map->at + (at - r.base);
-  throw CommError(cat("rank ", ranks_[size_t(j)], " offered ", n, " bytes to read outside its shared memory"));
+  throw CommError(cat("rank ", ranks_[size_t(j)], " offered ", n, " bytes outside its shared memory"));
 }
 
 bool ShmGroup::publish(int set, bool ok, const std::vector<uint64_t>& where) {
@@ -565,21 +565,27 @@ void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& bl
   char* y = static_cast<char*>(out);
   std::vector<int64_t> at(size_t(P) + 1, 0);
   for (int i = 0; i < P; i++) at[size_t(i) + 1] = at[size_t(i)] + blockBytes[size_t(i)];
-  if (rank_ == root && blockBytes[size_t(root)] > 0)
-    std::memmove(y + at[size_t(root)], x, size_t(blockBytes[size_t(root)]));
+  const int64_t own = blockBytes[size_t(root)];
   if (direct()) {
-    const int64_t n = blockBytes[size_t(rank_)];
+    // the senders write their blocks into the root's output, all at once, while the root moves
+    // its own: the root's input must not overlap the others' blocks
+    bool ok = true;
+    if (rank_ == root) {
+      const char* mine = y + at[size_t(root)];
+      const bool apart = x + own <= y || y + at[size_t(P)] <= x || x == mine;
+      ok = at[size_t(P)] == own || (shared(y, at[size_t(P)]) && (apart || own == 0));
+    }
     const int set = nextSet();
-    if (publish(set, rank_ == root || n == 0 || shared(x, n), {uint64_t(reinterpret_cast<uintptr_t>(x))})) {
-      if (rank_ == root)
-        for (int i = 0; i < P; i++) {
-          const int64_t m = blockBytes[size_t(i)];
-          if (i != root && m > 0) std::memcpy(y + at[size_t(i)], peerBytes(i, published(set, i)[0], m), size_t(m));
-        }
-      barrier();  // the senders' inputs are read
+    if (publish(set, ok, {uint64_t(reinterpret_cast<uintptr_t>(y))})) {
+      const int64_t n = blockBytes[size_t(rank_)];
+      if (rank_ == root && own > 0 && x != y + at[size_t(root)]) std::memmove(y + at[size_t(root)], x, size_t(own));
+      if (rank_ != root && n > 0)
+        std::memcpy(peerBytes(root, published(set, root)[0] + uint64_t(at[size_t(rank_)]), n), x, size_t(n));
+      barrier();  // every block is written
       return;
     }
   }
+  if (rank_ == root && own > 0) std::memmove(y + at[size_t(root)], x, size_t(own));
   const int64_t S = int64_t(kExchangeSlotBytes);
   int64_t rounds = 0;
   for (int i = 0; i < P; i++)

@@ -127,7 +127,7 @@ class ShmGroup {
   bool shared(const void* p, int64_t n) const;
   // peer j's bytes [at, at + n) of its own address space, mapped here; throws CommError when they
   // are not in one of its shared ranges
-  const char* peerBytes(int j, uint64_t at, int64_t n) const;
+  char* peerBytes(int j, uint64_t at, int64_t n) const;
   // Direct reads' first step, on a fresh set: this rank says whether its input qualifies (`ok`)
   // and writes `where` (its blocks' addresses) into its slot; a barrier; true when every member's
   // does. False leaves the set's slots to be overwritten by the slots' rounds.
