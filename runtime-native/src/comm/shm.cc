@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/sum.h"
 #include "core/bf16.h"
 #include "core/error.h"
@@ -115,6 +116,13 @@ inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+// memmove, streamed where the two do not overlap (copy.h)
+void moveBlock(void* dst, const void* src, size_t n) {
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d + n <= s || s + n <= d) copyBlock(dst, src, n);
+  else std::memmove(dst, src, n);
 }
 
 // the part of a chunk of n elements that rank r reduces: equal parts of whole 64-byte lines
@@ -454,14 +462,14 @@ void ShmGroup::allReduce(void* data, DType dtype, int64_t count) {
 void ShmGroup::allGather(const void* in, void* out, int64_t blockBytes) {
   char* o = static_cast<char*>(out);
   const char* x = static_cast<const char*>(in);
-  if (o + rank_ * blockBytes != x) std::memmove(o + rank_ * blockBytes, x, size_t(blockBytes));
+  if (o + rank_ * blockBytes != x) moveBlock(o + rank_ * blockBytes, x, size_t(blockBytes));
   if (direct()) {
     // in place (x is this rank's block of out), or apart from out
     const bool apart = x + blockBytes <= o || o + size_ * blockBytes <= x || x == o + rank_ * blockBytes;
     const int set = nextSet();
     if (publish(set, blockBytes == 0 || (shared(x, blockBytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(x))})) {
       for (int j = 0; j < size_ && blockBytes > 0; j++)
-        if (j != rank_) std::memcpy(o + j * blockBytes, peerBytes(j, published(set, j)[0], blockBytes), size_t(blockBytes));
+        if (j != rank_) copyBlock(o + j * blockBytes, peerBytes(j, published(set, j)[0], blockBytes), size_t(blockBytes));
       barrier();  // every block is read
       return;
     }
@@ -482,7 +490,7 @@ void ShmGroup::broadcast(void* data, int64_t bytes, int root) {
   if (direct()) {
     const int set = nextSet();
     if (publish(set, rank_ != root || bytes == 0 || shared(d, bytes), {uint64_t(reinterpret_cast<uintptr_t>(d))})) {
-      if (rank_ != root && bytes > 0) std::memcpy(d, peerBytes(root, published(set, root)[0], bytes), size_t(bytes));
+      if (rank_ != root && bytes > 0) copyBlock(d, peerBytes(root, published(set, root)[0], bytes), size_t(bytes));
       barrier();  // the root's data is read
       return;
     }
@@ -514,7 +522,7 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
     recvAt[size_t(j) + 1] = recvAt[size_t(j)] + recvBytes[size_t(j)];
   }
   if (sendBytes[size_t(rank_)] > 0)
-    std::memmove(y + recvAt[size_t(rank_)], x + sendAt[size_t(rank_)], size_t(sendBytes[size_t(rank_)]));
+    moveBlock(y + recvAt[size_t(rank_)], x + sendAt[size_t(rank_)], size_t(sendBytes[size_t(rank_)]));
   if (direct()) {
     // in place, unless this rank's output overlaps its input (its own writes would meet the reads)
     const int64_t sent = sendAt[size_t(P)], received = recvAt[size_t(P)];
@@ -525,7 +533,7 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
     if (publish(set, ok, where)) {
       for (int i = 0; i < P; i++) {
         const int64_t n = recvBytes[size_t(i)];
-        if (i != rank_ && n > 0) std::memcpy(y + recvAt[size_t(i)], peerBytes(i, published(set, i)[rank_], n), size_t(n));
+        if (i != rank_ && n > 0) copyBlock(y + recvAt[size_t(i)], peerBytes(i, published(set, i)[rank_], n), size_t(n));
       }
       barrier();  // the senders' inputs are read
       return;
@@ -578,14 +586,14 @@ void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& bl
     const int set = nextSet();
     if (publish(set, ok, {uint64_t(reinterpret_cast<uintptr_t>(y))})) {
       const int64_t n = blockBytes[size_t(rank_)];
-      if (rank_ == root && own > 0 && x != y + at[size_t(root)]) std::memmove(y + at[size_t(root)], x, size_t(own));
+      if (rank_ == root && own > 0 && x != y + at[size_t(root)]) moveBlock(y + at[size_t(root)], x, size_t(own));
       if (rank_ != root && n > 0)
-        std::memcpy(peerBytes(root, published(set, root)[0] + uint64_t(at[size_t(rank_)]), n), x, size_t(n));
+        copyBlock(peerBytes(root, published(set, root)[0] + uint64_t(at[size_t(rank_)]), n), x, size_t(n));
       barrier();  // every block is written
       return;
     }
   }
-  if (rank_ == root && own > 0) std::memmove(y + at[size_t(root)], x, size_t(own));
+  if (rank_ == root && own > 0) moveBlock(y + at[size_t(root)], x, size_t(own));
   const int64_t S = int64_t(kExchangeSlotBytes);
   int64_t rounds = 0;
   for (int i = 0; i < P; i++)
