@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -176,6 +177,8 @@ std::shared_ptr<const ShmGroup::PeerMapping> mapPeerRegion(int32_t pid, const Sh
   auto m = std::make_shared<ShmGroup::PeerMapping>();
   m->at = static_cast<char*>(p);
   m->bytes = size_t(e.bytes);
+  for (auto it = mapped.begin(); it != mapped.end();)  // drop those whose groups are gone
+    it = it->second.expired() ? mapped.erase(it) : std::next(it);
   mapped[key] = m;
   return m;
 }

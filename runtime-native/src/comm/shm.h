@@ -24,16 +24,19 @@
 //                block. Each rank knows only its own sizes, so the first round also carries each
 //                rank's count of rounds, and all run the largest
 //
-// Direct reads. The runtime's regions are memfds (core/memory.h), and at setup each member maps
-// the others' read-only (one mapping per peer region per process, whatever the groups). Where
-// every member's input lies in its regions, all_to_all_v, gather_v, all_gather and broadcast skip
-// the slots: each rank
-// publishes where its blocks lie, a barrier, each reader copies its blocks straight from the
-// senders' memory, a barrier (the senders keep their input until it has been read). One copy a
-// byte and two barriers, against the slots' two copies and a barrier a round; OpenMPI copies once
-// too, for large messages, through the kernel (cross-memory attach), which on this kind of machine
-// is slower than memcpy (docs/benchmarks.md). An input elsewhere (a count on the stack) takes the
-// slots, after that first barrier. LFC_COMM_DIRECT=0 turns direct reads off.
+// Direct reads and writes. The runtime's regions are memfds (core/memory.h), and at setup each
+// member maps the others' (one mapping per peer region per process, whatever the groups), found
+// as /proc/PID/fd/FD and checked by device and inode. Where the inputs (and for gather_v the
+// root's output) lie in them, all_to_all_v, gather_v, all_gather and broadcast skip the slots:
+// each rank publishes in its slot where its blocks lie, a barrier, each reader copies its blocks
+// straight from the senders' memory (gather_v: each sender writes its block into the root's
+// output, all at once, while the root moves its own), a barrier, after which the inputs may
+// change. One copy a byte and two barriers, against the slots' two copies and a barrier a round;
+// the copies stream past the cache (copy.h). Where some member's buffer lies elsewhere (a count
+// on the stack, or an output that overlaps its input) every member takes the slots, after that
+// first barrier. OpenMPI copies once too for large messages, through the kernel (cross-memory
+// attach), which on this kind of machine is slower than memcpy (docs/benchmarks.md).
+// LFC_COMM_DIRECT=0 turns direct reads off.
 //
 // Rounds are small (kSlotBytes) so a round's data is still in cache when it is read: at 64 MiB on
 // 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The direct
