@@ -192,15 +192,17 @@ function expected(P: number, r: number, ids: Record<string, number>, fills: Work
 }
 
 describe('collectives against their plain computation', () => {
-  // direct: shared memory reads all_to_all_v's and gather_v's inputs in place (LFC_COMM_DIRECT)
+  // direct: shared memory reads the ranks' buffers in place (LFC_COMM_DIRECT); where the kernel
+  // refuses one rank the mapping of its peers' memory (forced), every rank keeps the slots
   it.each([
-    [2, 'file', 'shared memory', true],
-    [4, 'tcp', 'shared memory', true],
-    [4, 'tcp', 'shared memory', false],
-    [4, 'tcp', 'tcp', false],
+    [2, 'file', 'shared memory', true, ''],
+    [4, 'tcp', 'shared memory', true, ''],
+    [4, 'tcp', 'shared memory', false, ''],
+    [4, 'tcp', 'shared memory', false, 'direct_map_refused:rank=2'],
+    [4, 'tcp', 'tcp', false, ''],
   ] as const)(
-    '%i ranks (%s store, %s, direct %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v, send/recv',
-    async (P, kind, transport, direct) => {
+    '%i ranks (%s store, %s, direct %s %s): all_reduce, all_gather, reduce_scatter, broadcast, all_to_all_v, gather_v, scatter_v, all_gather_v, reduce_scatter_v, send/recv',
+    async (P, kind, transport, direct, fault) => {
       const server = kind === 'tcp' ? await StoreServer.listen(0, '127.0.0.1') : undefined;
       const store = server
         ? `tcp:127.0.0.1:${server.port}`
@@ -210,7 +212,8 @@ describe('collectives against their plain computation', () => {
         const env = {
           ...process.env,
           LFC_COMM_SHM: transport === 'tcp' ? '0' : '1',
-          LFC_COMM_DIRECT: direct ? '1' : '0',
+          LFC_COMM_DIRECT: direct || fault ? '1' : '0',
+          LFC_TEST_FAULT: fault,
         };
         const results = await runRanks(spec, P, env);
         results.forEach((res, r) => {

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "comm/sum.h"
+#include "comm/test_fault.h"
 #include "core/error.h"
 
 namespace lfc::comm {
@@ -394,18 +395,6 @@ std::string typeProblem(const std::string& type, const nlohmann::json& v, const 
 }
 
 }  // namespace
-
-bool testFault(const char* fault, int rank) {
-  // read once: "<fault>:rank=<r>"
-  static const std::pair<std::string, int> armed = [] {
-    const char* v = std::getenv("LFC_TEST_FAULT");
-    const std::string text = v ? v : "";
-    const size_t at = text.find(":rank=");
-    if (at == std::string::npos) return std::pair<std::string, int>{"", -1};
-    return std::pair<std::string, int>{text.substr(0, at), std::atoi(text.c_str() + at + 6)};
-  }();
-  return armed.second == rank && armed.first == fault;
-}
 
 bool collectiveInPlace(Op op) {
   const CollectiveEntry* e = entryOf(op);

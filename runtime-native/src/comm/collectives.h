@@ -56,13 +56,4 @@ struct PeerFailedError : OpError {
 // another batch): every posted send and recv of the batch completes before it returns
 int64_t runCollective(const Instr& in, StepCtx& c, Backend& backend, bool batchEnd = false);
 
-// Test-only (docs/runtime.md): LFC_TEST_FAULT=<fault>:rank=<r> makes global rank r meet <fault> in
-// every two-phase collective it runs, after the size exchange, so that tests can force what
-// real data reaches only by accident:
-//   all_to_all_v_bound   all_to_all_v's receive bound is exceeded
-//   gather_v_rows        a gather_v root finds a row count wrong (on a root only)
-//   kill_between_phases  the process kills itself (SIGKILL) between the phases of all_to_all_v,
-//                        gather_v or scatter_v
-bool testFault(const char* fault, int rank);
-
 }  // namespace lfc::comm

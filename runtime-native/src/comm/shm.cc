@@ -25,6 +25,7 @@
 
 #include "comm/copy.h"
 #include "comm/sum.h"
+#include "comm/test_fault.h"
 #include "core/bf16.h"
 #include "core/error.h"
 
@@ -275,7 +276,7 @@ void ShmGroup::mapPeers(const std::vector<SharedRange>& shared, const Exchange& 
     const SharedTable& theirs = table[j];
     for (int64_t k = 0; k < std::min<int64_t>(theirs.count, kMaxShared) && !failed; k++) {
       const SharedEntry& e = theirs.entries[k];
-      auto m = mapPeerRegion(pid, e);
+      auto m = testFault("direct_map_refused", ranks_[size_t(rank_)]) ? nullptr : mapPeerRegion(pid, e);
       if (m) peers[size_t(j)].push_back({e.base, e.bytes, std::move(m)});
       else failed = 1;
     }
