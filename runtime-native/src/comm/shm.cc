@@ -415,6 +415,25 @@ void ShmGroup::reduceChunk(T* data, int64_t n) {
 template <typename T>
 void ShmGroup::reduceScatterOf(const T* in, T* out, int64_t blockCount) {
   const int P = size_;
+  if (direct()) {
+    // block r of every rank's input, summed straight into out: in place (out is block r of in),
+    // or apart from in
+    const int64_t bytes = P * blockCount * int64_t(sizeof(T));
+    const auto *lo = reinterpret_cast<const char*>(in), *o = reinterpret_cast<const char*>(out);
+    const int64_t outBytes = blockCount * int64_t(sizeof(T));
+    const bool apart = o + outBytes <= lo || lo + bytes <= o || out == in + rank_ * blockCount;
+    const int set = nextSet();
+    if (publish(set, blockCount == 0 || (shared(in, bytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(in))})) {
+      std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
+      for (int j = 0; j < P && blockCount > 0; j++)
+        parts[size_t(j)] = j == rank_ ? in + rank_ * blockCount
+                                      : reinterpret_cast<const T*>(peerBytes(
+                                            j, published(set, j)[0] + uint64_t(rank_ * outBytes), outBytes));
+      if (blockCount > 0) sumParts(out, parts.data(), P, blockCount);
+      barrier();  // every input is read
+      return;
+    }
+  }
   const int64_t lane = int64_t(kSlotBytes) / (P - 1) / 64 * 64 / int64_t(sizeof(T));  // elements
   const auto laneOf = [](int k, int j) { return k < j ? k : k - 1; };  // rank k's lane in slot j
   std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
@@ -446,20 +465,46 @@ void ShmGroup::reduceScatter(const void* in, void* out, DType dtype, int64_t blo
   }
 }
 
-void ShmGroup::allReduce(void* data, DType dtype, int64_t count) {
-  const int64_t elem = dtypeBytes(dtype);
-  const int64_t perChunk = int64_t(kSlotBytes) / elem;
-  for (int64_t off = 0; off < count; off += perChunk) {
-    const int64_t n = std::min(perChunk, count - off);
-    char* at = static_cast<char*>(data) + off * elem;
-    switch (dtype) {
-      case DType::f32: reduceChunk(reinterpret_cast<float*>(at), n); break;
-      case DType::f64: reduceChunk(reinterpret_cast<double*>(at), n); break;
-      case DType::bf16: reduceChunk(reinterpret_cast<bf16*>(at), n); break;
-      case DType::i32: reduceChunk(reinterpret_cast<int32_t*>(at), n); break;
-      case DType::i64: reduceChunk(reinterpret_cast<int64_t*>(at), n); break;
-      default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, bf16, i32, i64)"));
+// Direct: rank r sums part r of every rank's data into its own, a barrier, each rank copies every
+// other part from its owner, a barrier. The parts and the order of the sums are the slots' (partOf
+// over the whole buffer instead of a chunk), so the bits are the same.
+template <typename T>
+void ShmGroup::allReduceOf(T* data, int64_t count) {
+  if (direct()) {
+    const int set = nextSet();
+    const int64_t bytes = count * int64_t(sizeof(T));
+    if (publish(set, count == 0 || shared(data, bytes), {uint64_t(reinterpret_cast<uintptr_t>(data))})) {
+      const auto part = [&](int j) -> std::pair<int64_t, int64_t> { return partOf<T>(count, j, size_); };
+      const auto of = [&](int j, int64_t lo, int64_t hi) {
+        return reinterpret_cast<T*>(peerBytes(j, published(set, j)[0] + uint64_t(lo) * sizeof(T), (hi - lo) * int64_t(sizeof(T))));
+      };
+      const auto [lo, hi] = part(rank_);
+      if (hi > lo) {
+        std::vector<const T*> parts(static_cast<size_t>(size_), nullptr);
+        for (int j = 0; j < size_; j++) parts[size_t(j)] = j == rank_ ? data + lo : of(j, lo, hi);
+        sumParts(data + lo, parts.data(), size_, hi - lo);
+      }
+      barrier();  // every part is summed
+      for (int j = 0; j < size_; j++) {
+        const auto [l, h] = part(j);
+        if (j != rank_ && h > l) copyBlock(data + l, of(j, l, h), size_t(h - l) * sizeof(T));
+      }
+      barrier();  // every part is read
+      return;
     }
+  }
+  const int64_t perChunk = int64_t(kSlotBytes) / int64_t(sizeof(T));
+  for (int64_t off = 0; off < count; off += perChunk) reduceChunk(data + off, std::min(perChunk, count - off));
+}
+
+void ShmGroup::allReduce(void* data, DType dtype, int64_t count) {
+  switch (dtype) {
+    case DType::f32: return allReduceOf(static_cast<float*>(data), count);
+    case DType::f64: return allReduceOf(static_cast<double*>(data), count);
+    case DType::bf16: return allReduceOf(static_cast<bf16*>(data), count);
+    case DType::i32: return allReduceOf(static_cast<int32_t*>(data), count);
+    case DType::i64: return allReduceOf(static_cast<int64_t*>(data), count);
+    default: throw CommError(cat("all-reduce of ", dtypeName(dtype), " is not supported (f32, f64, bf16, i32, i64)"));
   }
 }
 

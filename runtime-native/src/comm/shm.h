@@ -138,6 +138,8 @@ class ShmGroup {
   const uint64_t* published(int set, int j) const { return reinterpret_cast<const uint64_t*>(slot(set, j)); }
   void mapPeers(const std::vector<SharedRange>& shared, const Exchange& exchange);
   template <typename T>
+  void allReduceOf(T* data, int64_t count);
+  template <typename T>
   void reduceChunk(T* data, int64_t count);
   template <typename T>
   void reduceScatterOf(const T* in, T* out, int64_t blockCount);
