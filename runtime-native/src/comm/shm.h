@@ -26,17 +26,21 @@
 //
 // Direct reads and writes. The runtime's regions are memfds (core/memory.h), and at setup each
 // member maps the others' (one mapping per peer region per process, whatever the groups), found
-// as /proc/PID/fd/FD and checked by device and inode. Where the inputs (and for gather_v the
-// root's output) lie in them, all_to_all_v, gather_v, all_gather and broadcast skip the slots:
-// each rank publishes in its slot where its blocks lie, a barrier, each reader copies its blocks
-// straight from the senders' memory (gather_v: each sender writes its block into the root's
-// output, all at once, while the root moves its own), a barrier, after which the inputs may
-// change. One copy a byte and two barriers, against the slots' two copies and a barrier a round;
-// the copies stream past the cache (copy.h). Where some member's buffer lies elsewhere (a count
-// on the stack, or an output that overlaps its input) every member takes the slots, after that
-// first barrier. OpenMPI copies once too for large messages, through the kernel (cross-memory
-// attach), which on this kind of machine is slower than memcpy (docs/benchmarks.md).
-// LFC_COMM_DIRECT=0 turns direct reads off.
+// as /proc/PID/fd/FD and checked by device and inode. Where every member's buffers lie in them,
+// a collective skips the slots: each rank publishes in its slot where its buffer lies, a barrier,
+// then
+//   all_reduce     rank r sums part r of every rank's buffer (the slots' parts and order, so the
+//                  same bits) into its own, a barrier, each copies every other part from its owner
+//   reduce_scatter rank r sums block r of every rank's input straight into its output
+//   all_gather, broadcast, all_to_all_v   each reader copies its blocks from the senders' buffers
+//   gather_v       each sender writes its block into the root's output, all at once, while the
+//                  root moves its own
+// and a barrier, after which the buffers may change. Each byte is copied once, with two or three
+// barriers a collective, against the slots' two copies and a barrier a round; copies stream past
+// the cache (copy.h). Where some member's buffer lies elsewhere (a count on the stack, an output
+// that overlaps its input) every member takes the slots, after that first barrier. OpenMPI copies
+// once too for large messages, through the kernel (cross-memory attach), which on this kind of
+// machine is slower than memcpy (docs/benchmarks.md). LFC_COMM_DIRECT=0 turns direct reads off.
 //
 // Rounds are small (kSlotBytes) so a round's data is still in cache when it is read: at 64 MiB on
 // 2 cores, all-reduce slots of 256 KiB took 52 ms against 92 ms with 8 MiB slots. The direct
