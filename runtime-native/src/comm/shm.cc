@@ -418,10 +418,9 @@ void ShmGroup::reduceScatterOf(const T* in, T* out, int64_t blockCount) {
   if (direct()) {
     // block r of every rank's input, summed straight into out: in place (out is block r of in),
     // or apart from in
-    const int64_t bytes = P * blockCount * int64_t(sizeof(T));
-    const auto *lo = reinterpret_cast<const char*>(in), *o = reinterpret_cast<const char*>(out);
-    const int64_t outBytes = blockCount * int64_t(sizeof(T));
-    const bool apart = o + outBytes <= lo || lo + bytes <= o || out == in + rank_ * blockCount;
+    const int64_t bytes = P * blockCount * int64_t(sizeof(T)), outBytes = blockCount * int64_t(sizeof(T));
+    const auto *x = reinterpret_cast<const char*>(in), *o = reinterpret_cast<const char*>(out);
+    const bool apart = o + outBytes <= x || x + bytes <= o || out == in + rank_ * blockCount;
     const int set = nextSet();
     if (publish(set, blockCount == 0 || (shared(in, bytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(in))})) {
       std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
