@@ -65,7 +65,7 @@ void Runtime::connect(const comm::Config& config) {
   comm::Config withMemory = config;
   for (int r = 0; r < kRegionCount; r++) {
     const Block& b = memory_->block(Region(r));
-    if (b.fd() >= 0 && b.size() > 0) withMemory.shared.push_back({b.data(), b.size(), b.fd()});
+    if (b.fd() >= 0) withMemory.shared.push_back({b.data(), b.size(), b.fd()});
   }
   try {
     backend_ = comm::connectGloo(withMemory);

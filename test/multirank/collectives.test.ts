@@ -239,7 +239,7 @@ describe('collectives against their plain computation', () => {
   // (i32) and 10 MiB (40 chunks, the last not a multiple of the parts), an all_gather of 300 KB
   // blocks, a broadcast of 600 KB, an all_to_all_v of uneven blocks up to 300 KiB (lanes of 64 or
   // 85 KiB, some blocks empty), each exact against its plain result; LFC_COMM_SHM=0 runs the same
-  // over Gloo's TCP, and LFC_COMM_DIRECT=1 reads the all_to_all_v's blocks in place instead.
+  // over Gloo's TCP, and LFC_COMM_DIRECT=1 reads every collective's buffers in place instead.
   it.each([
     [4, 'shared memory', false],
     [3, 'shared memory', false],

@@ -120,10 +120,15 @@ inline void cpuRelax() {
 #endif
 }
 
+// whether [a, a + n) and [b, b + m) share no byte
+bool disjoint(const void* a, int64_t n, const void* b, int64_t m) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x + uintptr_t(n) <= y || y + uintptr_t(m) <= x;
+}
+
 // memmove, streamed where the two do not overlap (copy.h)
 void moveBlock(void* dst, const void* src, size_t n) {
-  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-  if (d + n <= s || s + n <= d) copyBlock(dst, src, n);
+  if (disjoint(dst, int64_t(n), src, int64_t(n))) copyBlock(dst, src, n);
   else std::memmove(dst, src, n);
 }
 
@@ -136,15 +141,16 @@ std::pair<int64_t, int64_t> partOf(int64_t n, int r, int P) {
   return {lo, std::min(n, lo + part)};
 }
 
+// LFC_COMM_DIRECT=0: shared-memory groups keep the slots (no direct reads)
+bool directAllowed() {
+  const char* v = std::getenv("LFC_COMM_DIRECT");
+  return !(v && std::string(v) == "0");
+}
+
 }  // namespace
 
 bool shmAllowed() {
   const char* v = std::getenv("LFC_COMM_SHM");
-  return !(v && std::string(v) == "0");
-}
-
-bool directAllowed() {
-  const char* v = std::getenv("LFC_COMM_DIRECT");
   return !(v && std::string(v) == "0");
 }
 
@@ -419,8 +425,7 @@ void ShmGroup::reduceScatterOf(const T* in, T* out, int64_t blockCount) {
     // block r of every rank's input, summed straight into out: in place (out is block r of in),
     // or apart from in
     const int64_t bytes = P * blockCount * int64_t(sizeof(T)), outBytes = blockCount * int64_t(sizeof(T));
-    const auto *x = reinterpret_cast<const char*>(in), *o = reinterpret_cast<const char*>(out);
-    const bool apart = o + outBytes <= x || x + bytes <= o || out == in + rank_ * blockCount;
+    const bool apart = disjoint(in, bytes, out, outBytes) || out == in + rank_ * blockCount;
     const int set = nextSet();
     if (publish(set, blockCount == 0 || (shared(in, bytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(in))})) {
       std::vector<const T*> parts(static_cast<size_t>(P), nullptr);
@@ -513,7 +518,7 @@ void ShmGroup::allGather(const void* in, void* out, int64_t blockBytes) {
   if (o + rank_ * blockBytes != x) moveBlock(o + rank_ * blockBytes, x, size_t(blockBytes));
   if (direct()) {
     // in place (x is this rank's block of out), or apart from out
-    const bool apart = x + blockBytes <= o || o + size_ * blockBytes <= x || x == o + rank_ * blockBytes;
+    const bool apart = disjoint(x, blockBytes, o, size_ * blockBytes) || x == o + rank_ * blockBytes;
     const int set = nextSet();
     if (publish(set, blockBytes == 0 || (shared(x, blockBytes) && apart), {uint64_t(reinterpret_cast<uintptr_t>(x))})) {
       for (int j = 0; j < size_ && blockBytes > 0; j++)
@@ -574,7 +579,7 @@ void ShmGroup::allToAllV(const void* in, const std::vector<int64_t>& sendBytes, 
   if (direct()) {
     // in place, unless this rank's output overlaps its input (its own writes would meet the reads)
     const int64_t sent = sendAt[size_t(P)], received = recvAt[size_t(P)];
-    const bool ok = sent == 0 || (shared(x, sent) && (x + sent <= y || y + received <= x));
+    const bool ok = sent == 0 || (shared(x, sent) && disjoint(x, sent, y, received));
     std::vector<uint64_t> where(static_cast<size_t>(P));
     for (int j = 0; j < P; j++) where[size_t(j)] = uint64_t(reinterpret_cast<uintptr_t>(x + sendAt[size_t(j)]));
     const int set = nextSet();
@@ -628,7 +633,7 @@ void ShmGroup::gatherV(const void* in, void* out, const std::vector<int64_t>& bl
     bool ok = true;
     if (rank_ == root) {
       const char* mine = y + at[size_t(root)];
-      const bool apart = x + own <= y || y + at[size_t(P)] <= x || x == mine;
+      const bool apart = disjoint(x, own, y, at[size_t(P)]) || x == mine;
       ok = at[size_t(P)] == own || (shared(y, at[size_t(P)]) && (apart || own == 0));
     }
     const int set = nextSet();

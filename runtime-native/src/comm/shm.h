@@ -160,7 +160,5 @@ class ShmGroup {
 
 // Whether communicators try shared memory at all: LFC_COMM_SHM=0 turns it off (Gloo over TCP only).
 bool shmAllowed();
-// Whether shared-memory groups read peers' inputs in place: LFC_COMM_DIRECT=0 turns it off.
-bool directAllowed();
 
 }  // namespace lfc::comm

@@ -14,15 +14,17 @@ namespace lfc {
 
 constexpr int64_t kAlign = 64;
 
+// what a block of `bytes` allocates: whole 64-byte lines, at least one
+static int64_t roundedBytes(int64_t bytes) { return std::max<int64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign); }
+
 Block::Block(int64_t bytes) : size_(bytes) {
-  const int64_t rounded = std::max<int64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  const int64_t rounded = roundedBytes(bytes);
   // a memfd's pages are zero until written, and mmap aligns to a page (an empty region needs none)
   const int fd = bytes > 0 ? memfd_create("lfc-region", MFD_CLOEXEC) : -1;
   if (fd >= 0 && ftruncate(fd, off_t(rounded)) == 0) {
     void* p = mmap(nullptr, size_t(rounded), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) {
       data_ = static_cast<std::byte*>(p);
-      mapped_ = rounded;
       fd_ = fd;
       return;
     }
@@ -38,7 +40,7 @@ Block::~Block() {
     std::free(data_);
     return;
   }
-  munmap(data_, size_t(mapped_));
+  munmap(data_, size_t(roundedBytes(size_)));
   close(fd_);
 }
 

@@ -27,13 +27,12 @@ class Block {
   Block& operator=(const Block&) = delete;
   std::byte* data() const { return data_; }
   int64_t size() const { return size_; }
-  // the memfd behind it, or -1 when it is plain memory
+  // the memfd behind it, or -1 when it is plain memory (or empty)
   int fd() const { return fd_; }
 
  private:
   std::byte* data_ = nullptr;
   int64_t size_ = 0;
-  int64_t mapped_ = 0;  // bytes mapped from fd_
   int fd_ = -1;
 };
 
