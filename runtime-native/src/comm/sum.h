@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "comm/copy.h"
 #include "core/bf16.h"
 
 namespace lfc::comm {
@@ -27,21 +28,38 @@ inline T widen(T v) {
 }
 inline float widen(bf16 v) { return toFloat(v); }
 
+// out[0:m] ← sum[0:m] as T; streamed (comm/copy.h) when `stream`
 template <typename T>
-inline void storeSum(T* out, const T* sum, int64_t m) {
-  std::memcpy(out, sum, size_t(m) * sizeof(T));
+inline void storeSum(T* out, const T* sum, int64_t m, bool stream) {
+  if (stream)
+    streamStores(out, sum, size_t(m) * sizeof(T));
+  else
+    std::memcpy(out, sum, size_t(m) * sizeof(T));
 }
-inline void storeSum(bf16* out, const float* sum, int64_t m) { bf16FromFloat(out, sum, m); }
+inline void storeSum(bf16* out, const float* sum, int64_t m, bool stream) {
+  if (!stream) return bf16FromFloat(out, sum, m);
+  alignas(64) bf16 rounded[2048];
+  for (int64_t at = 0; at < m; at += 2048) {
+    const int64_t k = std::min<int64_t>(2048, m - at);
+    bf16FromFloat(rounded, sum + at, k);
+    streamStores(out + at, rounded, size_t(k) * sizeof(bf16));
+  }
+}
 
 // out[0:n] ← parts[0][i] + parts[1][i] + … + parts[P−1][i], left to right. out may be one of the
 // parts (each block of kBlock elements is read whole before it is written). A pass over the block
 // adds up to four parts (the first) or three more (the others) to its running sum, so a group of
-// up to four ranks sums in one pass; the order of the additions is the same either way.
+// up to four ranks sums in one pass; the order of the additions is the same either way. An output
+// of kStreamBytes or more apart from every part (a reduce-scatter's block) is written with
+// non-temporal stores, which skip reading each line before writing it; one that is a part was
+// just read, and is written in place.
 template <typename T>
 void sumParts(T* out, const T* const* parts, int P, int64_t n) {
   using Sum = typename SumOf<T>::type;
   constexpr int64_t kBlock = 2048;
   alignas(64) Sum acc[kBlock];
+  bool stream = int64_t(sizeof(T)) * n >= int64_t(kStreamBytes);
+  for (int j = 0; j < P && stream; j++) stream = parts[j] != out;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     const T* p[4] = {};
@@ -76,8 +94,9 @@ void sumParts(T* out, const T* const* parts, int P, int64_t n) {
       }
       j += k;
     }
-    storeSum(out + b, acc, m);
+    storeSum(out + b, acc, m, stream);
   }
+  if (stream) streamFence();
 }
 
 }  // namespace lfc::comm
