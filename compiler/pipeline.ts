@@ -350,7 +350,10 @@ function resolveLayout(o: CompileOptions): Layout {
   };
   const { world, dp } = resolveSizes(sizes);
   const sequenceParallel =
-    o.sequenceParallel ?? (cfg.model.text_decoder.num_experts > 0 && sizes.tp > 1 && sizes.ep > 1);
+    o.sequenceParallel ??
+    (cfg.model.text_decoder.num_experts > 0 &&
+      sizes.tp > 1 &&
+      (sizes.ep > 1 || (sizes.etp ?? sizes.tp) < sizes.tp));
   const gbs = o.globalBatchSize ?? mbs * Math.max(1, Math.floor(dp));
   // every layout rule, each with its own message (compiler/parallel/validate.ts)
   validateParallel({
@@ -368,10 +371,6 @@ function resolveLayout(o: CompileOptions): Layout {
     recompute: o.recompute,
     offloadTensors: o.offloadTensors,
   });
-  if ((sizes.etp ?? sizes.tp) !== sizes.tp)
-    throw new UserError(
-      `--expert-tensor-parallel-size ${sizes.etp} differs from --tp ${sizes.tp}; only expert TP equal to TP is built`,
-    );
   const numMicrobatches = gbs / (mbs * dp);
   // where the encoder runs and whose gradients it sums (compiler/parallel/encoder.ts)
   const placement = encoderPlacement({
@@ -438,6 +437,7 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
           tp: sizes.tp,
           sequenceParallel: l.sequenceParallel,
           encoderTp: placement.encoderTp,
+          expertTp: sizes.etp ?? sizes.tp,
         }),
     ],
     ['encoder-data-parallel', (g) => encoderDataParallel(g, placement)],

@@ -82,6 +82,20 @@ export const LAYOUTS: readonly Layout[] = [
   // the MoE dispatch under SP: each tp rank routes its own tokens, gathered inside the tp group
   // for the experts (sequence parallelism is implied by tp and ep together)
   { name: 'tp2-ep2', model: 'tiny-vlm-moe', ranks: 4, flags: ['--tp', '2', '--ep', '2'] },
+  // expert TP below TP: at 1 the experts run whole on each rank's own routed rows (no gather
+  // inside the tp group); at 2 under tp 4 the gather and the expert split run on the etp groups
+  {
+    name: 'tp2-ep2-etp1',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '2', '--ep', '2', '--expert-tensor-parallel-size', '1'],
+  },
+  {
+    name: 'tp4-ep2-etp2',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '4', '--ep', '2', '--expert-tensor-parallel-size', '2'],
+  },
   {
     name: 'a2a-overlap-tp2-ep2',
     model: 'tiny-vlm-moe',

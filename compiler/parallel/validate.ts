@@ -225,6 +225,32 @@ const MODEL_RULES: readonly LayoutRule[] = [
     },
   },
   {
+    id: 'etp-divides-tp',
+    // the experts' gather and split run on etp consecutive ranks of each tp group
+    check: ({ sizes }) => {
+      const { etp, tp } = resolveSizes(sizes);
+      return tp % etp === 0
+        ? undefined
+        : `expert tensor parallel size ${etp} (${SIZE_FLAGS.etp}) does not divide tp ${tp}; lfc builds expert TP up to TP`;
+    },
+  },
+  {
+    id: 'etp-below-tp',
+    // below tp, each rank routes its own tokens (the MoE dispatch under SP) and the expert
+    // gradients sum over the expert-data-parallel ranks, which expert parallelism declares
+    check: ({ sizes, config, sequenceParallel }) => {
+      const { etp, tp, ep } = resolveSizes(sizes);
+      const dec = config.model.text_decoder;
+      if (dec.num_experts === 0 || etp >= tp) return undefined;
+      const what = `expert tensor parallel size ${etp} below tp ${tp}`;
+      if (ep === 1) return `${what} needs expert parallelism (${SIZE_FLAGS.ep} > 1)`;
+      if (sequenceParallel === false) return `${what} needs --sequence-parallel`;
+      if (dec.moe_expert_capacity_factor !== undefined)
+        return `${what} needs dropless routing; drop --moe-expert-capacity-factor`;
+      return undefined;
+    },
+  },
+  {
     id: 'pp-layers',
     // lfc balances layers by cost, so any L ≥ p·v works; each virtual stage needs one layer
     check: ({ sizes: s, config }) => {

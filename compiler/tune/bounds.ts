@@ -5,7 +5,7 @@
 // pipeline stages layer by layer, and tensor and expert parallelism divide them (replicated
 // tensors such as norms only add), so the busiest rank holds at least
 //   dense · (weight + grad + master/d + moments/d) / (tp · pp)        d = dp under the distributed optimizer
-//   + experts · (the same with d = edp) / (etp · ep · pp)            etp = tp
+//   + experts · (the same with d = edp) / (etp · ep · pp)            edp = world / (etp · ep · pp)
 // with Megatron's bytes per parameter (compiler/inspect.ts bytesPerParam). The embedding, the
 // output layer, the encoder and every activation come on top. If this plus the device's reserve
 // is past its memory, the layout fits neither at the bounds nor at expected sizes.
@@ -47,10 +47,10 @@ export function staticBytesLowerBound(
   precision: Precision,
 ): number {
   const dp = world / (l.tp * l.pp);
-  const edp = world / (l.tp * l.ep * l.pp);
+  const edp = world / (l.etp * l.ep * l.pp);
   const bytes = (c: LayerParams['dense'], d: number) => {
     const b = bytesPerParam({ precision, distributedOptimizer: l.distopt, dataParallelSize: d });
     return c.all * b.weight + c.trainable * (b.grad + b.master + b.moments);
   };
-  return bytes(p.dense, dp) / (l.tp * l.pp) + bytes(p.experts, edp) / (l.tp * l.ep * l.pp);
+  return bytes(p.dense, dp) / (l.tp * l.pp) + bytes(p.experts, edp) / (l.etp * l.ep * l.pp);
 }

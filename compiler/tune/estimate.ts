@@ -9,7 +9,7 @@
 // groups. Per decoder layer, forward and backward, the seconds split into the expert exchange
 // (all_to_all_v, what A2A overlap hides) and the rest; the recompute modules (the layout's
 // recompute policy, by the emitter's own module rules) add their forward again in backward. The
-// graphs are cached by what shapes them: decoder pieces by (tp, ep, micro-batch), encoder pieces
+// graphs are cached by what shapes them: decoder pieces by (tp, ep, expert TP, micro-batch), encoder pieces
 // by (tp, micro-batch, level, encoder TP).
 //
 // Step. The pipeline split is the compiler's (the min-max split of the priced layer seconds), the
@@ -187,6 +187,7 @@ export class Estimator {
       pp,
       vpp,
       ep,
+      etp: layout.etp,
       cp: 1,
       encoderTp: layout.level >= 2 ? 1 : layout.encoderTp,
     });
@@ -219,7 +220,7 @@ export class Estimator {
     l: Layout,
     options: CompileOptions,
   ): { decoder: DecoderPieces; encoder: EncoderPieces } {
-    const dkey = `${l.tp},${l.ep},${l.mbs}`;
+    const dkey = `${l.tp},${l.ep},${l.etp},${l.mbs}`;
     const ekey = `${l.tp},${l.mbs},${l.level},${l.encoderTp}`;
     let decoder = this.decoders.get(dkey);
     let encoder = this.encoders.get(ekey);
@@ -474,7 +475,7 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
 /** The busiest stage's device bytes, at the bounds and at expected sizes. */
 function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peakExpected: number } {
   const { layout, decoder, encoder, m, dp, policy } = c;
-  const { tp, pp, ep, level } = layout;
+  const { tp, pp, ep, etp, level } = layout;
   const kept = (l: LayerPieces) => l.keptOf(policy.recompute, policy.offload);
   const R = decoder.layers.length;
   const layerAt = (i: number) => decoder.layers[Math.min(i, R - 1)];
@@ -496,7 +497,9 @@ function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peak
   for (let s = 0; s < pp; s++) {
     const p = stageParams(c, st, s);
     const fixed =
-      staticBytes(p.dense, dp) + staticBytes(p.expert, dp / ep) + staticBytes(p.encoder, dp);
+      staticBytes(p.dense, dp) +
+      staticBytes(p.expert, (dp * tp) / (etp * ep)) + // expert data parallelism
+      staticBytes(p.encoder, dp);
     const mostInFlight = Math.max(...inflight[s].values(), 0);
     const at = (k: keyof Bytes) => {
       // the most a stage's chunks keep at once, over the schedule

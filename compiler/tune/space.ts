@@ -5,6 +5,7 @@
 //                 sequence parallelism with it, as Megatron-LM requires for MoE with tp > 1
 //   pp, vpp       pipeline stages dividing the ranks left, up to 16; vpp 1, 2 or 4 with pp > 1
 //   ep            powers of two dividing the experts (MoE decoders)
+//   expert tp     powers of two up to tp; below tp only with ep > 1 (the layout rules)
 //   mbs           1, 2 or 4
 //   encoder       level 1 with an encoder TP dividing tp, level 2 or level 3 (encoder TP 1)
 //   overlap       the A2A overlap with delayed weight gradients (ep > 1)
@@ -26,6 +27,8 @@ export interface Layout {
   readonly pp: number;
   readonly vpp: number;
   readonly ep: number;
+  /** expert TP (--expert-tensor-parallel-size): tp, or a power of two below it */
+  readonly etp: number;
   readonly mbs: number;
   /** 1: hetero TP (encoder TP encoderTp), 2: hetero DP, 3: full separation */
   readonly level: 1 | 2 | 3;
@@ -51,6 +54,7 @@ export const KNOBS = [
   'pp',
   'vpp',
   'ep',
+  'expert-tp',
   'mbs',
   'level',
   'encoder-tp',
@@ -87,6 +91,7 @@ export function flagsOf(l: Layout, presetEncoderTp: number): string[] {
   const f = ['--tp', String(l.tp), '--pp', String(l.pp)];
   if (l.vpp > 1) f.push('--vpp', String(l.vpp));
   if (l.ep > 1) f.push('--ep', String(l.ep));
+  if (l.etp !== l.tp) f.push('--expert-tensor-parallel-size', String(l.etp));
   if (l.tp > 1) f.push('--sequence-parallel');
   f.push('--micro-batch-size', String(l.mbs));
   if (l.distopt) f.push('--use-distributed-optimizer');
@@ -143,6 +148,7 @@ export function layoutOptions(
       pp: l.pp,
       ...(l.vpp > 1 ? { vpp: l.vpp } : {}),
       ...(l.ep > 1 ? { ep: l.ep } : {}),
+      ...(l.etp !== l.tp ? { etp: l.etp } : {}),
     },
     ...(l.tp > 1 ? { sequenceParallel: true } : {}),
     ...(l.distopt ? { distributedOptimizer: true } : {}),
@@ -154,15 +160,16 @@ export function layoutOptions(
   };
 }
 
-/** A short name of a layout: `tp4 pp2 vpp2 ep4 mbs1 L3 overlap sel offload distopt`. */
+/** A short name of a layout: `tp4 pp2 vpp2 ep4 etp1 mbs1 L3 overlap sel offload distopt`. */
 export function layoutName(l: Layout): string {
   return [
     `tp${l.tp}`,
     `pp${l.pp}`,
     ...(l.vpp > 1 ? [`vpp${l.vpp}`] : []),
     ...(l.ep > 1 ? [`ep${l.ep}`] : []),
+    ...(l.etp !== l.tp ? [`etp${l.etp}`] : []),
     `mbs${l.mbs}`,
-    l.level === 1 ? `L1/etp${l.encoderTp}` : `L${l.level}`,
+    l.level === 1 ? `L1/enc-tp${l.encoderTp}` : `L${l.level}`,
     ...(l.overlap ? ['overlap'] : []),
     ...(l.recompute === 'none' ? [] : [l.recompute === 'full' ? 'full-recompute' : 'selective']),
     ...(l.offload ? ['offload'] : []),
@@ -210,6 +217,7 @@ export function parseFix(specs: readonly string[]): Partial<Record<Knob, string>
         pp: /^\d+$/,
         vpp: /^\d+$/,
         ep: /^\d+$/,
+        'expert-tp': /^\d+$/,
         mbs: /^\d+$/,
         level: /^[123]$/,
         'encoder-tp': /^\d+$/,
@@ -247,42 +255,45 @@ export function enumerateLayouts(r: SearchSpaceRequest): Layout[] {
         for (const ep of (moe ? pow2Upto(dec.num_experts) : [1]).filter(ok('ep'))) {
           if (world % (tp * ep * pp) !== 0 || world % (tp * pp) !== 0) continue;
           const dp = world / (tp * pp);
-          for (const mbs of [1, 2, 4].filter(ok('mbs'))) {
-            if (r.globalBatchSize % (mbs * dp) !== 0) continue;
-            const m = r.globalBatchSize / (mbs * dp);
-            if (vpp > 1 && m % pp !== 0) continue;
-            for (const [level, encoderTp] of encoderChoices(tp))
-              if (ok('level')(level) && ok('encoder-tp')(encoderTp))
-                for (const overlap of (moe && ep > 1 ? [false, true] : [false]).filter(
-                  ok('overlap'),
-                )) {
-                  if (overlap && pp > 1 && vpp === 1) continue;
-                  for (const recompute of (['none', 'selective', 'full'] as const).filter(
-                    ok('recompute'),
+          for (const etp of (moe && ep > 1 ? pow2Upto(tp) : [tp]).filter(ok('expert-tp')))
+            for (const mbs of [1, 2, 4].filter(ok('mbs'))) {
+              if (r.globalBatchSize % (mbs * dp) !== 0) continue;
+              const m = r.globalBatchSize / (mbs * dp);
+              if (vpp > 1 && m % pp !== 0) continue;
+              for (const [level, encoderTp] of encoderChoices(tp))
+                if (ok('level')(level) && ok('encoder-tp')(encoderTp))
+                  for (const overlap of (moe && ep > 1 ? [false, true] : [false]).filter(
+                    ok('overlap'),
                   )) {
-                    if (overlap && recompute === 'full') continue;
-                    for (const offload of (level === 3 && overlap ? [false, true] : [false]).filter(
-                      ok('offload'),
-                    ))
-                      for (const distopt of (dp > 1 ? [true, false] : [false]).filter(
-                        ok('distopt'),
-                      ))
-                        out.push({
-                          tp,
-                          pp,
-                          vpp,
-                          ep,
-                          mbs,
-                          level,
-                          encoderTp,
-                          overlap,
-                          recompute,
-                          offload,
-                          distopt,
-                        });
+                    if (overlap && pp > 1 && vpp === 1) continue;
+                    for (const recompute of (['none', 'selective', 'full'] as const).filter(
+                      ok('recompute'),
+                    )) {
+                      if (overlap && recompute === 'full') continue;
+                      for (const offload of (level === 3 && overlap
+                        ? [false, true]
+                        : [false]
+                      ).filter(ok('offload')))
+                        for (const distopt of (dp > 1 ? [true, false] : [false]).filter(
+                          ok('distopt'),
+                        ))
+                          out.push({
+                            tp,
+                            pp,
+                            vpp,
+                            ep,
+                            etp,
+                            mbs,
+                            level,
+                            encoderTp,
+                            overlap,
+                            recompute,
+                            offload,
+                            distopt,
+                          });
+                    }
                   }
-                }
-          }
+            }
         }
   return out;
 }

@@ -41,6 +41,11 @@
 //   moe_sort_chunks⁻¹, reduce_scatter_v   each rank's own rows, summed (L)
 // and the combine and moe_unpermute run on the rank's own tokens again (Q). Without expert
 // parallelism the same gather follows moe_permute directly, and precedes moe_unpermute.
+//
+// Expert TP below TP (Megatron-LM's --expert-tensor-parallel-size): the gather, the split of the
+// expert weights and the scatter back run on the `etp` groups (etp consecutive ranks of a tp
+// group) instead. At expert TP 1 there is none of them: each rank runs its local experts whole
+// on the rows it received, and the rows stay rank-local (L) from moe_permute to moe_unpermute.
 
 import {
   GraphBuilder,
@@ -77,6 +82,12 @@ export interface TensorParallelOptions {
    * group, each block a replica that encodes the same microbatch); 1: not split at all.
    */
   readonly encoderTp?: number;
+  /**
+   * the experts' TP size (--expert-tensor-parallel-size), dividing tp; default tp. Smaller: the
+   * MoE dispatch's gather inside the tp group runs on the `etp` groups, and the expert weights
+   * split over them (1: not split, no gather). Needs the dispatch under SP (dropless routing)
+   */
+  readonly expertTp?: number;
 }
 
 /** A model the pass cannot split as asked: a UserError at the compile level. */
@@ -115,6 +126,8 @@ interface TpDispatch {
 
 /** the encoder and its projector: `visual.*` parameters and scopes */
 const isEncoderName = (name: string) => name === 'visual' || name.startsWith('visual.');
+/** a routed expert's parameter (model.layers.<i>.mlp.experts.<e or {}>.<name>) */
+const isExpertParam = (name: string) => /\.experts\.[^.]+\./.test(name);
 
 type ParamRole =
   | { readonly kind: 'column'; readonly blocks: number }
@@ -152,6 +165,8 @@ export function tensorParallel(g: Graph, o: TensorParallelOptions): Graph {
 class TensorParallelRewrite {
   readonly decoder: Context;
   readonly encoder: Context;
+  /** the routed experts' context: the decoder's, or the etp groups' under expert TP < TP */
+  readonly expert: Context;
   /** the context of the node being rewritten (the walk sets it per node) */
   cur: Context;
   readonly b: GraphBuilder;
@@ -181,6 +196,8 @@ class TensorParallelRewrite {
     this.decoder = { tp: o.tp, group: 'tp' };
     const encTp = o.encoderTp ?? o.tp;
     this.encoder = encTp === o.tp ? this.decoder : { tp: encTp, group: 'enc_tp' };
+    const etp = o.expertTp ?? o.tp;
+    this.expert = etp === o.tp ? this.decoder : { tp: etp, group: 'etp' };
     this.cur = this.decoder;
     this.b = new GraphBuilder(g.name);
     for (const s of g.symbols) this.b.declareSymbol(s);
@@ -212,8 +229,8 @@ class TensorParallelRewrite {
     counts: string,
     layer: number,
   ): { sorted: string; local: string } {
-    const coll = this.coll();
-    const tp = this.cur.tp;
+    const coll = { group: this.expert.group, group_size: this.expert.tp };
+    const tp = this.expert.tp;
     const [sources, experts] = this.typeOf(counts).shape as number[];
     const [countsAll] = this.emit('all_gather', [counts], { ...coll, grad: 'slice' }, [R]);
     const [flat] = this.emit('reshape', [countsAll], { shape: [String(tp * sources * experts)] }, [
@@ -229,7 +246,7 @@ class TensorParallelRewrite {
       gathered = this.b.symbol(
         `Rg${layer}`,
         tp * bound,
-        `rows ${scope}'s experts take: its expert dispatch's rows (${formatDim(own)}) of every tp rank`,
+        `rows ${scope}'s experts take: its expert dispatch's rows (${formatDim(own)}) of every ${coll.group} rank`,
         tp * expected,
       );
     }
@@ -252,7 +269,7 @@ class TensorParallelRewrite {
     const [own] = this.emit(
       'reduce_scatter_v',
       [unsorted, d.rowsOf],
-      { ...this.coll(), out_rows: [d.ownRows] },
+      { group: this.expert.group, group_size: this.expert.tp, out_rows: [d.ownRows] },
       [L],
     );
     return own;
@@ -260,6 +277,11 @@ class TensorParallelRewrite {
 
   contextOf(name: string): Context {
     return isEncoderName(name) ? this.encoder : this.decoder;
+  }
+
+  /** a parameter's context: its region's, or the experts' */
+  paramContextOf(name: string): Context {
+    return isExpertParam(name) ? this.expert : this.contextOf(name);
   }
 
   fail(msg: string): never {
@@ -276,7 +298,7 @@ class TensorParallelRewrite {
 
   /** p as one rank declares it: its piece of the dim its role splits, `dist` saying which */
   splitParam(p: ParamDecl): ParamDecl {
-    const ctx = this.contextOf(p.dist?.name ?? p.name);
+    const ctx = this.paramContextOf(p.dist?.name ?? p.name);
     const tp = ctx.tp;
     const r: ParamRole =
       tp === 1 ? { kind: 'replicated' } : tensorParallelRole(p.dist?.name ?? p.name);
@@ -440,7 +462,10 @@ const linearRule: OpRule = (t, n, ins) => {
   }
   if (r.kind === 'row') return rowParallelLinear(t, n, ins);
   // replicated weight (router gate, patch projection): row by row, so a sequence-split input
-  // stays split (its weight's gradient then sums over tp); otherwise a replicated input
+  // stays split (its weight's gradient then sums over tp); otherwise a replicated input. A
+  // rank-local input: the rows this rank's experts received (expert TP 1), whose gradients the
+  // expert-data-parallel ranks sum
+  if (t.stateOf(ins[0]).k === 'L') return t.emitNode(n, ins, n.attrs, [L]);
   if (t.stateOf(ins[0]).k === 'Q') {
     t.noteSeqParams(ins);
     return t.emitNode(n, ins, n.attrs, [Q]);
@@ -578,6 +603,8 @@ const ropeRule: OpRule = (t, n, ins) =>
 const rowWiseRule: OpRule = (t, n, ins) => {
   const data = ins.filter((v) => !t.paramNames.has(v) && t.isFloatValue(v));
   const ks = new Set(data.map((v) => t.stateOf(v).k));
+  // between the experts of expert TP 1: rank-local rows
+  if (ks.size === 1 && ks.has('L')) return t.emitNode(n, ins, n.attrs, [L]);
   const split = data.map((v) => t.stateOf(v)).find((s) => s.k === 'S');
   const target: State = ks.has('Q')
     ? Q
@@ -655,13 +682,17 @@ const permuteRule: OpRule = (t, n, ins) => {
     n.attrs.capacity === undefined &&
     t.stateOf(ins[0]).k === 'Q' &&
     t.stateOf(ins[1]).k === 'Q';
+  if (!own && t.expert !== t.decoder)
+    t.fail(
+      `${n.scope}: expert TP ${t.expert.tp} below tp needs the MoE dispatch under sequence parallelism, with dropless routing`,
+    );
   if (!own) return wholeRule(t, n, ins);
   const [rows, counts, rowOf] = t.emitNode(n, ins, n.attrs, [L]);
   t.ownRows.set(n.scope, {
     whole: formatDim(n.outputs[0].type.shape[0]),
     own: formatDim(t.typeOf(rows).shape[0]),
   });
-  if (t.expertParallelScopes.has(n.scope)) return [rows, counts, rowOf];
+  if (t.expertParallelScopes.has(n.scope) || t.expert.tp === 1) return [rows, counts, rowOf];
   const E = t.typeOf(counts).shape[0];
   const [byRank] = t.emit('reshape', [counts], { shape: ['1', formatDim(E)] }, [L]);
   const { sorted, local } = t.gatherDispatch(n.scope, rows, byRank, layerOf(n.scope));
@@ -690,17 +721,21 @@ const localOr =
  * tp group and the sort of every tp rank's rows; its inverse after the experts, the scatter back
  */
 const sortChunksRule: OpRule = (t, n, ins) => {
+  if (n.attrs.inverse !== true && isLocal(t, ins) && t.expert.tp === 1)
+    return t.emitNode(n, ins, n.attrs, [L]);
   if (n.attrs.inverse !== true && isLocal(t, ins))
     return [t.gatherDispatch(n.scope, ins[0], ins[1], layerOf(n.scope)).sorted];
   if (n.attrs.inverse === true && t.dispatch.has(n.scope))
     return [t.scatterDispatch(n.scope, ins[0])];
+  if (t.stateOf(ins[0]).k === 'L') return t.emitNode(n, ins, n.attrs, [L]); // expert TP 1
   return linearInFirstRule(t, n, ins);
 };
 
-/** rows per local expert: over every tp rank's sources once they are gathered */
+/** rows per local expert: over every tp (etp) rank's sources once they are gathered */
 const localCountsRule: OpRule = (t, n, ins) => {
   const d = t.dispatch.get(n.scope);
   if (d && isLocal(t, ins)) return t.emit('moe_local_counts', [d.countsAll], {}, [R]);
+  if (isLocal(t, ins)) return t.emitNode(n, ins, n.attrs, [L]); // expert TP 1: its own rows'
   return wholeRule(t, n, ins);
 };
 

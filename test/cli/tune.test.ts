@@ -65,40 +65,42 @@ function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
     for (const pp of [1, 2, 4])
       for (const vpp of pp > 1 ? [1, 2, 4] : [1])
         for (const ep of [1, 2, 4, 8])
-          for (const mbs of [1, 2, 4])
-            for (const level of [[], ['--enable-full-hetero-dp']])
-              for (const overlap of [
-                [],
-                ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'],
-              ])
-                for (const distopt of [[], ['--use-distributed-optimizer']]) {
-                  const flags = [
-                    ...['--tp', `${tp}`, '--pp', `${pp}`, '--vpp', `${vpp}`, '--ep', `${ep}`],
-                    ...(tp > 1 ? ['--sequence-parallel'] : []),
-                    ...['--micro-batch-size', `${mbs}`],
-                    ...level,
-                    ...overlap,
-                    ...distopt,
-                  ];
-                  let r;
-                  try {
-                    r = compile({
-                      ...parseCompileArgs([...compileArgs, ...flags]).options,
-                      skipVerify: true,
-                    });
-                  } catch (e) {
-                    if (e instanceof UserError) continue;
-                    throw e;
+          for (const etp of ep > 1 ? [1, 2, 4].filter((e) => e <= tp) : [tp])
+            for (const mbs of [1, 2, 4])
+              for (const level of [[], ['--enable-full-hetero-dp']])
+                for (const overlap of [
+                  [],
+                  ['--overlap-moe-expert-parallel-comm', '--delay-wgrad-compute'],
+                ])
+                  for (const distopt of [[], ['--use-distributed-optimizer']]) {
+                    const flags = [
+                      ...['--tp', `${tp}`, '--pp', `${pp}`, '--vpp', `${vpp}`, '--ep', `${ep}`],
+                      ...(etp !== tp ? ['--expert-tensor-parallel-size', `${etp}`] : []),
+                      ...(tp > 1 ? ['--sequence-parallel'] : []),
+                      ...['--micro-batch-size', `${mbs}`],
+                      ...level,
+                      ...overlap,
+                      ...distopt,
+                    ];
+                    let r;
+                    try {
+                      r = compile({
+                        ...parseCompileArgs([...compileArgs, ...flags]).options,
+                        skipVerify: true,
+                      });
+                    } catch (e) {
+                      if (e instanceof UserError) continue;
+                      throw e;
+                    }
+                    const peak = Math.max(
+                      ...memoryByProgram(r, device).map((m) => m.bound.deviceBytes),
+                    );
+                    if (!fitsOn(peak, device)) continue;
+                    const programs = new Map(r.programs.map((p) => [p.id, p]));
+                    const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
+                    if (forecast.tokensPerSecond > best.tokensPerSecond)
+                      best = { tokensPerSecond: forecast.tokensPerSecond, flags };
                   }
-                  const peak = Math.max(
-                    ...memoryByProgram(r, device).map((m) => m.bound.deviceBytes),
-                  );
-                  if (!fitsOn(peak, device)) continue;
-                  const programs = new Map(r.programs.map((p) => [p.id, p]));
-                  const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hw);
-                  if (forecast.tokensPerSecond > best.tokensPerSecond)
-                    best = { tokensPerSecond: forecast.tokensPerSecond, flags };
-                }
   return best;
 }
 
@@ -109,6 +111,18 @@ describe('the static-memory bound', () => {
     ['tiny-vlm-moe', ['--pp', '4', '--bf16']],
     ['qwen3-vl-moe-tiny', ['--tp', '2', '--ep', '4', '--bf16', '--use-distributed-optimizer']],
     ['qwen3-vl-moe-tiny', ['--ep', '2', '--pp', '2', '--bf16']],
+    [
+      'qwen3-vl-moe-tiny',
+      [
+        '--tp',
+        '2',
+        '--ep',
+        '2',
+        '--expert-tensor-parallel-size',
+        '1',
+        '--use-distributed-optimizer',
+      ],
+    ],
   ] as const)('%s %j: at most the plan', (model, flags) => {
     const args = [
       model,
@@ -131,6 +145,7 @@ describe('the static-memory bound', () => {
       pp: p.pp ?? 1,
       vpp: 1,
       ep: p.ep ?? 1,
+      etp: p.etp ?? p.tp ?? 1,
       mbs: 1,
       level: 1,
       encoderTp: 1,

@@ -275,6 +275,32 @@ const INVALID: readonly Case[] = [
       'invalid layout (etp-expert-ffn): expert FFN size 130 is not divisible by expert tensor parallel size 4',
   },
   {
+    why: 'expert TP 4 above decoder TP 2',
+    sizes: { pp: 1, etp: 4 },
+    error:
+      'invalid layout (etp-divides-tp): expert tensor parallel size 4 (--expert-tensor-parallel-size) does not divide tp 2; lfc builds expert TP up to TP',
+  },
+  {
+    why: 'expert TP 1 under tp 2 without expert parallelism',
+    sizes: { pp: 1, ep: 1, etp: 1 },
+    error:
+      'invalid layout (etp-below-tp): expert tensor parallel size 1 below tp 2 needs expert parallelism (--expert-model-parallel-size > 1)',
+  },
+  {
+    why: 'expert TP 1 under tp 2, sequence parallelism off',
+    sizes: { etp: 1 },
+    ctx: { sequenceParallel: false },
+    error:
+      'invalid layout (etp-below-tp): expert tensor parallel size 1 below tp 2 needs --sequence-parallel',
+  },
+  {
+    why: 'expert TP 1 under tp 2 with an expert capacity',
+    overrides: ['+model.text_decoder.moe_expert_capacity_factor=1'],
+    sizes: { etp: 1 },
+    error:
+      'invalid layout (etp-below-tp): expert tensor parallel size 1 below tp 2 needs dropless routing; drop --moe-expert-capacity-factor',
+  },
+  {
     why: '4 layers over pp 4 × vpp 2',
     sizes: { tp: 1, pp: 4, vpp: 2 },
     error:
