@@ -271,9 +271,13 @@ export function compile(o: CompileOptions): CompileResult {
   };
 }
 
-/** The layout rules alone (compiler/parallel/validate.ts): throws the UserError a compile would. */
-export function checkLayout(o: CompileOptions): void {
-  resolveLayout(o);
+/**
+ * The layout rules alone (compiler/parallel/validate.ts): throws the UserError a compile would.
+ * `config`: the model as loadModelConfig(o.model, o.overrides) gives it, when the caller has it
+ * (lfc tune checks thousands of layouts of one model).
+ */
+export function checkLayout(o: CompileOptions, config?: ModelConfig): void {
+  resolveLayout(o, config);
 }
 
 /**
@@ -333,8 +337,8 @@ interface Layout {
   readonly data: { readonly profile: DataProfile; readonly sizes: ProfileSizes };
 }
 
-function resolveLayout(o: CompileOptions): Layout {
-  const cfg = withTokenDropping(loadModelConfig(o.model, o.overrides ?? []), o);
+function resolveLayout(o: CompileOptions, loaded?: ModelConfig): Layout {
+  const cfg = withTokenDropping(loaded ?? loadModelConfig(o.model, o.overrides ?? []), o);
   const seqLength = o.seqLength ?? cfg.training.seq_length;
   const mbs = o.microBatchSize ?? 1;
   const sizes: ParallelSizes = {

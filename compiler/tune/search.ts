@@ -22,6 +22,7 @@
 // does). A layout left when the time budget runs out is reported as such. With `verify`, the best
 // k are compiled once more with the plan verifier.
 
+import { loadModelConfig, type ModelConfig } from '../frontend/config.js';
 import type { Precision } from '../frontend/precision.js';
 import { layerParams, staticBytesLowerBound } from './bounds.js';
 import { UserError } from '../errors.js';
@@ -188,9 +189,15 @@ export const PRICE_ROUND = 4;
 
 /** the estimator's graphs are cached by these: a chunk of neighbours builds few of them */
 const estimateOrder = (a: Layout, b: Layout) =>
-  a.tp - b.tp || a.ep - b.ep || a.mbs - b.mbs || a.level - b.level || a.encoderTp - b.encoderTp;
+  a.tp - b.tp ||
+  a.ep - b.ep ||
+  a.etp - b.etp ||
+  a.mbs - b.mbs ||
+  a.level - b.level ||
+  a.encoderTp - b.encoderTp;
 /** layouts of one reduced decoder model (estimate.ts caches its pieces by these) */
-const sameModel = (a: Layout, b: Layout) => a.tp === b.tp && a.ep === b.ep && a.mbs === b.mbs;
+const sameModel = (a: Layout, b: Layout) =>
+  a.tp === b.tp && a.ep === b.ep && a.etp === b.etp && a.mbs === b.mbs;
 
 /**
  * The layouts' indices dealt to `threads` threads: whole groups of one reduced decoder model
@@ -353,6 +360,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
 export class LocalPricer implements Pricer {
   private readonly estimator: Estimator;
   private readonly presetEncoderTp: number;
+  private readonly configs = new Map<string, ModelConfig>();
 
   constructor(private readonly r: PricingRequest) {
     this.estimator = new Estimator({
@@ -370,7 +378,14 @@ export class LocalPricer implements Pricer {
   estimateOne(layout: Layout): EstimateOutcome {
     try {
       const options = layoutOptions(this.r.baseOptions, layout, this.presetEncoderTp);
-      checkLayout(options);
+      // the model of each set of overrides (the encoder's TP) loaded once, not per layout
+      const key = JSON.stringify(options.overrides ?? []);
+      let config = this.configs.get(key);
+      if (!config) {
+        config = loadModelConfig(options.model, options.overrides ?? []);
+        this.configs.set(key, config);
+      }
+      checkLayout(options, config);
       return { estimate: this.estimator.estimate(layout, options) };
     } catch (e) {
       if (e instanceof UserError) return { refused: e.message };
