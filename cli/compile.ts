@@ -145,7 +145,10 @@ export function mib(bytes: number): string {
   return `${(bytes / 2 ** (20 + 10 * k)).toFixed(2)} ${units[k]}`;
 }
 
-/** The report's parallel sizes: `tp 1, pp 2 × vpp 2, dp 2, ep 2 (expert dp 1)`. */
+/**
+ * The report's parallel sizes: `tp 1, pp 2 × vpp 2, dp 2, ep 2 (expert dp 1)`; expert TP where it
+ * is not tp: `ep 8 (expert tp 1, expert dp 4)`.
+ */
 export function describeSizes(
   result: CompileResult,
   o: Pick<CompileOptions, 'distributedOptimizer'>,
@@ -155,7 +158,9 @@ export function describeSizes(
     `tp ${sz.tp}${result.sequenceParallel && sz.tp > 1 ? ' (sequence parallel)' : ''}`,
     `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
     `dp ${sz.dp}`,
-    ...(sz.ep > 1 ? [`ep ${sz.ep} (expert dp ${sz.edp})`] : []),
+    ...(sz.ep > 1
+      ? [`ep ${sz.ep} (${sz.etp !== sz.tp ? `expert tp ${sz.etp}, ` : ''}expert dp ${sz.edp})`]
+      : []),
     ...(o.distributedOptimizer && sz.dp > 1 ? ['distributed optimizer'] : []),
   ].join(', ');
 }

@@ -17,8 +17,8 @@ import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.j
 import type { Layout } from '../../compiler/tune/space.js';
 import { resolvePrecision } from '../../compiler/frontend/precision.js';
 
-// tiny-vlm-moe on 4 ranks of one node, the encoder at level 1 or 3, no recompute, no offload:
-// a space small enough to price every point
+// tiny-vlm-moe on 4 ranks of one node, the encoder at level 1 or 3, micro-batch 1 or 2, no
+// recompute, no offload: a space small enough to price every point
 const BASE = [
   'tiny-vlm-moe',
   '--nnodes',
@@ -30,7 +30,10 @@ const BASE = [
   '--hardware',
   'h800',
 ];
-const SPACE = ['--fix', 'level=1|3', '--fix', 'encoder-tp=1', '--exclude', 'recompute', 'offload'];
+const SPACE = [
+  ...['--fix', 'level=1|3', '--fix', 'encoder-tp=1', '--fix', 'mbs=1|2'],
+  ...['--exclude', 'recompute', 'offload'],
+];
 
 interface TuneJson {
   layouts: {
@@ -66,7 +69,7 @@ function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
       for (const vpp of pp > 1 ? [1, 2, 4] : [1])
         for (const ep of [1, 2, 4, 8])
           for (const etp of ep > 1 ? [1, 2, 4].filter((e) => e <= tp) : [tp])
-            for (const mbs of [1, 2, 4])
+            for (const mbs of [1, 2])
               for (const level of [[], ['--enable-full-hetero-dp']])
                 for (const overlap of [
                   [],
