@@ -159,7 +159,7 @@ export function describeSizes(
     `pp ${sz.pp}${sz.vpp > 1 ? ` × vpp ${sz.vpp}` : ''}`,
     `dp ${sz.dp}`,
     ...(sz.ep > 1
-      ? [`ep ${sz.ep} (${sz.etp !== sz.tp ? `expert tp ${sz.etp}, ` : ''}expert dp ${sz.edp})`]
+      ? [`ep ${sz.ep} (${sz.etp !== undefined ? `expert tp ${sz.etp}, ` : ''}expert dp ${sz.edp})`]
       : []),
     ...(o.distributedOptimizer && sz.dp > 1 ? ['distributed optimizer'] : []),
   ].join(', ');

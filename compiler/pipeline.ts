@@ -750,6 +750,8 @@ function planFileOf(
         vpp: sizes.vpp,
         dp: l.dp,
         ep: sizes.ep,
+        // expert TP where it is not tp (absent: tp)
+        ...(topology.sizes.etp !== sizes.tp ? { etp: topology.sizes.etp } : {}),
         edp: topology.edp,
         cp: sizes.cp,
       },
