@@ -63,6 +63,7 @@ void Runtime::connect(const comm::Config& config) {
   // the regions, for shared-memory groups to read collectives' inputs in place; the memory
   // outlives the backend (it is destroyed first: runtime.h)
   comm::Config withMemory = config;
+  withMemory.threads = options_.threads;
   for (int r = 0; r < kRegionCount; r++) {
     const Block& b = memory_->block(Region(r));
     if (b.fd() >= 0) withMemory.shared.push_back({b.data(), b.size(), b.fd()});

@@ -89,6 +89,7 @@ struct Config {
   std::vector<ContextSpec> contexts;
   std::chrono::milliseconds timeout{300'000};
   std::vector<SharedRange> shared;  // filled by the runtime (Runtime::connect), not the launcher
+  int threads = 0;                  // each rank's computing threads (ibid.; 0: unknown)
 };
 
 class Communicator {

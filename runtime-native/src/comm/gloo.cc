@@ -279,12 +279,12 @@ class GlooComm : public Communicator {
 
   // Collective over the group: from now on the collectives go through shared memory when every
   // member is on this machine (and may), else stay on Gloo.
-  void openSharedMemory(bool allowed, const std::vector<SharedRange>& shared) {
+  void openSharedMemory(bool allowed, const std::vector<SharedRange>& shared, int threads) {
     ShmGroup::Exchange exchange{
         [this](void* p, size_t n) { broadcast(p, int64_t(n), 0); },
         [this](int32_t* v) { glooAllReduce(v, DType::i32, 1, -1); },
     };
-    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange, shared);
+    shm_ = ShmGroup::connect(rank(), ranks_, allowed, timeout_, exchange, shared, threads);
   }
 
   // Collective over the group, before shared memory opens: each peer's address for its pair with
@@ -733,7 +733,7 @@ class GlooBackend : public Backend {
     auto comm = std::make_unique<GlooComm>(name, ctx, ranks, board_, config_.timeout);
     try {
       comm->learnPeerAddresses();
-      comm->openSharedMemory(shmAllowed(), config_.shared);
+      comm->openSharedMemory(shmAllowed(), config_.shared, config_.threads);
     } catch (const CommError& e) {
       throw CommError(cat("cannot connect group ", name, ": ", e.what()));
     }

@@ -94,9 +94,10 @@ class ShmGroup {
   // it or is not `allowed` to.
   // ranks: the global rank of each group rank (errors name them).
   // shared: this rank's memory that peers may map for direct reads (none: the slots alone).
+  // threads: each rank's computing threads (0: unknown), which decide how long a barrier polls.
   static std::unique_ptr<ShmGroup> connect(int rank, const std::vector<int>& ranks, bool allowed,
                                            std::chrono::milliseconds timeout, const Exchange& exchange,
-                                           const std::vector<SharedRange>& shared = {});
+                                           const std::vector<SharedRange>& shared = {}, int threads = 0);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -123,7 +124,8 @@ class ShmGroup {
     int64_t bytes;
     std::shared_ptr<const PeerMapping> map;
   };
-  ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes, std::chrono::milliseconds timeout);
+  ShmGroup(int rank, std::vector<int> ranks, void* base, size_t mappedBytes, std::chrono::milliseconds timeout,
+           int threads);
   int nextSet() { return int(rounds_++ % 2); }
   char* slot(int set, int rank) const;
   int64_t* meta(int set, int rank) const;  // one value per rank and set, beside the slots
@@ -153,6 +155,7 @@ class ShmGroup {
   void* base_;
   size_t mappedBytes_;
   std::chrono::milliseconds timeout_;
+  std::chrono::nanoseconds spin_;  // how long a barrier polls past kSpins before it sleeps
   uint64_t rounds_ = 0;  // rounds run so far: the next one's set is rounds_ % 2
   std::vector<SharedRange> own_;                // this rank's shared memory
   std::vector<std::vector<PeerRange>> peers_;   // per group rank: its shared memory (empty: no direct reads)
