@@ -628,70 +628,68 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
   const activations = activationPolicyOf(o);
   const programs: ProgramFile[] = [];
   const dumpAt = PASSES.find((p) => p.name === o.dumpAfter)?.dumps === 'program';
-  let count = 0;
+  // one program per stage, or per stage and TP index where the encoder levels make TP ranks differ
+  const slots: { stage: number; tpIndex: number }[] = [];
   for (let stage = 0; stage < sizes.pp; stage++)
-    count += programId(stage, 0) === `p${stage}` ? 1 : sizes.tp;
+    for (let tpIndex = 0; tpIndex < (programId(stage, 0) === `p${stage}` ? 1 : sizes.tp); tpIndex++)
+      slots.push({ stage, tpIndex });
   const heapAtStart = process.memoryUsage().heapUsed;
-  for (let stage = 0; stage < sizes.pp; stage++)
-    for (
-      let tpIndex = 0;
-      tpIndex < (programId(stage, 0) === `p${stage}` ? 1 : sizes.tp);
-      tpIndex++
-    ) {
-      const id = programId(stage, tpIndex);
-      o.onProgress?.(`emitting program ${id} (stage ${stage + 1} of ${sizes.pp})`);
-      const dump =
-        dumpAt && (o.dumpProgram ?? (programs.length === 0 ? id : undefined)) === id
-          ? (pass: string, x: Parameters<typeof printStage>[0]) =>
-              pass === o.dumpAfter && o.onDump?.(printStage(x))
-          : undefined;
-      const program = emitProgram(
-        graph,
-        {
-          numMicrobatches: l.numMicrobatches,
-          id,
-          ...(placement.level >= 2
-            ? {
-                encoder: {
-                  placement,
-                  tp: tpIndex,
-                  tpSize: sizes.tp,
-                  offload: o.encoder?.cpuOffload,
-                  recompute: o.encoder?.recompute,
-                },
-              }
-            : {}),
-          ...(st.schedule
-            ? {
-                pipeline: {
-                  stage,
-                  pp: sizes.pp,
-                  ...(st.split ? { chunkOf: st.split.chunkOf, transfers: st.split.transfers } : {}),
-                  actions: st.schedule.stages[stage].actions,
-                  warmup: st.schedule.stages[stage].warmup,
-                },
-              }
-            : {}),
-          groupSizes,
-          copies,
-          worldSize: world,
-          delayWgrad: o.moeOverlap?.delayWgrad,
-          distributedOptimizer: o.distributedOptimizer,
-          activations,
-          ...(st.tied.length ? { tied: st.tied } : {}),
-        },
-        dump,
+  for (const { stage, tpIndex } of slots) {
+    const id = programId(stage, tpIndex);
+    o.onProgress?.(`emitting program ${id} (stage ${stage + 1} of ${sizes.pp})`);
+    const dump =
+      dumpAt && (o.dumpProgram ?? (programs.length === 0 ? id : undefined)) === id
+        ? (pass: string, x: Parameters<typeof printStage>[0]) =>
+            pass === o.dumpAfter && o.onDump?.(printStage(x))
+        : undefined;
+    const program = emitProgram(
+      graph,
+      {
+        numMicrobatches: l.numMicrobatches,
+        id,
+        ...(placement.level >= 2
+          ? {
+              encoder: {
+                placement,
+                tp: tpIndex,
+                tpSize: sizes.tp,
+                offload: o.encoder?.cpuOffload,
+                recompute: o.encoder?.recompute,
+              },
+            }
+          : {}),
+        ...(st.schedule
+          ? {
+              pipeline: {
+                stage,
+                pp: sizes.pp,
+                ...(st.split ? { chunkOf: st.split.chunkOf, transfers: st.split.transfers } : {}),
+                actions: st.schedule.stages[stage].actions,
+                warmup: st.schedule.stages[stage].warmup,
+              },
+            }
+          : {}),
+        groupSizes,
+        copies,
+        worldSize: world,
+        delayWgrad: o.moeOverlap?.delayWgrad,
+        distributedOptimizer: o.distributedOptimizer,
+        activations,
+        ...(st.tied.length ? { tied: st.tied } : {}),
+      },
+      dump,
+    );
+    const clobbered = o.skipVerify ? [] : checkMemoryReuse(program);
+    if (clobbered.length) {
+      const c = clobbered[0];
+      throw new Error(
+        `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
       );
-      const clobbered = o.skipVerify ? [] : checkMemoryReuse(program);
-      if (clobbered.length) {
-        const c = clobbered[0];
-        throw new Error(
-          `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
-        );
-      }
-      programs.push(program);
-      if (programs.length === 1) checkPlanFitsHeap(program, count, heapAtStart, l.numMicrobatches);
     }
+    programs.push(program);
+    if (programs.length === 1)
+      checkPlanFitsHeap(program, slots.length, heapAtStart, l.numMicrobatches);
+  }
   if (o.dumpProgram !== undefined && !programs.some((p) => p.id === o.dumpProgram))
     throw new UserError(
       `--dump-program ${o.dumpProgram}: no such program; programs: ${programs.map((p) => p.id).join(', ')}`,

@@ -476,6 +476,7 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
 function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peakExpected: number } {
   const { layout, decoder, encoder, m, dp, policy } = c;
   const { tp, pp, ep, etp, level } = layout;
+  const edp = c.world / (etp * ep * pp); // expert data parallelism
   const kept = (l: LayerPieces) => l.keptOf(policy.recompute, policy.offload);
   const R = decoder.layers.length;
   const layerAt = (i: number) => decoder.layers[Math.min(i, R - 1)];
@@ -497,9 +498,7 @@ function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peak
   for (let s = 0; s < pp; s++) {
     const p = stageParams(c, st, s);
     const fixed =
-      staticBytes(p.dense, dp) +
-      staticBytes(p.expert, (dp * tp) / (etp * ep)) + // expert data parallelism
-      staticBytes(p.encoder, dp);
+      staticBytes(p.dense, dp) + staticBytes(p.expert, edp) + staticBytes(p.encoder, dp);
     const mostInFlight = Math.max(...inflight[s].values(), 0);
     const at = (k: keyof Bytes) => {
       // the most a stage's chunks keep at once, over the schedule

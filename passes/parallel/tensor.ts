@@ -229,7 +229,7 @@ class TensorParallelRewrite {
     counts: string,
     layer: number,
   ): { sorted: string; local: string } {
-    const coll = { group: this.expert.group, group_size: this.expert.tp };
+    const coll = this.coll(this.expert);
     const tp = this.expert.tp;
     const [sources, experts] = this.typeOf(counts).shape as number[];
     const [countsAll] = this.emit('all_gather', [counts], { ...coll, grad: 'slice' }, [R]);
@@ -246,7 +246,7 @@ class TensorParallelRewrite {
       gathered = this.b.symbol(
         `Rg${layer}`,
         tp * bound,
-        `rows ${scope}'s experts take: its expert dispatch's rows (${formatDim(own)}) of every ${coll.group} rank`,
+        `rows ${scope}'s experts take: its expert dispatch's rows (${formatDim(own)}) of every ${this.expert.group} rank`,
         tp * expected,
       );
     }
@@ -269,7 +269,7 @@ class TensorParallelRewrite {
     const [own] = this.emit(
       'reduce_scatter_v',
       [unsorted, d.rowsOf],
-      { group: this.expert.group, group_size: this.expert.tp, out_rows: [d.ownRows] },
+      { ...this.coll(this.expert), out_rows: [d.ownRows] },
       [L],
     );
     return own;
@@ -361,9 +361,9 @@ class TensorParallelRewrite {
     return isFloat(this.typeOf(v).dtype);
   }
 
-  /** a collective's attributes on the current context's group */
-  coll(): Attrs {
-    return { group: this.cur.group, group_size: this.cur.tp };
+  /** a collective's attributes on a context's group (default: the current one) */
+  coll(ctx: Context = this.cur): Attrs {
+    return { group: ctx.group, group_size: ctx.tp };
   }
 
   /** a node whose outputs take the states `st` (the last one repeats) */
@@ -721,13 +721,11 @@ const localOr =
  * tp group and the sort of every tp rank's rows; its inverse after the experts, the scatter back
  */
 const sortChunksRule: OpRule = (t, n, ins) => {
-  if (n.attrs.inverse !== true && isLocal(t, ins) && t.expert.tp === 1)
-    return t.emitNode(n, ins, n.attrs, [L]);
-  if (n.attrs.inverse !== true && isLocal(t, ins))
+  if (n.attrs.inverse !== true && isLocal(t, ins) && t.expert.tp > 1)
     return [t.gatherDispatch(n.scope, ins[0], ins[1], layerOf(n.scope)).sorted];
   if (n.attrs.inverse === true && t.dispatch.has(n.scope))
     return [t.scatterDispatch(n.scope, ins[0])];
-  if (t.stateOf(ins[0]).k === 'L') return t.emitNode(n, ins, n.attrs, [L]); // expert TP 1
+  if (isLocal(t, ins)) return t.emitNode(n, ins, n.attrs, [L]); // expert TP 1: no gather
   return linearInFirstRule(t, n, ins);
 };
 

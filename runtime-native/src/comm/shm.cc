@@ -361,19 +361,14 @@ void ShmGroup::barrier() {
     futexWakeAll(h.generation);
     return;
   }
-  for (int i = 0; i < kSpins; i++) {
-    if (h.generation.load(std::memory_order_acquire) != generation) return;
-    cpuRelax();
-  }
-  if (spin_.count() > 0) {
-    const auto until = std::chrono::steady_clock::now() + spin_;
-    do {
-      for (int i = 0; i < kSpins; i++) {
-        if (h.generation.load(std::memory_order_acquire) != generation) return;
-        cpuRelax();
-      }
-    } while (std::chrono::steady_clock::now() < until);
-  }
+  // kSpins polls, then more for up to spin_
+  const auto until = std::chrono::steady_clock::now() + spin_;
+  do {
+    for (int i = 0; i < kSpins; i++) {
+      if (h.generation.load(std::memory_order_acquire) != generation) return;
+      cpuRelax();
+    }
+  } while (spin_.count() > 0 && std::chrono::steady_clock::now() < until);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (h.generation.load(std::memory_order_acquire) == generation) {
     const auto left = deadline - std::chrono::steady_clock::now();
