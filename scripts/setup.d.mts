@@ -28,6 +28,8 @@ export function setupOrExit(command: string, options?: SetupOptions): void;
 export function ensureDeps(ctx?: SetupContext): void;
 export function buildIsStale(ctx?: SetupContext): boolean;
 export function ensureBuilt(ctx?: SetupContext): void;
+export function vizAppIsStale(ctx?: SetupContext): boolean;
+export function ensureVizApp(ctx?: SetupContext): void;
 export function missingPackages(features: readonly string[], ctx?: SetupContext): string[];
 export function ensurePackages(features: readonly string[], ctx?: SetupContext): void;
 export function configured(dir: string): boolean;

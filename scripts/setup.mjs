@@ -59,7 +59,8 @@ export const COMMANDS = {
   'lfc run': ['npm', 'tsc', 'packages:native', 'native'],
   'lfc demo': ['npm', 'tsc', 'packages:native', 'native'],
   'lfc calibrate': ['npm', 'tsc', 'packages:native', 'native'],
-  'npm test': ['npm', 'tsc', 'packages:native,browser', 'native', 'kernel-check'],
+  'lfc viz': ['npm', 'tsc', 'viz-app'],
+  'npm test': ['npm', 'tsc', 'viz-app', 'packages:native,browser', 'native', 'kernel-check'],
   // the benches run from source (tsx); each names its command here
   'bench native': ['npm', 'packages:native', 'native'],
   'bench collectives': ['npm', 'packages:native,mpi', 'native'],
@@ -107,6 +108,7 @@ export function setupFor(command, options) {
   for (const step of steps) {
     if (step === 'npm') ensureDeps(ctx);
     else if (step === 'tsc') ensureBuilt(ctx);
+    else if (step === 'viz-app') ensureVizApp(ctx);
     else if (step === 'native') ensureNative(ctx);
     else if (step === 'kernel-check') ensureKernelCheck(ctx);
     else if (step.startsWith('packages:')) ensurePackages(step.slice(9).split(','), ctx);
@@ -206,6 +208,36 @@ export function ensureBuilt(ctx = context()) {
   const r = tool(ctx, process.execPath, [tsc, '-p', join(ctx.root, 'tsconfig.build.json')]);
   if (r.status !== 0)
     throw failed('compiling TypeScript', 'tsc', r, "the compiler's errors are above");
+}
+
+// ---- the viz app (vite) ------------------------------------------------------------------------
+
+/** What the viz app (dist/viz-app) is built from: its sources, its build config, the packages. */
+const VIZ_APP_INPUTS = ['viz/app', 'viz/model.ts', 'viz/vite.config.ts', 'package-lock.json'];
+
+/** the newest modification time under `path` (a file, or a folder's files at any depth) */
+function newestMtime(path) {
+  if (!existsSync(path)) return Infinity;
+  const st = statSync(path);
+  if (!st.isDirectory()) return st.mtimeMs;
+  return readdirSync(path).reduce((m, name) => Math.max(m, newestMtime(join(path, name))), 0);
+}
+
+/** Whether dist/viz-app is missing or older than any of its inputs. */
+export function vizAppIsStale(ctx = context()) {
+  const built = join(ctx.root, 'dist', 'viz-app', 'index.html');
+  if (!existsSync(built)) return true;
+  const at = statSync(built).mtimeMs;
+  return VIZ_APP_INPUTS.some((p) => newestMtime(join(ctx.root, p)) > at);
+}
+
+export function ensureVizApp(ctx = context()) {
+  if (!vizAppIsStale(ctx)) return;
+  ctx.log('building the viz app (vite)…');
+  const vite = join(ctx.root, 'node_modules/vite/bin/vite.js');
+  const r = tool(ctx, process.execPath, [vite, 'build', '--config', 'viz/vite.config.ts']);
+  if (r.status !== 0)
+    throw failed('building the viz app', 'vite build', r, "vite's errors are above");
 }
 
 // ---- Debian packages --------------------------------------------------------------------------

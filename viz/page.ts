@@ -1,45 +1,42 @@
-// The page `lfc viz` writes: one self-contained HTML file (no server, no network), its data
-// embedded as JSON and drawn by viz/client.js with viz/style.css, both inlined.
+// The built viz app (viz/app/, built by `vite build` into dist/viz-app), and the one HTML file
+// `lfc viz --output` writes from it: its script and stylesheet inlined, the plans' data embedded
+// as JSON in <script id="lfc-viz-data">, so the page needs no server and no network.
 
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { EnvironmentError } from '../compiler/errors.js';
 import { projectRoot } from '../compiler/paths.js';
-import type { VizData } from './data.js';
+import type { VizEmbedded } from './model.js';
 
-const read = (name: string) => readFileSync(`${projectRoot()}/viz/${name}`, 'utf8');
+/** the built app's folder; an EnvironmentError when it is not built */
+export function appDir(): string {
+  const dir = join(projectRoot(), 'dist', 'viz-app');
+  if (!existsSync(join(dir, 'index.html')))
+    throw new EnvironmentError(
+      `the viz app is not built (${dir}): run node scripts/setup.mjs "lfc viz" (./lfc viz does it on first use)`,
+    );
+  return dir;
+}
 
 /** JSON that cannot end its script element early */
 const embed = (x: unknown) => JSON.stringify(x).replace(/</g, '\\u003c');
 
-export function renderPage(data: VizData): string {
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>lfc viz: ${data.title.replace(/</g, '&lt;')}</title>
-<style>
-${read('style.css')}
-</style>
-</head>
-<body>
-<h1 id="title"></h1>
-<div class="summary" id="summary"></div>
-<h2>Ranks, by program</h2>
-<div id="ranks"></div>
-<h2>Pipeline stages</h2>
-<ul id="stages"></ul>
-<h2>Memory per rank (<span id="memory-unit"></span>)</h2>
-<table id="memory"></table>
-<h2>Timeline</h2>
-<div class="source" id="source"></div>
-<div class="controls">zoom <input id="zoom" type="range" min="1" max="40" value="1"> <span id="legend"></span></div>
-<div id="timeline-wrap"></div>
-<h2>Programs by module</h2>
-<table id="modules"></table>
-<script type="application/json" id="data">${embed(data)}</script>
-<script>
-${read('client.js')}
-</script>
-</body>
-</html>
-`;
+/** the app as one file, with `data` embedded */
+export function selfContainedPage(data: VizEmbedded): string {
+  const dir = appDir();
+  const html = readFileSync(join(dir, 'index.html'), 'utf8');
+  const asset = (href: string) => readFileSync(join(dir, href), 'utf8');
+  const title = data.plans.map((p) => p.title).join(' · ');
+  return html
+    .replace(/<title>[^<]*<\/title>/, `<title>lfc viz: ${title.replace(/</g, '&lt;')}</title>`)
+    .replace(
+      /<link rel="stylesheet"[^>]*href="\.\/([^"]+)"[^>]*>/g,
+      (_, href: string) => `<style>\n${asset(href)}\n</style>`,
+    )
+    .replace(
+      /<script type="module"[^>]*src="\.\/([^"]+)"[^>]*><\/script>/g,
+      // a function replacement: the script's own `$` patterns stay as they are
+      (_, src: string) =>
+        `<script type="application/json" id="lfc-viz-data">${embed(data)}</script>\n<script type="module">\n${asset(src).replace(/<\/script/gi, '<\\/script')}\n</script>`,
+    );
 }

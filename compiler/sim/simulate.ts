@@ -54,6 +54,9 @@ export interface RankTimes {
   /** [instruction] start and end, seconds from the step's start */
   readonly start: Float64Array;
   readonly end: Float64Array;
+  /** [instruction] its priced time: data moves (or the kernel runs) for the last `cost` seconds
+   * of its span, and before that it waits (for its peers, or for the cores) */
+  readonly cost: Float64Array;
   /** the end of its last instruction */
   readonly finish: number;
   /** time its compute stream runs a kernel (an op that is not a collective) */
@@ -550,6 +553,7 @@ class StepReplay {
         program: p.id,
         start: start[r],
         end: end[r],
+        cost: this.costs[programOf[r]],
         finish: finishAt,
         ...divide(p, start[r], end[r], this.costs[programOf[r]]),
       };

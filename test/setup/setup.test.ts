@@ -27,6 +27,7 @@ import {
   root as projectRoot,
   setupCommandOf,
   setupFor,
+  vizAppIsStale,
   type SetupOptions,
 } from '../../scripts/setup.mjs';
 
@@ -96,6 +97,10 @@ function makeCheckout(dir: string): void {
     'tsconfig.json': '{}',
     'tsconfig.build.json': '{}',
     'viz/page.ts': '',
+    'viz/app/main.ts': '',
+    'viz/model.ts': '',
+    'viz/vite.config.ts': '',
+    'dist/viz-app/index.html': '',
     'runtime-native/CMakeLists.txt': '',
     'runtime-native/CMakeLists.kernels.cmake': '',
     'runtime-native/src/runtime.cc': '',
@@ -180,6 +185,15 @@ describe('the setup of each command that builds the native runtime', () => {
     writeFileSync(join(stub, 'log'), '');
     setupFor('npm test', options());
     expect(calls().filter((l) => !l.startsWith('dpkg-query'))).toEqual([]);
+  });
+
+  it('the viz app is built again when a source of it is newer than the build', () => {
+    expect(vizAppIsStale(context(options()))).toBe(false);
+    const later = new Date(Date.now() + 60_000);
+    utimesSync(join(checkout, 'viz/app/main.ts'), later, later);
+    expect(vizAppIsStale(context(options()))).toBe(true);
+    rmSync(join(checkout, 'dist/viz-app'), { recursive: true });
+    expect(vizAppIsStale(context(options()))).toBe(true);
   });
 
   it('help and the commands that execute nothing need no native build', () => {
