@@ -50,7 +50,7 @@ const time = <T>(f: () => T): [T, number] => {
   return [r, performance.now() - t0];
 };
 
-setupOrExit('lfc viz');
+setupOrExit('bench viz');
 const runs = Number(arg('runs', '5'));
 const layout = arg('layout', '235b');
 const dir = join(benchDir('lfc-bench-viz-'), 'plan');

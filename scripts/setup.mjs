@@ -65,6 +65,7 @@ export const COMMANDS = {
   'bench native': ['npm', 'packages:native', 'native'],
   'bench collectives': ['npm', 'packages:native,mpi', 'native'],
   'bench step': ['npm', 'packages:native,torch', 'native'],
+  'bench viz': ['npm', 'tsc', 'viz-app', 'packages:browser'],
 };
 
 /** The entry of COMMANDS for the argv of `lfc` (without node and the script): help needs no build. */

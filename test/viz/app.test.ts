@@ -89,6 +89,8 @@ describe('lfc viz in Chromium', () => {
       for (const g of groups) expect(g).toMatch(/^mp(=tp)?\[\d\]$/);
     }
     const root = page.locator('#graph');
+    expect(await root.getAttribute('data-layout-in')).toBe('worker');
+    await page.screenshot({ path: join(shots, 'graph-folded.png') });
     const before = Number(await root.getAttribute('data-nodes'));
     const module = await page.$eval('#graph g.node.folded', (n) => n.getAttribute('data-module'));
     await page.click(`#graph g.node.folded[data-module="${module}"]`);
@@ -155,6 +157,8 @@ describe('lfc viz in Chromium', () => {
     await page.waitForSelector('#timeline[data-ready]', { timeout: 30_000 });
     await page.click('button.tab[data-view="graph"]');
     await page.waitForSelector('#graph[data-ready]', { timeout: 30_000 });
+    // the layout ran off the main thread there too (a classic worker from a blob)
+    expect(await page.getAttribute('#graph', 'data-layout-in')).toBe('worker');
     await finish(page, problems, 'self-contained');
   });
 });

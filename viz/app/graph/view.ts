@@ -9,7 +9,8 @@
 // `button.unfold-all`, a `.legend`, a `.unfolded` bar with `button.fold[data-module]`, and an SVG
 // of `g.node` (data-op, data-scope, data-part, data-stage; folded ones `.folded[data-module]`;
 // collectives `.collective[data-group][data-root]`) and `path.edge`; `.details` shows a clicked
-// node. The root carries data-nodes, data-edges, data-render-ms and, once drawn, data-ready.
+// node. The root carries data-nodes, data-edges, data-render-ms, data-layout-in (worker, or page
+// where the worker could not start) and, once drawn, data-ready.
 
 import type { VizGraph, VizNode } from '../../model.js';
 import {
@@ -272,6 +273,7 @@ class GraphView implements View {
     const worker = new LayoutWorker();
     worker.onmessage = (e: MessageEvent<LayoutReply | LayoutFailure>) => {
       this.workerAnswered = true;
+      this.root.dataset.layoutIn = 'worker';
       const r = e.data;
       this.pending.delete(r.id);
       const [resolve, reject] = this.resolvers.get(r.id) ?? [];
@@ -302,6 +304,7 @@ class GraphView implements View {
   private layoutHere(req: LayoutRequest): void {
     const [resolve, reject] = this.resolvers.get(req.id)!;
     this.resolvers.delete(req.id);
+    this.root.dataset.layoutIn = 'page';
     import('./layout.js').then(({ layoutGraph }) => resolve(layoutGraph(req)), reject);
   }
 

@@ -40,7 +40,7 @@ import './timeline.css';
 // The canvas's rows, in CSS pixels, top down: the axis, the phase bands, the lanes.
 const AXIS_H = 26;
 const BAND_H = 20;
-const ROW_H = 38;
+const ROW_H = 52;
 const GAP = 6;
 /** the bubbles drawn as DOM elements (all are shaded on the canvas) */
 const MAX_BUBBLE_ELEMENTS = 200;
