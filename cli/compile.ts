@@ -19,6 +19,8 @@ import {
 import { describeLayout } from '../compiler/schedule/partition.js';
 import { describeEncoder } from '../compiler/parallel/encoder.js';
 import { UserError } from '../compiler/errors.js';
+import type { Graph } from '../ir/graph.js';
+import { graphToJSON } from '../ir/json.js';
 import { hfModelRequest, loadHfModelConfig } from '../compiler/frontend/hf-config.js';
 import type { CliIO } from './index.js';
 import { atLeastOne, positiveInt, positiveNumber } from './options.js';
@@ -44,6 +46,7 @@ interface CompileFlags {
   nprocPerNode?: number;
   gpusPerNode?: number;
   dumpAfter?: string;
+  saveIr?: boolean;
   dumpProgram?: string;
   listPasses?: boolean;
   json?: boolean;
@@ -500,6 +503,10 @@ function defineCompileCommand(cmd: Command): Command {
       '--dump-program <id>',
       'the program --dump-after prints after an emission pass (p0, p1.t0, …; default: the first)',
     )
+    .option(
+      '--save-ir',
+      "keep the IR after each graph pass in DIR/ir/ (lfc viz's graph view shows it beside the programs)",
+    )
     .option('--list-passes', 'print the passes compile runs, in order, and exit')
     .option('--json', 'print the report as JSON')
     .option(
@@ -722,17 +729,29 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
       const request = compileRequest(model, overrides, f);
       if (!f.output && !f.dumpAfter)
         throw new UserError('compile: say where to write the plan with -o DIR');
+      if (f.saveIr && !f.output)
+        throw new UserError('--save-ir keeps the IR in the plan: give -o DIR');
       const status = compileStatus(io, isTTY() && !f.dumpAfter);
+      // the IR after each graph pass, numbered in pass order (--save-ir): ir/03-tensor-parallel.json
+      const ir: Record<string, string> = {};
       try {
         const result = compile({
           ...request.options,
           onDump: (text) => io.out(text),
           onProgress: (phase) => status.phase(phase),
+          ...(f.saveIr
+            ? {
+                onGraph: (pass: string, g: Graph) => {
+                  const n = String(Object.keys(ir).length + 1).padStart(2, '0');
+                  ir[`ir/${n}-${pass}.json`] = graphToJSON(g) + '\n';
+                },
+              }
+            : {}),
         });
         if (f.dumpAfter) {
           if (f.output) {
             status.phase(`writing ${f.output}`);
-            writePlan(f.output, result.plan, result.programs);
+            writePlan(f.output, result.plan, result.programs, ir);
           }
           return;
         }
@@ -742,7 +761,7 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
           // the report beside the plan, for lfc compare
           const json =
             JSON.stringify(reportJson(result, request.options, f, simulated), null, 2) + '\n';
-          writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json });
+          writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json, ...ir });
         }
         simulated.writeTraceFile?.();
         status.done();

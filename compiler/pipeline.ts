@@ -181,6 +181,8 @@ export interface CompileOptions {
   /** which program --dump-after prints after an emission pass (default: the first) */
   readonly dumpProgram?: string;
   readonly onDump?: (text: string) => void;
+  /** given the IR after each graph pass (build … autodiff), as the pass left it (--save-ir) */
+  readonly onGraph?: (pass: string, graph: Graph) => void;
   /** called as compilation moves on: the phase it enters ("emitting program p1 (2 of 8)") */
   readonly onProgress?: (phase: string) => void;
   /**
@@ -313,6 +315,7 @@ function checkDumpRequest(o: CompileOptions): void {
 
 const dumpGraph = (o: CompileOptions, pass: string, g: Graph) => {
   if (o.dumpAfter === pass) o.onDump?.(printGraph(g));
+  o.onGraph?.(pass, g);
 };
 
 /** The resolved model, sizes, topology and encoder placement of a compile request. */
@@ -878,7 +881,10 @@ export function writePlan(
   writeFileSync(join(tmp, 'plan.json'), JSON.stringify(plan, null, 1) + '\n');
   for (const p of programs)
     writeFileSync(join(tmp, 'programs', `${p.id}.json`), JSON.stringify(p) + '\n');
-  for (const [name, text] of Object.entries(extra)) writeFileSync(join(tmp, name), text);
+  for (const [name, text] of Object.entries(extra)) {
+    mkdirSync(dirname(join(tmp, name)), { recursive: true });
+    writeFileSync(join(tmp, name), text);
+  }
   if (existsSync(dir)) {
     const old = `${tmp}-old`;
     renameSync(dir, old);

@@ -22,6 +22,9 @@ export interface VizPlanSummary {
   readonly ranks: readonly VizRank[];
   readonly stages: readonly { readonly stage: number; readonly chunks: readonly string[] }[];
   readonly programs: readonly VizProgram[];
+  /** the graph passes whose IR the plan kept (lfc compile --save-ir), in pass order: the graph
+   * view shows `ir:<pass>` beside the programs */
+  readonly irPasses: readonly string[];
   /** the memory view's device: its memory and reserve (bytes) */
   readonly device: { readonly name: string; readonly bytes: number; readonly reserveBytes: number };
 }
@@ -54,7 +57,7 @@ export interface VizProgram {
   readonly hostBytes: number;
 }
 
-// ---- graph: /api/plans/:i/graph/:program ------------------------------------------------------
+// ---- graph: /api/plans/:i/graph/:program (a program's id, or ir:<pass>) ------------------------
 
 /**
  * One program's dataflow, with its microbatches folded together: a node is an instruction of

@@ -34,6 +34,7 @@ beforeAll(async () => {
       ...LAYOUT,
       ...flags,
       '--no-advice',
+      '--save-ir',
       '-o',
       plans[i],
     );
@@ -79,7 +80,7 @@ async function finish(page: Page, problems: string[], shot: string): Promise<voi
 }
 
 describe('lfc viz in Chromium', () => {
-  it('graph: the hand-off gather_v and scatter_v with their groups; a folded module unfolds', async () => {
+  it('graph: the hand-off gather_v and scatter_v with their groups; a module unfolds; the IR after a pass', async () => {
     const { page, problems } = await view('graph', L3);
     for (const op of ['gather_v', 'scatter_v']) {
       const groups = await page.$$eval(`#graph g.node.collective[data-op="${op}"]`, (nodes) =>
@@ -99,7 +100,11 @@ describe('lfc viz in Chromium', () => {
       before,
     );
     await page.waitForSelector('#graph[data-ready]');
-    await finish(page, problems, 'graph');
+    await page.screenshot({ path: join(shots, 'graph-unfolded.png') });
+    // the IR after tensor parallelism: its collectives name their group by kind
+    await page.selectOption('#graph select.program', 'ir:tensor-parallel');
+    await page.waitForSelector('#graph[data-ready] g.node.collective[data-group="tp"]');
+    await finish(page, problems, 'graph-ir');
   });
 
   it('timeline: the three phases of full separation; zoom narrows the window; hover shows the tooltip', async () => {

@@ -35,6 +35,7 @@ beforeAll(async () => {
     '--global-batch-size',
     '8',
     '--no-advice',
+    '--save-ir',
     '-o',
     plan,
   );
@@ -65,6 +66,26 @@ describe('lfc viz data', () => {
       expect(from).not.toBe(to);
       expect(bytes).toBeGreaterThan(0);
     }
+  });
+
+  it('the IR after a pass (--save-ir): a node per IR node, the collectives tensor parallelism inserts', () => {
+    const passes = bundle.summary().irPasses;
+    expect(passes).toEqual([
+      'build',
+      'expert-parallel',
+      'tensor-parallel',
+      'encoder-data-parallel',
+      'vit-dp-balance',
+      'autodiff',
+    ]);
+    const built = bundle.graph('ir:build');
+    const tp = bundle.graph('ir:tensor-parallel');
+    expect(tp.nodes.length).toBeGreaterThan(built.nodes.length);
+    expect(built.nodes.some((n) => n.collective?.group === 'tp')).toBe(false);
+    expect(tp.nodes.filter((n) => n.collective?.group === 'tp').length).toBeGreaterThan(0);
+    expect(tp.nodes.filter((n) => n.op === 'linear').every((n) => n.flops > 0)).toBe(true);
+    for (const [from, to] of tp.edges) expect(from).toBeLessThan(to); // the IR is in topological order
+    expect(() => bundle.graph('ir:pipeline')).toThrow(/kept the IR after build, expert-parallel/);
   });
 
   it('a rank timeline: every instruction, waiting within its span, the three phases in order', () => {

@@ -22,6 +22,7 @@ import type {
   VizTimeline,
 } from '../model.js';
 import { programGraph } from './graph.js';
+import { irGraph, irId, readSavedIr, savedPasses } from './ir.js';
 import { programMemory } from './memory.js';
 import { measuredSpans, rankTimeline, simulatedSpans, type RankSpans } from './timeline.js';
 
@@ -120,12 +121,25 @@ export class PlanBundle {
           hostBytes: p.regions.host,
         };
       }),
+      irPasses: savedPasses(this.dir).map((s) => s.pass),
       device: { name: device.name, bytes: device.bytes, reserveBytes: device.reserveBytes },
     };
   }
 
+  /** a program's graph, or the IR after a pass (`ir:<pass>`, where the plan kept it) */
   graph(programId: string): VizGraph {
     let g = this.graphs.get(programId);
+    if (!g && programId.startsWith('ir:')) {
+      const saved = savedPasses(this.dir);
+      const s = saved.find((x) => irId(x.pass) === programId);
+      if (!s)
+        throw new UserError(
+          saved.length
+            ? `${programId}: the plan kept the IR after ${saved.map((x) => x.pass).join(', ')}`
+            : `${programId}: the plan kept no IR (compile it with --save-ir)`,
+        );
+      this.graphs.set(programId, (g = irGraph(readSavedIr(s.file), s.pass)));
+    }
     if (!g) {
       const p = this.program(programId);
       const rank = this.plan.rankPrograms.indexOf(programId);
@@ -170,13 +184,15 @@ export class PlanBundle {
     return withMs;
   }
 
-  /** what a self-contained page holds: every program's graph and memory, each program's first
-   * rank's timeline */
+  /** what a self-contained page holds: every program's graph and memory, the IR the plan kept,
+   * each program's first rank's timeline */
   embed(into: {
     graphs: Record<string, VizGraph>;
     timelines: Record<string, VizTimeline>;
     memory: Record<string, VizMemory>;
   }): void {
+    for (const { pass } of savedPasses(this.dir))
+      into.graphs[`${this.index}/${irId(pass)}`] = this.graph(irId(pass));
     for (const id of this.programs.keys()) {
       into.graphs[`${this.index}/${id}`] = this.graph(id);
       into.memory[`${this.index}/${id}`] = this.memoryOnTimeline(id);

@@ -191,9 +191,14 @@ class GraphView implements View {
   async show(plan: number): Promise<void> {
     this.plan = plan;
     const summary = this.ctx.plans[plan];
-    this.programSelect.replaceChildren(
+    // the programs, then the IR after each graph pass where the plan kept it (--save-ir)
+    const programs = el('optgroup', { label: 'programs' });
+    programs.append(
       ...summary.programs.map((p) => new Option(`${p.id} (${ranksLabel(p.ranks)})`, p.id)),
     );
+    const ir = el('optgroup', { label: 'IR after a pass (one rank, one microbatch)' });
+    ir.append(...summary.irPasses.map((pass) => new Option(`IR after ${pass}`, `ir:${pass}`)));
+    this.programSelect.replaceChildren(programs, ...(summary.irPasses.length ? [ir] : []));
     const first = summary.ranks.find((r) => r.rank === 0)?.program ?? summary.programs[0]?.id;
     if (first === undefined) throw new Error(`plan ${plan} has no programs`);
     this.programSelect.value = first;
