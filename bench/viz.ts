@@ -2,7 +2,10 @@
 // playwright-core): qwen3-vl-235b-a22b on 1024 GPUs (128 nodes × 8; tp 4, pp 8, vpp 2, ep 16,
 // global batch 1024, sequence 32768), the plan bench/compile.ts times.
 //
-//   npx tsx bench/viz.ts [--runs 5] [--layout 235b|30b-level3]
+//   npx tsx bench/viz.ts [--runs 5] [--layout 235b|30b-level3] [--screenshots DIR]
+//
+// --screenshots DIR saves each view at 1280×800 in DIR (<layout>-graph.png, …); with 30b-level3
+// the article's base line (hetero TP, level 1) is compiled too, for the compare view.
 //
 // Figures, medians of --runs page loads at 1280×800:
 // - graph: from navigation to the graph view drawn (data-ready), modules folded, rank 0's
@@ -13,6 +16,7 @@
 // Target (issue 21): each first render under 2 s.
 
 import { execFileSync } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { setupOrExit } from '../scripts/setup.mjs';
@@ -63,12 +67,24 @@ execFileSync(
   },
 );
 
-const [[bundle], openMs] = time(() => openPlans([dir]));
+const shotsDir = arg('screenshots', '');
+const dirs = [dir];
+if (shotsDir && layout === '30b-level3') {
+  // the base line beside it, for the compare view
+  const base = LAYOUTS[layout].filter((a) => a !== '--enable-full-hetero-dp');
+  dirs.push(join(dir, '..', 'base'));
+  execFileSync(process.execPath, ['bin/lfc.js', 'compile', ...base, '--no-advice', '-o', dirs[1]], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+}
+const [bundles, openMs] = time(() => openPlans(dirs));
+const [bundle] = bundles;
 const program = bundle.plan.rankPrograms[0];
 const instructions = bundle.programs.get(program)!.instructions.length;
+const [, summaryMs] = time(() => bundles.map((b) => b.summary()));
 const [graph, graphMs] = time(() => bundle.graph(program));
 const [timeline, timelineMs] = time(() => bundle.timeline(0));
-const server = await serve([bundle], 0);
+const server = await serve(bundles, 0);
 const browser = await chromium.launch({
   executablePath: '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
@@ -86,6 +102,23 @@ try {
       if (view === 'graph') nodes = Number(await page.getAttribute('#graph', 'data-nodes'));
       await page.close();
     }
+  if (shotsDir) {
+    mkdirSync(shotsDir, { recursive: true });
+    for (const view of [
+      'graph',
+      'timeline',
+      'memory',
+      ...(bundles.length > 1 ? ['compare'] : []),
+    ]) {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      await page.goto(`${server.url}#${view}/0`);
+      await page.waitForSelector(`#${view}[data-ready]`, { timeout: 120_000 });
+      const file = join(shotsDir, `${layout}-${view}.png`);
+      await page.screenshot({ path: file });
+      process.stdout.write(`wrote ${file}\n`);
+      await page.close();
+    }
+  }
 } finally {
   await browser.close();
   await server.close();
@@ -95,7 +128,7 @@ const ms = (x: number) => `${x.toFixed(0)} ms`;
 process.stdout.write(
   [
     `${bundle.summary().title}: rank 0's program ${program}, ${instructions} instructions`,
-    `node side (once): open the plan ${ms(openMs)}, fold its graph ${ms(graphMs)} (${graph.nodes.length} nodes, ${graph.edges.length} edges), rank 0's timeline ${ms(timelineMs)} (${timeline.events.start.length} events, the step simulated)`,
+    `node side (once): open the plan ${ms(openMs)}, summarize it ${ms(summaryMs)}, fold its graph ${ms(graphMs)} (${graph.nodes.length} nodes, ${graph.edges.length} edges), rank 0's timeline ${ms(timelineMs)} (${timeline.events.start.length} events, the step simulated)`,
     `first render in headless Chromium, median of ${runs} (min–max):`,
     ...Object.entries(figures).map(
       ([view, xs]) =>

@@ -120,6 +120,7 @@ describe('lfc viz in Chromium', () => {
       Number(await root.getAttribute('data-view-end')) -
       Number(await root.getAttribute('data-view-start'));
     const whole = await span();
+    await page.screenshot({ path: join(shots, 'timeline-step.png') });
     await page.click('#timeline button.zoom-in');
     await expect.poll(span).toBeLessThan(whole * 0.9);
     // sweep the canvas until the pointer is over an event (not a phase band or a bubble)

@@ -55,6 +55,7 @@ export class PlanBundle {
   private readonly timelines = new Map<number, VizTimeline>();
   private readonly works = new Map<string, Work[]>();
   private sizes?: Map<string, number>;
+  private summarized?: VizPlanSummary;
   private hw?: HardwareProfile;
   private sim?: Simulation;
   private measured?: Map<number, RankSpans>;
@@ -76,6 +77,10 @@ export class PlanBundle {
   }
 
   summary(): VizPlanSummary {
+    return (this.summarized ??= this.summarize());
+  }
+
+  private summarize(): VizPlanSummary {
     const { plan } = this;
     const sz = plan.topology.sizes;
     const world = plan.topology.worldSize;

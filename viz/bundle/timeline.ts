@@ -181,22 +181,27 @@ const streamRank = (s: string) => {
   return i >= 0 ? i : STREAM_ORDER.length;
 };
 
+/**
+ * The phase window an instruction counts in: at level 3 the encoder and its projector forward,
+ * the decoder's pipeline, the encoder backward; at any level the optimizer step. The hand-off's
+ * broadcast into the decoder's tp group runs as the decoder takes each microbatch: the decoder's.
+ */
+function phaseOf(x: ProgramFile['instructions'][number], level: number): string | undefined {
+  const part = partOf(x);
+  if (part === 'step') return x.phase === 'optimizer' ? 'optimizer step' : undefined;
+  if (level !== 3) return undefined;
+  const intoDecoder = x.op === 'broadcast' && x.scope.startsWith('encoder_handoff');
+  if (part === 'decoder' || intoDecoder) return 'decoder pipeline';
+  return x.phase === 'forward' ? 'encoder forward' : 'encoder backward';
+}
+
 /** full separation's three phases (level 3), and the optimizer step at any level */
 function phaseMarks(spans: RankSpans, program: ProgramFile, level: number): VizTimeline['marks'] {
   const windows = new Map<string, [number, number]>();
   program.instructions.forEach((x, i) => {
     const a = spans.start[i];
     if (Number.isNaN(a)) return;
-    const part = partOf(x);
-    let label: string | undefined;
-    if (part === 'step') label = x.phase === 'optimizer' ? 'optimizer step' : undefined;
-    else if (level === 3)
-      label =
-        part === 'encoder'
-          ? x.phase === 'forward'
-            ? 'encoder forward'
-            : 'encoder backward'
-          : 'decoder pipeline';
+    const label = phaseOf(x, level);
     if (!label) return;
     const w = windows.get(label);
     if (w) {

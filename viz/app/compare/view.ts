@@ -77,6 +77,10 @@ export const mountCompare: MountView = (root, ctx) => {
   };
 };
 
+/** a plan's name in the narrow places (lane labels, the chart's legend): its index and level */
+const shortName = (p: VizPlanSummary) =>
+  `plan ${p.index}${p.encoderLevel ? ` (level ${p.encoderLevel})` : ''}`;
+
 const largestProgram = (p: VizPlanSummary) =>
   [...p.programs].sort((a, b) => b.boundBytes - a.boundBytes)[0].id;
 
@@ -106,7 +110,12 @@ function figures(table: HTMLTableElement, picked: readonly VizPlanSummary[]): vo
     ],
   ];
   table.replaceChildren(
-    el('tr', {}, el('th', {}, ''), ...picked.map((p) => el('th', {}, `${p.index}: ${p.title}`))),
+    el(
+      'tr',
+      {},
+      el('th', {}, ''),
+      ...picked.map((p) => el('th', { title: p.dir }, `${shortName(p)}: ${p.title}`)),
+    ),
     ...rows.map(([label, cell]) =>
       el(
         'tr',
@@ -139,7 +148,7 @@ function lanes(
   drawLanes(
     g,
     timelines.map((timeline, i) => ({
-      label: `${picked[i].index}: ${picked[i].title.split(' on ')[0]} (${formatMs(timeline.endMs)})`,
+      label: `${shortName(picked[i])} · ${formatMs(timeline.endMs)}`,
       timeline,
       lane: Math.max(
         0,
@@ -147,7 +156,7 @@ function lanes(
       ),
     })),
     { startMs: 0, endMs },
-    { x: 0, y: 0, width, rowHeight },
+    { x: 0, y: 0, width, rowHeight, labelWidth: 180 },
   );
 }
 
@@ -159,7 +168,10 @@ function memory(
   const limit = Math.min(...picked.map((p) => p.device.bytes - p.device.reserveBytes));
   box.replaceChildren(
     memoryChart(
-      memories.map((memory, i) => ({ label: `${picked[i].index}: ${memory.program}`, memory })),
+      memories.map((memory, i) => ({
+        label: `${shortName(picked[i])}: ${memory.program}`,
+        memory,
+      })),
       { width: Math.max(600, (box.clientWidth || 1200) - 24), height: 260, limitBytes: limit },
     ),
   );
