@@ -17,11 +17,18 @@ import { cli } from '../helpers.js';
 
 const dir = join(tmpdir(), 'viz-app');
 const LAYOUT = ['--nproc-per-node', '4', '--tp', '2', '--ep', '2', '--global-batch-size', '8'];
-const LEVELS = [[], ['--enable-encoder-hetero-dp'], ['--enable-full-hetero-dp']];
-const plans = LEVELS.map((_, i) => join(dir, `level${i + 1}`));
+// the encoder levels 1, 2 and 3, and a pipeline (pp 2 in place of tp 2)
+const LEVELS = [
+  [],
+  ['--enable-encoder-hetero-dp'],
+  ['--enable-full-hetero-dp'],
+  ['--tp', '1', '--pp', '2'],
+];
+const plans = LEVELS.map((_, i) => join(dir, `plan${i}`));
 const shots = join(projectRoot(), 'artifacts', 'viz');
-/** the level-3 plan's index in the app */
+/** the level-3 plan's index in the app, and the pipeline's */
 const L3 = 2;
+const PP = 3;
 
 let server: VizServer;
 let browser: Browser;
@@ -137,6 +144,19 @@ describe('lfc viz in Chromium', () => {
     await finish(page, problems, 'timeline');
   });
 
+  it('timeline: one rank per stage draws the pipeline, its stages and their bubbles', async () => {
+    const { page, problems } = await view('timeline', PP);
+    const root = page.locator('#timeline');
+    const one = Number(await root.getAttribute('data-events'));
+    await page.selectOption('#timeline select.rank', 'stages');
+    await expect
+      .poll(async () => Number(await root.getAttribute('data-events')))
+      .toBeGreaterThan(one);
+    await page.waitForSelector('#timeline[data-ready]');
+    expect(await page.locator('#timeline .mark.bubble').count()).toBeGreaterThan(0);
+    await finish(page, problems, 'timeline-stages');
+  });
+
   it('memory: each program over the step, its peak and the device limit marked', async () => {
     const { page, problems } = await view('memory', L3);
     expect(await page.locator('#memory svg.memory-chart .peak').count()).toBeGreaterThan(0);
@@ -147,10 +167,10 @@ describe('lfc viz in Chromium', () => {
   it('compare: the levels side by side; switching a compared plan redraws', async () => {
     const { page, problems } = await view('compare', 0);
     const root = page.locator('#compare');
-    expect(await root.getAttribute('data-plans')).toBe('0,1,2');
+    expect(await root.getAttribute('data-plans')).toBe('0,1,2,3');
     expect(await page.locator('#compare table.compare-figures th').count()).toBeGreaterThan(3);
     await page.selectOption('#compare select.compare-plan[data-slot="1"]', '');
-    await expect.poll(() => root.getAttribute('data-plans')).toBe('0,2');
+    await expect.poll(() => root.getAttribute('data-plans')).toBe('0,2,3');
     await finish(page, problems, 'compare');
   });
 

@@ -1,4 +1,4 @@
-// The timeline view: one rank's step on a canvas, a row per stream (compute, comm, copy, p2p),
+// The timeline view: one rank's step (or one rank per pipeline stage) on a canvas, a row per stream (compute, comm, copy, p2p),
 // the phases of the step as labelled bands above them and the pipeline bubbles shaded on the
 // compute row. Wheel zooms around the cursor, drag pans, the buttons zoom around the middle;
 // hovering an event shows what it is, and how much of it was spent waiting for peers.
@@ -7,7 +7,8 @@
 //   root[data-ready]        the plan drawn (absent while a rank loads)
 //   root[data-events]       the number of events of the rank shown
 //   root[data-view-start], root[data-view-end]   the visible window, ms
-//   select.rank, button.zoom-in, button.zoom-out, button.zoom-reset
+//   select.rank (a rank, or `stages`: the first rank of each pipeline stage, lanes one after
+//     another), button.zoom-in, button.zoom-out, button.zoom-reset
 //   div.mark.phase[data-label]   a phase band (its label text inside, hidden when it does not fit)
 //   div.mark.bubble         the biggest 200 bubbles, over the compute row
 //   .tooltip                shown while the pointer is over an event, a band or a bubble
@@ -34,6 +35,7 @@ import {
   timelineLegendRows,
   type LaneRow,
 } from './draw.js';
+import { mergeTimelines } from './merge.js';
 import { packRows, panBy, zoomAt, type TimeWindow } from './scale.js';
 import './timeline.css';
 
@@ -44,6 +46,8 @@ const ROW_H = 52;
 const GAP = 6;
 /** the bubbles drawn as DOM elements (all are shaded on the canvas) */
 const MAX_BUBBLE_ELEMENTS = 200;
+/** the rank selector's choice of the first rank of each pipeline stage, one after another */
+const STAGES = 'stages';
 /** the zoom buttons' step; the wheel zooms by exp(-deltaY · WHEEL_ZOOM) */
 const BUTTON_ZOOM = 2;
 const WHEEL_ZOOM = 0.0015;
@@ -93,7 +97,8 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
   let phases: { mark: Mark; row: number; div: HTMLElement; label: HTMLElement }[] = [];
   let bubbles: { mark: Mark; div: HTMLElement }[] = [];
   let bandRows = 0;
-  let computeRow = -1;
+  /** each rank's compute row (where its bubbles are) */
+  let computeRows = new Map<number, number>();
   let width = 0;
 
   const laneTop = () => AXIS_H + GAP + bandRows * BAND_H + (bandRows ? GAP : 0);
@@ -169,7 +174,8 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
       const w = place(p.div, p.mark, bandTop(p.row) + 1, BAND_H - 2);
       p.label.hidden = measure.measureText(p.mark.label).width + 10 > w;
     }
-    for (const b of bubbles) place(b.div, b.mark, laneTop() + computeRow * ROW_H, ROW_H);
+    for (const b of bubbles)
+      place(b.div, b.mark, laneTop() + computeRows.get(b.mark.rank)! * ROW_H, ROW_H);
   }
 
   // redraws at most once a frame while the wheel or a drag moves the window
@@ -191,7 +197,10 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
       timeline: tl,
       lane,
     }));
-    computeRow = tl.lanes.findIndex((l) => l.stream === 'compute');
+    computeRows = new Map();
+    tl.lanes.forEach((l, row) => {
+      if (l.stream === 'compute' && !computeRows.has(l.rank)) computeRows.set(l.rank, row);
+    });
     const end = Math.max(tl.endMs, ...tl.marks.map((m) => m.endMs));
     bounds = { startMs: 0, endMs: end > 0 ? end : 1 };
     win = bounds;
@@ -216,7 +225,7 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
       return { mark, row: packed.rows[i], div, label };
     });
     bubbles = tl.marks
-      .filter((m) => m.kind === 'bubble' && computeRow >= 0 && m.rank === tl.lanes[computeRow].rank)
+      .filter((m) => m.kind === 'bubble' && computeRows.has(m.rank))
       .sort((a, b) => b.endMs - b.startMs - (a.endMs - a.startMs))
       .slice(0, MAX_BUBBLE_ELEMENTS)
       .map((mark) => {
@@ -244,14 +253,22 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
     root.dataset.rank = String(tl.lanes[0]?.rank ?? '');
   }
 
-  /** fetches and draws rank `rank` of the plan shown */
-  async function load(rank: number): Promise<void> {
+  /** fetches and draws a rank of the plan shown, or (STAGES) the first rank of each stage */
+  async function load(choice: string): Promise<void> {
     const mine = ++loads;
     delete root.dataset.ready;
+    const summary = ctx.plans[plan];
+    const ranks =
+      choice === STAGES
+        ? [...new Set(summary.ranks.map((r) => r.stage))]
+            .sort((a, b) => a - b)
+            .map((stage) => summary.ranks.find((r) => r.stage === stage)!.rank)
+        : [Number(choice)];
+    const rank = ranks.join(', ');
     message.textContent = `loading rank ${rank}…`;
     let tl: VizTimeline;
     try {
-      tl = await ctx.source.timeline(plan, rank);
+      tl = mergeTimelines(await Promise.all(ranks.map((r) => ctx.source.timeline(plan, r))));
     } catch (e) {
       if (mine !== loads) return;
       // drawn, as far as it can be: the error says why (an embedded page holds some ranks only)
@@ -287,7 +304,7 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
     win = bounds;
     redraw();
   });
-  rankSelect.addEventListener('change', () => void load(Number(rankSelect.value)));
+  rankSelect.addEventListener('change', () => void load(rankSelect.value));
 
   canvas.addEventListener(
     'wheel',
@@ -342,9 +359,12 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
       const lane = rows[Math.floor((y - top) / ROW_H)].lane;
       const i = eventAt(t, lane, ms, 4 / s.pxPerMs);
       if (i >= 0) return showTooltip(x, y, eventLines(t, i));
+      const { rank } = t.lanes[lane];
       const bubble =
-        lane === computeRow
-          ? t.marks.find((m) => m.kind === 'bubble' && m.startMs <= ms && ms <= m.endMs)
+        computeRows.get(rank) === lane
+          ? t.marks.find(
+              (m) => m.kind === 'bubble' && m.rank === rank && m.startMs <= ms && ms <= m.endMs,
+            )
           : undefined;
       if (bubble) return showTooltip(x, y, markLines(bubble));
     } else if (y >= bandTop(0) && y < bandTop(bandRows)) {
@@ -374,13 +394,15 @@ export const mountTimeline: MountView = (root: HTMLElement, ctx: ViewContext): V
     async show(p: number): Promise<void> {
       plan = p;
       const summary = ctx.plans[p];
+      const stages = new Set(summary.ranks.map((r) => r.stage)).size;
       rankSelect.replaceChildren(
+        ...(stages > 1 ? [new Option(`one rank per stage (${stages} stages)`, STAGES)] : []),
         ...summary.ranks.map(
           (r) => new Option(`rank ${r.rank} · ${r.program} · stage ${r.stage}`, String(r.rank)),
         ),
       );
-      const first = summary.ranks[0]?.rank ?? 0;
-      rankSelect.value = String(first);
+      const first = String(summary.ranks[0]?.rank ?? 0);
+      rankSelect.value = first;
       await load(first);
     },
   };
