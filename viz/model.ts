@@ -80,7 +80,8 @@ export interface VizNode {
   readonly stream: string;
   /** how many instructions of the step it stands for (one per microbatch that runs it) */
   readonly count: number;
-  /** the pipeline stage its program is on, or -1 */
+  /** the pipeline stage its program is on (a decoder layer's virtual stage chunk·pp + stage
+   * where vpp > 1), or -1 (the IR) */
   readonly stage: number;
   /** where it runs: 'encoder', 'projector', 'decoder' or 'step' (gradients, optimizer) */
   readonly part: 'encoder' | 'projector' | 'decoder' | 'step';

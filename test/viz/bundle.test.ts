@@ -110,7 +110,7 @@ describe('lfc viz data', () => {
     expect(t.endMs).toBeCloseTo(bundle.summary().forecast!.stepMs, 6);
   });
 
-  it('a pipeline: the later stage waits for its activations, and its bubbles are marked', async () => {
+  it('a pipeline: the later stage waits for its activations, its bubbles are marked, its chunks coloured apart', async () => {
     const pp = join(dir, 'pp');
     const c = await cli(
       'compile',
@@ -119,6 +119,8 @@ describe('lfc viz data', () => {
       '2',
       '--pp',
       '2',
+      '--vpp',
+      '2',
       '--global-batch-size',
       '4',
       '--no-advice',
@@ -126,13 +128,21 @@ describe('lfc viz data', () => {
       pp,
     );
     expect(c.err).toBe('');
-    const t = openPlans([pp])[0].timeline(1);
+    const [b] = openPlans([pp]);
+    const t = b.timeline(1);
     const waiting = t.events.wait
       .map((w, i) => [w, t.ops[t.events.op[i]]] as const)
       .filter(([w]) => w > 0);
     expect(waiting.length).toBeGreaterThan(0);
     expect(new Set(waiting.map(([, op]) => op))).toContain('recv');
     expect(t.marks.filter((m) => m.kind === 'bubble').length).toBeGreaterThan(0);
+    // stage 1's program holds the virtual stages 1 and 3: decoder layers 1 and 3 of 4
+    const g = b.graph(b.plan.rankPrograms[1]);
+    const stageOf = (layer: number) =>
+      new Set(
+        g.nodes.filter((n) => n.scope.startsWith(`model.layers.${layer}.`)).map((n) => n.stage),
+      );
+    expect([stageOf(1), stageOf(3)]).toEqual([new Set([1]), new Set([3])]);
   });
 
   it("memory over the step peaks at the planner's liveness bound, under the device", () => {

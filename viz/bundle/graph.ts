@@ -5,6 +5,7 @@
 // to the bytes they share).
 
 import { stageOfRank, type PlanFile, type ProgramFile } from '../../compiler/plan/format.js';
+import { layerOf } from '../../compiler/emit/rewrite.js';
 import type { Work } from '../../compiler/sim/cost.js';
 import type { VizGraph, VizNode } from '../model.js';
 import { collectiveOf } from './group.js';
@@ -19,7 +20,7 @@ export function programGraph(
   const { buffers, instructions } = program;
   const storage = storageOf(buffers);
   const root = (b: number) => storage[b];
-  const stage = stageOfRank(plan, rank);
+  const stageOf = stageOfScope(plan, stageOfRank(plan, rank));
   const nodes: (VizNode & { count: number })[] = [];
   const nodeOf = new Int32Array(instructions.length);
   const byKey = new Map<string, number>();
@@ -39,7 +40,7 @@ export function programGraph(
         phase: x.phase,
         stream: x.stream,
         count: 0,
-        stage,
+        stage: stageOf(x.scope),
         part: partOf(x),
         ...(collective ? { collective } : {}),
         shapes: x.outputs.map((b) => buffers[b].shape),
@@ -95,4 +96,21 @@ function storageOf(buffers: ProgramFile['buffers']): Int32Array {
   }
   for (const b of buffers) if (b.viewOf !== undefined) out[b.id] = out[b.viewOf];
   return out;
+}
+
+/**
+ * The pipeline stage a scope's instruction belongs to: the program's stage, or, with virtual
+ * stages (vpp > 1), a decoder layer's virtual stage s = chunk·pp + stage, so colouring by stage
+ * tells a program's chunks apart.
+ */
+function stageOfScope(plan: PlanFile, stage: number): (scope: string) => number {
+  const layers = plan.topology.pipelineLayers;
+  if (!layers || plan.topology.sizes.vpp <= 1) return () => stage;
+  const virtualOf: number[] = layers.flatMap((n, s) => Array<number>(n).fill(s));
+  return (scope) => {
+    const layer = layerOf(scope);
+    return layer === undefined
+      ? stage
+      : (virtualOf[Number(layer.slice(layer.lastIndexOf('.') + 1))] ?? stage);
+  };
 }
