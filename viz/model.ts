@@ -115,6 +115,8 @@ export interface VizTimeline {
   }[];
   /** names the event columns refer to by index */
   readonly ops: readonly string[];
+  /** [op] whether it moves data between ranks (the op table's collectives, p2p included) */
+  readonly opIsCollective: readonly boolean[];
   readonly phases: readonly string[];
   readonly scopes: readonly string[];
   readonly events: {

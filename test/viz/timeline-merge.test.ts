@@ -13,6 +13,7 @@ function timeline(rank: number, ops: string[], startMs: number): VizTimeline {
       { rank, program: `p${rank}`, stream: 'comm' },
     ],
     ops,
+    opIsCollective: ops.map((op) => op === 'send' || op === 'recv'),
     phases: ['forward'],
     scopes: [`s${rank}`],
     events: {
@@ -49,6 +50,7 @@ describe('mergeTimelines', () => {
     expect(m.events.lane).toEqual([0, 1, 2, 3]);
     expect(m.events.op.map((o) => m.ops[o])).toEqual(['linear', 'send', 'recv', 'linear']);
     expect(m.ops).toEqual(['linear', 'send', 'recv']);
+    expect(m.opIsCollective).toEqual([false, true, true]);
     expect(m.events.scope.map((s) => m.scopes[s])).toEqual(['s0', 's0', 's4', 's4']);
     expect(m.events.start).toEqual([0, 1, 5, 6]);
     expect(m.endMs).toBe(15);

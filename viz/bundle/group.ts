@@ -2,23 +2,12 @@
 // a plan group by name (`enc.mp[0]`) or a kind of plan.rankGroups (`tp`), resolved per rank.
 
 import type { PlanFile, PlanInstruction } from '../../compiler/plan/format.js';
+import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import type { VizNode } from '../model.js';
 
-const COMMUNICATING = new Set([
-  'all_reduce',
-  'all_gather',
-  'all_gather_v',
-  'reduce_scatter',
-  'reduce_scatter_v',
-  'all_to_all_v',
-  'broadcast',
-  'gather_v',
-  'scatter_v',
-  'send',
-  'recv',
-]);
-
-export const communicates = (op: string): boolean => COMMUNICATING.has(op);
+/** the op table's collectives (send and recv among them) */
+export const communicates = (op: string): boolean =>
+  OP_TABLE[op as OpKind]?.category === 'collective';
 
 export function collectiveOf(
   plan: PlanFile,

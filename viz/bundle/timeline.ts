@@ -12,6 +12,7 @@ import type { Work } from '../../compiler/sim/cost.js';
 import type { RankTimes } from '../../compiler/sim/simulate.js';
 import type { TraceEvent } from '../../runtime/trace.js';
 import type { VizTimeline } from '../model.js';
+import { communicates } from './group.js';
 import { partOf } from './part.js';
 
 /** a rank's spans, in ms from the step's start */
@@ -168,6 +169,7 @@ export function rankTimeline(
     endMs,
     lanes: order.map((i) => lanes[i]),
     ops: ops.list,
+    opIsCollective: ops.list.map(communicates),
     phases: phases.list,
     scopes: scopes.list,
     events: { ...ev, lane: ev.lane.map((l) => renumber[l]) },

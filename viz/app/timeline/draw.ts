@@ -31,21 +31,6 @@ export const FONT = '12px system-ui, sans-serif';
 /** the gutter the lane labels sit in, when the box does not say */
 export const LABEL_WIDTH = 120;
 
-/** the ops that move data between ranks (ir/ops.ts, category 'collective') */
-const COLLECTIVE_OPS = new Set([
-  'all_reduce',
-  'all_gather',
-  'reduce_scatter',
-  'broadcast',
-  'all_to_all_v',
-  'gather_v',
-  'scatter_v',
-  'all_gather_v',
-  'reduce_scatter_v',
-  'send',
-  'recv',
-]);
-
 /** the phases' colours, stable across the views that draw lanes */
 const phasePalette = new Palette(PHASE_COLORS);
 
@@ -82,7 +67,7 @@ function prepare(t: VizTimeline): Prepared {
   let p = prepared.get(t);
   if (p) return p;
   const ev = t.events;
-  const collectiveOp = t.ops.map((op) => COLLECTIVE_OPS.has(op));
+  const collectiveOp = t.opIsCollective;
   const phaseKey = t.phases.map((ph) => 1 + 2 * phaseId(ph));
   const n = ev.lane.length;
   const workKey = new Int32Array(n);

@@ -18,6 +18,7 @@ export function mergeTimelines(ts: readonly VizTimeline[]): VizTimeline {
     return { list, of };
   };
   const [ops, phases, scopes] = [names(), names(), names()];
+  const opIsCollective: boolean[] = [];
   const ev: { [K in keyof VizTimeline['events']]: number[] } = {
     lane: [],
     start: [],
@@ -37,6 +38,7 @@ export function mergeTimelines(ts: readonly VizTimeline[]): VizTimeline {
     const laneAt = lanes.length;
     lanes.push(...t.lanes);
     const opOf = t.ops.map(ops.of);
+    t.ops.forEach((_, i) => (opIsCollective[opOf[i]] = t.opIsCollective[i]));
     const phaseOf = t.phases.map(phases.of);
     const scopeOf = t.scopes.map(scopes.of);
     const e = t.events;
@@ -68,6 +70,7 @@ export function mergeTimelines(ts: readonly VizTimeline[]): VizTimeline {
     endMs: Math.max(...ts.map((t) => t.endMs)),
     lanes,
     ops: ops.list,
+    opIsCollective,
     phases: phases.list,
     scopes: scopes.list,
     events: ev,
