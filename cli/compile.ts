@@ -27,7 +27,8 @@ import { atLeastOne, positiveInt, positiveNumber } from './options.js';
 import { loadHardware, listHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
 import { listDataProfiles } from '../compiler/frontend/data-profile.js';
 import { describePrecision } from '../compiler/frontend/precision.js';
-import { remediesFor } from '../compiler/report/advice.js';
+import { remediesFor, type Remedy } from '../compiler/report/advice.js';
+import { availableParallelism } from 'node:os';
 import { describeForecast, forecastStep, type StepForecast } from '../compiler/sim/report.js';
 import { replaySetup } from '../compiler/sim/simulate.js';
 import { rankTrace, writeTrace } from '../runtime/trace.js';
@@ -534,20 +535,17 @@ function defineCompileCommand(cmd: Command): Command {
  * memory (compiler/report/advice.ts), or, with none, the closest three.
  */
 function describeAdvice(
-  options: CompileOptions,
-  result: CompileResult,
   memory: readonly ProgramMemory[],
   device: DeviceMemory,
-  wanted: boolean,
+  advice: Advice | undefined,
 ): string[] {
   const over = memory.filter((m) => m.fits === false);
   if (!over.length) return [];
   const gib = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
   const worst = over[0];
   const head = `does not fit ${device.name}: ${over.map((m) => m.program).join(', ')} need${over.length > 1 ? '' : 's'} up to ${gib(worst.device)} + ${gib(device.reserveBytes)} reserve of ${gib(device.bytes)}`;
-  if (!wanted) return [head];
-  const started = performance.now();
-  const remedies = remediesFor(options, result.plan.topology.worldSize, device);
+  if (!advice) return [head];
+  const { remedies, seconds, workers } = advice;
   const fitting = remedies.filter((r) => r.fits);
   const shown = fitting.length ? fitting : remedies.slice(0, 3);
   return [
@@ -556,8 +554,47 @@ function describeAdvice(
       ? 'single changes that fit (each planned; largest program at the bounds):'
       : 'no single change fits; the closest (each planned; largest program at the bounds):',
     ...shown.map((r) => `  ${r.change}: ${gib(r.deviceBytes)}${r.fits ? '' : ' (does not fit)'}`),
-    `  (planned ${remedies.length} alternatives in ${((performance.now() - started) / 1000).toFixed(1)} s; --no-advice skips them)`,
+    `  (planned ${remedies.length} alternatives in ${seconds.toFixed(1)} s on ${workers} thread${workers > 1 ? 's' : ''}; --no-advice skips them)`,
   ];
+}
+
+/** the fits advice: the changes planned, in how long, on how many threads */
+interface Advice {
+  readonly remedies: readonly Remedy[];
+  readonly seconds: number;
+  readonly workers: number;
+}
+
+/**
+ * the threads the changes are planned on, each one change at a time with a compile's memory:
+ * the cores, at most 4; LFC_ADVICE_THREADS sets another number (1: on the main thread)
+ */
+const ADVICE_WORKERS =
+  Number(process.env.LFC_ADVICE_THREADS) >= 1
+    ? Math.floor(Number(process.env.LFC_ADVICE_THREADS))
+    : Math.min(availableParallelism(), 4);
+
+/** plans the fits advice where some program does not fit and it is wanted (not --no-advice) */
+async function planAdvice(
+  result: CompileResult,
+  request: CompileRequest,
+  f: CompileFlags,
+  progress: (text: string) => void,
+): Promise<Advice | undefined> {
+  const device = deviceMemoryOf(hardwareOf(f));
+  if (
+    f.advice === false ||
+    f.json ||
+    memoryByProgram(result, device).every((m) => m.fits !== false)
+  )
+    return undefined;
+  const started = performance.now();
+  progress('planning the changes that would fit');
+  const remedies = await remediesFor(request.options, result.plan.topology.worldSize, device, {
+    workers: ADVICE_WORKERS,
+    onEach: (done, of) => progress(`planning the changes that would fit (${done} of ${of} done)`),
+  });
+  return { remedies, seconds: (performance.now() - started) / 1000, workers: ADVICE_WORKERS };
 }
 
 /** the profile --hardware names (default h800), its attention priced as --attention-kernel's */
@@ -724,7 +761,7 @@ function compileStatus(io: CliIO, isTTY: boolean): { phase(text: string): void; 
 
 export function addCompileCommand(program: Command, io: CliIO, isTTY: () => boolean): void {
   defineCompileCommand(program.command('compile')).action(
-    (model: string | undefined, overrides: string[], f: CompileFlags) => {
+    async (model: string | undefined, overrides: string[], f: CompileFlags) => {
       if (f.listPasses) return io.out(describePasses());
       const request = compileRequest(model, overrides, f);
       if (!f.output && !f.dumpAfter)
@@ -764,8 +801,9 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
           writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json, ...ir });
         }
         simulated.writeTraceFile?.();
+        const advice = await planAdvice(result, request, f, (text) => status.phase(text));
         status.done();
-        report(io, result, request, f, simulated);
+        report(io, result, request, f, simulated, advice);
       } finally {
         status.done();
       }
@@ -832,6 +870,7 @@ function report(
   request: CompileRequest,
   f: CompileFlags,
   simulated: ReturnType<typeof simulateReport>,
+  advice: Advice | undefined,
 ): void {
   const e = result.stats.emit;
   const t = result.plan.training;
@@ -856,9 +895,7 @@ function report(
         ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
         : []),
       ...describeMemory(memory, 8, device).map((l) => `  ${l}`),
-      ...describeAdvice(request.options, result, memory, device, f.advice !== false).map(
-        (l) => `  ${l}`,
-      ),
+      ...describeAdvice(memory, device, advice).map((l) => `  ${l}`),
       ...simulated.lines.map((l) => `  ${l}`),
       '',
     ].join('\n'),

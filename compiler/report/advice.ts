@@ -9,7 +9,9 @@
 // encoder recompute. A change the layout rules refuse (pp that no longer divides the layers, tp
 // over a node) is left out.
 
+import type { Worker } from 'node:worker_threads';
 import { compile, type CompileOptions } from '../pipeline.js';
+import { spawnWorker } from '../threads.js';
 import { UserError } from '../errors.js';
 import { fitsOn, memoryByProgram, type DeviceMemory } from './memory.js';
 
@@ -21,7 +23,7 @@ export interface Remedy {
   readonly fits: boolean;
 }
 
-interface Alternative {
+export interface Alternative {
   readonly change: string;
   readonly options: CompileOptions;
 }
@@ -66,30 +68,86 @@ export function alternativesOf(o: CompileOptions, world: number): Alternative[] 
   return out;
 }
 
+/** One change planned: its largest program at the bounds; undefined where the rules refuse it. */
+export function remedyOf(alt: Alternative, device: DeviceMemory): Remedy | undefined {
+  let result;
+  try {
+    result = compile({ ...alt.options, skipVerify: true, dumpAfter: undefined });
+  } catch (e) {
+    if (e instanceof UserError) return undefined; // a layout the rules refuse
+    throw e;
+  }
+  const worst = Math.max(...memoryByProgram(result, device).map((m) => m.bound.deviceBytes));
+  return { change: alt.change, deviceBytes: worst, fits: fitsOn(worst, device) };
+}
+
 /**
  * Plans each applicable change and returns them all, smallest device total first (fitting or
- * not: with none that fits, the closest say how far a single change gets); `onEach` sees each as
- * it is planned, for a progress line.
+ * not: with none that fits, the closest say how far a single change gets). With `workers` > 1
+ * the changes are planned on that many worker threads at once (advice-worker.ts), each change
+ * whole on one; `onEach` sees each as it is planned, for a progress line. The answer does not
+ * depend on the number of workers.
  */
-export function remediesFor(
+export async function remediesFor(
   o: CompileOptions,
   world: number,
   device: DeviceMemory,
-  onEach?: (r: Remedy) => void,
-): Remedy[] {
-  const remedies: Remedy[] = [];
-  for (const alt of alternativesOf(o, world)) {
-    let result;
-    try {
-      result = compile({ ...alt.options, skipVerify: true, dumpAfter: undefined });
-    } catch (e) {
-      if (e instanceof UserError) continue; // a layout the rules refuse
-      throw e;
-    }
-    const worst = Math.max(...memoryByProgram(result, device).map((m) => m.bound.deviceBytes));
-    const r = { change: alt.change, deviceBytes: worst, fits: fitsOn(worst, device) };
-    onEach?.(r);
-    remedies.push(r);
-  }
-  return remedies.sort((a, b) => a.deviceBytes - b.deviceBytes);
+  { workers = 1, onEach }: { workers?: number; onEach?: (done: number, of: number) => void } = {},
+): Promise<Remedy[]> {
+  const alts = alternativesOf(o, world);
+  const found: (Remedy | undefined)[] = new Array(alts.length);
+  const n = Math.max(1, Math.min(workers, alts.length));
+  let done = 0;
+  const settle = (i: number, r: Remedy | undefined) => {
+    found[i] = r;
+    onEach?.(++done, alts.length);
+  };
+  if (n === 1) alts.forEach((alt, i) => settle(i, remedyOf(alt, device)));
+  else await onWorkers(alts, device, n, settle);
+  return found
+    .filter((r): r is Remedy => r !== undefined)
+    .sort((a, b) => a.deviceBytes - b.deviceBytes || a.change.localeCompare(b.change));
 }
+
+/** the alternatives planned on `n` worker threads, each given the next one when it is free */
+async function onWorkers(
+  alts: readonly Alternative[],
+  device: DeviceMemory,
+  n: number,
+  settle: (i: number, r: Remedy | undefined) => void,
+): Promise<void> {
+  let next = 0;
+  const run = (worker: Worker) =>
+    new Promise<void>((resolve, reject) => {
+      const give = () => {
+        if (next >= alts.length) return resolve();
+        const i = next++;
+        worker.postMessage({ i, alt: alts[i], device } satisfies AdviceRequest);
+      };
+      worker.on('message', (a: AdviceReply) => {
+        if ('error' in a) return reject(new Error(`planning ${alts[a.i].change}: ${a.error}`));
+        settle(a.i, a.remedy ?? undefined);
+        give();
+      });
+      worker.on('error', reject);
+      give();
+    });
+  const workers = Array.from({ length: n }, () =>
+    spawnWorker(import.meta.url, 'advice-worker', {}),
+  );
+  try {
+    await Promise.all(workers.map(run));
+  } finally {
+    await Promise.all(workers.map((w) => w.terminate()));
+  }
+}
+
+/** what the advice's worker threads are sent, and answer */
+export interface AdviceRequest {
+  readonly i: number;
+  readonly alt: Alternative;
+  readonly device: DeviceMemory;
+}
+export type AdviceReply =
+  | { readonly i: number; readonly remedy: Remedy | null }
+  | { readonly i: number; readonly error: string };

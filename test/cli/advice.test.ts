@@ -1,6 +1,7 @@
 // The fits check's advice: when a plan does not fit its device, each single change that applies is
 // planned for its memory, and those that fit are listed with their figure. Held here to the same
-// alternative compiled on its own, on a device made just too small for the plan.
+// alternative compiled on its own, on a device made just too small for the plan, on one thread or
+// on worker threads.
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -43,6 +44,8 @@ describe('the fits advice', () => {
     // smallest first
     const sizes = remedies.map((r) => r.deviceBytes);
     expect(sizes).toEqual([...sizes].sort((a, b) => a - b));
+    // planned on two worker threads at once: the same answer
+    expect(await remediesFor(OPTIONS, 2, device, { workers: 2 })).toEqual(remedies);
   }, 120_000);
 
   it('lfc compile prints them for a profile the plan does not fit', async () => {
@@ -69,7 +72,9 @@ describe('the fits advice', () => {
     expect(r.out).toMatch(
       /single changes that fit \(each planned; largest program at the bounds\):|no single change fits/,
     );
-    expect(r.out).toMatch(/planned \d+ alternatives in [\d.]+ s; --no-advice skips them/);
+    expect(r.out).toMatch(
+      /planned \d+ alternatives in [\d.]+ s on \d+ threads?; --no-advice skips them/,
+    );
     const quiet = await cli(...small, '--no-advice', '-o', join(dir, 'plan2'));
     expect(quiet.out).toMatch(/does not fit small/);
     expect(quiet.out).not.toMatch(/alternatives/);
