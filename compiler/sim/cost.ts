@@ -5,8 +5,10 @@
 //               instruction's operands. Ops without matmul FLOPs (norms, activations, AdamW,
 //               layout) are bound by memory traffic alone. On a GPU profile (its efficiency
 //               section, hardware.ts):
-//                 GEMM       eff = matmul_efficiency · f / (f + half) · tiles · waves: small GEMMs
-//                            reach less of the peak; the m × n output is computed in whole
+//                 GEMM       eff = matmul_efficiency · q · f / (f + q · half), q = tiles · waves:
+//                            f FLOPs at the quantized efficiency plus a fixed cost of half FLOPs
+//                            at the full one (small GEMMs reach less of the peak; a tiny one
+//                            costs about one tile's time); the m × n output is computed in whole
 //                            blocks of a tile size (tiles = m·n / the blocks' area) which run in
 //                            waves of one block per SM (waves = blocks / (whole waves · SMs)), at
 //                            the profile's tile size that wastes least; a grouped GEMM's experts
@@ -193,9 +195,12 @@ export function matmulEfficiency(
     const padded = Math.ceil(s.headDim / a.headDimMultiple) * a.headDimMultiple;
     return ((peak * s.segment) / (s.segment + a.halfSegment)) * (s.headDim / padded);
   }
+  // the time of f FLOPs at the quantized efficiency, plus a fixed cost of `half` FLOPs at the
+  // full one: the tiles a GEMM wastes slow its math, not its launch and latency (so a tiny GEMM
+  // costs about one tile's time, not 1 / (tiles · waves) times a small GEMM's)
   const gflop = flops / 1e9;
-  const size = (c.matmulEfficiency * gflop) / (gflop + c.matmulHalfGflop);
-  return e && s?.kind === 'gemm' ? size * gemmQuantization(s, e) : size;
+  const q = e && s?.kind === 'gemm' ? gemmQuantization(s, e) : 1;
+  return (c.matmulEfficiency * q * gflop) / (gflop + q * c.matmulHalfGflop);
 }
 
 /**

@@ -322,9 +322,13 @@ function stagePasses(c: LayoutContext): StagedPasses {
   const copy = (bytes: number) =>
     policy.offload.length ? host.latencyUs * 1e-6 + bytes / (host.gbps * 1e9) : 0;
   // per layer: forward and backward, recompute added to backward
+  // the compiler splits on the forward and backward alone (recompute and offload are emission
+  // passes, after the split): the split's weights leave them out
+  const splitWeight: number[] = [];
   const layerCost = decoder.layers.map((l) => {
     const f = pricedWork(c, l.forward);
     const b = pricedWork(c, l.backward);
+    splitWeight.push(total(f) + total(b));
     const rec =
       rkey === 'none' ? { other: 0, a2a: 0 } : pricedWork(c, l.recomputeOf(policy.recompute));
     const moved = copy(l.offloadedOf(policy.offload).expected);
@@ -348,7 +352,7 @@ function stagePasses(c: LayoutContext): StagedPasses {
   const split =
     pp > 1
       ? splitMinMax(
-          Array.from({ length: L }, (_, i) => total(costAt(i).f) + total(costAt(i).b)),
+          Array.from({ length: L }, (_, i) => splitWeight[Math.min(i, R - 1)]),
           K,
           embedF + embedB + encoderPre,
           postF + postB,
