@@ -113,11 +113,7 @@ describe('instruction costs', () => {
       c.dtypeBytes *
       [...x.inputs, ...x.outputs].reduce((a, id) => a + dims(id).reduce((p, d) => p * d, 1), 0);
     const want =
-      c.launchUs * 1e-6 +
-      Math.max(
-        math,
-        bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency),
-      );
+      c.launchUs * 1e-6 + Math.max(math, bytes / (c.memoryGbps * 1e9 * c.memoryEfficiency));
     expect(quantization).toBeLessThan(1);
     expect(costs[i]).toBeCloseTo(want, 15);
     // a tiny GEMM costs about a tile's time: microseconds, not the milliseconds that scaling
