@@ -15,7 +15,8 @@ import {
 import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.js';
 import { simulatedOn } from '../compiler/sim/report.js';
 import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tune-pool.js';
-import { mib } from './compile.js';
+import { join } from 'node:path';
+import { addCompileCommand, mib } from './compile.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
 
@@ -38,6 +39,7 @@ interface TuneFlags {
   verify?: boolean;
   exhaustive?: boolean;
   workers?: number;
+  plans?: string;
 }
 
 const ENCODER_TP = 'model.image_encoder.tensor_model_parallel_size';
@@ -107,6 +109,10 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       `worker threads that estimate and compile layouts; 1: this thread (default: a core each, at most 8; here ${defaultWorkers()})`,
       positiveInt('--workers'),
     )
+    .option(
+      '--plans <dir>',
+      'compile the printed layouts into DIR/1, DIR/2, … (plans with their reports), to see them side by side with lfc viz or lfc compare',
+    )
     .option('--json', 'print the result as JSON')
     .action(async (model: string, overrides: string[], f: TuneFlags) => {
       if (overrides.some((o) => o.replace(/^\+/, '').startsWith(`${ENCODER_TP}=`)))
@@ -172,21 +178,54 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         ['lfc compile', ...[...base, ...p.flags].map(quote), '-o', 'plan'].join(' ');
       if (f.json) {
         io.out(JSON.stringify(jsonOf(result, line), null, 2) + '\n');
-        return;
-      }
-      io.out(
-        describe(result, line, {
-          model: request.space.config.name,
-          world,
-          hardware: simulatedOn({
-            hardware: request.hardware.name,
-            attentionKernel: f.attentionKernel,
+      } else
+        io.out(
+          describe(result, line, {
+            model: request.space.config.name,
+            world,
+            hardware: simulatedOn({
+              hardware: request.hardware.name,
+              attentionKernel: f.attentionKernel,
+            }),
+            fit: f.fit,
+            top: f.top,
           }),
-          fit: f.fit,
-          top: f.top,
-        }),
-      );
+        );
+      if (f.plans) await writePlans(f.plans, base, result, io, tty, !f.json);
     });
+}
+
+/**
+ * Compiles the layouts the search printed (those that fit, else the closest) into DIR/1, DIR/2, …
+ * as `lfc compile` of their lines writes them (plan, programs, report.json), and says how to
+ * look at them.
+ */
+async function writePlans(
+  dir: string,
+  base: readonly string[],
+  result: TuneResult,
+  io: CliIO,
+  tty: boolean,
+  say: boolean,
+): Promise<void> {
+  const layouts = result.layouts.length ? result.layouts : result.closest;
+  const quiet: CliIO = { out: () => {}, err: (t) => io.err(t) };
+  const written: string[] = [];
+  for (const [k, p] of layouts.entries()) {
+    const out = join(dir, String(k + 1));
+    if (tty) io.err(`\r\x1b[2Klfc tune: compiling ${out} (${k + 1} of ${layouts.length})…`);
+    const compile = new Command().exitOverride();
+    addCompileCommand(compile, quiet, () => false);
+    await compile.parseAsync(['compile', ...base, ...p.flags, '--no-advice', '-o', out], {
+      from: 'user',
+    });
+    written.push(out);
+  }
+  if (tty) io.err('\r\x1b[2K');
+  if (say && written.length)
+    io.out(
+      `\nwrote ${written.length} plan${written.length > 1 ? 's' : ''}: ${written.join(', ')}\nsee them with: lfc viz ${written.slice(0, 4).join(' ')}\n`,
+    );
 }
 
 /** seconds or milliseconds, three figures */

@@ -1,7 +1,7 @@
 // lfc tune: its best layout against an exhaustive search written apart from it (flag
 // combinations compiled one by one), its printed line compiled by `lfc compile` to the same
 // figures, the time budget, and its user errors.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -260,6 +260,48 @@ describe('lfc tune', () => {
     expect(fa3.compileLine).not.toMatch(/--attention-kernel/);
     expect(fa2.compileLine).toMatch(/ --attention-kernel flash2 /);
     expect(fa2.forecast.tokensPerSecond).toBeLessThan(fa3.forecast.tokensPerSecond);
+  }, 300_000);
+
+  it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {
+    const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2'];
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-plans-'));
+    try {
+      const r = await cli(
+        'tune',
+        ...BASE,
+        ...SPACE,
+        ...fixed,
+        '--top',
+        '2',
+        '--json',
+        '--plans',
+        dir,
+      );
+      expect(r.code).toBe(0);
+      const j = JSON.parse(r.out) as TuneJson;
+      expect(j.layouts).toHaveLength(2);
+      j.layouts.forEach((l, k) => {
+        const report = JSON.parse(
+          readFileSync(join(dir, String(k + 1), 'report.json'), 'utf8'),
+        ) as {
+          forecast: { tokensPerSecond: number };
+        };
+        expect(report.forecast.tokensPerSecond).toBeCloseTo(l.forecast.tokensPerSecond, 6);
+      });
+      const text = await cli(
+        'tune',
+        ...BASE,
+        ...SPACE,
+        ...fixed,
+        '--top',
+        '1',
+        '--plans',
+        join(dir, 'again'),
+      );
+      expect(text.out).toMatch(/wrote 1 plan: \S+again\/1\nsee them with: lfc viz \S+again\/1\n$/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   }, 300_000);
 
   it('gives the same result on this thread and on worker threads', async () => {
