@@ -12,6 +12,7 @@ import {
   type CompileResult,
 } from '../compiler/pipeline.js';
 import {
+  deviceMemoryOf,
   memoryByProgram,
   type DeviceMemory,
   type ProgramMemory,
@@ -24,7 +25,7 @@ import { graphToJSON } from '../ir/json.js';
 import { hfModelRequest, loadHfModelConfig } from '../compiler/frontend/hf-config.js';
 import type { CliIO } from './index.js';
 import { atLeastOne, positiveInt, positiveNumber } from './options.js';
-import { loadHardware, listHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
+import { loadHardware, listHardware } from '../compiler/sim/hardware.js';
 import { listDataProfiles } from '../compiler/frontend/data-profile.js';
 import { describePrecision } from '../compiler/frontend/precision.js';
 import { remediesFor, type Remedy } from '../compiler/report/advice.js';
@@ -600,15 +601,8 @@ async function planAdvice(
 /** the profile --hardware names (default h800), its attention priced as --attention-kernel's */
 const hardwareOf = (f: CompileFlags) => loadHardware(f.hardware ?? 'h800', f.attentionKernel);
 
-/** what a hardware profile's device offers a plan */
-export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
-  return {
-    name: hw.name,
-    bytes: hw.memoryGiB * 2 ** 30,
-    reserveBytes: hw.memoryReserveGiB * 2 ** 30,
-    runtime: hw.runtime,
-  };
-}
+// where the CLI's users (tune, compare, the tests) have taken it from
+export { deviceMemoryOf };
 
 /** rank-instructions to replay (Σ over the replayed ranks of their program's length: one rank per
  * program where the plan is symmetric) simulated without --simulate */

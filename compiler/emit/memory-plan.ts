@@ -54,16 +54,23 @@ function atExpectedSizes(
   arena: readonly Lifetime[],
 ): { arena: number; data: number } | undefined {
   if (!g.symbols.some((s) => s.expected !== undefined)) return undefined;
-  const size = new Map(g.symbols.map((s) => [s.name, s.expected ?? s.bound]));
-  const sizes = (name: string) => size.get(name) ?? 0;
-  const bytes = (b: PlanBuffer) =>
-    b.shape.some((x) => /[A-Za-z]/.test(x))
-      ? numel(b.shape.map(parseDim), sizes) * DTYPE_BYTES[b.dtype as DType]
-      : b.bytes;
+  const bytes = bytesAtExpectedSizes(g.symbols);
   const expectedArena = arena.map((l) => ({ ...l, bytes: bytes(buffers[l.id]) }));
   let data = 0;
   for (const b of buffers) if (b.region === 'data' && b.viewOf === undefined) data += bytes(b);
   return { arena: livenessLowerBound(expectedArena), data };
+}
+
+/** A buffer's bytes with every symbol at its expected size (its bound where none is given). */
+export function bytesAtExpectedSizes(
+  symbols: readonly { readonly name: string; readonly bound: number; readonly expected?: number }[],
+): (b: PlanBuffer) => number {
+  const size = new Map(symbols.map((s) => [s.name, s.expected ?? s.bound]));
+  const sizes = (name: string) => size.get(name) ?? 0;
+  return (b) =>
+    b.shape.some((x) => /[A-Za-z]/.test(x))
+      ? numel(b.shape.map(parseDim), sizes) * DTYPE_BYTES[b.dtype as DType]
+      : b.bytes;
 }
 
 /**

@@ -28,23 +28,29 @@ function footprint(b: Lifetime): number {
   return align(Math.max(b.bytes, 1));
 }
 
-/** The most bytes live at once (aligned sizes): a lower bound on any arena. */
-export function livenessLowerBound(buffers: readonly Lifetime[]): number {
-  // bytes starting and ending at each instruction, then a running sum (frees first at a tie)
+/**
+ * [instruction] the bytes (aligned sizes) of the buffers live at it, up to the last one's end:
+ * those that start there or before and end there or after (frees first at a tie).
+ */
+export function liveBytes(buffers: readonly Lifetime[]): Float64Array {
+  // bytes starting and ending at each instruction, then a running sum
   let last = 0;
   for (const b of buffers) last = Math.max(last, b.end + 1);
-  const delta = new Float64Array(last + 2);
-  const freed = new Float64Array(last + 2);
+  const delta = new Float64Array(last + 1);
   for (const b of buffers) {
     delta[b.start] += footprint(b);
-    freed[b.end + 1] += footprint(b);
+    delta[b.end + 1] -= footprint(b);
   }
-  let live = 0;
+  const live = new Float64Array(last);
+  let sum = 0;
+  for (let t = 0; t < last; t++) live[t] = sum += delta[t];
+  return live;
+}
+
+/** The most bytes live at once (aligned sizes): a lower bound on any arena. */
+export function livenessLowerBound(buffers: readonly Lifetime[]): number {
   let peak = 0;
-  for (let t = 0; t < delta.length; t++) {
-    live += delta[t] - freed[t];
-    peak = Math.max(peak, live);
-  }
+  for (const live of liveBytes(buffers)) peak = Math.max(peak, live);
   return peak;
 }
 

@@ -12,6 +12,7 @@
 // communication buffers, fragmentation) is at most the device's memory.
 
 import { stageOfRank, type PlanFile, type ProgramFile } from '../plan/format.js';
+import type { HardwareProfile } from '../sim/hardware.js';
 
 /** One program's planned memory on each rank that runs it (bytes, from its regions). */
 export interface ProgramMemory {
@@ -104,6 +105,16 @@ export function memoryByProgram(
     })
     .map((m) => (device ? { ...m, fits: fitsOn(m.bound.deviceBytes, device) } : m))
     .sort((a, b) => b.device - a.device || a.program.localeCompare(b.program));
+}
+
+/** what a hardware profile's device offers a plan */
+export function deviceMemoryOf(hw: HardwareProfile): DeviceMemory {
+  return {
+    name: hw.name,
+    bytes: hw.memoryGiB * 2 ** 30,
+    reserveBytes: hw.memoryReserveGiB * 2 ** 30,
+    runtime: hw.runtime,
+  };
 }
 
 /** bound + reserve ≤ the device's memory */

@@ -8,7 +8,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../../compiler/errors.js';
 import { stageOfRank, type PlanFile, type ProgramFile } from '../../compiler/plan/format.js';
-import type { DeviceMemory } from '../../compiler/report/memory.js';
+import { deviceMemoryOf, type DeviceMemory } from '../../compiler/report/memory.js';
 import { expectedSizes, instructionWork, type Work } from '../../compiler/sim/cost.js';
 import { loadHardware, type HardwareProfile } from '../../compiler/sim/hardware.js';
 import { simulatePlan, type Simulation } from '../../compiler/sim/simulate.js';
@@ -234,14 +234,7 @@ export class PlanBundle {
 
   private device(): DeviceMemory {
     const d = this.report.memory?.device;
-    if (d && !this.o.hardware) return d;
-    const hw = this.hardware();
-    return {
-      name: hw.name,
-      bytes: hw.memoryGiB * 2 ** 30,
-      reserveBytes: hw.memoryReserveGiB * 2 ** 30,
-      runtime: hw.runtime,
-    };
+    return d && !this.o.hardware ? d : deviceMemoryOf(this.hardware());
   }
 
   private simulation(): Simulation {

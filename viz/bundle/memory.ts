@@ -7,10 +7,8 @@
 // program file does not keep: a comm unit's bytes held until an instruction waits for its event.
 // So the curve can sit a little under the planned arena, never over it.
 
-import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
-import { numel, parseDim } from '../../ir/shape.js';
-import { lifetimesOf } from '../../compiler/emit/memory-plan.js';
-import { align, type Lifetime } from '../../compiler/plan/memory.js';
+import { bytesAtExpectedSizes, lifetimesOf } from '../../compiler/emit/memory-plan.js';
+import { liveBytes } from '../../compiler/plan/memory.js';
 import type { PlanFile, ProgramFile } from '../../compiler/plan/format.js';
 import type { DeviceMemory } from '../../compiler/report/memory.js';
 import type { VizMemory } from '../model.js';
@@ -31,9 +29,12 @@ export function programMemory(
   const { buffers, instructions, regions } = program;
   const n = instructions.length;
   const arena = lifetimesOf(instructions, buffers, new Map()).arena;
-  const expectedOf = expectedBytes(plan);
-  const bound = liveBytes(arena, n, (l) => l.bytes);
-  const expected = liveBytes(arena, n, (l) => expectedOf(buffers[l.id]));
+  const expectedOf = bytesAtExpectedSizes(plan.symbols);
+  const bound = perInstruction(liveBytes(arena), n);
+  const expected = perInstruction(
+    liveBytes(arena.map((l) => ({ ...l, bytes: expectedOf(buffers[l.id]) }))),
+    n,
+  );
   // a GPU runtime's workspaces are in the device's reserve, not the plan's scratch
   const scratch = device.runtime === 'gpu' ? 0 : regions.scratch;
   const fixed = regions.param + regions.grad + regions.optim + regions.scalar + scratch;
@@ -62,32 +63,11 @@ export function programMemory(
   };
 }
 
-/** a buffer's bytes with every symbol at its expected size (its bound where none is given) */
-function expectedBytes(plan: PlanFile): (b: ProgramFile['buffers'][number]) => number {
-  const size = new Map(plan.symbols.map((s) => [s.name, s.expected ?? s.bound]));
-  const sizeOf = (name: string) => size.get(name) ?? 0;
-  return (b) =>
-    b.shape.some((x) => /[A-Za-z]/.test(x))
-      ? numel(b.shape.map(parseDim), sizeOf) * DTYPE_BYTES[b.dtype as DType]
-      : b.bytes;
-}
-
-/** [instruction] the aligned bytes of the buffers live at it */
-function liveBytes(
-  lifetimes: readonly Lifetime[],
-  n: number,
-  bytes: (l: Lifetime) => number,
-): Float64Array {
-  const delta = new Float64Array(n + 1);
-  for (const l of lifetimes) {
-    const b = align(Math.max(bytes(l), 1));
-    delta[Math.min(l.start, n)] += b;
-    delta[Math.min(l.end + 1, n)] -= b;
-  }
-  const live = new Float64Array(n);
-  let sum = 0;
-  for (let i = 0; i < n; i++) live[i] = sum += delta[i];
-  return live;
+/** live bytes over all `n` instructions (none live after the last buffer's end) */
+function perInstruction(live: Float64Array, n: number): Float64Array {
+  const out = new Float64Array(n);
+  out.set(live.subarray(0, n));
+  return out;
 }
 
 /**
