@@ -9,7 +9,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { extname, join, normalize } from 'node:path';
+import { extname, join, normalize, sep } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanBundle } from './bundle/index.js';
 import { appDir } from './page.js';
@@ -67,7 +67,8 @@ export function serve(bundles: readonly PlanBundle[], port: number): Promise<Viz
       return;
     }
     const file = normalize(join(root, path === '/' ? 'index.html' : path));
-    if (!file.startsWith(root) || !existsSync(file)) {
+    // the app's own files only: not a sibling folder that shares its name's start
+    if (!file.startsWith(root + sep) || !existsSync(file)) {
       send(404, 'text/plain; charset=utf-8', `${path}: not found`);
       return;
     }

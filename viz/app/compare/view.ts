@@ -57,7 +57,7 @@ export const mountCompare: MountView = (root, ctx) => {
     const timelines = await Promise.all(picked.map((p) => ctx.source.timeline(p.index, 0)));
     lanes(canvas, picked, timelines);
     const memories = await Promise.all(
-      picked.map((p) => ctx.source.memory(p.index, largestProgram(p))),
+      picked.map((p) => ctx.source.memory(p.index, largestProgram(p).id)),
     );
     memory(memoryBox, picked, memories);
     root.dataset.plans = picked.map((p) => p.index).join(',');
@@ -81,15 +81,16 @@ export const mountCompare: MountView = (root, ctx) => {
 const shortName = (p: VizPlanSummary) =>
   `plan ${p.index}${p.encoderLevel ? ` (level ${p.encoderLevel})` : ''}`;
 
+/** the program that needs the most device memory at the bounds */
 const largestProgram = (p: VizPlanSummary) =>
-  [...p.programs].sort((a, b) => b.boundBytes - a.boundBytes)[0].id;
+  p.programs.reduce((a, b) => (b.boundBytes > a.boundBytes ? b : a));
 
 /** the forecast and memory figures, a column per plan */
 function figures(table: HTMLTableElement, picked: readonly VizPlanSummary[]): void {
   const f = (x: number | null | undefined, fmt: (v: number) => string) =>
     x === null || x === undefined ? '—' : fmt(x);
   const num = (v: number) => v.toLocaleString('en-US', { maximumFractionDigits: 0 });
-  const big = (p: VizPlanSummary) => [...p.programs].sort((a, b) => b.boundBytes - a.boundBytes)[0];
+  const big = largestProgram;
   const rows: [string, (p: VizPlanSummary) => string][] = [
     ['layout', (p) => p.layout],
     ['ranks', (p) => String(p.worldSize)],
