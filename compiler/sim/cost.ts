@@ -197,10 +197,15 @@ export function matmulEfficiency(
   }
   // the time of f FLOPs at the quantized efficiency, plus a fixed cost of `half` FLOPs at the
   // full one: the tiles a GEMM wastes slow its math, not its launch and latency (so a tiny GEMM
-  // costs about one tile's time, not 1 / (tiles · waves) times a small GEMM's)
+  // costs about one tile's time, not 1 / (tiles · waves) times a small GEMM's). A grouped GEMM
+  // pays the fixed cost once per round of grouped_streams GEMMs. A short reduction dimension k
+  // amortises each tile's prologue and epilogue over fewer steps: k / (k + k_half).
   const gflop = flops / 1e9;
-  const q = e && s?.kind === 'gemm' ? gemmQuantization(s, e) : 1;
-  return (c.matmulEfficiency * q * gflop) / (gflop + q * c.matmulHalfGflop);
+  const gemm = e && s?.kind === 'gemm' ? s : undefined;
+  const q = gemm ? gemmQuantization(gemm, e!) : 1;
+  const rounds = gemm ? Math.ceil(Math.max(1, gemm.groups) / e!.groupedStreams) : 1;
+  const short = gemm && e!.gemmKHalf > 0 ? gemm.k / (gemm.k + e!.gemmKHalf) : 1;
+  return (c.matmulEfficiency * short * q * gflop) / (gflop + q * rounds * c.matmulHalfGflop);
 }
 
 /**
@@ -210,7 +215,8 @@ export function matmulEfficiency(
  */
 export function gemmQuantization(
   s: Extract<MatmulShape, { kind: 'gemm' }>,
-  e: Pick<Efficiency, 'gemmTiles' | 'sms' | 'groupedStreams'>,
+  e: Pick<Efficiency, 'gemmTiles' | 'sms' | 'groupedStreams'> &
+    Partial<Pick<Efficiency, 'gemmSplitK'>>,
 ): number {
   if (!(s.m > 0 && s.n > 0)) return 1;
   const together = Math.max(1, Math.min(Math.round(s.groups), e.groupedStreams));
@@ -218,8 +224,13 @@ export function gemmQuantization(
   for (const [rows, cols] of e.gemmTiles) {
     const blocks = Math.ceil(s.m / rows) * Math.ceil(s.n / cols);
     const tiles = (s.m * s.n) / (blocks * rows * cols);
-    const inWave = blocks * together;
-    best = Math.max(best, tiles * (inWave / (Math.ceil(inWave / e.sms) * e.sms)));
+    // split-K (cuBLAS's split-K and stream-K kernels): k split into parts at least split_k deep,
+    // as many as fill the waves best
+    const most = e.gemmSplitK ? Math.max(1, Math.min(16, Math.floor(s.k / e.gemmSplitK))) : 1;
+    for (let splits = 1; splits <= most; splits++) {
+      const inWave = blocks * together * splits;
+      best = Math.max(best, tiles * (inWave / (Math.ceil(inWave / e.sms) * e.sms)));
+    }
   }
   return best;
 }

@@ -76,6 +76,12 @@ export interface Efficiency {
   readonly sms: number;
   /** a grouped GEMM runs one GEMM per expert, this many at once (their tiles share the waves) */
   readonly groupedStreams: number;
+  /** the reduction depth k at which a GEMM reaches half its efficiency (each tile's prologue and
+   * epilogue amortised over k); 0: k does not matter */
+  readonly gemmKHalf: number;
+  /** split-K: a GEMM whose output fills fewer blocks than SMs splits k into parts at least this
+   * deep; 0: never split */
+  readonly gemmSplitK: number;
   /** the attention kernel the step is priced with: the profile's default or the chosen */
   readonly attentionKernel: string;
   /** its figures (attentionKernels[attentionKernel], or those scaled by scaleEfficiency) */
@@ -203,6 +209,16 @@ function runtimeOf(doc: unknown, path: string): 'cpu' | 'gpu' {
   throw new UserError(`${path}: runtime must be cpu or gpu, got ${JSON.stringify(v)}`);
 }
 
+/** whether a parsed document has a dotted key (a.b.c) */
+function hasKey(doc: unknown, key: string): boolean {
+  let x: unknown = doc;
+  for (const k of key.split('.')) {
+    if (typeof x !== 'object' || x === null || !(k in x)) return false;
+    x = (x as Record<string, unknown>)[k];
+  }
+  return true;
+}
+
 /** a profile's efficiency.attention in the form before kernels were named: how to write it now */
 const flatAttention = (path: string) =>
   new UserError(
@@ -259,7 +275,7 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
     const efficiency = given ? positive(`${key}.efficiency`, 1) : 1;
     return { gbps: peak * efficiency, peakGbps: peak, latencyUs: nonNegative(`${key}.latency_us`) };
   };
-  const has = (key: string) => typeof doc === 'object' && doc !== null && key in doc;
+  const has = (key: string) => hasKey(doc, key);
   const runtime = runtimeOf(doc, path);
   if (runtime === 'gpu' && !has('efficiency'))
     throw new UserError(
@@ -320,6 +336,8 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
       gemmTiles: tiles('efficiency.gemm.tiles'),
       sms: integer('efficiency.gemm.sms'),
       groupedStreams: integer('efficiency.gemm.grouped_streams'),
+      gemmKHalf: has('efficiency.gemm.k_half') ? nonNegative('efficiency.gemm.k_half') : 0,
+      gemmSplitK: has('efficiency.gemm.split_k') ? nonNegative('efficiency.gemm.split_k') : 0,
       attentionKernel: chosen,
       attention: kernels[chosen],
       attentionKernels: kernels,

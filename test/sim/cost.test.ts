@@ -99,15 +99,26 @@ describe('instruction costs', () => {
     const flops = 2 * m * n * k;
     const c = h800.compute;
     const e = h800.efficiency!;
-    // whole tiles of the m × n output, in whole waves over the SMs, at the best tile size
+    // whole tiles of the m × n output, in whole waves over the SMs, at the best tile size and
+    // split of k (into parts at least split_k deep, at most 16)
+    const splits = Array.from(
+      { length: Math.max(1, Math.min(16, Math.floor(k / e.gemmSplitK))) },
+      (_, i) => i + 1,
+    );
     const quantization = Math.max(
-      ...e.gemmTiles.map(([rows, cols]) => {
+      ...e.gemmTiles.flatMap(([rows, cols]) => {
         const blocks = Math.ceil(m / rows) * Math.ceil(n / cols);
-        return ((m * n) / (blocks * rows * cols)) * (blocks / (Math.ceil(blocks / e.sms) * e.sms));
+        return splits.map(
+          (s) =>
+            ((m * n) / (blocks * rows * cols)) *
+            ((blocks * s) / (Math.ceil((blocks * s) / e.sms) * e.sms)),
+        );
       }),
     );
-    // the FLOPs at the quantized efficiency, plus a fixed half_gflop's worth at the full one
-    const peak = c.matmulTflops * 1e12 * c.matmulEfficiency;
+    expect(e.gemmSplitK).toBeGreaterThan(0);
+    // the FLOPs at the quantized efficiency, plus a fixed half_gflop's worth at the full one,
+    // all at k / (k + k_half) of it
+    const peak = c.matmulTflops * 1e12 * c.matmulEfficiency * (k / (k + e.gemmKHalf));
     const math = flops / (peak * quantization) + (c.matmulHalfGflop * 1e9) / peak;
     const bytes =
       c.dtypeBytes *
@@ -251,6 +262,36 @@ describe('efficiency curves (a GPU profile)', () => {
     // 64 experts of one tile each, 4 at once: each wave has 4 of the 108 SMs busy
     expect(gemmQuantization(gemm(T, T, 4096, 64), square)).toBeCloseTo(4 / square.sms, 12);
     expect(gemmQuantization(gemm(T, T, 4096, 108), { ...square, groupedStreams: 108 })).toBe(1);
+  });
+  it('split-K: a small output with a long k is split to fill the waves, each part split_k deep', () => {
+    // one block of output: 108 SMs, k 4096 in parts of at least 512: at most 8 parts, 8 SMs busy
+    const g = gemm(T, T, 4096);
+    expect(gemmQuantization(g, { ...square, gemmSplitK: 512 })).toBeCloseTo(8 / square.sms, 12);
+    expect(gemmQuantization(g, { ...square, gemmSplitK: 0 })).toBeCloseTo(1 / square.sms, 12);
+    // never more than 16 parts
+    expect(gemmQuantization(g, { ...square, gemmSplitK: 1 })).toBeCloseTo(16 / square.sms, 12);
+    // 80 blocks: 1 part fills 80 of 108 SMs; 4 parts fill 320 of 324 (three whole waves)
+    const wide = gemm(8 * T, 10 * T, 8192);
+    expect(gemmQuantization(wide, { ...square, gemmSplitK: 512 })).toBeCloseTo(320 / 324, 12);
+  });
+  it('k_half: a short k reaches k / (k + k_half) of the efficiency; a grouped GEMM pays its fixed cost each round', () => {
+    const base = { ...a100, efficiency: { ...e, gemmKHalf: 0, gemmSplitK: 0 } };
+    const withK = { ...a100, efficiency: { ...e, gemmKHalf: 64, gemmSplitK: 0 } };
+    const big = gemm(8192, 8192, 192);
+    expect(matmulEfficiency(2 * 8192 * 8192 * 192, withK, big)).toBeCloseTo(
+      (matmulEfficiency(2 * 8192 * 8192 * 192, base, big) * 192) / 256,
+      12,
+    );
+    // 32 experts, 4 at a time: 8 rounds of the fixed half_gflop cost, seconds at the peak
+    const c = a100.compute;
+    const peak = c.matmulTflops * 1e12 * c.matmulEfficiency;
+    const g = gemm(4096, 4096, 4096, 32);
+    const f = 2 * 4096 * 4096 * 4096 * 32;
+    const q = gemmQuantization(g, e);
+    expect(f / (c.matmulTflops * 1e12 * matmulEfficiency(f, base, g))).toBeCloseTo(
+      f / (peak * q) + (8 * c.matmulHalfGflop * 1e9) / peak,
+      12,
+    );
   });
   it('flash attention: its peak by pass, by segment length, head dims padded up', () => {
     const att = (backward: boolean, segment: number, headDim: number) => ({
