@@ -14,8 +14,9 @@
 //
 //   npx tsx bench/gpu-kernels.ts [--probe bench/data/h200] [--hardware h200] [--fit] [--all]
 //
-// Measured on 2026-12-04, one H200 SXM (torch 2.11, CUDA 13.0, cuDNN 9.19; bench/data/h200/, whose
-// .log files are the script's own output).
+// bench/data/h200: one H200 SXM, 2026-12-04 (torch 2.11, CUDA 13.0, cuDNN 9.19): eager.json (every
+// family, launched from Python), graphs.json (the same timed as CUDA-graph replays, the GPU alone),
+// grouped-eager.json (the grouped GEMMs' three ways, launched from Python).
 
 import { fitProbe, loadProbe, priceProbe, summarize, type Probe } from '../compiler/sim/probe.js';
 import { loadHardware, type HardwareProfile } from '../compiler/sim/hardware.js';

@@ -168,6 +168,15 @@ def gemm_shapes(quick):
         ('70b-fc1-tp8', 8192, 2 * 28672 // 8, 8192),
         ('70b-fc2-tp8', 8192, 8192, 28672 // 8),
     ]
+    # Llama 3 8B at tp 1, sequence 8192 (bench/gpu_step.py's step): hidden 4096, FFN 14336, 8 KV
+    # heads x 128, vocabulary 128256
+    out += [
+        ('8b-qkv', 8192, 4096 + 2 * 1024, 4096),
+        ('8b-proj', 8192, 4096, 4096),
+        ('8b-fc1', 8192, 2 * 14336, 4096),
+        ('8b-fc2', 8192, 4096, 14336),
+        ('8b-head', 8192, 128256, 4096),
+    ]
     # GPT-3 175B at tp 4, sequence 2048: hidden 12288
     out += [
         ('175b-qkv-tp4', 2048, 3 * 12288 // 4, 12288),
@@ -376,6 +385,16 @@ def probe_launch(t, dev):
     return {'tiny_kernel_us': s * 1e6}
 
 
+def warm(dev, dt, seconds):
+    a, b = rnd((8192, 8192), dev, dt), rnd((8192, 8192), dev, dt)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            a @ b
+        torch.cuda.synchronize()
+
+
 def environment(dev):
     env = {'python': platform.python_version(), 'torch': torch.__version__,
            'cuda': torch.version.cuda, 'device': str(dev)}
@@ -400,6 +419,9 @@ def main():
     ap.add_argument('--out', required=True)
     ap.add_argument('--quick', action='store_true', help='a reduced set (runs on the CPU too)')
     ap.add_argument('--only', default='', help='comma list of families to run')
+    ap.add_argument('--warm', type=float, default=0,
+                    help='seconds of large GEMMs before each family, so the clocks are those of '
+                         'a GPU under sustained load, as in training')
     ap.add_argument('--graphs', action='store_true',
                     help='time replays of CUDA graphs: the GPU alone, without launch costs')
     a = ap.parse_args()
@@ -410,7 +432,8 @@ def main():
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     t = Timer(dev, a.graphs)
     result = {'date': time.strftime('%Y-%m-%d'), 'environment': environment(dev),
-              'dtype': str(dt).replace('torch.', ''), 'timing': 'graphs' if t.graphs else 'eager'}
+              'dtype': str(dt).replace('torch.', ''), 'timing': 'graphs' if t.graphs else 'eager',
+              'warm_seconds': a.warm}
     families = [('ceilings', lambda: probe_ceilings(t, dev, dt, a.quick)),
                 ('launch', lambda: probe_launch(t, dev)),
                 ('gemm', lambda: probe_gemms(t, dev, dt, a.quick)),
@@ -421,6 +444,8 @@ def main():
     for name, fn in families:
         if only and name not in only:
             continue
+        if a.warm > 0 and dev.type == 'cuda':
+            warm(dev, dt, a.warm)
         t0 = time.perf_counter()
         result[name] = fn()
         print(f'{name}: {time.perf_counter() - t0:.1f} s', file=sys.stderr, flush=True)

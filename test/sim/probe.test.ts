@@ -2,10 +2,14 @@
 // cost model's price of each measured case, family by family, and the fit that gives the
 // profile's figures (compiler/sim/probe.ts).
 
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
+import { parseCompileArgs } from '../../cli/compile.js';
+import { compile } from '../../compiler/pipeline.js';
 import { loadHardware, scaleEfficiency } from '../../compiler/sim/hardware.js';
+import { forecastStep } from '../../compiler/sim/report.js';
 import {
   DRAM_BYTES,
   fitProbe,
@@ -111,5 +115,24 @@ describe('h200 against its measured kernels', () => {
       expect(got.backward, k).toBeCloseTo(want.backward, 2);
       expect(got.halfSegment, k).toBe(want.halfSegment);
     }
+  });
+
+  it('simulates a whole measured step (Llama 3 8B, 4 layers, fused kernels) within 10%', () => {
+    const m = JSON.parse(
+      readFileSync(join(projectRoot(), 'bench/data/h200/step-compiled.json'), 'utf8'),
+    ) as { median_seconds: number; layers: number; microbatches: number; seq: number };
+    const { options } = parseCompileArgs([
+      'llama3-8b-text',
+      `model.text_decoder.num_layers=${m.layers}`,
+      ...['--nproc-per-node', '1', '--seq-length', String(m.seq), '--micro-batch-size', '1'],
+      ...['--global-batch-size', String(m.microbatches), '--bf16', '--hardware', 'h200'],
+      ...['--attention-kernel', 'cudnn', '--data-profile', 'text'],
+    ]);
+    const r = compile({ ...options, skipVerify: true });
+    const programs = new Map(r.programs.map((p) => [p.id, p]));
+    const hw = loadHardware('h200', 'cudnn');
+    const step = forecastStep(r.modelForwardFlops, r.plan, programs, hw).forecast.stepSeconds;
+    expect(step / m.median_seconds).toBeGreaterThan(0.9);
+    expect(step / m.median_seconds).toBeLessThan(1.1);
   });
 });
