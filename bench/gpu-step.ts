@@ -1,6 +1,7 @@
 // bench/gpu-step: lfc's simulated step against a step measured on a GPU (bench/gpu_step.py).
 //
-// gpu_step.py trains Llama 3 8B's decoder cut to a few layers on one GPU, Megatron-style in bf16
+// gpu_step.py trains a decoder (Llama 3 8B's, or Qwen3-30B-A3B's with its experts) cut to a few
+// layers on one GPU, Megatron-style in bf16
 // (fp32 master weights and AdamW), and records its step time and its GPU kernel time by kind
 // (GEMMs, attention, other). This bench compiles the same step with lfc (`llama3-8b-text` with
 // model.text_decoder.num_layers set, one rank, text data profile, --bf16, the same attention
@@ -13,7 +14,9 @@
 //
 // bench/data/h200 holds three steps measured on one H200 on 2026-12-04: step-compiled.json (cuDNN
 // attention; RoPE, SwiGLU and the loss fused by torch.compile, as Megatron fuses them), step.json
-// (the same, eager) and step-flash.json (eager, FlashAttention-2).
+// (the same, eager) and step-flash.json (eager, FlashAttention-2); step-moe-compiled.json is
+// Qwen3-30B-A3B's decoder (qwen3-vl-30b-a3b's) cut to 4 layers, its 128 experts as PyTorch's
+// CUTLASS grouped GEMM, fused as step-compiled.json.
 
 import { readFileSync } from 'node:fs';
 
@@ -21,6 +24,8 @@ import { predict } from './predict.js';
 
 interface Measured {
   date: string;
+  /** lfc's preset for it */
+  model: string;
   environment: Record<string, unknown>;
   layers: number;
   seq: number;
@@ -43,6 +48,7 @@ const paths = arg('measured')?.split(',') ?? [
   `${DATA}/step-compiled.json`,
   `${DATA}/step.json`,
   `${DATA}/step-flash.json`,
+  `${DATA}/step-moe-compiled.json`,
 ];
 const hardware = arg('hardware') ?? 'h200';
 const row = (name: string, measured: number, predicted: number) =>
@@ -53,7 +59,7 @@ for (const path of paths) {
   const m = JSON.parse(readFileSync(path, 'utf8')) as Measured;
   const kernel = m.attention === 'flash' ? 'flash2' : 'cudnn';
   const line = [
-    'llama3-8b-text',
+    m.model,
     `model.text_decoder.num_layers=${m.layers}`,
     ...['--nnodes', '1', '--nproc-per-node', '1', '--seq-length', String(m.seq)],
     ...['--micro-batch-size', '1', '--global-batch-size', String(m.microbatches), '--bf16'],
@@ -61,7 +67,7 @@ for (const path of paths) {
   const p = predict(line, hardware, kernel);
   const shares = new Map(p.shares);
   console.log(
-    `${path}: ${m.environment.name}, torch ${m.environment.torch}, ${m.date}; Llama 3 8B decoder, ${m.layers} layers, ${m.microbatches} microbatches of ${m.seq} tokens, attention ${m.attention}, ${m.compiled ? 'RoPE, SwiGLU and loss fused by torch.compile' : 'eager'}`,
+    `${path}: ${m.environment.name}, torch ${m.environment.torch}, ${m.date}; ${m.model}'s decoder, ${m.layers} layers, ${m.microbatches} microbatches of ${m.seq} tokens, attention ${m.attention}, ${m.compiled ? 'RoPE, SwiGLU and loss fused by torch.compile' : 'eager'}`,
   );
   console.log(`lfc compile ${line.join(' ')} --hardware ${hardware} --attention-kernel ${kernel}`);
   console.log('                          measured      lfc       lfc / measured');
