@@ -2,6 +2,9 @@
 // to the CPU runtime's own timings (compiler/sim/calibrate.ts says how): kernels from one-rank
 // steps of tiny-vlm-moe at two sequence lengths, the link from the collectives of a two-rank
 // tensor-parallel step. `lfc compile … --hardware FILE` then predicts what `lfc run` measures.
+//
+// `--probe DIR` calibrates a GPU instead, from what bench/gpu_probe.py measured on it (run there
+// with PyTorch): the kernel figures of --hardware's profile fitted to the measurements.
 
 import type { Command } from 'commander';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -18,7 +21,9 @@ import {
   type TransferSample,
 } from '../compiler/sim/calibrate.js';
 import { collectiveSteps, instructionWork } from '../compiler/sim/cost.js';
-import type { HardwareProfile } from '../compiler/sim/hardware.js';
+import { listHardware, loadHardware, type HardwareProfile } from '../compiler/sim/hardware.js';
+import { fitProbe, loadProbe, priceProbe, summarize } from '../compiler/sim/probe.js';
+import { UserError } from '../compiler/errors.js';
 import { train } from '../runtime/train.js';
 import { mergeTrace, type TraceEvent } from '../runtime/trace.js';
 import { writeFileAtomic } from '../runtime/safetensors.js';
@@ -33,6 +38,64 @@ interface CalibrateFlags {
   output?: string;
   steps: number;
   threads?: number;
+  probe?: string;
+  hardware: string;
+}
+
+/**
+ * A GPU profile: `base`'s, with the kernel figures a probe determines fitted to it
+ * (compiler/sim/probe.ts fitProbe); its links, memory and tile structure stay `base`'s.
+ */
+function calibrateFromProbe(dir: string, base: string, output: string | undefined, io: CliIO) {
+  const hw = loadHardware(base);
+  if (!hw.efficiency)
+    throw new UserError(
+      `--hardware ${base}: a CPU profile; --probe fits a GPU's (start from one of ${listHardware().join(', ')})`,
+    );
+  const probe = loadProbe(dir);
+  const env = probe.environment;
+  const sms = typeof env.sms === 'number' ? env.sms : undefined;
+  const gib = typeof env.memory_gib === 'number' ? env.memory_gib : undefined;
+  if (
+    (sms !== undefined && sms !== hw.efficiency.sms) ||
+    (gib !== undefined && Math.abs(gib - hw.memoryGiB) > 0.1 * hw.memoryGiB)
+  )
+    io.err(
+      `lfc calibrate: warning: the probe's GPU (${String(env.name)}: ${sms} SMs, ${gib?.toFixed(1)} GiB) is not ${hw.name}'s (${hw.efficiency.sms} SMs, ${hw.memoryGiB} GiB): its memory bandwidth and tiles are ${hw.name}'s, so the fitted efficiencies absorb the difference; start from the profile of the GPU measured\n`,
+    );
+  io.err(`lfc calibrate: fitting ${hw.name}'s kernel figures to ${dir}…\n`);
+  const fitted = fitProbe(probe, hw);
+  const about = [
+    `${hw.name}'s profile (${hw.path}) with its kernel figures fitted by lfc calibrate --probe on`,
+    `${new Date().toISOString().slice(0, 10)} to ${dir}: ${String(env.name ?? env.device)}, torch ${String(env.torch)}, measured ${probe.date}`,
+    'by bench/gpu_probe.py (compute: launch, matmul and memory efficiency; efficiency.gemm: k_half,',
+    "split_k; efficiency.attention: the flash2 and cudnn kernels); the rest is the base profile's",
+  ].join('\n');
+  const { path: _path, ...rest } = fitted;
+  const yaml = profileYaml(
+    {
+      ...rest,
+      name: `${hw.name}-probe`,
+      description: `${hw.description}; kernels fitted to ${dir}`,
+    },
+    about,
+  );
+  const c = fitted.compute;
+  if (output) {
+    writeFileAtomic(output, yaml);
+    const before = summarize(priceProbe(probe, hw));
+    const after = summarize(priceProbe(probe, fitted));
+    io.out(
+      `profile: ${output} (matmul efficiency ${c.matmulEfficiency.toFixed(3)}, half at ${c.matmulHalfGflop.toFixed(3)} GFLOP; memory efficiency ${c.memoryEfficiency.toFixed(3)}; launch ${c.launchUs.toFixed(2)} us)\n` +
+        'predicted / measured, median by family, before → after:\n' +
+        after
+          .map((s) => {
+            const b = before.find((x) => x.family === s.family);
+            return `  ${s.family.padEnd(28)} ${b ? b.median.toFixed(2) : '—'} → ${s.median.toFixed(2)} (${s.within}/${s.cases} within 15%)\n`;
+          })
+          .join(''),
+    );
+  } else io.out(yaml);
 }
 
 /** symbols a step's data decides (visual tokens, expert rows): their sizes are not the bounds */
@@ -133,7 +196,20 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
       4,
     )
     .option('--threads <n>', 'BLAS threads (default: all cores)', positiveInt('--threads'))
+    .option(
+      '--probe <dir>',
+      "a GPU's profile instead: fit --hardware's kernel figures to bench/gpu_probe.py's measurements in <dir>",
+    )
+    .option(
+      '--hardware <name|file>',
+      'with --probe: the profile to start from (its links, memory and kernel structure)',
+      'h100',
+    )
     .action(async (f: CalibrateFlags) => {
+      if (f.probe !== undefined) {
+        calibrateFromProbe(f.probe, f.hardware, f.output, io);
+        return;
+      }
       const dir = mkdtempSync(join(tmpdir(), 'lfc-calibrate-'));
       try {
         const kernels: KernelSample[] = [];

@@ -92,10 +92,28 @@ export function fitLink(samples: readonly TransferSample[]): Link {
 /** The profile as YAML, in the form configs/hardware/*.yaml take. */
 export function profileYaml(p: Omit<HardwareProfile, 'path'>, about: string): string {
   const c = p.compute;
+  const n = (x: number) => Number(x.toPrecision(4));
   const link = (l: Link) =>
-    `{ gbps: ${l.gbps.toPrecision(4)}, latency_us: ${l.latencyUs.toPrecision(4)} }`;
+    l.peakGbps !== undefined && l.peakGbps !== l.gbps
+      ? `{ gbps: ${n(l.peakGbps)}, efficiency: ${n(l.gbps / l.peakGbps)}, latency_us: ${n(l.latencyUs)} }`
+      : `{ gbps: ${n(l.gbps)}, latency_us: ${n(l.latencyUs)} }`;
+  const e = p.efficiency;
+  const efficiency = e
+    ? [
+        'efficiency:',
+        `  gemm: { tiles: ${JSON.stringify(e.gemmTiles)}, sms: ${e.sms}, grouped_streams: ${e.groupedStreams}, k_half: ${n(e.gemmKHalf)}, split_k: ${n(e.gemmSplitK)} }`,
+        '  attention:',
+        `    default: ${e.attentionKernel}`,
+        ...Object.entries(e.attentionKernels).map(
+          ([k, f]) =>
+            `    ${k}: { forward: ${n(f.forward)}, backward: ${n(f.backward)}, half_segment: ${n(f.halfSegment)}, head_dim_multiple: ${f.headDimMultiple} }`,
+        ),
+        `  collectives: { all_to_all: ${n(e.allToAll)} }`,
+        `  overlap: { compute_slowdown: ${n(e.overlapSlowdown)} }`,
+      ]
+    : [];
   return [
-    `# ${about}`,
+    ...about.split('\n').map((line) => `# ${line}`),
     `name: ${JSON.stringify(p.name)}`,
     `description: ${JSON.stringify(p.description)}`,
     `gpus_per_node: ${p.gpusPerNode}`,
@@ -111,6 +129,7 @@ export function profileYaml(p: Omit<HardwareProfile, 'path'>, about: string): st
     `  launch_us: ${c.launchUs.toPrecision(4)}`,
     `  dtype_bytes: ${c.dtypeBytes}`,
     `  grad_dtype_bytes: ${c.gradDtypeBytes}`,
+    ...efficiency,
     'links:',
     `  intra_node: ${link(p.links.intraNode)}`,
     `  inter_node: ${link(p.links.interNode)}`,

@@ -20,8 +20,9 @@
 // levels 0–1 in stage 0's first chunk of every microbatch; level 2 once per group of tp
 // microbatches, broadcast to the TP group; level 3 before the pipeline (each rank its share of the
 // microbatches, gathered to model-parallel rank 0) and its backward after (scattered back). Then
-// the gradient sums of the last backward, as buckets finish, on the comm stream, and the optimizer
-// step (the distributed optimizer: a 1/dp shard and an all_gather of the parameters).
+// the gradient sums of the last backward, as buckets finish, on the comm stream, the gradient
+// norm's all-reduce over every rank, and the optimizer step (the distributed optimizer: a 1/dp
+// shard and an all_gather of the parameters).
 //
 // Memory, per stage: parameters, gradients and optimizer state by Megatron's bytes per parameter
 // (compiler/inspect.ts); what a decoder layer keeps from forward to backward under the layout's
@@ -456,6 +457,8 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
   const encoderGroup = level === 3 ? 'world' : level === 2 ? 'tp_dp_cp' : 'dp';
   const shard = distopt ? 1 / c.dp : 1;
   const opt = decoder.optimizer;
+  // the gradient norm: one f32 sum of squares all-reduced over every rank, before the update
+  const norm = world > 1 ? collective(c, 'all_reduce', 'world', 4) : 0;
   let tail = 0;
   for (let s = 0; s < pp; s++) {
     const p = stageParams(c, st, s);
@@ -471,7 +474,7 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
       gather('dp', p.dense) +
       gather('edp', p.expert) +
       gather(encoderGroup, p.encoder);
-    tail = Math.max(tail, pipe.finish[s] + exposedSync + optimizer);
+    tail = Math.max(tail, pipe.finish[s] + exposedSync + norm + optimizer);
   }
   return phase1 + tail + phase3;
 }

@@ -2,7 +2,8 @@
 // cost model's price of each measured case, family by family, and the fit that gives the
 // profile's figures (compiler/sim/probe.ts).
 
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
@@ -18,6 +19,7 @@ import {
   summarize,
 } from '../../compiler/sim/probe.js';
 import { projectRoot } from '../../compiler/paths.js';
+import { cli } from '../helpers.js';
 
 const probe = loadProbe(join(projectRoot(), 'bench/data/h200'));
 const h200 = loadHardware('h200');
@@ -135,4 +137,35 @@ describe('h200 against its measured kernels', () => {
     expect(step / m.median_seconds).toBeGreaterThan(0.9);
     expect(step / m.median_seconds).toBeLessThan(1.1);
   });
+
+  it('lfc calibrate --probe writes the fitted profile, which lfc compile takes', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-probe-'));
+    try {
+      const out = join(dir, 'h200-probe.yaml');
+      const probeDir = join(projectRoot(), 'bench/data/h200');
+      const r = await cli('calibrate', '--probe', probeDir, '--hardware', 'h200', '-o', out);
+      expect(r.err).not.toContain('warning');
+      expect(r.code, r.err).toBe(0);
+      expect(r.out).toMatch(/gemm +1\.01 → 1\.01 \(67\/78 within 15%\)/);
+      const back = loadHardware(out);
+      // the fit of the committed profile gives the committed profile's figures back
+      expect(back.compute.matmulEfficiency).toBeCloseTo(h200.compute.matmulEfficiency, 2);
+      expect(back.compute.memoryEfficiency).toBeCloseTo(h200.compute.memoryEfficiency, 2);
+      expect(back.efficiency!.gemmSplitK).toBe(h200.efficiency!.gemmSplitK);
+      expect(back.efficiency!.attentionKernels.cudnn.forward).toBeCloseTo(0.55, 2);
+      expect(back.links).toEqual(h200.links);
+      const c = await cli('compile', 'tiny-vlm', '--hardware', out, '-o', join(dir, 'plan'));
+      expect(c.code, c.err).toBe(0);
+      expect(c.out).toContain('simulated on h200-probe');
+      // a probe of another GPU than the base profile's: fitted, with a warning
+      const w = await cli('calibrate', '--probe', probeDir, '--hardware', 'h100');
+      expect(w.code).toBe(0);
+      expect(w.err).toContain("is not h100's");
+      const bad = await cli('calibrate', '--probe', dir);
+      expect(bad.code).toBe(2);
+      expect(bad.err).toContain('no eager.json or graphs.json');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
