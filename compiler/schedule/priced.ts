@@ -73,9 +73,14 @@ export function expectedGraphSizes(g: Graph): (sym: string) => number {
   return (sym) => expected.get(sym) ?? 0;
 }
 
-/** Bytes of one element as the profile prices it: f32 at the profile's compute dtype size. */
-export function elementBytesOn(hw: HardwareProfile): (t: TensorType) => number {
-  const f32 = hw.compute.dtypeBytes;
+/**
+ * Bytes of one element as the profile prices it. In an f32 graph (the CPU runtime's precision,
+ * standing for the GPU's) f32 is the profile's compute dtype size; in a mixed-precision graph
+ * (`mixed`: it holds bf16 values) f32 values are what they are, fp32 master weights, main
+ * gradients, optimizer state and statistics: 4 bytes.
+ */
+export function elementBytesOn(hw: HardwareProfile, mixed = false): (t: TensorType) => number {
+  const f32 = mixed ? 4 : hw.compute.dtypeBytes;
   return (t) =>
     t.dtype === 'f32'
       ? f32
@@ -84,6 +89,12 @@ export function elementBytesOn(hw: HardwareProfile): (t: TensorType) => number {
         : t.dtype === 'bf16' || t.dtype === 'f16'
           ? 2
           : 4;
+}
+
+/** Whether values of these types are mixed precision: any of them bf16 or f16. */
+export function isMixed(types: Iterable<TensorType>): boolean {
+  for (const t of types) if (t.dtype === 'bf16' || t.dtype === 'f16') return true;
+  return false;
 }
 
 /** Every node's work at `size` (reshapes, which move nothing, left out). */
@@ -171,7 +182,8 @@ export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights 
   let embed = 0;
   let encoder = 0;
   let post = 0;
-  for (const w of graphWork(g, expectedGraphSizes(g), elementBytesOn(hw))) {
+  const bytes = elementBytesOn(hw, isMixed(valueTypes(g).values()));
+  for (const w of graphWork(g, expectedGraphSizes(g), bytes)) {
     const n = g.nodes[w.node];
     if (n.phase === 'optimizer' || n.op === 'send' || n.op === 'recv') continue;
     const seconds = workSeconds(w, hw, w.group === undefined ? undefined : shapeOf(w.group));

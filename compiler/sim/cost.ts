@@ -48,8 +48,10 @@
 // symbol at its expected size where the plan states one (the data profile's visual tokens, an
 // expert dispatch, Rx<i>, at balanced routing), else at its bound (S: packed sequences); a
 // run-time symbol an all_to_all_v receives without a stated one at its bound / P. Element
-// sizes are the profile's: the plan's f32 buffers are priced at dtype_bytes (activations) or
-// grad_dtype_bytes (optimizer-phase collectives: gradient reduction, parameter gathering).
+// sizes: an f32 plan (the CPU runtime's precision, standing for the GPU's) has its buffers priced
+// at the profile's dtype_bytes (activations) or grad_dtype_bytes (optimizer-phase collectives:
+// gradient reduction, parameter gathering); a --bf16 plan's buffers, its f32 master weights,
+// main gradients, optimizer state and statistics too, at their own size.
 //
 // A compute kernel that runs while a communication kernel runs on the same GPU shares its SMs:
 // the simulator (simulate.ts) lengthens it by the profile's overlap compute_slowdown for the
@@ -112,8 +114,9 @@ export interface Work {
 }
 
 /**
- * Each instruction's work: shapes at `sizes`, f32 buffers at `dtypeBytes` per element (the
- * optimizer phase's collectives at `gradDtypeBytes`), other dtypes at their own size.
+ * Each instruction's work: shapes at `sizes`; in an f32 program, f32 buffers at `dtypeBytes` per
+ * element (the optimizer phase's collectives at `gradDtypeBytes`); other dtypes, and every buffer
+ * of a mixed-precision program, at their own size.
  */
 export function instructionWork(
   program: ProgramFile,
@@ -134,10 +137,16 @@ export function instructionWork(
     ),
   );
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
+  // a mixed-precision program's f32 buffers are f32 (master weights, main gradients, optimizer
+  // state, statistics); an f32 program's stand for the profile's element sizes
+  const mixed = program.buffers.some((b) => b.dtype === 'bf16' || b.dtype === 'f16');
   return program.instructions.map((x) => {
     const info: OpInfo = OP_TABLE[x.op as OpKind];
-    const per =
-      info.category === 'collective' && x.phase === 'optimizer' ? gradDtypeBytes : dtypeBytes;
+    const per = mixed
+      ? 4
+      : info.category === 'collective' && x.phase === 'optimizer'
+        ? gradDtypeBytes
+        : dtypeBytes;
     const bytes = (ids: readonly number[]) =>
       ids.reduce((a, id) => {
         const dtype = program.buffers[id].dtype;

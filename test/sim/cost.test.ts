@@ -12,6 +12,7 @@ import {
   gemmQuantization,
   groupCollectiveSeconds,
   instructionCosts,
+  instructionWork,
   matmulEfficiency,
   oneNode,
 } from '../../compiler/sim/cost.js';
@@ -551,5 +552,38 @@ describe('lfc compile: the simulated step', () => {
     const bad = await cli('compile', 'tiny-vlm-moe', ...flags, '--hardware', 'h80');
     expect(bad.code).toBe(2);
     expect(bad.err).toMatch(/did you mean 'h800'/);
+  });
+});
+
+describe('element sizes', () => {
+  // AdamW reads and writes fp32 master weights and moments: in a --bf16 plan they are f32 (4
+  // bytes); in an f32 plan (the CPU runtime's precision) every buffer stands for the profile's
+  // element size (2 on a bf16 GPU profile)
+  it.each([
+    [true, 4],
+    [false, 2],
+  ])('bf16 %s: an adamw instruction moves its f32 buffers at %i bytes an element', (bf16, per) => {
+    const r = compile({
+      model: 'tiny-vlm',
+      microBatchSize: 1,
+      globalBatchSize: 2,
+      precision: { bf16 },
+    });
+    const p = r.programs[0];
+    const sizes = new Map(r.plan.symbols.map((s) => [s.name, s.bound]));
+    const work = instructionWork(p, sizes, 2, 4);
+    const i = p.instructions.findIndex((x) => x.op === 'adamw');
+    const x = p.instructions[i];
+    const ids = [...x.inputs, ...x.outputs];
+    expect(ids.every((id) => p.buffers[id].dtype === 'f32' || p.buffers[id].dtype === 'bf16')).toBe(
+      true,
+    );
+    const elems = (id: number) =>
+      p.buffers[id].shape.reduce((a, d) => a * Number(sizes.get(d) ?? d), 1);
+    const want = ids.reduce(
+      (a, id) => a + elems(id) * (p.buffers[id].dtype === 'f32' ? per : 2),
+      0,
+    );
+    expect(work[i].bytes).toBe(want);
   });
 });
