@@ -200,7 +200,7 @@ def kind_of(name):
     return 'other'
 
 
-def compiled(_):
+def compiled():
     """Megatron's fused kernels for RoPE, SwiGLU and the cross-entropy, as torch.compile fuses them."""
     global rotate, swiglu, loss_of
     rotate = torch.compile(rotate)
@@ -224,7 +224,7 @@ def main():
     for k, v in MODELS[a.model].items():
         setattr(C, k, v)
     if a.compile:
-        compiled(None)
+        compiled()
     dev = torch.device('cuda')
     torch.manual_seed(0)
     from torch.nn.attention import SDPBackend, sdpa_kernel

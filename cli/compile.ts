@@ -601,9 +601,6 @@ async function planAdvice(
 /** the profile --hardware names (default h800), its attention priced as --attention-kernel's */
 const hardwareOf = (f: CompileFlags) => loadHardware(f.hardware ?? 'h800', f.attentionKernel);
 
-// where the CLI's users (tune, compare, the tests) have taken it from
-export { deviceMemoryOf };
-
 /** rank-instructions to replay (Σ over the replayed ranks of their program's length: one rank per
  * program where the plan is symmetric) simulated without --simulate */
 export const SIMULATE_BUDGET = 4e6;

@@ -18,7 +18,8 @@ import type {
   PricingRequest,
 } from '../compiler/tune/search.js';
 import type { Layout } from '../compiler/tune/space.js';
-import { deviceMemoryOf, parseCompileArgs } from './compile.js';
+import { parseCompileArgs } from './compile.js';
+import { deviceMemoryOf } from '../compiler/report/memory.js';
 
 /** What a worker rebuilds the pricing request from: plain data. */
 export interface TuneSpec {

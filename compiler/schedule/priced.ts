@@ -18,7 +18,13 @@ import { OP_TABLE, type MatmulShape, type OpInfo, type OpKind } from '../../ir/o
 import { resolveShape } from '../../ir/shape.js';
 import type { Attrs, TensorType } from '../../ir/types.js';
 import type { GroupKind, Topology } from '../parallel/topology.js';
-import { groupCollectiveSeconds, kernelSeconds, type GroupShape } from '../sim/cost.js';
+import {
+  elementBytes,
+  groupCollectiveSeconds,
+  isMixed,
+  kernelSeconds,
+  type GroupShape,
+} from '../sim/cost.js';
 import type { HardwareProfile } from '../sim/hardware.js';
 import { costSite } from './costs.js';
 
@@ -74,27 +80,16 @@ export function expectedGraphSizes(g: Graph): (sym: string) => number {
 }
 
 /**
- * Bytes of one element as the profile prices it. In an f32 graph (the CPU runtime's precision,
- * standing for the GPU's) f32 is the profile's compute dtype size; in a mixed-precision graph
- * (`mixed`: it holds bf16 values) f32 values are what they are, fp32 master weights, main
- * gradients, optimizer state and statistics: 4 bytes.
+ * Bytes of one element of a graph whose values have `types`, as the profile prices it: in an f32
+ * graph (the CPU runtime's precision, standing for the GPU's) f32 at the profile's compute dtype
+ * size; in a mixed-precision graph (cost.ts isMixed) f32 at 4 bytes.
  */
-export function elementBytesOn(hw: HardwareProfile, mixed = false): (t: TensorType) => number {
-  const f32 = mixed ? 4 : hw.compute.dtypeBytes;
-  return (t) =>
-    t.dtype === 'f32'
-      ? f32
-      : t.dtype === 'f64' || t.dtype === 'i64'
-        ? 8
-        : t.dtype === 'bf16' || t.dtype === 'f16'
-          ? 2
-          : 4;
-}
-
-/** Whether values of these types are mixed precision: any of them bf16 or f16. */
-export function isMixed(types: Iterable<TensorType>): boolean {
-  for (const t of types) if (t.dtype === 'bf16' || t.dtype === 'f16') return true;
-  return false;
+export function elementBytesOn(
+  hw: HardwareProfile,
+  types: Iterable<TensorType>,
+): (t: TensorType) => number {
+  const f32 = isMixed(types) ? 4 : hw.compute.dtypeBytes;
+  return (t) => elementBytes(t.dtype, f32);
 }
 
 /** Every node's work at `size` (reshapes, which move nothing, left out). */
@@ -182,7 +177,7 @@ export function pricedStageWeights(g: Graph, ctx: PricingContext): StageWeights 
   let embed = 0;
   let encoder = 0;
   let post = 0;
-  const bytes = elementBytesOn(hw, isMixed(valueTypes(g).values()));
+  const bytes = elementBytesOn(hw, valueTypes(g).values());
   for (const w of graphWork(g, expectedGraphSizes(g), bytes)) {
     const n = g.nodes[w.node];
     if (n.phase === 'optimizer' || n.op === 'send' || n.op === 'recv') continue;

@@ -137,9 +137,7 @@ export function instructionWork(
     ),
   );
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
-  // a mixed-precision program's f32 buffers are f32 (master weights, main gradients, optimizer
-  // state, statistics); an f32 program's stand for the profile's element sizes
-  const mixed = program.buffers.some((b) => b.dtype === 'bf16' || b.dtype === 'f16');
+  const mixed = isMixed(program.buffers);
   return program.instructions.map((x) => {
     const info: OpInfo = OP_TABLE[x.op as OpKind];
     const per = mixed
@@ -150,7 +148,7 @@ export function instructionWork(
     const bytes = (ids: readonly number[]) =>
       ids.reduce((a, id) => {
         const dtype = program.buffers[id].dtype;
-        return a + elems(id) * (dtype === 'f32' ? per : bytesOf(dtype));
+        return a + elems(id) * elementBytes(dtype, per);
       }, 0);
     if (info.category === 'collective')
       return {
@@ -266,7 +264,19 @@ export function instructionCosts(
   });
 }
 
-function bytesOf(dtype: string): number {
+/**
+ * Whether values (buffers, tensor types) are a mixed-precision plan's (any of them bf16 or f16):
+ * its f32 values are then real f32 (master weights, main gradients, optimizer state, statistics),
+ * where an f32 plan's stand for the profile's element sizes.
+ */
+export function isMixed(values: Iterable<{ readonly dtype: string }>): boolean {
+  for (const { dtype } of values) if (dtype === 'bf16' || dtype === 'f16') return true;
+  return false;
+}
+
+/** Bytes of one element as a profile prices it: f32 at `f32`, the others at their own size. */
+export function elementBytes(dtype: string, f32: number): number {
+  if (dtype === 'f32') return f32;
   return dtype === 'f64' || dtype === 'i64' ? 8 : dtype === 'f16' || dtype === 'bf16' ? 2 : 4;
 }
 

@@ -223,41 +223,51 @@ const grid = (lo: number, hi: number, steps: number, log = false): number[] =>
     log ? lo * (hi / lo) ** (i / steps) : lo + ((hi - lo) * i) / steps,
   );
 
-/** The figures of `hw` fitted to `probe` (the header's fit), and the residual of each step. */
+/** The candidate of least cost, and that cost. */
+function argmin<T>(candidates: Iterable<T>, cost: (x: T) => number): { x: T; cost: number } {
+  let best: { x: T; cost: number } | undefined;
+  for (const x of candidates) {
+    const c = cost(x);
+    if (!best || c < best.cost) best = { x, cost: c };
+  }
+  return best!;
+}
+
+/** The figures of `hw` fitted to `probe` (the header's fit). */
 export function fitProbe(probe: ProbeFile, hw: HardwareProfile): HardwareProfile {
   let fitted = hw;
   const withCompute = (h: HardwareProfile, c: Partial<HardwareProfile['compute']>) => ({
     ...h,
     compute: { ...h.compute, ...c },
   });
+  // a probe of one family: its cases' squared log residual on a profile
+  const residual = (family: Partial<ProbeFile>) => {
+    const sub: ProbeFile = { date: probe.date, environment: probe.environment, ...family };
+    return (h: HardwareProfile) => sumSquaredLog(priceProbe(sub, h));
+  };
   if (probe.launch) fitted = withCompute(fitted, { launchUs: probe.launch.tiny_kernel_us });
-  const only = (p: ProbeFile): ProbeFile => ({ date: p.date, environment: p.environment });
   const big = (probe.memory ?? []).filter((m) => m.bytes >= DRAM_BYTES);
   if (big.length) {
-    const sub = { ...only(probe), memory: big };
-    let best = { err: Infinity, eff: 0 };
-    for (const eff of grid(0.3, 1, 140)) {
-      const err = sumSquaredLog(priceProbe(sub, withCompute(fitted, { memoryEfficiency: eff })));
-      if (err < best.err) best = { err, eff };
-    }
-    fitted = withCompute(fitted, { memoryEfficiency: best.eff });
+    const err = residual({ memory: big });
+    const { x } = argmin(grid(0.3, 1, 140), (eff) =>
+      err(withCompute(fitted, { memoryEfficiency: eff })),
+    );
+    fitted = withCompute(fitted, { memoryEfficiency: x });
   }
   if (probe.gemm?.length) {
-    const sub = { ...only(probe), gemm: probe.gemm };
+    const err = residual({ gemm: probe.gemm });
     const e0 = fitted.efficiency;
-    let best = { err: Infinity, hw: fitted };
-    for (const splitK of e0 ? [0, 128, 256, 512, 1024, 2048] : [0])
-      for (const kHalf of e0 ? grid(0, 512, 16) : [0])
-        for (const eff of grid(0.5, 0.95, 45))
-          for (const half of grid(0.01, 10, 30, true)) {
-            const h = withCompute(fitted, { matmulEfficiency: eff, matmulHalfGflop: half });
-            const hw = e0
-              ? { ...h, efficiency: { ...e0, gemmKHalf: kHalf, gemmSplitK: splitK } }
-              : h;
-            const err = sumSquaredLog(priceProbe(sub, hw));
-            if (err < best.err) best = { err, hw };
-          }
-    fitted = best.hw;
+    const base = fitted;
+    const candidates = function* () {
+      for (const splitK of e0 ? [0, 128, 256, 512, 1024, 2048] : [0])
+        for (const kHalf of e0 ? grid(0, 512, 16) : [0])
+          for (const eff of grid(0.5, 0.95, 45))
+            for (const half of grid(0.01, 10, 30, true)) {
+              const h = withCompute(base, { matmulEfficiency: eff, matmulHalfGflop: half });
+              yield e0 ? { ...h, efficiency: { ...e0, gemmKHalf: kHalf, gemmSplitK: splitK } } : h;
+            }
+    };
+    fitted = argmin(candidates(), err).x;
   }
   const e = fitted.efficiency;
   if (e && probe.attention?.length) {
@@ -265,34 +275,33 @@ export function fitProbe(probe: ProbeFile, hw: HardwareProfile): HardwareProfile
     for (const [backend, kernel] of Object.entries(BACKEND_KERNEL)) {
       const rows = probe.attention.filter((a) => a.backend === backend && !a.error);
       if (!rows.length || !kernels[kernel]) continue;
-      const sub = { ...only(probe), attention: rows };
       const at = (f: AttentionFigures): HardwareProfile => ({
         ...fitted,
         efficiency: { ...e, attentionKernels: { ...kernels, [kernel]: f } },
       });
+      const sub: ProbeFile = { date: probe.date, environment: probe.environment, attention: rows };
       // forward and backward cases depend on their own figure and the shared half segment:
       // for each half, the best of each alone
-      const errOf = (f: AttentionFigures, pass: string) =>
-        sumSquaredLog(priceProbe(sub, at(f)).filter((c) => c.family.endsWith(pass)));
-      let best = { err: Infinity, f: kernels[kernel] };
-      for (const halfSegment of grid(0, 2000, 80)) {
-        const pick = (pass: 'forward' | 'backward') => {
-          let b = { err: Infinity, v: 0 };
-          for (const v of grid(0.15, 0.9, 75)) {
-            const err = errOf({ ...kernels[kernel], halfSegment, [pass]: v }, pass);
-            if (err < b.err) b = { err, v };
-          }
-          return b;
-        };
-        const fwd = pick('forward');
-        const bwd = pick('backward');
-        if (fwd.err + bwd.err < best.err)
-          best = {
-            err: fwd.err + bwd.err,
-            f: { ...kernels[kernel], halfSegment, forward: fwd.v, backward: bwd.v },
+      const pick = (halfSegment: number, pass: 'forward' | 'backward') =>
+        argmin(grid(0.15, 0.9, 75), (v) =>
+          sumSquaredLog(
+            priceProbe(sub, at({ ...kernels[kernel], halfSegment, [pass]: v })).filter((c) =>
+              c.family.endsWith(pass),
+            ),
+          ),
+        );
+      const { x } = argmin(
+        grid(0, 2000, 80).map((halfSegment) => {
+          const fwd = pick(halfSegment, 'forward');
+          const bwd = pick(halfSegment, 'backward');
+          return {
+            f: { ...kernels[kernel], halfSegment, forward: fwd.x, backward: bwd.x },
+            err: fwd.cost + bwd.cost,
           };
-      }
-      kernels[kernel] = best.f;
+        }),
+        (c) => c.err,
+      );
+      kernels[kernel] = x.f;
     }
     fitted = {
       ...fitted,

@@ -55,7 +55,6 @@ import {
 } from '../schedule/pipeline.js';
 import {
   elementBytesOn,
-  isMixed,
   expectedGraphSizes,
   graphWork,
   groupShapes,
@@ -668,7 +667,7 @@ class RankGraph {
     const bounds = new Map(g.symbols.map((s) => [s.name, s.bound]));
     this.bound = (sym) => bounds.get(sym) ?? 0;
     this.types = valueTypes(g);
-    this.elementBytes = elementBytesOn(hw, isMixed(this.types.values()));
+    this.elementBytes = elementBytesOn(hw, this.types.values());
     this.work = graphWork(g, this.expected, this.elementBytes);
     for (const x of this.work) this.workOf.set(x.node, x);
     g.nodes.forEach((n, i) => {

@@ -8,10 +8,10 @@ import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../cli/compile.js';
 import { compile } from '../../compiler/pipeline.js';
 import { UserError } from '../../compiler/errors.js';
-import { fitsOn, memoryByProgram } from '../../compiler/report/memory.js';
+import { deviceMemoryOf, fitsOn, memoryByProgram } from '../../compiler/report/memory.js';
 import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
-import { deviceMemoryOf } from '../../cli/compile.js';
+
 import { cli } from '../helpers.js';
 import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.js';
 import type { Layout } from '../../compiler/tune/space.js';
@@ -34,6 +34,9 @@ const SPACE = [
   ...['--fix', 'level=1|3', '--fix', 'encoder-tp=1', '--fix', 'mbs=1|2'],
   ...['--exclude', 'recompute', 'offload'],
 ];
+
+/** lfc tune over the test's space, with `args` */
+const tune = (...args: string[]) => cli('tune', ...BASE, ...SPACE, ...args);
 
 interface TuneJson {
   layouts: {
@@ -170,7 +173,7 @@ describe('the static-memory bound', () => {
 
 describe('lfc tune', () => {
   it('finds the exhaustive best; its line compiles to the same figures', async () => {
-    const r = await cli('tune', ...BASE, ...SPACE, '--top', '3', '--verify', '--json');
+    const r = await tune('--top', '3', '--verify', '--json');
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
@@ -210,16 +213,7 @@ describe('lfc tune', () => {
 
   it('--sensitivity: the best re-simulated with each efficiency family ±20%, slower down, faster up', async () => {
     const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
-    const r = await cli(
-      'tune',
-      ...BASE,
-      ...SPACE,
-      ...fixed,
-      '--top',
-      '1',
-      '--sensitivity',
-      '--json',
-    );
+    const r = await tune(...fixed, '--top', '1', '--sensitivity', '--json');
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson & {
       sensitivity: { family: string; factor: number; tokensPerSecond: number }[];
@@ -244,7 +238,7 @@ describe('lfc tune', () => {
     expect(of('gemm', 0.8)).toBeLessThan(at);
     expect(of('nvlink', 0.8)).toBeLessThan(at);
     expect(of('network', 0.8)).toBe(at);
-    const text = await cli('tune', ...BASE, ...SPACE, ...fixed, '--top', '1', '--sensitivity');
+    const text = await tune(...fixed, '--top', '1', '--sensitivity');
     expect(text.out).toMatch(/sensitivity of #1 \(the plan fixed\)/);
     expect(text.out).toMatch(/\n {4}gemm +\d+ \(-\d/);
   }, 300_000);
@@ -252,7 +246,7 @@ describe('lfc tune', () => {
   it('--attention-kernel prices every layout with that kernel and goes into the compile line', async () => {
     const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
     const best = async (...more: string[]) => {
-      const r = await cli('tune', ...BASE, ...SPACE, ...fixed, '--top', '1', ...more, '--json');
+      const r = await tune(...fixed, '--top', '1', ...more, '--json');
       expect(r.code).toBe(0);
       return (JSON.parse(r.out) as TuneJson).layouts[0];
     };
@@ -266,17 +260,7 @@ describe('lfc tune', () => {
     const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2'];
     const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-plans-'));
     try {
-      const r = await cli(
-        'tune',
-        ...BASE,
-        ...SPACE,
-        ...fixed,
-        '--top',
-        '2',
-        '--json',
-        '--plans',
-        dir,
-      );
+      const r = await tune(...fixed, '--top', '2', '--json', '--plans', dir);
       expect(r.code).toBe(0);
       const j = JSON.parse(r.out) as TuneJson;
       expect(j.layouts).toHaveLength(2);
@@ -288,16 +272,7 @@ describe('lfc tune', () => {
         };
         expect(report.forecast.tokensPerSecond).toBeCloseTo(l.forecast.tokensPerSecond, 6);
       });
-      const text = await cli(
-        'tune',
-        ...BASE,
-        ...SPACE,
-        ...fixed,
-        '--top',
-        '1',
-        '--plans',
-        join(dir, 'again'),
-      );
+      const text = await tune(...fixed, '--top', '1', '--plans', join(dir, 'again'));
       expect(text.out).toMatch(/wrote 1 plan: \S+again\/1\nsee them with: lfc viz \S+again\/1\n$/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
@@ -306,7 +281,7 @@ describe('lfc tune', () => {
 
   it('gives the same result on this thread and on worker threads', async () => {
     const run = async (workers: string) => {
-      const r = await cli('tune', ...BASE, ...SPACE, '--top', '2', '--workers', workers, '--json');
+      const r = await tune('--top', '2', '--workers', workers, '--json');
       expect(r.err).toBe('');
       expect(r.code).toBe(0);
       const j = JSON.parse(r.out) as Record<string, unknown>;
@@ -321,12 +296,12 @@ describe('lfc tune', () => {
   }, 300_000);
 
   it('names what the time budget leaves unpriced', async () => {
-    const r = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001', '--json');
+    const r = await tune('--time-budget', '0.000001', '--json');
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as TuneJson;
     expect(j.unpriced.length).toBeGreaterThan(0);
     expect(accounted(j) + j.unpriced.length).toBe(j.enumerated);
-    const text = await cli('tune', ...BASE, ...SPACE, '--time-budget', '0.000001');
+    const text = await tune('--time-budget', '0.000001');
     expect(text.out).toMatch(/not priced within --time-budget: \d+ layouts/);
   }, 120_000);
 

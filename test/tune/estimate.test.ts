@@ -3,11 +3,11 @@
 // that the reduced model keeps distinct first layers), the estimated step and memory lie near the
 // priced ones, and the estimate orders the layouts as the simulator does.
 import { describe, expect, it } from 'vitest';
-import { deviceMemoryOf, parseCompileArgs } from '../../cli/compile.js';
+import { parseCompileArgs } from '../../cli/compile.js';
 import { loadModelConfig } from '../../compiler/frontend/config.js';
 import { resolvePrecision } from '../../compiler/frontend/precision.js';
 import { compile } from '../../compiler/pipeline.js';
-import { memoryByProgram } from '../../compiler/report/memory.js';
+import { deviceMemoryOf, memoryByProgram } from '../../compiler/report/memory.js';
 import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
 import { Estimator } from '../../compiler/tune/estimate.js';
