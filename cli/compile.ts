@@ -82,6 +82,8 @@ interface CompileFlags {
   useVitDpBalance?: boolean;
   overlapMoeExpertParallelComm?: boolean;
   delayWgradCompute?: boolean;
+  /** false with --no-gradient-accumulation-fusion */
+  gradientAccumulationFusion?: boolean;
   recomputeGranularity?: 'full' | 'selective';
   recomputeModules?: string[];
   fineGrainedActivationOffloading?: boolean;
@@ -446,6 +448,10 @@ function defineCompileCommand(cmd: Command): Command {
       '--delay-wgrad-compute',
       'with the all-to-all overlap: weight gradients later, to hide communication',
     )
+    .option(
+      '--no-gradient-accumulation-fusion',
+      'weight-gradient GEMMs write a temporary that a separate kernel adds into the gradient (default: the GEMM adds into it)',
+    )
     .addOption(
       new Option(
         '--recompute-granularity <granularity>',
@@ -686,6 +692,7 @@ export function compileRequest(
       },
       sequenceParallel: f.sequenceParallel,
       distributedOptimizer: f.useDistributedOptimizer,
+      ...(f.gradientAccumulationFusion === false ? { gradientAccumulationFusion: false } : {}),
       precision: anyGiven(precision) ? precision : undefined,
       microbatchGroupSize: f.microbatchGroupSizePerVpStage,
       decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
@@ -840,6 +847,7 @@ function reportJson(
     ...(o.encoder?.cpuOffload ? ['--full-hetero-dp-cpu-offload'] : []),
     ...(o.encoder?.recompute ? ['--full-hetero-dp-encoder-recompute'] : []),
     ...(result.precision.compute === 'bf16' ? ['--bf16'] : []),
+    ...(o.gradientAccumulationFusion === false ? ['--no-gradient-accumulation-fusion'] : []),
   ];
   return {
     output: f.output,

@@ -25,6 +25,7 @@ import {
 import { ExpertParallelError, expertParallel } from '../passes/parallel/expert.js';
 import { PipelineError, splitPipeline, type PipelineSplit } from '../passes/parallel/pipeline.js';
 import { TensorParallelError, tensorParallel } from '../passes/parallel/tensor.js';
+import { fuseWgradAccumulation } from '../passes/wgrad-accumulation.js';
 import { UserError } from './errors.js';
 import { forwardCosts, type ForwardCosts } from './schedule/costs.js';
 import { partitionPipeline, type PipelineLayout } from './schedule/partition.js';
@@ -96,6 +97,11 @@ export const PASSES: readonly PassInfo[] = [
     dumps: 'graph',
   },
   {
+    name: 'wgrad-accumulation',
+    summary: 'weight gradients summed into their buffers by the wgrad GEMM itself',
+    dumps: 'graph',
+  },
+  {
     name: 'pipeline',
     summary: 'every node to its virtual stage; values that cross stages',
     dumps: 'graph',
@@ -161,6 +167,11 @@ export interface CompileOptions {
     readonly granularity: 'full' | 'selective';
     readonly modules?: readonly string[];
   };
+  /**
+   * weight-gradient GEMMs add into the gradient buffers (Megatron's gradient-accumulation fusion,
+   * passes/wgrad-accumulation.ts); false: --no-gradient-accumulation-fusion (default true)
+   */
+  readonly gradientAccumulationFusion?: boolean;
   /** --fine-grained-activation-offloading --offload-tensors … */
   readonly offloadTensors?: readonly string[];
   /** --moe-expert-capacity-factor (default: model.text_decoder.moe_expert_capacity_factor) */
@@ -230,13 +241,24 @@ export function compile(o: CompileOptions): CompileResult {
       ),
     },
   );
-  const { graph, stats: adStats } = autodiff(sharded, layout.optimizer, layout.precision.grad);
+  const { graph: trained, stats: adStats } = autodiff(
+    sharded,
+    layout.optimizer,
+    layout.precision.grad,
+  );
+  if (!o.skipVerify)
+    assertValid(
+      trained,
+      'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
+    );
+  dumpGraph(o, 'autodiff', trained);
+  const graph = wgradAccumulation(o, trained);
   if (!o.skipVerify)
     assertValid(
       graph,
-      'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
+      'after pass wgrad-accumulation (passes run: build, expert-parallel, tensor-parallel, autodiff, wgrad-accumulation)',
     );
-  dumpGraph(o, 'autodiff', graph);
+  dumpGraph(o, 'wgrad-accumulation', graph);
   const pipeline = splitStages(o, layout, forward, graph);
   const programs = emitPrograms(o, layout, graph, pipeline);
   const plan = planFileOf(o, layout, forward, graph, pipeline);
@@ -291,8 +313,12 @@ export function checkLayout(o: CompileOptions, config?: ModelConfig): void {
 export function trainingGraph(o: CompileOptions): Graph {
   const layout = resolveLayout(o);
   const { sharded } = runShardingPasses({ ...o, skipVerify: true }, layout);
-  return autodiff(sharded, layout.optimizer, layout.precision.grad).graph;
+  return wgradAccumulation(o, autodiff(sharded, layout.optimizer, layout.precision.grad).graph);
 }
+
+/** The wgrad-accumulation pass, unless --no-gradient-accumulation-fusion. */
+const wgradAccumulation = (o: CompileOptions, g: Graph): Graph =>
+  o.gradientAccumulationFusion === false ? g : fuseWgradAccumulation(g);
 
 function checkDumpRequest(o: CompileOptions): void {
   if (

@@ -70,6 +70,8 @@ export const OP_KINDS = [
   'moe_permute_grad',
   'grouped_linear_dgrad',
   'grouped_linear_wgrad',
+  'linear_wgrad_accumulate',
+  'grouped_linear_wgrad_accumulate',
   'moe_unpermute_grad',
   'moe_aux_loss_grad',
   'cross_entropy_grad',
@@ -172,6 +174,11 @@ export interface OpInfo {
   readonly matmul?: (c: CostArgs) => MatmulShape;
   /** no side effects beyond its outputs (collectives, send/recv and memory moves are not pure) */
   readonly pure: boolean;
+  /**
+   * the inputs it updates in place, given its input count (the optimizer ops and the fused
+   * weight-gradient accumulations, which have no outputs); absent: none
+   */
+  readonly updates?: (inputs: number) => readonly number[];
   readonly kernel: string;
 }
 
@@ -1313,6 +1320,78 @@ export const OP_TABLE = {
     pure: true,
     kernel: 'grouped_linear_backward_weight',
   },
+  // ---- weight gradients summed by their GEMM (the wgrad-accumulation pass) --------------------
+  linear_wgrad_accumulate: {
+    summary:
+      "dW += dyᵀ·x (and db += Σ dy with bias): linear_wgrad summed into the step's gradient " +
+      "buffers by the GEMM itself (Megatron's gradient-accumulation fusion): dy [..., out], " +
+      'x [..., in], dW [out, in] (, db [out])',
+    category: 'compute',
+    inputs: [3, 4],
+    attrs: { bias: attr('bool', 'also accumulate the bias gradient (a fourth input)') },
+    shape: ([dy, x, dw, db], attrs) => {
+      floatT(dy, 'dy');
+      floatT(x, 'x');
+      floatT(dw, 'dW');
+      need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
+      need(
+        shapeEq(dw.shape, [last(dy.shape), last(x.shape)]),
+        () =>
+          `dW ${formatShape(dw.shape)} vs [out, in] ${formatShape([last(dy.shape), last(x.shape)])}`,
+      );
+      need(
+        (db !== undefined) === (attrs.bias === true),
+        'a bias gradient is the fourth input, with bias',
+      );
+      if (db) {
+        floatT(db, 'db');
+        need(shapeEq(db.shape, [last(dy.shape)]), () => `db ${formatShape(db.shape)} vs [out]`);
+      }
+      return [];
+    },
+    ...gemmCost(({ inputs: [dy, x] }) => [dy[dy.length - 1], x[x.length - 1], rowsOf(dy)]),
+    pure: false,
+    updates: (n) => (n === 4 ? [2, 3] : [2]),
+    kernel: 'linear_backward_weight',
+  },
+  grouped_linear_wgrad_accumulate: {
+    summary:
+      "dW_e += dy_eᵀ·x_e for each expert e: grouped_linear_wgrad summed into the step's gradient " +
+      'buffers by the grouped GEMM: dy [N, out], x [N, in], counts [E], dW_0 … dW_{E−1} [out, in]',
+    category: 'compute',
+    inputs: [4, Infinity],
+    attrs: {},
+    shape: ([dy, x, counts, ...dws]) => {
+      floatT(dy, 'dy');
+      floatT(x, 'x');
+      sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
+      intT(counts, 'counts');
+      need(
+        dimEq(counts.shape[0], dws.length),
+        () =>
+          `counts has ${formatShape(counts.shape)} experts, ${dws.length} gradient buffers given`,
+      );
+      for (const dw of dws) {
+        floatT(dw, 'dW');
+        need(
+          shapeEq(dw.shape, [dy.shape[1], x.shape[1]]),
+          () =>
+            `dW ${formatShape(dw.shape)} vs [out, in] ${formatShape([dy.shape[1], x.shape[1]])}`,
+        );
+      }
+      return [];
+    },
+    ...groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
+      rows: dy[0],
+      experts: counts[0],
+      n: dy[1],
+      k: x[1],
+      rowsAreK: true,
+    })),
+    pure: false,
+    updates: (n) => Array.from({ length: n - 3 }, (_, i) => 3 + i),
+    kernel: 'grouped_linear_backward_weight',
+  },
   moe_unpermute_grad: {
     summary:
       'moe_unpermute backward: dy [T, H], rows [N, H], row_of, weights [T, k] → drows [N, H] (zero ' +
@@ -1565,6 +1644,7 @@ export const OP_TABLE = {
     },
     flops: noFlops,
     pure: false,
+    updates: () => [1],
     kernel: 'accumulate',
   },
   sum_squares: {
@@ -1637,6 +1717,8 @@ export const OP_TABLE = {
     },
     flops: noFlops,
     pure: false,
+    // param, grad (scaled by clip_coef), m, v, and the master weights when given
+    updates: (n) => (n === 6 ? [0, 1, 2, 3, 5] : [0, 1, 2, 3]),
     kernel: 'adamw',
   },
   all_reduce: {
@@ -1937,6 +2019,11 @@ function rowsOf(s: readonly number[]): number {
 
 export function opInfo(kind: OpKind): OpInfo {
   return OP_TABLE[kind];
+}
+
+/** The inputs instruction or node `op` with `inputs` inputs updates in place (OpInfo.updates). */
+export function updatedInputs(op: OpKind, inputs: number): readonly number[] {
+  return (OP_TABLE[op] as OpInfo).updates?.(inputs) ?? [];
 }
 
 export function isOpKind(s: string): s is OpKind {

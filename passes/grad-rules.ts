@@ -178,6 +178,8 @@ export const GRAD_RULES = {
   moe_permute_grad: none(BACKWARD),
   grouped_linear_dgrad: none(BACKWARD),
   grouped_linear_wgrad: none(BACKWARD),
+  linear_wgrad_accumulate: none(BACKWARD),
+  grouped_linear_wgrad_accumulate: none(BACKWARD),
   moe_unpermute_grad: none(BACKWARD),
   moe_aux_loss_grad: none(BACKWARD),
   cross_entropy_grad: none(BACKWARD),

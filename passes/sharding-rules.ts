@@ -80,6 +80,9 @@ export const SHARDING_RULES = {
   moe_permute_grad: { kind: 'not_yet', plan: 'as moe_permute' },
   grouped_linear_dgrad: { kind: 'not_yet', plan: 'as grouped_linear' },
   grouped_linear_wgrad: { kind: 'not_yet', plan: 'as grouped_linear' },
+  // made after autodiff from a wgrad and its accumulation (passes/wgrad-accumulation.ts)
+  linear_wgrad_accumulate: { kind: 'follows' },
+  grouped_linear_wgrad_accumulate: { kind: 'not_yet', plan: 'as grouped_linear' },
   moe_unpermute_grad: { kind: 'not_yet', plan: 'as moe_unpermute' },
   moe_aux_loss_grad: { kind: 'not_yet', plan: 'as moe_aux_loss' },
   cross_entropy_grad: { kind: 'not_yet', plan: 'as cross_entropy' },

@@ -43,7 +43,7 @@ function splitDelayed(nodes: readonly Node[], delay: boolean): [Node[], Node[]] 
   const now: Node[] = [];
   const later: Node[] = [];
   for (const n of nodes) {
-    const delayed = /_wgrad$/.test(n.op) || n.inputs.some((v) => late.has(v));
+    const delayed = /_wgrad(_accumulate)?$/.test(n.op) || n.inputs.some((v) => late.has(v));
     if (delayed) n.outputs.forEach((o) => late.add(o.name));
     (delayed ? later : now).push(n);
   }

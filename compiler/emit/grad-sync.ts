@@ -1,8 +1,8 @@
 // Emission pass 5, grad-sync: gradient sums over the groups that hold copies, and the distributed
 // optimizer's shards.
 //
-// Holds before: the lowered program; gradient buffers are written only by grad_accumulate (in
-//   place, its second input).
+// Holds before: the lowered program; gradient buffers are written only in place, by
+//   grad_accumulate or a fused weight-gradient accumulation (the op table's `updates`).
 // Holds after: buckets of about 4 MiB of gradients that share their sum groups (a parameter's
 //   gradSum kinds, embd for a tied weight on two stages, and its replicas), in the order
 //   backward finishes them, each contiguous in the gradient region (the rest of the region after
@@ -17,6 +17,7 @@
 
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import type { Graph, ParamDecl } from '../../ir/graph.js';
+import { updatedInputs, type OpKind } from '../../ir/ops.js';
 import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
 import { ALIGN, align } from '../plan/memory.js';
 import type { MutableBuffer } from './rewrite.js';
@@ -46,7 +47,8 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
     .map((p) => ({ p: byName.get(p.name)!, buf: b.buffers[p.grad!] as PlanBuffer }));
   const lastWrite = new Map<number, number>();
   d.instructions.forEach((ins, i) => {
-    if (ins.op === 'grad_accumulate') lastWrite.set(ins.inputs[1], i);
+    for (const k of updatedInputs(ins.op as OpKind, ins.inputs.length))
+      lastWrite.set(ins.inputs[k], i);
   });
   const buckets = bucketsOf(gradBuffers, lastWrite, opts);
   // buckets must be contiguous in the grad region (and, sharded, in the param region, padded to

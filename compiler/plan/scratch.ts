@@ -233,6 +233,9 @@ export const SCRATCH_RULES = {
   moe_permute_grad: (a) => staged([a.outputs[0], a.inputs[0]]),
   grouped_linear_dgrad: kernelOverAll,
   grouped_linear_wgrad: kernelOverAll,
+  // the accumulators are inputs (updated in place): staged like any operand
+  linear_wgrad_accumulate: kernelOverAll,
+  grouped_linear_wgrad_accumulate: kernelOverAll,
   moe_unpermute_grad: kernelOverAll,
   // moe_aux_loss_backward: staging of dprobs; count [E] i64, g [E] Real
   moe_aux_loss_grad: (a) => {

@@ -12,7 +12,7 @@
 //           after that access
 // Instructions that can never start (a wait cycle) get no clock: the progress rule reports them.
 
-import type { OP_TABLE, OpKind } from '../../ir/ops.js';
+import { isOpKind, updatedInputs } from '../../ir/ops.js';
 import { BUFFER_REGIONS, STREAMS } from '../plan/format.js';
 import {
   problemAt,
@@ -23,18 +23,9 @@ import {
 } from './plan-index.js';
 import type { PlanProblem } from './problem.js';
 
-type OptimizerOp = {
-  [K in OpKind]: (typeof OP_TABLE)[K]['category'] extends 'optimizer' ? K : never;
-}[OpKind];
-
-/** inputs an optimizer op updates in place (optimizer ops have no outputs) */
-const IN_PLACE_INPUTS = {
-  grad_accumulate: [1], // acc += g
-  sum_squares: [],
-  clip_coef: [],
-  adamw: [0, 1, 2, 3], // param, grad (scaled by clip_coef), m, v
-} as const satisfies Record<OptimizerOp, readonly number[]>;
-const IN_PLACE: ReadonlyMap<string, readonly number[]> = new Map(Object.entries(IN_PLACE_INPUTS));
+/** the inputs an instruction updates in place (the op table's `updates`; none for an unknown op) */
+const inPlaceOf = (op: string, inputs: number): readonly number[] =>
+  isOpKind(op) ? updatedInputs(op, inputs) : [];
 
 const RULE = 'event-order';
 const S = STREAM_COUNT;
@@ -314,7 +305,7 @@ function checkHazards(p: ProgramIndex, sc: Scratch, out: PlanProblem[]): void {
   /** buffers an instruction writes: its outputs and the inputs it updates in place */
   const written = (j: number) => {
     const { op, inputs = none, outputs = none } = instructions[j];
-    return [...outputs, ...(IN_PLACE.get(op) ?? none).map((k) => inputs[k])];
+    return [...outputs, ...inPlaceOf(op, inputs.length).map((k) => inputs[k])];
   };
   const reported = new Set<number>();
   /** instruction i's access to buffer x is unordered after instruction j's access to its bytes */
@@ -368,7 +359,7 @@ function checkHazards(p: ProgramIndex, sc: Scratch, out: PlanProblem[]): void {
   for (let i = 0; i < p.n; i++) {
     const s = p.stream[i];
     const { op, inputs = none, outputs = none } = instructions[i];
-    const inPlace = IN_PLACE.get(op) ?? none;
+    const inPlace = inPlaceOf(op, inputs.length);
     if (done[i]) {
       for (const x of inputs) if (valid(x)) checkRead(i, s, x);
       for (const x of outputs) if (valid(x)) checkWrite(i, s, x);

@@ -363,6 +363,24 @@ const CASES: Record<OpKind, Case> = {
     out: ['f32[64, 128]', 'f32[64, 128]'],
     bad: { inputs: ['f32[2*S, 64]', 'f32[S, 128]', 'i32[2]'], error: /rows of dy vs x/ },
   },
+  linear_wgrad_accumulate: {
+    inputs: ['bf16[S, 64]', 'bf16[S, 128]', 'f32[64, 128]', 'f32[64]'],
+    attrs: { bias: true },
+    out: [],
+    bad: {
+      inputs: ['f32[S, 64]', 'f32[S, 128]', 'f32[128, 64]'],
+      attrs: { bias: false },
+      error: /dW \[128, 64\] vs \[out, in\] \[64, 128\]/,
+    },
+  },
+  grouped_linear_wgrad_accumulate: {
+    inputs: ['f32[2*S, 64]', 'f32[2*S, 128]', 'i32[2]', 'f32[64, 128]', 'f32[64, 128]'],
+    out: [],
+    bad: {
+      inputs: ['f32[2*S, 64]', 'f32[2*S, 128]', 'i32[2]', 'f32[64, 128]'],
+      error: /counts has \[2\] experts, 1 gradient buffers given/,
+    },
+  },
   moe_unpermute_grad: {
     inputs: ['f32[S, 128]', 'f32[2*S, 128]', 'i32[2*S]', 'f32[S, 2]'],
     out: ['f32[2*S, 128]', 'f32[S, 2]'],

@@ -3,6 +3,7 @@
 // wrote their gradients; the optimizer step waits for the last bucket.
 import { describe, expect, it } from 'vitest';
 import { compile } from '../../compiler/pipeline.js';
+import { updatedInputs, type OpKind } from '../../ir/ops.js';
 
 describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
   const { plan, programs } = compile({
@@ -48,9 +49,12 @@ describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
           .map((ins, i) => [ins, i] as const)
           .filter(
             ([ins]) =>
-              ins.op === 'grad_accumulate' &&
-              p.buffers[ins.inputs[1]].offset >= b.offset &&
-              p.buffers[ins.inputs[1]].offset < b.offset + b.bytes,
+              ins.phase === 'backward' &&
+              updatedInputs(ins.op as OpKind, ins.inputs.length).some(
+                (k) =>
+                  p.buffers[ins.inputs[k]].offset >= b.offset &&
+                  p.buffers[ins.inputs[k]].offset < b.offset + b.bytes,
+              ),
           )
           .map(([, i]) => i),
       );

@@ -585,6 +585,55 @@ describe('native runtime: backward ops against finite differences (f64)', () => 
   });
 });
 
+describe('native runtime: weight gradients summed into their buffers (gradient-accumulation fusion)', () => {
+  it('linear_wgrad_accumulate and grouped_linear_wgrad_accumulate add what linear_wgrad and grouped_linear_wgrad give', async () => {
+    const [N, inF, outF, E] = [4, 3, 5, 2];
+    const b = new ProgramBuilder('wgrad-accumulate');
+    const x = f64Param(b, 'x', [N, inF]);
+    const dy = f64Param(b, 'dy', [N, outF]);
+    // accumulators in the param region: the runtime zeroes the grad region at each step
+    const acc = f64Param(b, 'acc', [outF, inF]);
+    const accBias = f64Param(b, 'acc_bias', [outF]);
+    const accExperts = [0, 1].map((e) => f64Param(b, `acc_expert${e}`, [outF, inF]));
+    const [dw, db] = [f64(b, 'dw', [outF, inF]), f64(b, 'db', [outF])];
+    const dwExperts = [0, 1].map((e) => f64(b, `dw_expert${e}`, [outF, inF]));
+    const counts = b.arena('counts', 'i32', [E]);
+    b.instr('compute', 'constant', [], [counts], { value: 2, dtype: 'i32', shape: [String(E)] });
+    b.instr('compute', 'linear_wgrad', [dy, x], [dw, db], { bias: true });
+    b.instr('compute', 'linear_wgrad_accumulate', [dy, x, acc, accBias], [], { bias: true });
+    b.instr('compute', 'grouped_linear_wgrad', [dy, x, counts], dwExperts);
+    b.instr('compute', 'grouped_linear_wgrad_accumulate', [dy, x, counts, ...accExperts], []);
+    const program = b.build();
+    const rt = runtimeOf(program);
+    const param = (id: number) =>
+      Array.from(
+        new Float64Array(
+          rt.region('param'),
+          program.buffers[id].offset,
+          program.buffers[id].bytes / 8,
+        ),
+      );
+    const pairs = [
+      [acc, dw],
+      [accBias, db],
+      [accExperts[0], dwExperts[0]],
+      [accExperts[1], dwExperts[1]],
+    ] as const;
+    const before = pairs.map(([a]) => param(a));
+    await rt.step({ lr: 0, step: 1 });
+    pairs.forEach(([a, d], i) => {
+      const g = Array.from(new Float64Array(rt.readBuffer(d)));
+      expect(g.some((v) => Math.abs(v) > 1e-3)).toBe(true);
+      const got = param(a);
+      got.forEach((v, j) => expect(v).toBeCloseTo(before[i][j] + g[j], 12));
+    });
+    // the two experts' gradients come from different rows
+    expect(Array.from(new Float64Array(rt.readBuffer(dwExperts[0])))).not.toEqual(
+      Array.from(new Float64Array(rt.readBuffer(dwExperts[1]))),
+    );
+  });
+});
+
 describe('native runtime: vocab-parallel and expert-parallel ops (f64, group rank 0)', () => {
   it('vocab_logsumexp, lse_combine, vocab_target_logit, ce_from_stats and their backward', async () => {
     // a loss through every piece: logits [5, 6] of a vocabulary of 2·6 (rank 0's block), the

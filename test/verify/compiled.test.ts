@@ -31,7 +31,7 @@ describe('tiny-vlm-moe, data parallel on 4 ranks', () => {
     const bucket = p.buffers[p.instructions[sync].inputs[0]].name;
     expect(problems.find((x) => x.rule === 'event-order')!.message).toMatch(
       new RegExp(
-        `reads ${bucket}, written by instruction \\d+ \\(grad_accumulate on compute\\) as `,
+        `reads ${bucket}, written by instruction \\d+ \\((grouped_)?linear_wgrad_accumulate on compute\\) as `,
       ),
     );
   });

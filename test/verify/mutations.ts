@@ -6,7 +6,7 @@
 // breadth-first search over program order and record → wait edges.
 
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
-import { OP_TABLE, isOpKind, type AttrSpec } from '../../ir/ops.js';
+import { OP_TABLE, isOpKind, updatedInputs, type AttrSpec, type OpKind } from '../../ir/ops.js';
 import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
 import type { PlanRule } from '../../compiler/verify/plan-verifier.js';
 import type { GeneratedPlan } from './plan-gen.js';
@@ -207,9 +207,12 @@ export function reaches(p: ProgramFile, from: number, to: number): boolean {
 /** the buffer whose bytes a buffer uses */
 const base = (p: ProgramFile, b: number): number =>
   p.buffers[b].viewOf === undefined ? b : base(p, p.buffers[b].viewOf!);
-/** buffers an instruction writes: its outputs, and the accumulator of grad_accumulate */
+/** buffers an instruction writes: its outputs, and the inputs it updates in place */
 const written = (p: ProgramFile, ins: PlanInstruction) =>
-  [...ins.outputs, ...(ins.op === 'grad_accumulate' ? [ins.inputs[1]] : [])].map((b) => base(p, b));
+  [
+    ...ins.outputs,
+    ...updatedInputs(ins.op as OpKind, ins.inputs.length).map((k) => ins.inputs[k]),
+  ].map((b) => base(p, b));
 
 /** The program without event e: gone from every record and wait list, later events renumbered. */
 export function withoutEvent(p: ProgramFile, e: number): ProgramFile {

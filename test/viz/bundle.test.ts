@@ -77,6 +77,7 @@ describe('lfc viz data', () => {
       'encoder-data-parallel',
       'vit-dp-balance',
       'autodiff',
+      'wgrad-accumulation',
     ]);
     const built = bundle.graph('ir:build');
     const tp = bundle.graph('ir:tensor-parallel');

@@ -48,6 +48,8 @@ enum class Op : int {
   moe_permute_grad,
   grouped_linear_dgrad,
   grouped_linear_wgrad,
+  linear_wgrad_accumulate,
+  grouped_linear_wgrad_accumulate,
   moe_unpermute_grad,
   moe_aux_loss_grad,
   cross_entropy_grad,
@@ -82,11 +84,11 @@ enum class Op : int {
   kCount
 };
 
-inline constexpr const char* kOpNames[] = {"embedding", "patch_embed", "linear", "layernorm", "rmsnorm", "rope", "attention", "gelu", "swiglu", "add", "merge_visual", "router_topk", "moe_permute", "grouped_linear", "moe_unpermute", "moe_aux_loss", "cross_entropy", "vocab_logsumexp", "lse_combine", "vocab_target_logit", "ce_from_stats", "moe_rank_counts", "moe_sort_chunks", "moe_local_counts", "image_sizes", "vit_balance_route", "segment_offset", "gather_rows", "embedding_grad", "linear_dgrad", "linear_wgrad", "layernorm_grad", "rmsnorm_grad", "rope_grad", "attention_grad", "gelu_grad", "swiglu_grad", "merge_visual_grad", "router_topk_grad", "moe_permute_grad", "grouped_linear_dgrad", "grouped_linear_wgrad", "moe_unpermute_grad", "moe_aux_loss_grad", "cross_entropy_grad", "vocab_logsumexp_grad", "lse_combine_grad", "vocab_target_logit_grad", "ce_from_stats_grad", "scatter_rows", "reshape", "split", "concat", "constant", "copy_to_group", "group_slice", "grad_accumulate", "sum_squares", "clip_coef", "adamw", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_v", "gather_v", "scatter_v", "all_gather_v", "reduce_scatter_v", "send", "recv", "offload", "reload"};
+inline constexpr const char* kOpNames[] = {"embedding", "patch_embed", "linear", "layernorm", "rmsnorm", "rope", "attention", "gelu", "swiglu", "add", "merge_visual", "router_topk", "moe_permute", "grouped_linear", "moe_unpermute", "moe_aux_loss", "cross_entropy", "vocab_logsumexp", "lse_combine", "vocab_target_logit", "ce_from_stats", "moe_rank_counts", "moe_sort_chunks", "moe_local_counts", "image_sizes", "vit_balance_route", "segment_offset", "gather_rows", "embedding_grad", "linear_dgrad", "linear_wgrad", "layernorm_grad", "rmsnorm_grad", "rope_grad", "attention_grad", "gelu_grad", "swiglu_grad", "merge_visual_grad", "router_topk_grad", "moe_permute_grad", "grouped_linear_dgrad", "grouped_linear_wgrad", "linear_wgrad_accumulate", "grouped_linear_wgrad_accumulate", "moe_unpermute_grad", "moe_aux_loss_grad", "cross_entropy_grad", "vocab_logsumexp_grad", "lse_combine_grad", "vocab_target_logit_grad", "ce_from_stats_grad", "scatter_rows", "reshape", "split", "concat", "constant", "copy_to_group", "group_slice", "grad_accumulate", "sum_squares", "clip_coef", "adamw", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_v", "gather_v", "scatter_v", "all_gather_v", "reduce_scatter_v", "send", "recv", "offload", "reload"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<int>(Op::kCount), "op names and enum differ");
 
 // 1 for collectives (all_reduce … recv): they need a collective backend
-inline constexpr bool kOpIsCollective[] = {false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true, true, true, true, true, true, true, true, true, true, true, false, false};
+inline constexpr bool kOpIsCollective[] = {false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true, true, true, true, true, true, true, true, true, true, true, false, false};
 
 inline constexpr const char* kStreams[] = {"compute", "comm", "copy"};
 inline constexpr const char* kRegions[] = {"arena", "param", "grad", "optim", "data", "scalar", "host", "scratch"};

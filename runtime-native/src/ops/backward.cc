@@ -58,24 +58,43 @@ void run_linear_dgrad(const Instr&, StepCtx& c) {
   cpu::linear_backward_data(dst(dx), src(dy), src(w), N, in, out);
 }
 
-void run_linear_wgrad(const Instr&, StepCtx& c) {
-  // dy [..., out], x [..., in] → dW [out, in] (, db [out] with bias)
-  const Tensor &dy = c.in(0), &x = c.in(1), &dw = c.out(0);
-  const bool bias = c.flag("bias");
-  if (c.numOut() != (bias ? 2 : 1))
-    throw OpError(cat("linear_wgrad with bias=", bias ? "true" : "false", " gives ", bias ? 2 : 1,
-                      " outputs, the instruction has ", c.numOut()));
+namespace {
+
+// dW (, db) += the weight gradient of dy [..., out], x [..., in] (the kernel accumulates); with
+// `overwrite`, zeroed first, once the operands are checked
+void linearWgradInto(StepCtx& c, const Tensor& dw, const Tensor* db, const char* what, bool overwrite) {
+  const Tensor &dy = c.in(0), &x = c.in(1);
   const int64_t N = dy.rows(), out = dy.last(), in = x.last();
   requireDim(x.rows(), N, "rows of x vs dy");
   requireFloat(dy, "input 0 (dy)");
   requireFloat(x, "input 1 (x)");
-  requireFloat(dw, out * in, "output 0 (dW)");
-  zero(dw);
-  if (bias) {
-    requireFloat(c.out(1), out, "output 1 (db)");
-    zero(c.out(1));
+  requireFloat(dw, out * in, what);
+  if (db) requireFloat(*db, out, "the bias gradient (db)");
+  if (overwrite) {
+    zero(dw);
+    if (db) zero(*db);
   }
-  cpu::linear_backward_weight(dst(dw), bias ? dst(c.out(1)) : cpu::Dst{}, src(dy), src(x), N, in, out);
+  cpu::linear_backward_weight(dst(dw), db ? dst(*db) : cpu::Dst{}, src(dy), src(x), N, in, out);
+}
+
+}  // namespace
+
+void run_linear_wgrad(const Instr&, StepCtx& c) {
+  // dy [..., out], x [..., in] → dW [out, in] (, db [out] with bias)
+  const bool bias = c.flag("bias");
+  if (c.numOut() != (bias ? 2 : 1))
+    throw OpError(cat("linear_wgrad with bias=", bias ? "true" : "false", " gives ", bias ? 2 : 1,
+                      " outputs, the instruction has ", c.numOut()));
+  linearWgradInto(c, c.out(0), bias ? &c.out(1) : nullptr, "output 0 (dW)", true);
+}
+
+void run_linear_wgrad_accumulate(const Instr&, StepCtx& c) {
+  // dy [..., out], x [..., in], dW [out, in] (, db [out] with bias): dW += dyᵀ·x (, db += Σ dy)
+  const bool bias = c.flag("bias");
+  if (c.numIn() != (bias ? 4 : 3))
+    throw OpError(cat("linear_wgrad_accumulate with bias=", bias ? "true" : "false", " takes ", bias ? 4 : 3,
+                      " inputs, the instruction has ", c.numIn()));
+  linearWgradInto(c, c.in(2), bias ? &c.in(3) : nullptr, "input 2 (dW)", false);
 }
 
 void run_layernorm_grad(const Instr&, StepCtx& c) {
@@ -217,8 +236,11 @@ void run_grouped_linear_dgrad(const Instr&, StepCtx& c) {
   cpu::grouped_linear_backward_data(dst(dx), src(dy), counts.as<int32_t>(), weightSrcs(c, 2), g.N, g.in, g.out);
 }
 
-void run_grouped_linear_wgrad(const Instr&, StepCtx& c) {
-  // dy [N, out], x [N, in], counts [E] → dW_0 … dW_{E−1} [out, in]
+namespace {
+
+// dW_e += the weight gradient of expert e's rows of dy [N, out], x [N, in] (counts [E] rows each);
+// with `overwrite`, zeroed first, once the operands are checked
+void groupedWgradInto(StepCtx& c, const std::vector<const Tensor*>& dws, bool overwrite) {
   const Tensor &dy = c.in(0), &x = c.in(1), &counts = c.in(2);
   requireRank(dy, 2, "input 0 (dy)");
   requireRank(x, 2, "input 1 (x)");
@@ -227,15 +249,32 @@ void run_grouped_linear_wgrad(const Instr&, StepCtx& c) {
   requireFloat(x, "input 1 (x)");
   const int64_t E = counts.numel, N = dy.dim(0), out = dy.dim(1), in = x.dim(1);
   requireDim(x.dim(0), N, "rows of x vs dy");
-  if (c.numOut() != E)
-    throw OpError(cat("counts has ", E, " experts, the instruction has ", c.numOut(), " weight gradients"));
+  if (int64_t(dws.size()) != E)
+    throw OpError(cat("counts has ", E, " experts, the instruction has ", dws.size(), " weight gradients"));
   std::vector<cpu::Dst> dw;
-  for (int e = 0; e < c.numOut(); e++) {
-    requireFloat(c.out(e), out * in, "weight gradient");
-    zero(c.out(e));
-    dw.push_back(dst(c.out(e)));
+  for (const Tensor* t : dws) {
+    requireFloat(*t, out * in, "weight gradient");
+    dw.push_back(dst(*t));
   }
+  if (overwrite)
+    for (const Tensor* t : dws) zero(*t);
   cpu::grouped_linear_backward_weight(dw, src(dy), src(x), counts.as<int32_t>(), N, in, out);
+}
+
+}  // namespace
+
+void run_grouped_linear_wgrad(const Instr&, StepCtx& c) {
+  // dy [N, out], x [N, in], counts [E] → dW_0 … dW_{E−1} [out, in]
+  std::vector<const Tensor*> dws;
+  for (int e = 0; e < c.numOut(); e++) dws.push_back(&c.out(e));
+  groupedWgradInto(c, dws, true);
+}
+
+void run_grouped_linear_wgrad_accumulate(const Instr&, StepCtx& c) {
+  // dy [N, out], x [N, in], counts [E], dW_0 … dW_{E−1} [out, in]: dW_e += expert e's gradient
+  std::vector<const Tensor*> dws;
+  for (int e = 3; e < c.numIn(); e++) dws.push_back(&c.in(e));
+  groupedWgradInto(c, dws, false);
 }
 
 void run_moe_unpermute_grad(const Instr&, StepCtx& c) {

@@ -9,7 +9,8 @@
 // problem; the executor adds the instruction index, op and scope.
 //
 // Output semantics follow the IR: every output is OVERWRITTEN. Kernels that accumulate into a
-// weight gradient (d<param> += …) get a zeroed output first; grad_accumulate and adamw are the ops
+// weight gradient (d<param> += …) get a zeroed output first; grad_accumulate, the fused wgrad
+// accumulations (linear_wgrad_accumulate, grouped_linear_wgrad_accumulate) and adamw are the ops
 // that update persistent buffers in place.
 #pragma once
 

@@ -54,6 +54,8 @@ void run_router_topk_grad(const Instr& in, StepCtx& c);
 void run_moe_permute_grad(const Instr& in, StepCtx& c);
 void run_grouped_linear_dgrad(const Instr& in, StepCtx& c);
 void run_grouped_linear_wgrad(const Instr& in, StepCtx& c);
+void run_linear_wgrad_accumulate(const Instr& in, StepCtx& c);
+void run_grouped_linear_wgrad_accumulate(const Instr& in, StepCtx& c);
 void run_moe_unpermute_grad(const Instr& in, StepCtx& c);
 void run_moe_aux_loss_grad(const Instr& in, StepCtx& c);
 void run_cross_entropy_grad(const Instr& in, StepCtx& c);

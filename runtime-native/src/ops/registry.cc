@@ -93,6 +93,9 @@ constexpr std::array<OpEntry, kOpCount> buildRegistry() {
   set(Op::moe_permute_grad, compute(2, 2, 1, 1, "k:int", run_moe_permute_grad));
   set(Op::grouped_linear_dgrad, compute(3, V, 1, 1, "", run_grouped_linear_dgrad));
   set(Op::grouped_linear_wgrad, compute(3, 3, 1, V, "", run_grouped_linear_wgrad));
+  // the weight gradients summed into the gradient buffers (inputs after dy, x (, counts))
+  set(Op::linear_wgrad_accumulate, compute(3, 4, 0, 0, "bias:bool", run_linear_wgrad_accumulate));
+  set(Op::grouped_linear_wgrad_accumulate, compute(4, V, 0, 0, "", run_grouped_linear_wgrad_accumulate));
   set(Op::moe_unpermute_grad, compute(4, 4, 2, 2, "", run_moe_unpermute_grad));
   set(Op::moe_aux_loss_grad, compute(4, 4, 1, 1, "coeff:number", run_moe_aux_loss_grad));
   set(Op::cross_entropy_grad, compute(5, 5, 1, 1, "", run_cross_entropy_grad));
