@@ -1,7 +1,9 @@
 // bench/step: time per training step of tiny-vlm and tiny-vlm-moe, lfc's CPU runtime against
 // the same model in PyTorch written as a user would (bench/step_torch.py), on the same batch
 // (the committed fixture: 3 microbatches of 128 tokens), the same weights and the same thread
-// count, in one script. Prints medians and the ratio lfc / PyTorch (lower is better for lfc).
+// count, in one script. Prints medians and the ratio lfc / PyTorch (lower is better for lfc), and
+// lfc's step with --no-gradient-accumulation-fusion against its default (the wgrad GEMMs adding
+// into the gradients), run first.
 //
 //   npx tsx bench/step.ts [--steps 20] [--warmup 3] [--threads 2]
 
@@ -34,16 +36,27 @@ const rows: string[] = [];
 for (const model of ['tiny-vlm', 'tiny-vlm-moe']) {
   const fixtures = join(projectRoot(), 'test/fixtures', model);
   const dir = benchDir(`lfc-bench-${model}-`);
-  const { plan, programs } = compile({ model, globalBatchSize: 3 });
-  writePlan(join(dir, 'plan'), plan, programs);
-  const lfc = await train({
-    planDir: join(dir, 'plan'),
-    trainIters: warmup + steps,
-    weights: join(fixtures, 'weights.safetensors'),
-    batch: join(fixtures, 'batch.safetensors'),
-    threads,
-  });
+  /** lfc's steps of the plan compiled with `fusion` (the wgrad-accumulation pass) or without */
+  const lfcRun = async (fusion: boolean) => {
+    const planDir = join(dir, fusion ? 'plan' : 'plan-unfused');
+    const { plan, programs } = compile({
+      model,
+      globalBatchSize: 3,
+      gradientAccumulationFusion: fusion,
+    });
+    writePlan(planDir, plan, programs);
+    return train({
+      planDir,
+      trainIters: warmup + steps,
+      weights: join(fixtures, 'weights.safetensors'),
+      batch: join(fixtures, 'batch.safetensors'),
+      threads,
+    });
+  };
+  const unfused = await lfcRun(false);
+  const lfc = await lfcRun(true);
   const lfcMs = median(lfc.steps.slice(warmup).map((s) => s.stepMs));
+  const unfusedMs = median(unfused.steps.slice(warmup).map((s) => s.stepMs));
   const torchOut = execFileSync(
     '/usr/bin/python3',
     [
@@ -70,6 +83,7 @@ for (const model of ['tiny-vlm', 'tiny-vlm-moe']) {
   rows.push(
     `${model.padEnd(13)} lfc ${lfcMs.toFixed(1).padStart(7)} ms   PyTorch ${torch.median_ms.toFixed(1).padStart(7)} ms   ` +
       `ratio ${(lfcMs / torch.median_ms).toFixed(2)}   (first loss lfc ${lfc.steps[0].loss.toFixed(5)}, torch ${torch.loss_first.toFixed(5)})`,
+    `${''.padEnd(13)} lfc --no-gradient-accumulation-fusion ${unfusedMs.toFixed(1)} ms: fused / unfused ${(lfcMs / unfusedMs).toFixed(3)}`,
   );
 }
 console.log(
