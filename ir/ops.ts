@@ -256,6 +256,22 @@ const groupedGemmCost = (
       : { kind: 'gemm', m: per, n, k, groups: experts };
   });
 
+/** dW = dyᵀ·x: dy [..., out], x [..., in] (linear_wgrad, linear_wgrad_accumulate) */
+const wgradCost = gemmCost(({ inputs: [dy, x] }) => [
+  dy[dy.length - 1],
+  x[x.length - 1],
+  rowsOf(dy),
+]);
+
+/** dW_e = dy_eᵀ·x_e over counts' experts: dy [N, out], x [N, in], counts [E] (k: each expert's rows) */
+const groupedWgradCost = groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
+  rows: dy[0],
+  experts: counts[0],
+  n: dy[1],
+  k: x[1],
+  rowsAreK: true,
+}));
+
 /** y = x·Wᵀ: x [..., in], W [out, in] */
 const linearCost = gemmCost(({ inputs: [x, w] }) => [rowsOf(x), w[0], w[1]]);
 
@@ -1107,7 +1123,7 @@ export const OP_TABLE = {
       if (attrs.bias) out.push({ dtype, shape: [last(dy.shape)] });
       return out;
     },
-    ...gemmCost(({ inputs: [dy, x] }) => [dy[dy.length - 1], x[x.length - 1], rowsOf(dy)]),
+    ...wgradCost,
     pure: true,
     kernel: 'linear_backward_weight',
   },
@@ -1310,13 +1326,7 @@ export const OP_TABLE = {
         shape: [dy.shape[1], x.shape[1]],
       }));
     },
-    ...groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
-      rows: dy[0],
-      experts: counts[0],
-      n: dy[1],
-      k: x[1],
-      rowsAreK: true,
-    })),
+    ...groupedWgradCost,
     pure: true,
     kernel: 'grouped_linear_backward_weight',
   },
@@ -1349,7 +1359,7 @@ export const OP_TABLE = {
       }
       return [];
     },
-    ...gemmCost(({ inputs: [dy, x] }) => [dy[dy.length - 1], x[x.length - 1], rowsOf(dy)]),
+    ...wgradCost,
     pure: false,
     updates: (n) => (n === 4 ? [2, 3] : [2]),
     kernel: 'linear_backward_weight',
@@ -1381,13 +1391,7 @@ export const OP_TABLE = {
       }
       return [];
     },
-    ...groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
-      rows: dy[0],
-      experts: counts[0],
-      n: dy[1],
-      k: x[1],
-      rowsAreK: true,
-    })),
+    ...groupedWgradCost,
     pure: false,
     updates: (n) => Array.from({ length: n - 3 }, (_, i) => 3 + i),
     kernel: 'grouped_linear_backward_weight',
