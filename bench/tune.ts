@@ -23,7 +23,6 @@ import { fileURLToPath } from 'node:url';
 import { parseCompileArgs } from '../cli/compile.js';
 import { compile } from '../compiler/pipeline.js';
 import { deviceMemoryOf, memoryByProgram } from '../compiler/report/memory.js';
-
 import { EFFICIENCY_FAMILIES, loadHardware, scaleEfficiency } from '../compiler/sim/hardware.js';
 import type { HardwareProfile } from '../compiler/sim/hardware.js';
 import { forecastStep } from '../compiler/sim/report.js';

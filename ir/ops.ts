@@ -272,6 +272,49 @@ const groupedWgradCost = groupedGemmCost(({ inputs: [dy, x, counts] }) => ({
   rowsAreK: true,
 }));
 
+/** linear_wgrad's outputs: dW [out, in] (and db [out] with bias) of dy [..., out], x [..., in] */
+function linearWgradShape([dy, x]: readonly TensorType[], attrs: Attrs): TensorType[] {
+  floatT(dy, 'dy');
+  floatT(x, 'x');
+  need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
+  const dtype = dtypeOr(attrs, 'grad_dtype', dy.dtype);
+  const out: TensorType[] = [{ dtype, shape: [last(dy.shape), last(x.shape)] }];
+  if (attrs.bias) out.push({ dtype, shape: [last(dy.shape)] });
+  return out;
+}
+
+/** grouped_linear_wgrad's outputs: dW_e [out, in] per expert of counts [E], dy [N, out], x [N, in] */
+function groupedWgradShape([dy, x, counts]: readonly TensorType[], attrs: Attrs): TensorType[] {
+  floatT(dy, 'dy');
+  sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
+  const e = counts.shape[0];
+  need(typeof e === 'number', 'expert count must be a number');
+  return Array.from({ length: e }, () => ({
+    dtype: dtypeOr(attrs, 'grad_dtype', dy.dtype),
+    shape: [dy.shape[1], x.shape[1]],
+  }));
+}
+
+/**
+ * A fused accumulation's buffers against the gradients its unfused op would give: each a float
+ * tensor of that gradient's shape (its element type is the buffer's own: the main gradient's)
+ */
+function accumulatorsMatch(
+  acc: readonly TensorType[],
+  grads: readonly TensorType[],
+  names: readonly string[],
+  dims: readonly string[],
+): void {
+  grads.forEach((g, i) => {
+    const [name, dim] = [names[Math.min(i, names.length - 1)], dims[Math.min(i, dims.length - 1)]];
+    floatT(acc[i], name);
+    need(
+      shapeEq(acc[i].shape, g.shape),
+      () => `${name} ${formatShape(acc[i].shape)} vs ${dim} ${formatShape(g.shape)}`,
+    );
+  });
+}
+
 /** y = x·Wᵀ: x [..., in], W [out, in] */
 const linearCost = gemmCost(({ inputs: [x, w] }) => [rowsOf(x), w[0], w[1]]);
 
@@ -1114,15 +1157,7 @@ export const OP_TABLE = {
     category: 'compute',
     inputs: [2, 2],
     attrs: { bias: attr('bool', 'also give the bias gradient'), ...gradDtypeAttrs },
-    shape: ([dy, x], attrs) => {
-      floatT(dy, 'dy');
-      floatT(x, 'x');
-      need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
-      const dtype = dtypeOr(attrs, 'grad_dtype', dy.dtype);
-      const out: TensorType[] = [{ dtype, shape: [last(dy.shape), last(x.shape)] }];
-      if (attrs.bias) out.push({ dtype, shape: [last(dy.shape)] });
-      return out;
-    },
+    shape: linearWgradShape,
     ...wgradCost,
     pure: true,
     kernel: 'linear_backward_weight',
@@ -1316,16 +1351,7 @@ export const OP_TABLE = {
     category: 'compute',
     inputs: [3, 3],
     attrs: gradDtypeAttrs,
-    shape: ([dy, x, counts], attrs) => {
-      floatT(dy, 'dy');
-      sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
-      const e = counts.shape[0];
-      need(typeof e === 'number', 'expert count must be a number');
-      return Array.from({ length: e }, () => ({
-        dtype: dtypeOr(attrs, 'grad_dtype', dy.dtype),
-        shape: [dy.shape[1], x.shape[1]],
-      }));
-    },
+    shape: groupedWgradShape,
     ...groupedWgradCost,
     pure: true,
     kernel: 'grouped_linear_backward_weight',
@@ -1339,24 +1365,10 @@ export const OP_TABLE = {
     category: 'compute',
     inputs: [3, 4],
     attrs: { bias: attr('bool', 'also accumulate the bias gradient (a fourth input)') },
-    shape: ([dy, x, dw, db], attrs) => {
-      floatT(dy, 'dy');
-      floatT(x, 'x');
-      floatT(dw, 'dW');
-      need(sameNumel(dy.shape.slice(0, -1), x.shape.slice(0, -1)), 'dy and x rows differ');
-      need(
-        shapeEq(dw.shape, [last(dy.shape), last(x.shape)]),
-        () =>
-          `dW ${formatShape(dw.shape)} vs [out, in] ${formatShape([last(dy.shape), last(x.shape)])}`,
-      );
-      need(
-        (db !== undefined) === (attrs.bias === true),
-        'a bias gradient is the fourth input, with bias',
-      );
-      if (db) {
-        floatT(db, 'db');
-        need(shapeEq(db.shape, [last(dy.shape)]), () => `db ${formatShape(db.shape)} vs [out]`);
-      }
+    shape: ([dy, x, ...acc], attrs) => {
+      const grads = linearWgradShape([dy, x], attrs);
+      need(acc.length === grads.length, 'a bias gradient is the fourth input, with bias');
+      accumulatorsMatch(acc, grads, ['dW', 'db'], ['[out, in]', '[out]']);
       return [];
     },
     ...wgradCost,
@@ -1371,24 +1383,16 @@ export const OP_TABLE = {
     category: 'compute',
     inputs: [4, Infinity],
     attrs: {},
-    shape: ([dy, x, counts, ...dws]) => {
-      floatT(dy, 'dy');
+    shape: ([dy, x, counts, ...dws], attrs) => {
       floatT(x, 'x');
-      sameDim(dy.shape[0], x.shape[0], 'rows of dy vs x');
       intT(counts, 'counts');
+      const grads = groupedWgradShape([dy, x, counts], attrs);
       need(
-        dimEq(counts.shape[0], dws.length),
+        dws.length === grads.length,
         () =>
           `counts has ${formatShape(counts.shape)} experts, ${dws.length} gradient buffers given`,
       );
-      for (const dw of dws) {
-        floatT(dw, 'dW');
-        need(
-          shapeEq(dw.shape, [dy.shape[1], x.shape[1]]),
-          () =>
-            `dW ${formatShape(dw.shape)} vs [out, in] ${formatShape([dy.shape[1], x.shape[1]])}`,
-        );
-      }
+      accumulatorsMatch(dws, grads, ['dW'], ['[out, in]']);
       return [];
     },
     ...groupedWgradCost,
@@ -2025,9 +2029,11 @@ export function opInfo(kind: OpKind): OpInfo {
   return OP_TABLE[kind];
 }
 
+const NONE_UPDATED: readonly number[] = Object.freeze([]);
+
 /** The inputs instruction or node `op` with `inputs` inputs updates in place (OpInfo.updates). */
 export function updatedInputs(op: OpKind, inputs: number): readonly number[] {
-  return (OP_TABLE[op] as OpInfo).updates?.(inputs) ?? [];
+  return (OP_TABLE[op] as OpInfo).updates?.(inputs) ?? NONE_UPDATED;
 }
 
 export function isOpKind(s: string): s is OpKind {

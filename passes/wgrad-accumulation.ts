@@ -12,8 +12,7 @@
 // two uses (a tied weight), or that passes through anything else on its way, keeps its
 // accumulation.
 
-import type { Graph, Node } from '../ir/graph.js';
-import type { TensorType } from '../ir/types.js';
+import { valueTypes, type Graph, type Node } from '../ir/graph.js';
 
 const FUSED = {
   linear_wgrad: 'linear_wgrad_accumulate',
@@ -24,9 +23,7 @@ export function fuseWgradAccumulation(g: Graph): Graph {
   const readers = new Map<string, number>();
   for (const n of g.nodes) for (const v of n.inputs) readers.set(v, (readers.get(v) ?? 0) + 1);
   for (const o of g.outputs) readers.set(o.value, (readers.get(o.value) ?? 0) + 1);
-  const types = new Map<string, TensorType>();
-  for (const p of g.params) types.set(p.name, p.type);
-  for (const n of g.nodes) for (const o of n.outputs) types.set(o.name, o.type);
+  const types = valueTypes(g);
   /** value → the grad_accumulate that is its only reader */
   const accumulation = new Map<string, Node>();
   for (const n of g.nodes)
