@@ -11,8 +11,11 @@ import type { RankContext } from './launch-rank.js';
 import type { RankMessage } from './launch.js';
 import type { NativeCommunicatorInfo } from './native.js';
 
-/** How long a rank that hosts the store keeps it after its run failed. */
-const STORE_GRACE_MS = 1_000;
+/**
+ * How long, at most, a rank that hosts the store keeps it after its run failed, waiting for the
+ * other ranks' connections to close.
+ */
+const STORE_GRACE_MS = 10_000;
 
 /** Where a rank writes its output and its messages (the CLI's CliIO is one). */
 export interface RankIO {
@@ -86,8 +89,8 @@ export async function runRank(
   } finally {
     // a failed step left its reason in the store for the other ranks, which look it up as soon
     // as their connections with this rank close (runtime-native/src/comm/comm.h): the store
-    // stays a moment longer than this rank's connections
-    if (failed && server) await new Promise((r) => setTimeout(r, STORE_GRACE_MS));
+    // stays until they have gone, however loaded the machine (a fixed second was not enough)
+    if (failed && server) await server.drain(String(rank.rank), STORE_GRACE_MS);
     await server?.close();
     if (rank.launched) {
       // the IPC channel would keep this process alive

@@ -9,6 +9,7 @@
 //   2 get  [key]             → 1 + value, or 0 when absent
 //   3 wait [key, …]          → 1 once every key is set
 //   4 add  [key, i64 delta]  → the new i64 value (an absent key counts as 0)
+//   5 hello [name]           → ""; names the connection (a rank's native client: its rank)
 
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 
@@ -16,6 +17,7 @@ const SET = 1;
 const GET = 2;
 const WAIT = 3;
 const ADD = 4;
+const HELLO = 5;
 
 /** Splits a byte stream into requests (server side) or replies (client side). */
 class FrameReader {
@@ -73,6 +75,9 @@ export class StoreServer {
   private readonly values = new Map<string, Buffer>();
   private readonly waiters: { keys: string[]; done: () => void }[] = [];
   private readonly sockets = new Set<Socket>();
+  /** the name each connection gave itself (hello) */
+  private readonly names = new Map<Socket, string>();
+  private readonly onClosed: (() => void)[] = [];
 
   private constructor(
     private readonly server: Server,
@@ -107,6 +112,28 @@ export class StoreServer {
     return this.values.get(key);
   }
 
+  /**
+   * Resolves once no connection named other than `own` is open, or after `maxMs`: a rank that
+   * hosts the store and failed keeps it until the other ranks, which look its reason up there
+   * when their connections with it close, have gone (or gave up).
+   */
+  async drain(own: string, maxMs: number): Promise<void> {
+    const others = () => [...this.names.values()].some((n) => n !== own);
+    if (!others()) return;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(done, maxMs);
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+      const check = (): void => {
+        if (others()) this.onClosed.push(check);
+        else done();
+      };
+      this.onClosed.push(check);
+    });
+  }
+
   async close(): Promise<void> {
     for (const s of this.sockets) s.destroy();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
@@ -122,7 +149,7 @@ export class StoreServer {
       while (!busy) {
         const req = reader.request();
         if (!req) return;
-        const answer = this.handle(req[0], req[1]);
+        const answer = this.handle(sock, req[0], req[1]);
         if (answer instanceof Promise) {
           busy = true;
           void answer.then((r) => {
@@ -138,10 +165,14 @@ export class StoreServer {
       pump();
     });
     sock.on('error', () => sock.destroy());
-    sock.on('close', () => this.sockets.delete(sock));
+    sock.on('close', () => {
+      this.sockets.delete(sock);
+      this.names.delete(sock);
+      for (const f of this.onClosed.splice(0)) f();
+    });
   }
 
-  private handle(cmd: number, parts: Buffer[]): Buffer | Promise<Buffer> {
+  private handle(sock: Socket, cmd: number, parts: Buffer[]): Buffer | Promise<Buffer> {
     const key = parts[0]?.toString('utf8') ?? '';
     switch (cmd) {
       case SET:
@@ -167,6 +198,9 @@ export class StoreServer {
         this.set(key, out);
         return out;
       }
+      case HELLO:
+        this.names.set(sock, key);
+        return Buffer.alloc(0);
       default:
         return Buffer.alloc(0);
     }
@@ -239,6 +273,11 @@ export class StoreClient {
     const d = Buffer.alloc(8);
     d.writeBigInt64LE(BigInt(delta));
     return Number((await this.request(ADD, [key, d])).readBigInt64LE());
+  }
+
+  /** Names this connection to the server (see StoreServer.drain). */
+  hello(name: string): Promise<void> {
+    return this.request(HELLO, [name]).then(() => undefined);
   }
 
   close(): void {

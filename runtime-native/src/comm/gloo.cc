@@ -637,8 +637,10 @@ class GlooBackend : public Backend {
       const std::string hostPort = c.store.substr(4);
       const size_t colon = hostPort.rfind(':');
       if (colon == std::string::npos) throw CommError(cat("store address '", c.store, "' has no port"));
-      store_ = std::make_unique<TcpStore>(hostPort.substr(0, colon), std::stoi(hostPort.substr(colon + 1)),
-                                          c.timeout);
+      auto tcp = std::make_unique<TcpStore>(hostPort.substr(0, colon), std::stoi(hostPort.substr(colon + 1)),
+                                            c.timeout);
+      tcp->hello(std::to_string(c.rank));
+      store_ = std::move(tcp);
     } else if (c.store.rfind("file:", 0) == 0) {
       store_ = std::make_unique<FileStore>(c.store.substr(5));
     } else {

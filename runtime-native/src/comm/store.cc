@@ -18,7 +18,7 @@ namespace lfc::comm {
 
 namespace {
 
-enum Cmd : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
+enum Cmd : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kHello = 5 };
 
 using Clock = std::chrono::steady_clock;
 
@@ -121,6 +121,8 @@ std::vector<char> TcpStore::request(uint8_t cmd, const std::vector<std::string>&
     if (len == 0) return got;
   }
 }
+
+void TcpStore::hello(const std::string& name) { request(kHello, {name}, timeout_); }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   request(kSet, {key, std::string(data.begin(), data.end())}, timeout_);

@@ -6,6 +6,7 @@
 //   set  [key, value]  → ""            add   [key, i64 delta] → i64 (the new value)
 //   get  [key]         → 1 + value, or 0 when the key is absent
 //   wait [key, …]      → 1 once every key is set (the server holds the reply until then)
+//   hello [name]       → ""            names the connection: a rank's is its rank, in decimal
 // One request at a time per connection; the client holds a lock around each.
 #pragma once
 
@@ -32,6 +33,9 @@ class TcpStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   int64_t add(const std::string& key, int64_t delta);
+  // Names this connection to the server: a store hosted by a rank stays up after that rank's
+  // failure until the other ranks' connections close (runtime/rank.ts)
+  void hello(const std::string& name);
   std::optional<std::vector<char>> tryGet(const std::string& key) { return tryGet(key, timeout_); }
   std::optional<std::vector<char>> tryGet(const std::string& key, std::chrono::milliseconds timeout);
 
