@@ -6,10 +6,10 @@
 
 import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
-import YAML from 'yaml';
 import { didYouMean, oneLine, parseFile, UserError } from '../errors.js';
 import { configsDir } from '../paths.js';
 import { cachedParse } from './file-cache.js';
+import { yaml } from './yaml.js';
 
 export interface EncoderConfig {
   type: 'vit';
@@ -240,7 +240,7 @@ function isTree(v: unknown): v is Tree {
 
 function readYaml(path: string): Tree {
   const doc: unknown = cachedParse(path, () =>
-    parseFile(path, 'YAML', (text): unknown => YAML.parse(text, { logLevel: 'error' })),
+    parseFile(path, 'YAML', (text): unknown => yaml().parse(text, { logLevel: 'error' })),
   );
   if (!isTree(doc)) throw new UserError(`${path}: expected a mapping at the top level`);
   return doc;
@@ -384,7 +384,7 @@ export function applyOverride(tree: Tree, text: string): void {
   }
   let value: unknown;
   try {
-    value = rawValue === '' ? '' : YAML.parse(rawValue, { logLevel: 'error' });
+    value = rawValue === '' ? '' : yaml().parse(rawValue, { logLevel: 'error' });
   } catch {
     value = rawValue;
   }

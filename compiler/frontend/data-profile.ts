@@ -19,10 +19,10 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { cachedParse } from './file-cache.js';
 import { basename, relative } from 'node:path';
-import YAML from 'yaml';
 import { didYouMean, UserError } from '../errors.js';
 import { configsDir, projectRoot } from '../paths.js';
 import type { EncoderConfig } from './config.js';
+import { yaml } from './yaml.js';
 
 /** value → probability; the probabilities sum to 1 */
 export type Histogram<T> = readonly { readonly value: T; readonly p: number }[];
@@ -268,7 +268,7 @@ export function loadDataProfile(ref = 'default'): DataProfile {
   let doc: unknown;
   try {
     doc = cachedParse(file, (): unknown =>
-      YAML.parse(readFileSync(file, 'utf8'), { logLevel: 'error' }),
+      yaml().parse(readFileSync(file, 'utf8'), { logLevel: 'error' }),
     );
   } catch (e) {
     throw fail(`malformed YAML: ${(e as Error).message.split('\n')[0]}`);
