@@ -20,6 +20,7 @@ import { median } from '../compiler/sim/calibrate.js';
 import { loadHardware } from '../compiler/sim/hardware.js';
 import { simulatePlan } from '../compiler/sim/simulate.js';
 import { readPlan } from '../runtime/plan-io.js';
+import { measuredImbalance } from './routing.js';
 import { benchDir } from './temp-dir.js';
 import { setupOrExit } from '../scripts/setup.mjs';
 
@@ -87,13 +88,14 @@ console.log(
 );
 console.log('|---|---|---|---|---|');
 const ratios: { ranks: number; ratio: number }[] = [];
+const imbalances: string[] = [];
 /** the layout's plan at `scale` × its global batch, and its predicted step (ms) */
-const planAt = async (name: string, argv: string[], scale: number) => {
+const planAt = async (name: string, argv: string[], scale: number, ...extra: string[]) => {
   const plan = join(dir, name.replace(/\W+/g, '-'));
   const at = argv.indexOf('--global-batch-size');
   const scaled = argv.map((a, i) => (i === at + 1 ? String(Number(a) * scale) : a));
   // the split balanced on the calibrated profile, as the plan is simulated on it
-  await must('compile', ...scaled, '--hardware', profile, '--no-simulate', '-o', plan);
+  await must('compile', ...scaled, ...extra, '--hardware', profile, '--no-simulate', '-o', plan);
   const loaded = readPlan(plan);
   return {
     plan,
@@ -106,7 +108,26 @@ for (const [k, [name, argv]] of LAYOUTS.entries()) {
   // steps of at least a second (issue 17, item 5): more microbatches where this machine is fast
   const first = await planAt(name, argv, 1);
   const scale = Math.max(1, Math.ceil(MIN_STEP_MS / first.predicted));
-  const { plan, loaded, predicted } = scale > 1 ? await planAt(name, argv, scale) : first;
+  // expert parallelism: the routing the layout will see, measured on one rank (bench/routing.ts),
+  // priced at its busiest rank (--moe-expected-imbalance); 1 (balanced) priced it 0.71-0.74 fast
+  const ep = argv.includes('--ep') ? Number(argv[argv.indexOf('--ep') + 1]) : 1;
+  let imbalance = 1;
+  if (ep > 1) {
+    const gbs = Number(argv[argv.indexOf('--global-batch-size') + 1]) * scale;
+    const one = join(dir, `${name.replace(/\W+/g, '-')}-one`);
+    await must('compile', ...SCALE, '--global-batch-size', String(gbs), '--no-simulate', '-o', one);
+    // the steps the median is taken over (the first is left out)
+    imbalance = await measuredImbalance(one, ep, 2, steps);
+  }
+  const { plan, loaded, predicted } =
+    scale > 1 || ep > 1
+      ? await planAt(
+          name,
+          argv,
+          scale,
+          ...(ep > 1 ? ['--moe-expected-imbalance', imbalance.toFixed(3)] : []),
+        )
+      : first;
   const ranks = loaded.plan.topology.worldSize;
   const metrics = join(plan, 'bench.jsonl');
   await must(
@@ -128,10 +149,15 @@ for (const [k, [name, argv]] of LAYOUTS.entries()) {
   const measured = median(times);
   ratios.push({ ranks, ratio: predicted / measured });
   const microbatches = loaded.plan.training.globalBatchSize;
+  if (ep > 1) imbalances.push(`${name}: ${imbalance.toFixed(3)}`);
   console.log(
     `| ${name} | ${microbatches} | ${predicted.toFixed(0)} | ${measured.toFixed(0)} | ${(predicted / measured).toFixed(2)} |`,
   );
 }
 const multi = ratios.filter((r) => r.ranks >= 2);
 const within = multi.filter((r) => Math.abs(r.ratio - 1) <= 0.15).length;
+if (imbalances.length)
+  console.log(
+    `\nexpected routing imbalance (busiest rank / mean), measured on one rank: ${imbalances.join('; ')}`,
+  );
 console.log(`\nwithin 15%: ${within} of ${multi.length} layouts on 2–4 ranks (target: 8)`);

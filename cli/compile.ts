@@ -94,6 +94,7 @@ interface CompileFlags {
   moeExpertCapacityFactor?: number;
   moeTokenDropPolicy?: TokenDropPolicy;
   moeRoutingImbalance?: number;
+  moeExpectedImbalance?: number;
   dataProfile?: string;
   advice?: boolean;
 }
@@ -497,6 +498,11 @@ function defineCompileCommand(cmd: Command): Command {
       "without a capacity factor: plan each rank's expert dispatch for up to f × the rows balanced routing gives it, refused at run time beyond (default: model.text_decoder.moe_routing_imbalance, else the dropless worst case)",
       atLeastOne('--moe-routing-imbalance'),
     )
+    .option(
+      '--moe-expected-imbalance <f>',
+      "the busiest expert-parallel rank's share of a typical step's routing, as a multiple of balanced routing's rows: the simulator prices each rank's expert dispatch at it (default: model.text_decoder.moe_expected_imbalance, else 1, balanced)",
+      atLeastOne('--moe-expected-imbalance'),
+    )
     .addOption(
       new Option(
         '--moe-token-drop-policy <policy>',
@@ -707,6 +713,7 @@ export function compileRequest(
       moeExpertCapacityFactor: f.moeExpertCapacityFactor,
       moeTokenDropPolicy: f.moeTokenDropPolicy,
       moeRoutingImbalance: f.moeRoutingImbalance,
+      moeExpectedImbalance: f.moeExpectedImbalance,
       dataProfile: f.dataProfile,
       hardware: hardwareOf(f),
       dumpAfter: f.dumpAfter,

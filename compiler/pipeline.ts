@@ -178,6 +178,8 @@ export interface CompileOptions {
   readonly moeExpertCapacityFactor?: number;
   /** --moe-routing-imbalance (default: model.text_decoder.moe_routing_imbalance) */
   readonly moeRoutingImbalance?: number;
+  /** --moe-expected-imbalance (default: model.text_decoder.moe_expected_imbalance, else 1) */
+  readonly moeExpectedImbalance?: number;
   /** --data-profile: a name under configs/data or a YAML file (default: training.data_profile) */
   readonly dataProfile?: string;
   /**
@@ -461,6 +463,7 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
         expertParallel(g, {
           ep: sizes.ep,
           imbalance: cfg.model.text_decoder.moe_routing_imbalance,
+          expectedImbalance: cfg.model.text_decoder.moe_expected_imbalance,
           tokenSplit: l.sequenceParallel ? sizes.tp : 1,
         }),
     ],
@@ -854,7 +857,8 @@ function withTokenDropping(cfg: ModelConfig, o: CompileOptions): ModelConfig {
   if (
     o.moeExpertCapacityFactor === undefined &&
     o.moeTokenDropPolicy === undefined &&
-    o.moeRoutingImbalance === undefined
+    o.moeRoutingImbalance === undefined &&
+    o.moeExpectedImbalance === undefined
   )
     return cfg;
   const d = cfg.model.text_decoder;
@@ -863,6 +867,7 @@ function withTokenDropping(cfg: ModelConfig, o: CompileOptions): ModelConfig {
     moe_expert_capacity_factor: o.moeExpertCapacityFactor ?? d.moe_expert_capacity_factor,
     moe_token_drop_policy: o.moeTokenDropPolicy ?? d.moe_token_drop_policy,
     moe_routing_imbalance: o.moeRoutingImbalance ?? d.moe_routing_imbalance,
+    moe_expected_imbalance: o.moeExpectedImbalance ?? d.moe_expected_imbalance,
   };
   return { ...cfg, model: { ...cfg.model, text_decoder } };
 }

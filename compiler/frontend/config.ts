@@ -98,6 +98,14 @@ export interface DecoderConfig {
    * absent, the dropless worst case (every token of the group on one rank)
    */
   moe_routing_imbalance?: number;
+  /**
+   * what a typical step's routing gives the busiest rank of an expert-parallel group, as a
+   * multiple of balanced routing's rows (the mean, over layers and microbatches, of the largest
+   * rank's received rows over the group's mean): the size the simulator prices each rank's
+   * expert dispatch at, since every rank of the group waits for the busiest at the next
+   * all-to-all (--moe-expected-imbalance). Absent: 1, balanced routing.
+   */
+  moe_expected_imbalance?: number;
   freeze: boolean;
 }
 
@@ -212,6 +220,7 @@ const DECODER_SCHEMA: Schema = {
   // Megatron's default, probs
   moe_token_drop_policy: { t: 'enum', values: ['position', 'probs'], def: 'probs' },
   moe_routing_imbalance: { t: 'posnumber', optional: true },
+  moe_expected_imbalance: { t: 'posnumber', optional: true },
   freeze: { t: 'bool', def: false },
 };
 

@@ -468,6 +468,14 @@ const FLAG_RULES: readonly LayoutRule[] = [
     },
   },
   {
+    id: 'moe-expected-imbalance',
+    check: ({ config }) => {
+      const f = config.model.text_decoder.moe_expected_imbalance;
+      if (f === undefined || f >= 1) return undefined;
+      return `--moe-expected-imbalance (model.text_decoder.moe_expected_imbalance) must be at least 1 (balanced routing), got ${f}`;
+    },
+  },
+  {
     id: 'recompute-modules-selective',
     check: ({ recompute }) =>
       recompute?.modules?.length && recompute.granularity !== 'selective'

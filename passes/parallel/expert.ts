@@ -30,6 +30,11 @@ export interface ExpertParallelOptions {
    */
   readonly imbalance?: number;
   /**
+   * the busiest rank's received rows in a typical step, as a multiple of balanced routing's: the
+   * dispatch's expected size (default 1)
+   */
+  readonly expectedImbalance?: number;
+  /**
    * the ranks each microbatch's tokens are split over before the router (sequence parallelism's
    * tp, dropless routing: passes/parallel/tensor.ts); a rank dispatches 1/tokenSplit of the
    * rows, and its receive bound shrinks with them. Default 1
@@ -170,7 +175,13 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
           `Rx${layerIndex++}`,
           rxBound,
           receivedRowsDoc(n.scope, capacity, o.imbalance),
-          Math.min(rxBound, Math.round(balancedReceivedRows(ep, sentExpected, perRank, capacity))),
+          Math.min(
+            rxBound,
+            Math.round(
+              (o.expectedImbalance ?? 1) *
+                balancedReceivedRows(ep, sentExpected, perRank, capacity),
+            ),
+          ),
         );
         const [rowsIn, countsBack] = b.op('all_to_all_v', [rows, send], {
           ...coll,

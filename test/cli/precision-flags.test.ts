@@ -1,6 +1,6 @@
 // Bad precision and data-profile input on `lfc compile`: one line naming the problem, exit 2, no
 // plan written; and what --bf16 and --data-profile change in the plan and the report.
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -84,4 +84,52 @@ describe('lfc run: an expert dispatch past its planned routing imbalance', () =>
     );
     expect(r.err).not.toMatch(/internal error/);
   }, 60_000);
+});
+
+describe('lfc compile --moe-expected-imbalance', () => {
+  /** the plan's Rx symbols (an expert dispatch's received rows) and its simulated step */
+  async function compiled(name: string, ...flags: string[]) {
+    const plan = join(dir, name);
+    const c = await cli(
+      'compile',
+      'tiny-vlm-moe',
+      '--nproc-per-node',
+      '2',
+      '--ep',
+      '2',
+      '--moe-routing-imbalance',
+      '1.5',
+      ...flags,
+      '--json',
+      '-o',
+      plan,
+    );
+    expect(c.err).toBe('');
+    const p = JSON.parse(readFileSync(join(plan, 'plan.json'), 'utf8')) as {
+      symbols: { name: string; bound: number; expected?: number }[];
+    };
+    const j = JSON.parse(c.out) as { forecast: { stepSeconds: number } };
+    return { rx: p.symbols.filter((s) => /^Rx\d+$/.test(s.name)), step: j.forecast.stepSeconds };
+  }
+
+  it("prices each dispatch at the busiest rank's rows, within the planned bound", async () => {
+    const balanced = await compiled('balanced');
+    const skewed = await compiled('skewed', '--moe-expected-imbalance', '1.25');
+    const past = await compiled('past', '--moe-expected-imbalance', '3');
+    expect(balanced.rx.length).toBeGreaterThan(0);
+    balanced.rx.forEach((s, i) => {
+      expect(skewed.rx[i].bound).toBe(s.bound);
+      expect(skewed.rx[i].expected).toBe(Math.round(1.25 * s.expected!));
+      // past the bound the runtime refuses: the bound is the most a step can see (a symbol
+      // expected at its bound states no expected size)
+      expect(past.rx[i].expected ?? past.rx[i].bound).toBe(s.bound);
+    });
+    expect(skewed.step).toBeGreaterThan(balanced.step);
+  }, 60_000);
+
+  it('refuses a value below 1', async () => {
+    const r = await cli('compile', 'tiny-vlm-moe', '--moe-expected-imbalance', '0.5');
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/--moe-expected-imbalance/);
+  });
 });

@@ -146,6 +146,13 @@ const INVALID: readonly Case[] = [
       'invalid layout (moe-capacity-factor): --moe-expert-capacity-factor 1.5 needs an MoE decoder; tiny-vlm is dense',
   },
   {
+    why: 'an expected routing imbalance below balanced',
+    model: 'tiny-vlm-moe',
+    overrides: ['+model.text_decoder.moe_expected_imbalance=0.8'],
+    error:
+      'invalid layout (moe-expected-imbalance): --moe-expected-imbalance (model.text_decoder.moe_expected_imbalance) must be at least 1 (balanced routing), got 0.8',
+  },
+  {
     why: 'a size of 0',
     sizes: { tp: 0 },
     error:
