@@ -109,7 +109,7 @@ for (const [k, [name, argv]] of LAYOUTS.entries()) {
   const first = await planAt(name, argv, 1);
   const scale = Math.max(1, Math.ceil(MIN_STEP_MS / first.predicted));
   // expert parallelism: the routing the layout will see, measured on one rank (bench/routing.ts),
-  // priced at its busiest rank (--moe-expected-imbalance); 1 (balanced) priced it 0.71-0.74 fast
+  // priced at its busiest rank (--moe-expected-imbalance); at 1 (balanced) the prediction was 0.70-0.74 of the measured step
   const ep = argv.includes('--ep') ? Number(argv[argv.indexOf('--ep') + 1]) : 1;
   let imbalance = 1;
   if (ep > 1) {

@@ -302,11 +302,11 @@ function groupedWgradShape([dy, x, counts]: readonly TensorType[], attrs: Attrs)
 function accumulatorsMatch(
   acc: readonly TensorType[],
   grads: readonly TensorType[],
-  names: readonly string[],
-  dims: readonly string[],
+  /** gradient i's name and its dims' names */
+  what: (i: number) => readonly [string, string],
 ): void {
   grads.forEach((g, i) => {
-    const [name, dim] = [names[Math.min(i, names.length - 1)], dims[Math.min(i, dims.length - 1)]];
+    const [name, dim] = what(i);
     floatT(acc[i], name);
     need(
       shapeEq(acc[i].shape, g.shape),
@@ -1368,7 +1368,7 @@ export const OP_TABLE = {
     shape: ([dy, x, ...acc], attrs) => {
       const grads = linearWgradShape([dy, x], attrs);
       need(acc.length === grads.length, 'a bias gradient is the fourth input, with bias');
-      accumulatorsMatch(acc, grads, ['dW', 'db'], ['[out, in]', '[out]']);
+      accumulatorsMatch(acc, grads, (i) => (i === 0 ? ['dW', '[out, in]'] : ['db', '[out]']));
       return [];
     },
     ...wgradCost,
@@ -1392,7 +1392,7 @@ export const OP_TABLE = {
         () =>
           `counts has ${formatShape(counts.shape)} experts, ${dws.length} gradient buffers given`,
       );
-      accumulatorsMatch(dws, grads, ['dW'], ['[out, in]']);
+      accumulatorsMatch(dws, grads, () => ['dW', '[out, in]']);
       return [];
     },
     ...groupedWgradCost,

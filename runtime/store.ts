@@ -77,7 +77,7 @@ export class StoreServer {
   private readonly sockets = new Set<Socket>();
   /** the name each connection gave itself (hello) */
   private readonly names = new Map<Socket, string>();
-  private readonly onClosed: (() => void)[] = [];
+  private readonly closeListeners = new Set<() => void>();
 
   private constructor(
     private readonly server: Server,
@@ -118,19 +118,21 @@ export class StoreServer {
    * when their connections with it close, have gone (or gave up).
    */
   async drain(own: string, maxMs: number): Promise<void> {
+    const deadline = Date.now() + maxMs;
     const others = () => [...this.names.values()].some((n) => n !== own);
-    if (!others()) return;
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(done, maxMs);
-      function done(): void {
+    while (others() && Date.now() < deadline) await this.nextClose(deadline - Date.now());
+  }
+
+  /** Resolves when a connection closes, or after `ms`. */
+  private nextClose(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = (): void => {
         clearTimeout(timer);
+        this.closeListeners.delete(done);
         resolve();
-      }
-      const check = (): void => {
-        if (others()) this.onClosed.push(check);
-        else done();
       };
-      this.onClosed.push(check);
+      const timer = setTimeout(done, ms);
+      this.closeListeners.add(done);
     });
   }
 
@@ -168,7 +170,7 @@ export class StoreServer {
     sock.on('close', () => {
       this.sockets.delete(sock);
       this.names.delete(sock);
-      for (const f of this.onClosed.splice(0)) f();
+      for (const f of [...this.closeListeners]) f();
     });
   }
 

@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { cli } from '../helpers.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
-import { stepOneRank } from './one-rank.js';
+import { stepOneRank } from '../../runtime/one-rank.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-bf16-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

@@ -21,7 +21,7 @@ import { readPlan } from '../../runtime/plan-io.js';
 import { readSafetensors } from '../../runtime/safetensors.js';
 import { writeBatchFile, type Microbatch } from '../../runtime/batch.js';
 import { textMicrobatch } from '../runtime/program-builder.js';
-import { stepOneRank } from './one-rank.js';
+import { stepOneRank } from '../../runtime/one-rank.js';
 import {
   BATCH,
   BF16_TOLERANCE,

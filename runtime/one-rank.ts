@@ -1,15 +1,17 @@
 // A one-rank plan trained in this process on the synthetic data, with chosen instructions' outputs
-// kept readable after each step (router decisions, dropped assignments): the multi-rank tests'
-// view of what one rank computed.
-import { loadNative, type NativeRuntime } from '../../runtime/native.js';
-import type { ProgramFile } from '../../compiler/plan/format.js';
-import { loadWeights } from '../../runtime/checkpoint.js';
-import { readPlan } from '../../runtime/plan-io.js';
-import { RankState } from '../../runtime/state.js';
+// kept readable after each step (router decisions, dropped assignments, expert counts): the
+// multi-rank tests' view of what one rank computed, and bench/routing.ts's measure of routing.
+// The data is what `lfc run` synthesizes for the same plan (runtime/train.ts).
+import type { ProgramFile } from '../compiler/plan/format.js';
+import { loadWeights } from './checkpoint.js';
+import { loadNative, type NativeRuntime } from './native.js';
+import { readPlan } from './plan-io.js';
+import { RankState } from './state.js';
 
 export interface Instruction {
   scope: string;
   op: string;
+  phase: string;
   outputs: number[];
   microbatch: number;
   attrs: { k?: number };
@@ -49,13 +51,16 @@ export async function stepOneRank(
   rt.initParams(seed, plan.params);
   if (weights) loadWeights(weights, new RankState(program as unknown as ProgramFile, rt));
   const m = plan.training.numMicrobatches;
+  const vocab = (plan.model.config as { text_decoder: { vocab_size: number } }).text_decoder
+    .vocab_size;
   for (let step = 1; step <= steps; step++) {
     let lossTokens = 0;
     let captionTokens = 0;
     for (let j = 0; j < m; j++) {
       const mb = rt.synthesize(j, seed, step - 1, j, {
-        seqLength: plan.training.seqLength,
-        vocab: 512,
+        seqLength: plan.training.seqLength * plan.training.microBatchSize,
+        vocab,
+        maxVisualTokens: plan.training.maxVisualTokens,
       });
       lossTokens += mb.lossMask.reduce((a, b) => a + b, 0);
       captionTokens += rt.captionMask(j).reduce((a, b) => a + b, 0);
