@@ -184,7 +184,7 @@ async function runLfc(P: number, shm: boolean): Promise<Map<string, number>> {
       let out = '';
       child.stdout.on('data', (c: Buffer) => (out += c.toString()));
       return new Promise<number[]>((resolve, reject) =>
-        child.on('exit', (code) =>
+        child.on('close', (code) =>
           code === 0
             ? resolve(JSON.parse(out) as number[])
             : reject(new Error(`rank ${rank} exited ${code}`)),

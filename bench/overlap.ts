@@ -127,7 +127,7 @@ async function runOnce(mode: Mode): Promise<OverlapRankStep[][]> {
       let out = '';
       child.stdout.on('data', (c: Buffer) => (out += c.toString()));
       return new Promise<OverlapRankStep[]>((resolve, reject) =>
-        child.on('exit', (code) =>
+        child.on('close', (code) =>
           code === 0
             ? resolve(JSON.parse(out) as OverlapRankStep[])
             : reject(new Error(`${mode.name}: rank ${rank} exited ${code}`)),

@@ -293,7 +293,8 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     child.on('error', (e) =>
       fail(new RankFailure(`rank ${rank} did not start: ${e.message}`, 1), true),
     );
-    child.on('exit', (code, signal) => {
+    // 'close', not 'exit': the rank's last output (its error) has been read by then
+    child.on('close', (code, signal) => {
       r.exited = true;
       r.log.end();
       if (code === 0) {

@@ -214,7 +214,7 @@ describe('lfc run: a failed collective ends the run', () => {
       let out = '';
       child.stdout.on('data', (d: Buffer) => (out += d.toString()));
       child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-      child.on('exit', (code) => resolve({ code, out, endMs: Date.now() }));
+      child.on('close', (code) => resolve({ code, out, endMs: Date.now() }));
     });
   }
 

@@ -42,11 +42,8 @@ export async function runRanks(
       new Promise<Result>((resolve) => {
         let out = '';
         child.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-        child.on('exit', () =>
-          resolve(
-            out ? (JSON.parse(out.trim().split('\n').pop()!) as Result) : { error: 'killed' },
-          ),
-        );
+        // 'close', not 'exit': a rank's result can be megabytes, still unread at its exit
+        child.on('close', (code, signal) => resolve(resultOf(out, code, signal)));
       }),
   );
   // idle ranks (the timeout test) end once the others are done
@@ -56,6 +53,18 @@ export async function runRanks(
   const all = await Promise.all(results);
   rmSync(dir, { recursive: true, force: true });
   return all;
+}
+
+/** A rank's result: its last line of output, or what went wrong when that line is not JSON. */
+function resultOf(out: string, code: number | null, signal: NodeJS.Signals | null): Result {
+  if (!out) return { error: 'killed' };
+  const last = out.trim().split('\n').pop()!;
+  try {
+    return JSON.parse(last) as Result;
+  } catch {
+    const how = signal ? `killed by ${signal}` : `exit code ${code}`;
+    return { error: `unreadable result (${how}): ${last.slice(0, 200)}` };
+  }
 }
 
 export function range<T>(n: number, f: (i: number) => T): T[] {
