@@ -94,17 +94,93 @@ export function heldPieces(plan: PlanFile, program: ProgramFile, rank: number): 
   });
 }
 
-/** For each element of the piece (row-major over its local shape), its flat index in the whole. */
-function wholeOffsets(piece: HeldPiece): Float64Array {
-  let offsets = [0];
-  let stride = 1;
-  for (let d = piece.shape.length - 1; d >= 0; d--) {
-    const next: number[] = [];
-    for (const g of piece.index[d]) for (const o of offsets) next.push(g * stride + o);
-    offsets = next;
-    stride *= piece.shape[d];
+/**
+ * Where a piece lies in its whole tensor: runs of elements contiguous in both, in the piece's
+ * row-major order. A piece split along any dims is a few runs per row (one for a whole row), so
+ * checkpoints copy runs, not elements.
+ */
+export class PieceRuns {
+  /** [run] its first element in the piece, in the whole, and its length */
+  private constructor(
+    private readonly local: Float64Array,
+    private readonly global: Float64Array,
+    private readonly length: Float64Array,
+    /** the piece's elements */
+    readonly elements: number,
+  ) {}
+
+  static of(piece: HeldPiece): PieceRuns {
+    const D = piece.shape.length;
+    if (D === 0)
+      return new PieceRuns(Float64Array.of(0), Float64Array.of(0), Float64Array.of(1), 1);
+    // the last dim's global indices as contiguous segments
+    const last = piece.index[D - 1];
+    const segments: [number, number, number][] = []; // [local, global, length]
+    last.forEach((g, j) => {
+      const s = segments[segments.length - 1];
+      if (s && s[1] + s[2] === g) s[2]++;
+      else segments.push([j, g, 1]);
+    });
+    // the whole's flat offset of each row (every leading index), row-major over the piece
+    let rows = [0];
+    let stride = piece.shape[D - 1];
+    for (let d = D - 2; d >= 0; d--) {
+      const next: number[] = [];
+      for (const g of piece.index[d]) for (const o of rows) next.push(g * stride + o);
+      rows = next;
+      stride *= piece.shape[d];
+    }
+    const local: number[] = [];
+    const global: number[] = [];
+    const length: number[] = [];
+    rows.forEach((row, r) => {
+      for (const [j, g, n] of segments) {
+        const k = length.length - 1;
+        const l0 = r * last.length + j;
+        if (k >= 0 && local[k] + length[k] === l0 && global[k] + length[k] === row + g)
+          length[k] += n;
+        else {
+          local.push(l0);
+          global.push(row + g);
+          length.push(n);
+        }
+      }
+    });
+    const elements = rows.length * last.length;
+    return new PieceRuns(
+      Float64Array.from(local),
+      Float64Array.from(global),
+      Float64Array.from(length),
+      elements,
+    );
   }
-  return Float64Array.from(offsets);
+
+  /** Writes the piece's elements [from, from + values.length) into the whole, marking them. */
+  scatter(whole: Float32Array, covered: Uint8Array, values: Float32Array, from = 0): void {
+    const to = from + values.length;
+    for (let k = 0; k < this.length.length; k++) {
+      const a = Math.max(from, this.local[k]);
+      const b = Math.min(to, this.local[k] + this.length[k]);
+      if (a >= b) continue;
+      const g = this.global[k] + (a - this.local[k]);
+      whole.set(values.subarray(a - from, b - from), g);
+      covered.fill(1, g, g + (b - a));
+    }
+  }
+
+  /** The piece's elements [from, from + n) read from the whole. */
+  gather(whole: Float32Array, from = 0, n = this.elements): Float32Array {
+    const out = new Float32Array(n);
+    const to = from + n;
+    for (let k = 0; k < this.length.length; k++) {
+      const a = Math.max(from, this.local[k]);
+      const b = Math.min(to, this.local[k] + this.length[k]);
+      if (a >= b) continue;
+      const g = this.global[k] + (a - this.local[k]);
+      out.set(whole.subarray(g, g + (b - a)), a - from);
+    }
+    return out;
+  }
 }
 
 /** One flat bucket slice of the distributed optimizer's moments on a rank. */
@@ -213,13 +289,8 @@ export function assembleWhole(
       ),
     ]),
   );
-  const put = (w: Whole | undefined, offsets: Float64Array, values: Float32Array, from = 0) => {
-    if (!w) return;
-    for (let j = 0; j < values.length; j++) {
-      const g = offsets[from + j];
-      w.data[g] = values[j];
-      w.covered[g] = 1;
-    }
+  const put = (w: Whole | undefined, runs: PieceRuns, values: Float32Array, from = 0) => {
+    if (w) runs.scatter(w.data, w.covered, values, from);
   };
   // pieces first, then bucket slices, over all ranks: a slice of fp32 master weights wins over
   // the rounded bf16 parameter another rank's piece holds
@@ -232,7 +303,7 @@ export function assembleWhole(
       program,
       share: shareOf(rank),
       pieces,
-      offsets: new Map(pieces.map((p) => [p.param, wholeOffsets(p)])),
+      offsets: new Map(pieces.map((p) => [p.param, PieceRuns.of(p)])),
       wholeOf: new Map(pieces.map((p) => [p.param, p.name])),
     };
   });
@@ -269,8 +340,9 @@ export function assembleWhole(
     for (const p of plan.params) {
       const w = whole.get(p.name);
       if (!w) continue;
-      const missing = w.covered.length - w.covered.reduce((a, b) => a + b, 0);
-      if (missing) {
+      if (w.covered.indexOf(0) >= 0) {
+        let missing = 0;
+        for (const c of w.covered) missing += 1 - c;
         const what = kind === 'param' ? `parameter ${p.name}` : `${kind}.${p.name}`;
         throw new Error(`${missing} elements of ${what} are held by no rank of the plan`);
       }
@@ -384,19 +456,17 @@ export function loadCheckpoint(
   }
   if (meta.model !== plan.model.name)
     throw new UserError(`${dir}: a checkpoint of model ${meta.model}, not ${plan.model.name}`);
-  const weights = readSafetensors(join(dir, 'model.safetensors')).tensors;
-  const optim = readSafetensors(join(dir, 'optimizer.safetensors')).tensors;
+  // read only: each piece is cut from them (a copy)
+  const weights = readSafetensors(join(dir, 'model.safetensors'), true).tensors;
+  const optim = readSafetensors(join(dir, 'optimizer.safetensors'), true).tensors;
   const hint = ' (a checkpoint of another model?)';
   const whole = (t: Map<string, Tensor>, key: string, shape: readonly number[], what: string) =>
     fitting(t.get(key), shape, dir, what, hint).data as Float32Array;
-  const cut = (data: Float32Array, offsets: Float64Array, from = 0, length = offsets.length) => {
-    const out = new Float32Array(length);
-    for (let j = 0; j < length; j++) out[j] = data[offsets[from + j]];
-    return out;
-  };
+  const cut = (data: Float32Array, runs: PieceRuns, from = 0, length = runs.elements) =>
+    runs.gather(data, from, length);
   const writes: (() => void)[] = [];
   const pieces = heldPieces(plan, program, rank);
-  const offsets = new Map(pieces.map((p) => [p.param, wholeOffsets(p)]));
+  const offsets = new Map(pieces.map((p) => [p.param, PieceRuns.of(p)]));
   const wholeOf = new Map(pieces.map((p) => [p.param, p]));
   for (const p of pieces) {
     const at = offsets.get(p.param)!;

@@ -32,25 +32,41 @@ export interface Tensor {
 /** A malformed, truncated or unreadable file: always the user's input, so a UserError. */
 export class SafetensorsError extends UserError {}
 
-function view(dtype: SafeDType, buf: Buffer, begin: number, end: number): TypedArray {
-  // copy into an aligned buffer: the data section need not be aligned for the element type
-  const bytes = new Uint8Array(end - begin);
-  bytes.set(buf.subarray(begin, end));
-  const ab = bytes.buffer;
+/**
+ * A tensor's elements: a copy, or with `shared` the file's own bytes where they are aligned for
+ * the element type (a copy where not: the data section need not be aligned). Shared arrays are
+ * views into one ArrayBuffer, for readers that only read them (never transfer their buffer).
+ */
+function view(
+  dtype: SafeDType,
+  buf: Buffer,
+  begin: number,
+  end: number,
+  shared: boolean,
+): TypedArray {
+  let ab = buf.buffer;
+  let at = buf.byteOffset + begin;
+  if (!shared || at % BYTES[dtype] !== 0) {
+    const bytes = new Uint8Array(end - begin);
+    bytes.set(buf.subarray(begin, end));
+    ab = bytes.buffer;
+    at = 0;
+  }
+  const n = (end - begin) / BYTES[dtype];
   switch (dtype) {
     case 'F32':
-      return new Float32Array(ab);
+      return new Float32Array(ab, at, n);
     case 'F64':
-      return new Float64Array(ab);
+      return new Float64Array(ab, at, n);
     case 'I32':
-      return new Int32Array(ab);
+      return new Int32Array(ab, at, n);
     case 'I64':
-      return new BigInt64Array(ab);
+      return new BigInt64Array(ab, at, n);
     case 'U8':
-      return bytes;
+      return new Uint8Array(ab, at, n);
     case 'BF16':
     case 'F16':
-      return new Uint16Array(ab);
+      return new Uint16Array(ab, at, n);
   }
 }
 
@@ -63,7 +79,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-export function parseSafetensors(buf: Buffer, path = '<buffer>'): SafetensorsFile {
+export function parseSafetensors(buf: Buffer, path = '<buffer>', shared = false): SafetensorsFile {
   const bad = (why: string) =>
     new SafetensorsError(`${path}: not a valid safetensors file: ${oneLine(why)}`);
   if (buf.length < 8) throw bad(`${buf.length} bytes, shorter than the 8-byte header length`);
@@ -103,20 +119,21 @@ export function parseSafetensors(buf: Buffer, path = '<buffer>'): SafetensorsFil
     tensors.set(name, {
       dtype,
       shape: e.shape,
-      data: view(dtype, buf, dataStart + b, dataStart + end),
+      data: view(dtype, buf, dataStart + b, dataStart + end, shared),
     });
   }
   return { tensors, metadata };
 }
 
-export function readSafetensors(path: string): SafetensorsFile {
+/** A file's tensors, each a copy; `shared`: views of the file's bytes (see view). */
+export function readSafetensors(path: string, shared = false): SafetensorsFile {
   let buf: Buffer;
   try {
     buf = readFileSync(path);
   } catch (e) {
     throw new SafetensorsError(cannotRead(path, e));
   }
-  return parseSafetensors(buf, path);
+  return parseSafetensors(buf, path, shared);
 }
 
 export function serializeSafetensors(

@@ -656,7 +656,12 @@ async function saveGathered(
   const mine = new Map([[file(rank), serializeSafetensors(rankShare(state, program))]]);
   const path = await gatherAtRank0(shares, rank, mine, barrier, `--save ${save}`);
   if (!path) return;
-  const whole = assembleCheckpoint(plan, programs, (r) => readSafetensors(path(file(r))).tensors);
+  // read-only shares: the file's bytes, not copies
+  const whole = assembleCheckpoint(
+    plan,
+    programs,
+    (r) => readSafetensors(path(file(r)), true).tensors,
+  );
   writeCheckpoint(save, whole, meta);
   rmSync(shares, { recursive: true, force: true });
 }
