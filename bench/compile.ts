@@ -111,6 +111,7 @@ async function child(name: string): Promise<void> {
         ranks: r.plan.topology.worldSize,
         programs: e.programs,
         instructions: r.programs.reduce((n, p) => n + p.instructions.length, 0),
+        phases: r.stats.ms,
       }) + '\n',
     );
   } finally {
@@ -143,7 +144,9 @@ if (process.argv.includes('--child')) {
         encoding: 'utf8',
         maxBuffer: 1 << 20,
       });
-      return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number>;
+      return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number> & {
+        phases: Record<string, number>;
+      };
     });
     const m = (k: string) => median(results.map((x) => x[k]));
     console.log(
@@ -162,6 +165,11 @@ if (process.argv.includes('--child')) {
         gib(m('peak')).padStart(9),
         `${(results[0].disk / 2 ** 20).toFixed(1)} MiB`.padStart(13),
       ].join(' '),
+    );
+    console.log(
+      `  compile by phase (median ms): ${Object.keys(results[0].phases)
+        .map((k) => `${k} ${median(results.map((x) => x.phases[k])).toFixed(0)}`)
+        .join(', ')}`,
     );
     console.log(
       `  runs (compile, simulate): ${results.map((x) => `${(x.ms / 1000).toFixed(2)} + ${(x.simulateMs / 1000).toFixed(2)}`).join(', ')} s; simulated step ${results[0].step.toFixed(2)} s on ${HARDWARE[name] ?? 'h800'}`,

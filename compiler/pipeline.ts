@@ -43,7 +43,7 @@ import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
-import { EMIT_PASSES, emitProgram, printSchedule } from './emit/passes.js';
+import { EMIT_PASSES, emitProgram, printSchedule, type PassClock } from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
 import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
@@ -230,8 +230,18 @@ export interface CompileResult {
 export function compile(o: CompileOptions): CompileResult {
   checkDumpRequest(o);
   o.onProgress?.('graph passes');
+  // wall time by phase, and by emission pass over every program (stats.ms)
+  const ms: Record<string, number> = {};
+  const clock = (phase: string, t: number) => (ms[phase] = (ms[phase] ?? 0) + t);
+  let t0 = performance.now();
+  const lap = (phase: string) => {
+    const now = performance.now();
+    clock(phase, now - t0);
+    t0 = now;
+  };
   const layout = resolveLayout(o);
   const { forward, sharded } = runShardingPasses(o, layout);
+  lap('build+sharding');
   // the model's FLOPs, for MFU: the unsharded forward at the expected visual tokens
   const modelForwardFlops = forwardFlops(
     forward,
@@ -254,6 +264,7 @@ export function compile(o: CompileOptions): CompileResult {
       'after pass autodiff (passes run: build, expert-parallel, tensor-parallel, autodiff)',
     );
   dumpGraph(o, 'autodiff', trained);
+  lap('autodiff');
   const graph = wgradAccumulation(o, trained);
   if (!o.skipVerify)
     assertValid(
@@ -261,9 +272,13 @@ export function compile(o: CompileOptions): CompileResult {
       'after pass wgrad-accumulation (passes run: build, expert-parallel, tensor-parallel, autodiff, wgrad-accumulation)',
     );
   dumpGraph(o, 'wgrad-accumulation', graph);
+  lap('wgrad-accumulation');
   const pipeline = splitStages(o, layout, forward, graph);
-  const programs = emitPrograms(o, layout, graph, pipeline);
+  lap('pipeline');
+  const programs = emitPrograms(o, layout, graph, pipeline, clock);
+  t0 = performance.now();
   const plan = planFileOf(o, layout, forward, graph, pipeline);
+  lap('plan');
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
@@ -294,6 +309,7 @@ export function compile(o: CompileOptions): CompileResult {
         hostBytes: most((p) => p.regions.host ?? 0),
       },
       verify: { ms: verifyMs },
+      ms: { ...ms, verify: verifyMs },
     },
   };
 }
@@ -640,7 +656,13 @@ function programIdOf(l: Layout): (stage: number, tp: number) => string {
 }
 
 /** The emission passes for every distinct program, each checked for memory reuse. */
-function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): ProgramFile[] {
+function emitPrograms(
+  o: CompileOptions,
+  l: Layout,
+  graph: Graph,
+  st: Stages,
+  clock: PassClock,
+): ProgramFile[] {
   const { sizes, placement, world, dp } = l;
   const groupSizes: Record<string, number> = {
     tp: sizes.tp,
@@ -710,7 +732,9 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
         ...(st.tied.length ? { tied: st.tied } : {}),
       },
       dump,
+      clock,
     );
+    const t = performance.now();
     const clobbered = o.skipVerify ? [] : checkMemoryReuse(program);
     if (clobbered.length) {
       const c = clobbered[0];
@@ -718,6 +742,7 @@ function emitPrograms(o: CompileOptions, l: Layout, graph: Graph, st: Stages): P
         `memory plan of ${program.id}: instruction ${c.instruction} reads ${c.buffer} after ${c.clobberedBy} reused its bytes`,
       );
     }
+    clock('memory-check', performance.now() - t);
     programs.push(program);
     if (programs.length === 1)
       checkPlanFitsHeap(program, slots.length, heapAtStart, l.numMicrobatches);

@@ -80,14 +80,31 @@ export const EMIT_PASSES: readonly EmitPass[] = [
 /** After a pass: its draft, or the schedule (the first pass). */
 export type EmitDump = (pass: string, stage: ProgramSchedule | ProgramDraft) => void;
 
+/** Told each pass's wall time (ms) as it ends. */
+export type PassClock = (pass: string, ms: number) => void;
+
 /** Runs the emission passes; `dump` sees each stage (drafts are linear: draft.ts). */
-export function emitProgram(g: Graph, opts: EmitOptions, dump?: EmitDump): ProgramFile {
+export function emitProgram(
+  g: Graph,
+  opts: EmitOptions,
+  dump?: EmitDump,
+  clock?: PassClock,
+): ProgramFile {
+  let t = performance.now();
+  const lap = (pass: string) => {
+    const now = performance.now();
+    clock?.(pass, now - t);
+    t = now;
+  };
   const s = scheduleProgram(g, opts);
+  lap('schedule');
   dump?.('schedule', s);
   let d = lowerProgram(g, opts, s);
+  lap('lower');
   dump?.('lower', d);
   for (const pass of DRAFT_PASSES) {
     d = pass.run(d, g, opts);
+    lap(pass.name);
     dump?.(pass.name, d);
   }
   return programFileOf(d);
