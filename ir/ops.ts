@@ -155,8 +155,8 @@ export function matmulFlops(s: MatmulShape): number {
 
 /** Resolved sizes of one node, for cost functions. */
 export interface CostArgs {
-  readonly inputs: readonly number[][];
-  readonly outputs: readonly number[][];
+  readonly inputs: readonly (readonly number[])[];
+  readonly outputs: readonly (readonly number[])[];
   readonly attrs: Attrs;
 }
 

@@ -99,6 +99,28 @@ export function resolveShape(s: Shape, sizes: (sym: string) => number): number[]
 }
 
 /**
+ * Shapes written as text (a plan buffer's), resolved at `sizes`: each dim text parsed once, and
+ * each shape array once (the buffers of one value share their shape's array, one per
+ * microbatch). The result is shared: do not change it.
+ */
+export function shapeResolver(
+  sizes: (sym: string) => number,
+): (shape: readonly string[]) => readonly number[] {
+  const dims = new Map<string, number>();
+  const shapes = new Map<readonly string[], readonly number[]>();
+  const dim = (t: string) => {
+    let v = dims.get(t);
+    if (v === undefined) dims.set(t, (v = resolveDim(parseDim(t), sizes)));
+    return v;
+  };
+  return (shape) => {
+    let r = shapes.get(shape);
+    if (r === undefined) shapes.set(shape, (r = shape.map(dim)));
+    return r;
+  };
+}
+
+/**
  * Element count as a monomial: coefficient × product of symbols (with multiplicity, sorted).
  * Two shapes hold the same number of elements for every symbol value iff their monomials match.
  */

@@ -10,7 +10,7 @@
 
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import type { Graph } from '../../ir/graph.js';
-import { numel, parseDim } from '../../ir/shape.js';
+import { shapeResolver } from '../../ir/shape.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { livenessLowerBound, planArena, type Lifetime } from '../plan/memory.js';
 import { scratchByStream } from '../plan/scratch.js';
@@ -66,11 +66,18 @@ export function bytesAtExpectedSizes(
   symbols: readonly { readonly name: string; readonly bound: number; readonly expected?: number }[],
 ): (b: PlanBuffer) => number {
   const size = new Map(symbols.map((s) => [s.name, s.expected ?? s.bound]));
-  const sizes = (name: string) => size.get(name) ?? 0;
-  return (b) =>
-    b.shape.some((x) => /[A-Za-z]/.test(x))
-      ? numel(b.shape.map(parseDim), sizes) * DTYPE_BYTES[b.dtype as DType]
-      : b.bytes;
+  const resolve = shapeResolver((name: string) => size.get(name) ?? 0);
+  // whether a shape names a symbol, once per shape array (buffers of one value share theirs)
+  const symbolic = new Map<readonly string[], boolean>();
+  return (b) => {
+    let named = symbolic.get(b.shape);
+    if (named === undefined)
+      symbolic.set(b.shape, (named = b.shape.some((x) => /[A-Za-z]/.test(x))));
+    if (!named) return b.bytes;
+    let n = 1;
+    for (const d of resolve(b.shape)) n *= d;
+    return n * DTYPE_BYTES[b.dtype as DType];
+  };
 }
 
 /**

@@ -21,7 +21,7 @@
 import type { DType } from '../../ir/dtype.js';
 import { DTYPE_BYTES } from '../../ir/dtype.js';
 import type { OpKind } from '../../ir/ops.js';
-import { parseDim, resolveShape } from '../../ir/shape.js';
+import { shapeResolver } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import { STREAMS, type PlanBuffer, type PlanInstruction, type StreamName } from './format.js';
 
@@ -312,11 +312,12 @@ const gloo32 = (x: ScratchOperand, a: ScratchArgs) =>
 /** Each buffer as an operand at the bounds `sizeOf` gives each symbol (resolved once, on use). */
 function operandsOf(buffers: readonly PlanBuffer[], sizeOf: (sym: string) => number) {
   const cache: (ScratchOperand | undefined)[] = new Array(buffers.length);
+  const resolve = shapeResolver(sizeOf);
   return (id: number): ScratchOperand => {
     let t = cache[id];
     if (!t) {
       const b = buffers[id];
-      t = { dtype: b.dtype as DType, shape: resolveShape(b.shape.map(parseDim), sizeOf) };
+      t = { dtype: b.dtype as DType, shape: resolve(b.shape) };
       cache[id] = t;
     }
     return t;

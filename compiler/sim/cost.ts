@@ -64,7 +64,7 @@ import {
   type OpInfo,
   type OpKind,
 } from '../../ir/ops.js';
-import { parseDim, resolveShape, type Dim } from '../../ir/shape.js';
+import { shapeResolver } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
 import type { Efficiency, HardwareProfile, Link } from './hardware.js';
@@ -124,18 +124,8 @@ export function instructionWork(
   dtypeBytes: number,
   gradDtypeBytes: number,
 ): Work[] {
-  const dimCache = new Map<string, Dim>();
-  const size = (sym: string) => sizes.get(sym) ?? 0;
-  const shapes = program.buffers.map((b) =>
-    resolveShape(
-      b.shape.map((t) => {
-        let d = dimCache.get(t);
-        if (d === undefined) dimCache.set(t, (d = parseDim(t)));
-        return d;
-      }),
-      size,
-    ),
-  );
+  const resolve = shapeResolver((sym: string) => sizes.get(sym) ?? 0);
+  const shapes = program.buffers.map((b) => resolve(b.shape));
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
   const mixed = isMixed(program.buffers);
   return program.instructions.map((x) => {
