@@ -222,18 +222,25 @@ export class ProgramBuilder {
       offset = this.regionTop[region];
       this.regionTop[region] += align(Math.max(bytes, 1));
     }
-    this.buffers.push({
-      id,
-      name,
-      region: viewOf !== undefined ? this.buffers[viewOf].region : region,
-      space: t.space ?? 'device',
-      dtype: t.dtype,
-      shape,
-      offset,
-      bytes,
-      ...(viewOf !== undefined ? { viewOf } : {}),
-      microbatch,
-    });
+    const space = t.space ?? 'device';
+    const dtype = t.dtype;
+    // two literals, not a spread: every program has hundreds of thousands of buffers
+    this.buffers.push(
+      viewOf !== undefined
+        ? {
+            id,
+            name,
+            region: this.buffers[viewOf].region,
+            space,
+            dtype,
+            shape,
+            offset,
+            bytes,
+            viewOf,
+            microbatch,
+          }
+        : { id, name, region, space, dtype, shape, offset, bytes, microbatch },
+    );
     return id;
   }
 
@@ -354,18 +361,21 @@ export class NodeLowering {
     wait: number[],
     stream: StreamName = streamOf(n),
   ): number {
-    const lookup = (v: string) => {
+    const ins: number[] = new Array<number>(n.inputs.length);
+    for (let k = 0; k < ins.length; k++) {
+      const v = n.inputs[k];
       const id = local.get(v) ?? this.global.get(v);
       if (id === undefined)
         throw new Error(`emit: value ${v} has no buffer (node ${n.op} in ${n.scope})`);
-      return id;
-    };
-    const ins = n.inputs.map(lookup);
-    const outs = n.outputs.map((o) => {
+      ins[k] = id;
+    }
+    const outs: number[] = new Array<number>(n.outputs.length);
+    for (let k = 0; k < outs.length; k++) {
+      const o = n.outputs[k];
       const id = this.outputBuffer(n, o.name, o.type, mb, ins);
       local.set(o.name, id);
-      return id;
-    });
+      outs[k] = id;
+    }
     const { op, attrs, phase, scope } = n;
     return this.b.push(
       { stream, op, inputs: ins, outputs: outs, attrs, microbatch: mb, phase, scope },

@@ -128,8 +128,40 @@ export function instructionWork(
   const shapes = program.buffers.map((b) => resolve(b.shape));
   const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
   const mixed = isMixed(program.buffers);
+  // A compute instruction's work follows from its op, attrs and operands' shapes and dtypes: the
+  // instructions lowered from one node for every microbatch share their attrs object and their
+  // buffers' shape arrays, so each such group is worked out once. Keyed by the attrs object, then
+  // by the operands' (shape, dtype) classes.
+  const shapeClass = new Map<readonly number[], number>();
+  const dtypeClass = new Map<string, number>();
+  const classOf = new Int32Array(program.buffers.length);
+  program.buffers.forEach((b, id) => {
+    let c = shapeClass.get(shapes[id]);
+    if (c === undefined) shapeClass.set(shapes[id], (c = shapeClass.size));
+    let d = dtypeClass.get(b.dtype);
+    if (d === undefined) dtypeClass.set(b.dtype, (d = dtypeClass.size));
+    classOf[id] = c * 16 + d;
+  });
+  const alike = (ids: readonly number[], classes: readonly number[]) => {
+    if (ids.length !== classes.length) return false;
+    for (let k = 0; k < ids.length; k++) if (classOf[ids[k]] !== classes[k]) return false;
+    return true;
+  };
+  const known = new Map<object, { op: string; ins: number[]; outs: number[]; work: Work }[]>();
   return program.instructions.map((x) => {
     const info: OpInfo = OP_TABLE[x.op as OpKind];
+    if (info.category === 'collective' || info.category === 'memory') return workOf(x, info);
+    let seen = known.get(x.attrs);
+    if (seen === undefined) known.set(x.attrs, (seen = []));
+    for (const k of seen)
+      if (k.op === x.op && alike(x.inputs, k.ins) && alike(x.outputs, k.outs)) return k.work;
+    const work = workOf(x, info);
+    const classes = (ids: readonly number[]) => ids.map((id) => classOf[id]);
+    seen.push({ op: x.op, ins: classes(x.inputs), outs: classes(x.outputs), work });
+    return work;
+  });
+
+  function workOf(x: PlanInstruction, info: OpInfo): Work {
     const per = mixed
       ? 4
       : info.category === 'collective' && x.phase === 'optimizer'
@@ -158,7 +190,7 @@ export function instructionWork(
     // a view (reshape) moves nothing
     const moved = x.op === 'reshape' ? 0 : bytes(x.inputs) + bytes(x.outputs);
     return { category: info.category, flops, bytes: moved, matmul };
-  });
+  }
 }
 
 /**
@@ -241,6 +273,8 @@ export function instructionCosts(
 ): Float64Array {
   const c = hw.compute;
   const work = instructionWork(program, sizes, c.dtypeBytes, c.gradDtypeBytes);
+  // a kernel's time by its work (instructionWork shares one object among alike instructions)
+  const kernel = new Map<Work, number>();
   return Float64Array.from(program.instructions, (x, i) => {
     const w = work[i];
     if (w.category === 'collective') {
@@ -250,7 +284,10 @@ export function instructionCosts(
       const link = hw.links.host;
       return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
     }
-    return x.op === 'reshape' ? 0 : kernelSeconds(w.flops, w.bytes, hw, w.matmul);
+    if (x.op === 'reshape') return 0;
+    let t = kernel.get(w);
+    if (t === undefined) kernel.set(w, (t = kernelSeconds(w.flops, w.bytes, hw, w.matmul)));
+    return t;
   });
 }
 
