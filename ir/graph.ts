@@ -98,6 +98,15 @@ export function valueTypes(g: Graph): Map<string, TensorType> {
   return m;
 }
 
+const paramIndex = new WeakMap<readonly ParamDecl[], ReadonlyMap<string, ParamDecl>>();
+
+/** The graph's parameter declarations by name, made once per params list (graphs never change). */
+export function paramsByName(g: Pick<Graph, 'params'>): ReadonlyMap<string, ParamDecl> {
+  let m = paramIndex.get(g.params);
+  if (m === undefined) paramIndex.set(g.params, (m = new Map(g.params.map((p) => [p.name, p]))));
+  return m;
+}
+
 export function symbolBounds(g: Graph): (s: string) => number {
   const m = new Map(g.symbols.map((s) => [s.name, s.bound]));
   return (s) => {

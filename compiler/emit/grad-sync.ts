@@ -16,7 +16,7 @@
 //   their own (optimizerShards, shardBuffers).
 
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
-import type { Graph, ParamDecl } from '../../ir/graph.js';
+import { paramsByName, type Graph, type ParamDecl } from '../../ir/graph.js';
 import { updatedInputs, type OpKind } from '../../ir/ops.js';
 import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
 import { ALIGN, align } from '../plan/memory.js';
@@ -41,7 +41,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
     if (x.region === 'grad' || x.region === 'param') b.buffers[i] = { ...x };
   }
   const groupSizes = opts.groupSizes ?? {};
-  const byName = new Map(g.params.map((p) => [p.name, p]));
+  const byName = paramsByName(g);
   const gradBuffers = d.params
     .filter((p) => p.grad !== undefined)
     .map((p) => ({ p: byName.get(p.name)!, buf: b.buffers[p.grad!] as PlanBuffer }));

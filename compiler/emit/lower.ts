@@ -16,7 +16,7 @@
 //   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
 //   for is the draft's openWaits.
 
-import type { Graph, Node } from '../../ir/graph.js';
+import { paramsByName, type Graph, type Node } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
@@ -142,7 +142,7 @@ export function lowerProgram(g: Graph, opts: EmitOptions, s: ProgramSchedule): P
 function persistentBuffers(lo: Lowering): void {
   const { g, b, global } = lo;
   const localParams = g.params.filter((p) => p.role === 'param' && lo.s.used.has(p.name));
-  const byName = new Map(g.params.map((p) => [p.name, p]));
+  const byName = paramsByName(g);
   for (const p of localParams) global.set(p.name, b.addBuffer(p.name, p.type, 'param', -1));
   const trainable = localParams.filter((p) => byName.has(`grad.${p.name}`));
   for (const p of trainable) {

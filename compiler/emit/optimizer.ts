@@ -10,7 +10,7 @@
 //   all_gather of the updated slices.
 
 import type { DType } from '../../ir/dtype.js';
-import type { Graph, Node, ParamDecl } from '../../ir/graph.js';
+import { paramsByName, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
 import { NodeLowering, ProgramBuilder, type ProgramDraft } from './draft.js';
 import type { EmitOptions } from './options.js';
 
@@ -101,7 +101,7 @@ function sliceGradients(
 /** the norm: whole local gradients and this rank's shards, each weighed by 1 / its copies */
 function sumOfSquares(n: Node, c: StepContext, wait: number[]): void {
   const { b, d, opts } = c;
-  const byName = new Map(c.g.params.map((p) => [p.name, p]));
+  const byName = paramsByName(c.g);
   const groupSizes = opts.groupSizes ?? {};
   const ins = n.inputs.filter((v) => {
     const p = v.replace(/^grad\./, '');

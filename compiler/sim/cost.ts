@@ -264,31 +264,42 @@ export function gemmQuantization(
   return best;
 }
 
-/** Prices the instructions of one program; `groupOf` says how a collective's group lies. */
+/**
+ * Prices the instructions of one program; `groupOf` says how a collective's group lies (given the
+ * instruction and its index).
+ */
 export function instructionCosts(
   program: ProgramFile,
   hw: HardwareProfile,
   sizes: ReadonlyMap<string, number>,
-  groupOf: (x: PlanInstruction) => GroupShape,
+  groupOf: (x: PlanInstruction, i: number) => GroupShape,
 ): Float64Array {
   const c = hw.compute;
   const work = instructionWork(program, sizes, c.dtypeBytes, c.gradDtypeBytes);
   // a kernel's time by its work (instructionWork shares one object among alike instructions)
   const kernel = new Map<Work, number>();
-  return Float64Array.from(program.instructions, (x, i) => {
+  const out = new Float64Array(program.instructions.length);
+  for (let i = 0; i < out.length; i++) {
+    const x = program.instructions[i];
     const w = work[i];
     if (w.category === 'collective') {
-      return groupCollectiveSeconds(x.op, groupOf(x), w.bytes, hw.links, hw.efficiency?.allToAll);
-    }
-    if (w.category === 'memory') {
+      out[i] = groupCollectiveSeconds(
+        x.op,
+        groupOf(x, i),
+        w.bytes,
+        hw.links,
+        hw.efficiency?.allToAll,
+      );
+    } else if (w.category === 'memory') {
       const link = hw.links.host;
-      return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
+      out[i] = link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);
+    } else if (x.op !== 'reshape') {
+      let t = kernel.get(w);
+      if (t === undefined) kernel.set(w, (t = kernelSeconds(w.flops, w.bytes, hw, w.matmul)));
+      out[i] = t;
     }
-    if (x.op === 'reshape') return 0;
-    let t = kernel.get(w);
-    if (t === undefined) kernel.set(w, (t = kernelSeconds(w.flops, w.bytes, hw, w.matmul)));
-    return t;
-  });
+  }
+  return out;
 }
 
 /**

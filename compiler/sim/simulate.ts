@@ -303,10 +303,8 @@ function defaultCosts(
   const rank = p.ranks[0];
   const perNode = ix.plan.topology.nprocPerNode;
   const node = (r: number) => Math.floor(r / perNode);
-  const index = new Map(p.file.instructions.map((x, i) => [x, i]));
   const shapes = new Map<number, GroupShape>(); // by communicator
-  const groupOf = (x: (typeof p.file.instructions)[number]): GroupShape => {
-    const i = index.get(x)!;
+  const groupOf = (_: unknown, i: number): GroupShape => {
     if (p.kind[i] === GROUP) {
       const c = ix.rankComm[rank][p.collRef[p.slot[i]]];
       let g = shapes.get(c);
