@@ -115,13 +115,15 @@ export function simulatePlan(
   setup: ReplaySetup = replaySetup(plan, programs),
 ): Simulation {
   const { ix } = setup;
-  const sizes = expectedSizes(plan, programs.values());
+  const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
+  const shared = plan.topology.nprocPerNode > cores;
+  let sizes = expectedSizes(plan, programs.values());
+  if (shared) sizes = routingOnSharedCores(plan, programs.values(), sizes, cores);
   const costs = ix.programs.map((p) =>
     costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
   );
   const run = (c: readonly Float64Array[]) => replay(setup, c, hw);
-  const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
-  if (plan.topology.nprocPerNode > cores) return runOnSharedCores(ix, costs, run, cores);
+  if (shared) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
   const sim = run(costs);
   if (!(slowdown > 0)) return sim;
@@ -169,6 +171,40 @@ function slowOverlapped(
       overlap += Math.min(b, union[v][1]) - Math.max(a, union[v][0]);
     if (overlap > 0) out[i] = cost[i] * (1 + (slowdown * overlap) / (b - a));
   }
+  return out;
+}
+
+/**
+ * Routing imbalance on shared cores. The plan prices each rank's expert dispatch at the busiest
+ * rank's rows, f × balanced (--moe-expected-imbalance): GPU ranks of an expert-parallel group each
+ * have their own device and wait for the busiest at the next all-to-all. Ranks that share a node's
+ * C cores do not wait idle: the cores of the ranks with less to do go to the others, so the
+ * group's expert work takes about max(its total over the cores, the busiest rank's alone). With
+ * all P ranks of the node at it, the shared-core replay already stretches balanced work by P / C,
+ * so rows priced at max(1, f · C / P) × balanced give that maximum: f = 1.84 on 4 ranks of 2
+ * cores prices balanced rows (the total, 4 / 2, exceeds the busiest, 1.84); on 2 ranks of 2
+ * cores it keeps f. The balanced rows are the expected ones over f (before the plan's rounding).
+ */
+function routingOnSharedCores(
+  plan: PlanFile,
+  programs: Iterable<ProgramFile>,
+  sizes: Map<string, number>,
+  cores: number,
+): Map<string, number> {
+  const decoder = (plan.model.config as { text_decoder?: { moe_expected_imbalance?: number } })
+    ?.text_decoder;
+  const f = decoder?.moe_expected_imbalance ?? 1;
+  if (!(f > 1)) return sizes;
+  const share = Math.max(1, (f * cores) / plan.topology.nprocPerNode);
+  const stated = new Map(plan.symbols.map((s) => [s.name, s.expected]));
+  const out = new Map(sizes);
+  for (const p of programs)
+    for (const x of p.instructions) {
+      if (x.op !== 'all_to_all_v') continue;
+      const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
+      const expected = rows === undefined ? undefined : stated.get(rows);
+      if (expected !== undefined) out.set(rows!, Math.round((expected / f) * share));
+    }
   return out;
 }
 

@@ -77,3 +77,29 @@ describe('ranks sharing cores', () => {
     );
   });
 });
+
+// --moe-expected-imbalance f prices every rank of an expert-parallel group at the busiest rank's
+// rows. Ranks sharing cores hand a waiting rank's core to the busy ones, so the group's expert
+// work takes about max(its total over the cores, the busiest alone): balanced routing's time while
+// f ≤ ranks / cores (the total is the larger), f · cores / ranks of it beyond.
+describe('routing imbalance on shared cores', () => {
+  const step = (f: number, cores: number) => {
+    const { plan, programs } = planOf({
+      nprocPerNode: 4,
+      parallel: { ep: 2 },
+      globalBatchSize: 8,
+      moeExpectedImbalance: f,
+    });
+    return simulatePlan(plan, programs, cpuWith(cores)).stepSeconds;
+  };
+
+  it('f up to ranks / cores prices balanced routing; beyond, more; on own cores, every f', () => {
+    // 4 ranks on 2 cores: f ≤ 2 (ep 2 can be no busier) is all balanced
+    expect(step(1.8, 2)).toBe(step(1, 2));
+    // on 3 cores: 1.2 · 3 / 4 < 1, balanced; 1.8 · 3 / 4 > 1, more
+    expect(step(1.2, 3)).toBe(step(1, 3));
+    expect(step(1.8, 3)).toBeGreaterThan(step(1, 3) * 1.001);
+    // ranks on cores of their own wait for the busiest: f prices every rank
+    expect(step(1.8, 4)).toBeGreaterThan(step(1, 4) * 1.001);
+  });
+});
