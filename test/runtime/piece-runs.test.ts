@@ -85,24 +85,15 @@ describe('PieceRuns', () => {
   });
 
   it('a whole tensor is one run, a column block one run per row', () => {
-    const full: HeldPiece = {
-      param: 'a',
-      name: 'a',
+    const rows = [0, 1, 2, 3];
+    const piece = (columns: number[]): HeldPiece => ({
+      param: 'p',
+      name: 'p',
       shape: [4, 6],
-      index: [
-        [0, 1, 2, 3],
-        [0, 1, 2, 3, 4, 5],
-      ],
-    };
-    const cols: HeldPiece = {
-      param: 'b',
-      name: 'b',
-      shape: [4, 6],
-      index: [
-        [0, 1, 2, 3],
-        [3, 4, 5],
-      ],
-    };
+      index: [rows, columns],
+    });
+    const full = piece([0, 1, 2, 3, 4, 5]);
+    const cols = piece([3, 4, 5]);
     const runsOf = (p: HeldPiece) =>
       (PieceRuns.of(p) as unknown as { length: Float64Array }).length;
     expect([...runsOf(full)]).toEqual([24]);
