@@ -198,13 +198,19 @@ function routingOnSharedCores(
   const share = Math.max(1, (f * cores) / plan.topology.nprocPerNode);
   const stated = new Map(plan.symbols.map((s) => [s.name, s.expected]));
   const out = new Map(sizes);
-  for (const p of programs)
+  for (const p of programs) {
+    // a dispatch's received rows are what moe_sort_chunks sorts by expert (a combine's are
+    // sorted back before it, and are the rows its rank sent)
+    const sorted = new Set<number>();
+    for (const x of p.instructions)
+      if (x.op === 'moe_sort_chunks' && x.attrs.inverse === false) sorted.add(x.inputs[0]);
     for (const x of p.instructions) {
-      if (x.op !== 'all_to_all_v') continue;
+      if (x.op !== 'all_to_all_v' || !sorted.has(x.outputs[0])) continue;
       const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
       const expected = rows === undefined ? undefined : stated.get(rows);
       if (expected !== undefined) out.set(rows!, Math.round((expected / f) * share));
     }
+  }
   return out;
 }
 
