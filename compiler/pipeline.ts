@@ -43,7 +43,13 @@ import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
-import { EMIT_PASSES, emitProgram, printSchedule, type PassClock } from './emit/passes.js';
+import {
+  EMIT_PASSES,
+  emitProgram,
+  lapTimer,
+  printSchedule,
+  type PassClock,
+} from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
 import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
@@ -233,12 +239,7 @@ export function compile(o: CompileOptions): CompileResult {
   // wall time by phase, and by emission pass over every program (stats.ms)
   const ms: Record<string, number> = {};
   const clock = (phase: string, t: number) => (ms[phase] = (ms[phase] ?? 0) + t);
-  let t0 = performance.now();
-  const lap = (phase: string) => {
-    const now = performance.now();
-    clock(phase, now - t0);
-    t0 = now;
-  };
+  let lap = lapTimer(clock);
   const layout = resolveLayout(o);
   const { forward, sharded } = runShardingPasses(o, layout);
   lap('build+sharding');
@@ -276,7 +277,7 @@ export function compile(o: CompileOptions): CompileResult {
   const pipeline = splitStages(o, layout, forward, graph);
   lap('pipeline');
   const programs = emitPrograms(o, layout, graph, pipeline, clock);
-  t0 = performance.now();
+  lap = lapTimer(clock); // emission timed itself, pass by pass
   const plan = planFileOf(o, layout, forward, graph, pipeline);
   lap('plan');
   // the plan verifier: collectives match per group, sends meet receives, every cross-stream

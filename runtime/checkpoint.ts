@@ -303,17 +303,17 @@ export function assembleWhole(
       program,
       share: shareOf(rank),
       pieces,
-      offsets: new Map(pieces.map((p) => [p.param, PieceRuns.of(p)])),
+      runsOf: new Map(pieces.map((p) => [p.param, PieceRuns.of(p)])),
       wholeOf: new Map(pieces.map((p) => [p.param, p.name])),
     };
   });
-  for (const { share, pieces, offsets } of ranks)
+  for (const { share, pieces, runsOf } of ranks)
     for (const [kind, whole] of wholes)
       for (const p of pieces) {
         const t = share.get(`${kind}.${p.param}`);
-        if (t) put(whole.get(p.name), offsets.get(p.param)!, t.data as Float32Array);
+        if (t) put(whole.get(p.name), runsOf.get(p.param)!, t.data as Float32Array);
       }
-  for (const { id, rank, program, share, offsets, wholeOf } of ranks) {
+  for (const { id, rank, program, share, runsOf, wholeOf } of ranks) {
     for (const [kind, whole] of wholes) {
       for (const s of bucketSlices(plan, program, rank)) {
         const t = share.get(`${s.key}.${kind}`);
@@ -328,7 +328,7 @@ export function assembleWhole(
             throw new Error(
               `program ${id}: optimizer bucket ${s.key} holds ${bp.name}, not a parameter of it`,
             );
-          const at = offsets.get(bp.name)!;
+          const at = runsOf.get(bp.name)!;
           put(whole.get(name), at, slice.subarray(start - s.lo, end - s.lo), start - bp.offset);
         }
       }
@@ -462,15 +462,13 @@ export function loadCheckpoint(
   const hint = ' (a checkpoint of another model?)';
   const whole = (t: Map<string, Tensor>, key: string, shape: readonly number[], what: string) =>
     fitting(t.get(key), shape, dir, what, hint).data as Float32Array;
-  const cut = (data: Float32Array, runs: PieceRuns, from = 0, length = runs.elements) =>
-    runs.gather(data, from, length);
   const writes: (() => void)[] = [];
   const pieces = heldPieces(plan, program, rank);
-  const offsets = new Map(pieces.map((p) => [p.param, PieceRuns.of(p)]));
+  const runsOf = new Map(pieces.map((p) => [p.param, PieceRuns.of(p)]));
   const wholeOf = new Map(pieces.map((p) => [p.param, p]));
   for (const p of pieces) {
-    const at = offsets.get(p.param)!;
-    const values = cut(whole(weights, p.name, p.shape, `parameter ${p.name}`), at);
+    const at = runsOf.get(p.param)!;
+    const values = at.gather(whole(weights, p.name, p.shape, `parameter ${p.name}`));
     writes.push(() => state.write(p.param, 'param', values));
     if (state.has(p.param, 'expAvg')) {
       for (const [kind, key] of [
@@ -478,7 +476,7 @@ export function loadCheckpoint(
         ['expAvgSq', 'exp_avg_sq'],
       ] as const) {
         const src = whole(optim, `${key}.${p.name}`, p.shape, `optimizer state ${key}.${p.name}`);
-        const moment = cut(src, at);
+        const moment = at.gather(src);
         writes.push(() => state.write(p.param, kind, moment));
       }
     }
@@ -499,7 +497,8 @@ export function loadCheckpoint(
         const p = wholeOf.get(bp.name)!;
         const what = prefix ? `optimizer state ${prefix}${p.name}` : `parameter ${p.name}`;
         const src = whole(file, `${prefix}${p.name}`, p.shape, what);
-        slice.set(cut(src, offsets.get(bp.name)!, start - bp.offset, end - start), start - s.lo);
+        const at = runsOf.get(bp.name)!;
+        slice.set(at.gather(src, start - bp.offset, end - start), start - s.lo);
       }
       writes.push(() => state.buffer(buffer).set(slice));
     }

@@ -83,6 +83,16 @@ export type EmitDump = (pass: string, stage: ProgramSchedule | ProgramDraft) => 
 /** Told each pass's wall time (ms) as it ends. */
 export type PassClock = (pass: string, ms: number) => void;
 
+/** A lap timer: each call tells `clock` the time since the call before (or since it was made). */
+export function lapTimer(clock?: PassClock): (pass: string) => void {
+  let t = performance.now();
+  return (pass) => {
+    const now = performance.now();
+    clock?.(pass, now - t);
+    t = now;
+  };
+}
+
 /** Runs the emission passes; `dump` sees each stage (drafts are linear: draft.ts). */
 export function emitProgram(
   g: Graph,
@@ -90,12 +100,7 @@ export function emitProgram(
   dump?: EmitDump,
   clock?: PassClock,
 ): ProgramFile {
-  let t = performance.now();
-  const lap = (pass: string) => {
-    const now = performance.now();
-    clock?.(pass, now - t);
-    t = now;
-  };
+  const lap = lapTimer(clock);
   const s = scheduleProgram(g, opts);
   lap('schedule');
   dump?.('schedule', s);
