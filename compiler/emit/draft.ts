@@ -28,6 +28,7 @@ import {
 } from '../plan/format.js';
 import { align } from '../plan/memory.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
+import { valueNumbering, Values, type ValueNumbering } from './values.js';
 
 export interface ProgramOutput {
   readonly name: string;
@@ -55,8 +56,8 @@ export interface ProgramDraft extends Omit<
   readonly marks: readonly Mark[];
   /** buffers a pass reads that another rank's work fills (the encoder handoff resolves them) */
   readonly imports: readonly Import[];
-  /** each microbatch slot's values at the end of lowering: buffer by value name */
-  readonly values: readonly ReadonlyMap<string, number>[];
+  /** each microbatch slot's values at the end of lowering: buffer by value */
+  readonly values: readonly Values[];
 }
 
 /**
@@ -277,6 +278,23 @@ export class ProgramBuilder {
     return this.instructions.length - 1;
   }
 
+  /** push() of the instruction these make, without the intermediate object (lowering's path). */
+  pushNew(
+    stream: StreamName,
+    op: string,
+    inputs: number[],
+    outputs: number[],
+    attrs: PlanInstruction['attrs'],
+    wait: number[],
+    microbatch: number,
+    phase: PlanInstruction['phase'],
+    scope: string,
+  ): number {
+    // the key order of scheduled()
+    this.instructions.push({ stream, op, inputs, outputs, attrs, wait, record: [], microbatch, phase, scope });
+    return this.instructions.length - 1;
+  }
+
   /** A new event recorded when instruction idx ends. */
   record(idx: number): number {
     const e = this.events++;
@@ -323,23 +341,32 @@ const VIEW_OPS = new Set(['reshape', 'copy_to_group']);
  * scalar in the scalar region).
  */
 export class NodeLowering {
+  readonly numbering: ValueNumbering;
+  /** graph outputs reported per microbatch / per step: their label by value number */
+  private readonly mbLabel: (string | undefined)[] = [];
+  private readonly stepLabel: (string | undefined)[] = [];
+
   constructor(
     readonly b: ProgramBuilder,
-    /** parameters, gradients, optimizer state and step scalars, by value name */
-    readonly global: ReadonlyMap<string, number>,
+    /** parameters, gradients, optimizer state and step scalars */
+    readonly global: Values,
     readonly outputs: ProgramOutput[],
     readonly scalars: Record<string, number>,
     /** graph outputs reported per microbatch / per step, by value: their label */
-    readonly mbOutputs: ReadonlyMap<string, string>,
+    mbOutputs: ReadonlyMap<string, string>,
     readonly stepOutputs: ReadonlyMap<string, string>,
-  ) {}
+  ) {
+    this.numbering = global.numbering;
+    for (const [v, label] of mbOutputs) this.mbLabel[this.numbering.of(v)] = label;
+    for (const [v, label] of stepOutputs) this.stepLabel[this.numbering.of(v)] = label;
+  }
 
   /** For a draft's program; `global` (default: the draft's persistent values) may be shared. */
   static of(
     g: Graph,
     b: ProgramBuilder,
     d: Pick<ProgramDraft, 'params' | 'scalars' | 'outputs'>,
-    global: ReadonlyMap<string, number> = globalsOf(g, d),
+    global: Values = globalsOf(g, d),
   ): NodeLowering {
     const producedInStep = new Set(
       g.nodes.filter((n) => n.phase === 'optimizer').flatMap((n) => n.outputs.map((o) => o.name)),
@@ -353,59 +380,59 @@ export class NodeLowering {
     return new NodeLowering(b, global, [...d.outputs], { ...d.scalars }, label(false), label(true));
   }
 
-  /** Emits node n for microbatch mb; returns the instruction's index. */
-  node(
-    n: Node,
-    mb: number,
-    local: Map<string, number>,
-    wait: number[],
-    stream: StreamName = streamOf(n),
-  ): number {
-    const ins: number[] = new Array<number>(n.inputs.length);
-    for (let k = 0; k < ins.length; k++) {
-      const v = n.inputs[k];
-      const id = local.get(v) ?? this.global.get(v);
-      if (id === undefined)
-        throw new Error(`emit: value ${v} has no buffer (node ${n.op} in ${n.scope})`);
-      ins[k] = id;
-    }
-    const outs: number[] = new Array<number>(n.outputs.length);
-    for (let k = 0; k < outs.length; k++) {
-      const o = n.outputs[k];
-      const id = this.outputBuffer(n, o.name, o.type, mb, ins);
-      local.set(o.name, id);
-      outs[k] = id;
-    }
-    const { op, attrs, phase, scope } = n;
-    return this.b.push(
-      { stream, op, inputs: ins, outputs: outs, attrs, microbatch: mb, phase, scope },
-      wait,
-    );
+  /** Values of one microbatch (or of the step), empty. */
+  values(): Values {
+    return new Values(this.numbering);
   }
 
-  private outputBuffer(n: Node, v: string, t: TensorType, mb: number, ins: number[]): number {
+  /** Emits node n for microbatch mb; returns the instruction's index. */
+  node(n: Node, mb: number, local: Values, wait: number[], stream: StreamName = streamOf(n)): number {
+    const { ins: vin, outs: vout } = this.numbering.node(n);
+    const ins: number[] = new Array<number>(vin.length);
+    for (let k = 0; k < vin.length; k++) {
+      let id = local.at(vin[k]);
+      if (id < 0) id = this.global.at(vin[k]);
+      if (id < 0)
+        throw new Error(`emit: value ${n.inputs[k]} has no buffer (node ${n.op} in ${n.scope})`);
+      ins[k] = id;
+    }
+    const outs: number[] = new Array<number>(vout.length);
+    for (let k = 0; k < vout.length; k++) {
+      const o = n.outputs[k];
+      const id = this.outputBuffer(n, o.name, vout[k], o.type, mb, ins);
+      local.put(vout[k], id);
+      outs[k] = id;
+    }
+    return this.b.pushNew(stream, n.op, ins, outs, n.attrs, wait, mb, n.phase, n.scope);
+  }
+
+  private outputBuffer(
+    n: Node,
+    v: string,
+    k: number,
+    t: TensorType,
+    mb: number,
+    ins: number[],
+  ): number {
     const b = this.b;
     if (VIEW_OPS.has(n.op)) return b.addBuffer(v, t, 'arena', mb, b.root(ins[0]));
     // a reported output once per microbatch: a recomputed forward (the encoder under
     // --full-hetero-dp-encoder-recompute) writes a fresh buffer instead
-    const label = this.mbOutputs.get(v);
+    const label = this.mbLabel[k];
     if (label !== undefined && !this.outputs.some((x) => x.name === label && x.microbatch === mb)) {
       const id = b.addBuffer(`${label}.mb${mb}`, t, 'scalar', mb);
       this.outputs.push({ name: label, buffer: id, microbatch: mb });
       return id;
     }
-    const step = this.stepOutputs.get(v);
+    const step = this.stepLabel[k];
     if (step !== undefined) return (this.scalars[step] = b.addBuffer(step, t, 'scalar', -1));
     return b.addBuffer(v, t, 'arena', mb);
   }
 }
 
 /** The persistent values of a draft by name: parameters, gradients, AdamW state, step inputs. */
-function globalsOf(
-  g: Pick<Graph, 'inputs'>,
-  d: Pick<ProgramDraft, 'params' | 'scalars'>,
-): Map<string, number> {
-  const global = new Map<string, number>();
+function globalsOf(g: Graph, d: Pick<ProgramDraft, 'params' | 'scalars'>): Values {
+  const global = new Values(valueNumbering(g));
   for (const p of d.params) {
     global.set(p.name, p.buffer);
     if (p.grad !== undefined) global.set(`grad.${p.name}`, p.grad);

@@ -18,6 +18,7 @@
 import { encoderBoundary, type EncoderBoundary } from './encoder-handoff.js';
 import type { EmitEncoder } from './options.js';
 import type { Lowering } from './lower.js';
+import type { Values } from './values.js';
 
 export class EncoderRuns {
   private readonly enc?: EmitEncoder;
@@ -44,7 +45,7 @@ export class EncoderRuns {
   }
 
   /** v of slot mb, read from an import made now */
-  private imported(local: Map<string, number>, v: string, mb: number): void {
+  private imported(local: Values, v: string, mb: number): void {
     local.set(v, this.lo.importOf(v, mb, this.boundary.types.get(v)!));
   }
 
@@ -103,7 +104,7 @@ export class EncoderRuns {
       if (slot >= lo.slots) continue;
       // the decoder's gradients stay in the slot's values (rank 0 scatters them); the backward
       // reads the scattered ones
-      const local = new Map(lo.locals[slot]);
+      const local = lo.locals[slot].clone();
       for (const v of this.boundary.grads) this.imported(local, v, slot);
       // --full-hetero-dp-encoder-recompute: phase 1's activations are gone; the forward again
       if (enc.recompute) lo.runNodes(lo.s.encoderForward, slot, local);

@@ -33,6 +33,7 @@ import {
 import { EncoderRuns } from './encoder-runs.js';
 import { shardable, type EmitOptions } from './options.js';
 import { passesOf, passKey, type PassRef, type ProgramSchedule } from './schedule.js';
+import { valueNumbering, Values } from './values.js';
 
 /** a mark of any kind before it has a place (distributes over the union) */
 type Unplaced<M> = M extends Mark ? Omit<M, 'pos'> : never;
@@ -41,11 +42,11 @@ type Unplaced<M> = M extends Mark ? Omit<M, 'pos'> : never;
 export class Lowering {
   readonly b: ProgramBuilder;
   readonly nodes: NodeLowering;
-  readonly global = new Map<string, number>();
+  readonly global: Values;
   readonly params: ProgramParam[] = [];
   readonly inputs: ProgramInput[] = [];
-  /** each microbatch slot's values: buffer by value name */
-  locals: Map<string, number>[] = [];
+  /** each microbatch slot's values: buffer by value */
+  locals: Values[] = [];
   /** the number of slots: microbatches, and the mock slots that encode under the ViT balance */
   slots: number;
   readonly keepUntilWait = new Map<number, number[]>();
@@ -65,6 +66,7 @@ export class Lowering {
     readonly s: ProgramSchedule,
   ) {
     this.b = new ProgramBuilder(g);
+    this.global = new Values(valueNumbering(g));
     this.nodes = NodeLowering.of(g, this.b, { params: [], scalars: {}, outputs: [] }, this.global);
     this.slots = opts.numMicrobatches;
     this.encoder = new EncoderRuns(this);
@@ -82,7 +84,7 @@ export class Lowering {
   }
 
   /** Runs nodes for microbatch mb on the compute stream, each waiting for what is pending. */
-  runNodes(nodes: readonly Node[], mb: number, local: Map<string, number>): void {
+  runNodes(nodes: readonly Node[], mb: number, local: Values): void {
     for (const n of nodes)
       this.lastCompute = this.nodes.node(n, mb, local, this.computeWait.splice(0));
   }
@@ -196,7 +198,7 @@ function dataInputs(lo: Lowering): void {
   const mocksEncode = s.encoderForward.some((n) => n.op === 'vit_balance_route');
   lo.slots = enc && mocksEncode ? Math.max(m, enc.placement.slots) : m;
   lo.locals = Array.from({ length: lo.slots }, (_, mb) => {
-    const local = new Map<string, number>();
+    const local = lo.nodes.values();
     for (const i of dataInputs) {
       if (enc && !decoderReads.has(i.name) && !encodes.has(mb)) continue;
       if (mb >= m && decoderReads.has(i.name)) continue; // a mock slot never reaches the decoder

@@ -13,6 +13,7 @@ import type { DType } from '../../ir/dtype.js';
 import { paramsByName, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
 import { NodeLowering, ProgramBuilder, type ProgramDraft } from './draft.js';
 import type { EmitOptions } from './options.js';
+import type { Values } from './values.js';
 
 const STEP = { microbatch: -1, phase: 'optimizer' as const, scope: 'optimizer' };
 
@@ -25,7 +26,7 @@ export function lowerOptimizerStep(d: ProgramDraft, g: Graph, opts: EmitOptions)
   if (lastComm >= 0) stepWait = [b.record(lastComm)];
   const gradSlices = sliceGradients(b, d, opts, stepWait);
   if (gradSlices.length) stepWait = [];
-  const stepLocal = new Map<string, number>();
+  const stepLocal = nodes.values();
   const localNames = new Set(d.params.map((p) => p.name));
   const sharded = new Set(d.optimizerShards.flatMap((s) => s.params.map((p) => p.name)));
   const stepNodes = g.nodes.filter((n) => n.phase === 'optimizer');
@@ -61,7 +62,7 @@ interface StepContext {
   readonly nodes: NodeLowering;
   readonly d: ProgramDraft;
   readonly opts: EmitOptions;
-  readonly stepLocal: Map<string, number>;
+  readonly stepLocal: Values;
   readonly localNames: ReadonlySet<string>;
   readonly sharded: ReadonlySet<string>;
   /** distributed optimizer: this rank's block of each summed gradient bucket */
