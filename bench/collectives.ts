@@ -296,7 +296,7 @@ for (const P of RANKS) {
   const mpi = runMpi(P, mpiExe);
   for (const size of SIZES_MIB) {
     const over = (m: Map<string, number> | undefined) =>
-      m ? (m.get(`reduce_scatter/${size}`)! / m.get(`all_reduce/${size}`)!).toFixed(2) : '-';
+      m ? (m.get(`reduce_scatter/${size}`)! / m.get(`all_reduce/${size}`)!).toFixed(3) : '-';
     ratios.push(
       `${String(P).padEnd(6)} ${`${size} MiB`.padStart(7)} ${over(lfc).padStart(10)} ${over(tcp).padStart(10)} ${over(mpi).padStart(10)}`,
     );

@@ -163,6 +163,9 @@ inline void bench_line(const std::string& name, double opt_ms, double ref_ms) {
 // the bf16 conversion.
 void bf16_checks();
 
+// sum_check.cc: the sum/ tier (comm/sum.h's sumParts against a plain left-to-right sum, bit for bit).
+void sum_checks();
+
 // pool_check.cc: the pool/ tier (the kernel thread pool; pooled kernels against ref and across
 // thread counts).
 void pool_checks();

@@ -1393,6 +1393,7 @@ int main(int argc, char** argv) {
   fwd_balance_exchange();
   pool_checks();
   bf16_checks();
+  sum_checks();
   err_checks();
   err_balance();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
