@@ -122,14 +122,14 @@ export function simulatePlan(
   const costs = ix.programs.map((p) =>
     costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
   );
-  const run = (c: readonly Float64Array[]) => replay(setup, c, hw);
+  const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
-  const sim = run(costs);
-  if (!(slowdown > 0)) return sim;
+  if (!(slowdown > 0)) return run(costs);
   // compute that shares the SMs with communication: lengthen it by the overlap the first replay
   // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
-  return run(sim.ranks.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)));
+  const first = replayed(setup, costs).kept;
+  return run(first.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)));
 }
 
 /**
@@ -139,18 +139,18 @@ export function simulatePlan(
  */
 function slowOverlapped(
   p: ProgramIndex,
-  k: RankTimes,
+  k: { readonly start: Float64Array; readonly end: Float64Array },
   cost: Float64Array,
   slowdown: number,
 ): Float64Array {
   const moving: [number, number][] = [];
   const kernels: number[] = [];
+  const { category } = replayInfo(p);
   for (let i = 0; i < p.n; i++) {
-    const category = OP_TABLE[p.file.instructions[i].op as OpKind].category;
-    if (category === 'collective') {
+    if (category[i] === COLLECTIVE) {
       const from = Math.max(k.start[i], k.end[i] - cost[i]);
       if (k.end[i] > from) moving.push([from, k.end[i]]);
-    } else if (category !== 'memory' && p.stream[i] === COMPUTE && cost[i] > 0) kernels.push(i);
+    } else if (category[i] !== MEMORY && p.stream[i] === COMPUTE && cost[i] > 0) kernels.push(i);
   }
   moving.sort((a, b) => a[0] - b[0]);
   const union: [number, number][] = [];
@@ -368,19 +368,55 @@ function defaultCosts(
   return instructionCosts(p.file, hw, sizes, groupOf);
 }
 
-function replay(
-  setup: ReplaySetup,
-  costs: readonly Float64Array[],
-  hw: HardwareProfile,
-): Simulation {
+/** A plan's step replayed at `costs`, run to its end. */
+function replayed(setup: ReplaySetup, costs: readonly Float64Array[]): StepReplay {
   const replay = new StepReplay(setup, costs);
   replay.runAll();
   replay.assertFinished();
-  return {
-    hardware: hw,
-    stepSeconds: replay.stepEnd,
-    ranks: replay.keptRanks(),
-  };
+  return replay;
+}
+
+function simulationOf(replay: StepReplay, hw: HardwareProfile): Simulation {
+  return { hardware: hw, stepSeconds: replay.stepEnd, ranks: replay.keptRanks() };
+}
+
+const OTHER = 0;
+const COLLECTIVE = 1;
+const MEMORY = 2;
+
+/**
+ * What every replay of a program reads from its instructions' attributes, worked out once per
+ * program: each instruction's op category (OTHER, COLLECTIVE, MEMORY), its batch (format.ts
+ * batchSpans: a batch's members are consecutive on their stream) and whether it has one.
+ */
+interface ReplayInfo {
+  readonly category: Uint8Array;
+  readonly spans: ReturnType<typeof batchSpans>;
+  readonly batched: Uint8Array;
+}
+const replayInfos = new WeakMap<ProgramIndex, ReplayInfo>();
+
+function replayInfo(p: ProgramIndex): ReplayInfo {
+  let info = replayInfos.get(p);
+  if (info) return info;
+  const instructions = p.file.instructions;
+  const category = new Uint8Array(p.n);
+  const batched = new Uint8Array(p.n);
+  const codes = new Map<string, number>();
+  for (let i = 0; i < p.n; i++) {
+    const op = instructions[i].op;
+    let c = codes.get(op);
+    if (c === undefined) {
+      const k = OP_TABLE[op as OpKind].category;
+      c = k === 'collective' ? COLLECTIVE : k === 'memory' ? MEMORY : OTHER;
+      codes.set(op, c);
+    }
+    category[i] = c;
+    batched[i] = +(instructions[i].attrs.batch !== undefined);
+  }
+  info = { category, spans: batchSpans(instructions), batched };
+  replayInfos.set(p, info);
+  return info;
 }
 
 /**
@@ -480,7 +516,8 @@ class StepReplay {
   private readonly programs: readonly ProgramIndex[];
   private readonly programOf: Int32Array;
   /** instruction times of each program's first rank; other ranks' only as far as the step needs */
-  private readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
+  /** [program] the times of its first rank */
+  readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
   /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
    * its end are dropped) */
   private readonly start: Float64Array[];
@@ -554,10 +591,8 @@ class StepReplay {
     this.batchNext = new Int32Array(world * S);
     this.batchOpen = new Int32Array(world * S);
     this.batchDone = new Float64Array(world * S);
-    this.spans = programs.map((p) => batchSpans(p.file.instructions));
-    this.batched = programs.map((p) =>
-      Uint8Array.from(p.file.instructions, (x) => +(x.attrs.batch !== undefined)),
-    );
+    this.spans = programs.map((p) => replayInfo(p).spans);
+    this.batched = programs.map((p) => replayInfo(p).batched);
     this.work = new Worklist(world * S);
   }
 
@@ -808,11 +843,12 @@ function divide(
   const compute: number[] = []; // local instructions of the compute stream, in time order
   const others: [number, number, number][] = []; // from, to, instruction
   const from = (i: number) => Math.max(start[i], end[i] - cost[i]);
+  const { category } = replayInfo(p);
   let computeBusy = 0;
   for (let i = 0; i < p.n; i++) {
     // what runs: the last `cost` of an instruction's interval (all of a local one's)
     const at = from(i);
-    const kernel = OP_TABLE[p.file.instructions[i].op as OpKind].category !== 'collective';
+    const kernel = category[i] !== COLLECTIVE;
     if (kernel && p.stream[i] === COMPUTE) {
       compute.push(i);
       computeBusy += end[i] - at;
