@@ -14,7 +14,9 @@
 //   step without --simulate in under 20 s all told (issue 17, "fast enough to search");
 // - 30b-level3, the article's level-3 line (issue 17, item 1: Qwen3-VL-30B-A3B, 32 a800, tp 4,
 //   pp 2, ep 4, full separation): compile + simulate in at most 2 s (issue 17); the tuner
-//   compiles without the verifier, so that figure is printed apart (compile − verify + simulate).
+//   compiles without the verifier, so that figure is printed apart: "unverified+simulate", from
+//   runs of their own with skipVerify (no plan verifier, memory checker or IR checks between
+//   passes), alternated with the verified ones.
 
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
@@ -74,8 +76,9 @@ function duSync(dir: string): number {
   return bytes;
 }
 
-/** one run in this process: prints one JSON line */
-async function child(name: string): Promise<void> {
+/** one run in this process: prints one JSON line; `unverified`: as the tuner compiles (skipVerify:
+ * no plan verifier, memory checker or IR checks between passes), and no plan written */
+async function child(name: string, unverified: boolean): Promise<void> {
   const built = join(fileURLToPath(new URL('..', import.meta.url)), 'dist/compiler/pipeline.js');
   const { compile, writePlan } = (await import(
     pathToFileURL(built).href
@@ -88,13 +91,17 @@ async function child(name: string): Promise<void> {
   )) as typeof import('../compiler/sim/report.js');
   const hardware = loadHardware(HARDWARE[name] ?? 'h800');
   const t0 = performance.now();
-  const r = compile({ ...LAYOUTS[name], hardware });
+  const r = compile({ ...LAYOUTS[name], hardware, skipVerify: unverified });
   const ms = performance.now() - t0;
   const t1 = performance.now();
   const programs = new Map(r.programs.map((p) => [p.id, p]));
   const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hardware);
   const simulateMs = performance.now() - t1;
   const peak = process.resourceUsage().maxRSS * 1024;
+  if (unverified) {
+    process.stdout.write(JSON.stringify({ ms, simulateMs, phases: r.stats.ms }) + '\n');
+    return;
+  }
   const dir = mkdtempSync(join(tmpdir(), 'lfc-bench-compile-'));
   try {
     writePlan(join(dir, 'plan'), r.plan, r.programs);
@@ -125,7 +132,7 @@ const median = (xs: number[]) => {
 };
 
 if (process.argv.includes('--child')) {
-  await child(arg('child', '235b'));
+  await child(arg('child', '235b'), process.argv.includes('--unverified'));
 } else {
   setupOrExit('lfc'); // the children run the compiled CLI
   const runs = Number(arg('runs', '3'));
@@ -139,15 +146,24 @@ if (process.argv.includes('--child')) {
   for (const name of names) {
     if (!LAYOUTS[name])
       throw new Error(`unknown layout ${name}; layouts: ${Object.keys(LAYOUTS).join(', ')}, all`);
-    const results = Array.from({ length: runs }, () => {
-      const out = execFileSync(process.execPath, [...process.execArgv, self, '--child', name], {
-        encoding: 'utf8',
-        maxBuffer: 1 << 20,
-      });
+    const run = (unverified: boolean) => {
+      const flags = unverified ? ['--unverified'] : [];
+      const out = execFileSync(
+        process.execPath,
+        [...process.execArgv, self, '--child', name, ...flags],
+        { encoding: 'utf8', maxBuffer: 1 << 20 },
+      );
       return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number> & {
         phases: Record<string, number>;
       };
-    });
+    };
+    // verified and unverified runs alternate, so that a machine's drift falls on both alike
+    const results: ReturnType<typeof run>[] = [];
+    const unverified: ReturnType<typeof run>[] = [];
+    for (let i = 0; i < runs; i++) {
+      results.push(run(false));
+      unverified.push(run(true));
+    }
     const m = (k: string) => median(results.map((x) => x[k]));
     console.log(
       [
@@ -159,9 +175,7 @@ if (process.argv.includes('--child')) {
         `${(m('verifyMs') / 1000).toFixed(2)} s`.padStart(7),
         `${(m('simulateMs') / 1000).toFixed(2)} s`.padStart(9),
         `${(median(results.map((x) => x.ms + x.simulateMs)) / 1000).toFixed(2)} s`.padStart(9),
-        `${(median(results.map((x) => x.ms - x.verifyMs + x.simulateMs)) / 1000).toFixed(2)} s`.padStart(
-          20,
-        ),
+        `${(median(unverified.map((x) => x.ms + x.simulateMs)) / 1000).toFixed(2)} s`.padStart(20),
         gib(m('peak')).padStart(9),
         `${(results[0].disk / 2 ** 20).toFixed(1)} MiB`.padStart(13),
       ].join(' '),
@@ -170,6 +184,15 @@ if (process.argv.includes('--child')) {
       `  compile by phase (median ms): ${Object.keys(results[0].phases)
         .map((k) => `${k} ${median(results.map((x) => x.phases[k])).toFixed(0)}`)
         .join(', ')}`,
+    );
+    console.log(
+      `  unverified by phase (median ms): ${Object.keys(unverified[0].phases)
+        .filter((k) => unverified.some((x) => x.phases[k] >= 0.5))
+        .map((k) => `${k} ${median(unverified.map((x) => x.phases[k])).toFixed(0)}`)
+        .join(', ')}`,
+    );
+    console.log(
+      `  unverified runs (compile, simulate): ${unverified.map((x) => `${(x.ms / 1000).toFixed(2)} + ${(x.simulateMs / 1000).toFixed(2)}`).join(', ')} s`,
     );
     console.log(
       `  runs (compile, simulate): ${results.map((x) => `${(x.ms / 1000).toFixed(2)} + ${(x.simulateMs / 1000).toFixed(2)}`).join(', ')} s; simulated step ${results[0].step.toFixed(2)} s on ${HARDWARE[name] ?? 'h800'}`,
