@@ -159,19 +159,22 @@ function persistentBuffers(lo: Lowering): void {
     }
   }
   for (const p of localParams) {
-    const has = (n: string) => global.get(n);
-    lo.params.push({
+    // the keys in this order: the plan's text
+    const entry: { -readonly [K in keyof ProgramParam]: ProgramParam[K] } = {
       name: p.name,
       buffer: global.get(p.name)!,
-      ...(has(`grad.${p.name}`) !== undefined ? { grad: has(`grad.${p.name}`) } : {}),
-      ...(has(`exp_avg.${p.name}`) !== undefined ? { expAvg: has(`exp_avg.${p.name}`) } : {}),
-      ...(has(`exp_avg_sq.${p.name}`) !== undefined
-        ? { expAvgSq: has(`exp_avg_sq.${p.name}`) }
-        : {}),
-      ...(has(`master.${p.name}`) !== undefined ? { master: has(`master.${p.name}`) } : {}),
-      shard: p.type.shape.map((d) => [0, d as number] as const),
-      ...(p.dist ? { dist: p.dist } : {}),
-    });
+    } as ProgramParam;
+    const grad = global.get(`grad.${p.name}`);
+    if (grad !== undefined) entry.grad = grad;
+    const expAvg = global.get(`exp_avg.${p.name}`);
+    if (expAvg !== undefined) entry.expAvg = expAvg;
+    const expAvgSq = global.get(`exp_avg_sq.${p.name}`);
+    if (expAvgSq !== undefined) entry.expAvgSq = expAvgSq;
+    const master = global.get(`master.${p.name}`);
+    if (master !== undefined) entry.master = master;
+    entry.shard = p.type.shape.map((d) => [0, d as number] as const);
+    if (p.dist) entry.dist = p.dist;
+    lo.params.push(entry);
   }
   // scalar inputs (loss_tokens, caption_tokens) are step scalars the runtime fills, shared by
   // every microbatch
