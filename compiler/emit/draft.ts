@@ -291,7 +291,18 @@ export class ProgramBuilder {
     scope: string,
   ): number {
     // the key order of scheduled()
-    this.instructions.push({ stream, op, inputs, outputs, attrs, wait, record: [], microbatch, phase, scope });
+    this.instructions.push({
+      stream,
+      op,
+      inputs,
+      outputs,
+      attrs,
+      wait,
+      record: [],
+      microbatch,
+      phase,
+      scope,
+    });
     return this.instructions.length - 1;
   }
 
@@ -386,7 +397,13 @@ export class NodeLowering {
   }
 
   /** Emits node n for microbatch mb; returns the instruction's index. */
-  node(n: Node, mb: number, local: Values, wait: number[], stream: StreamName = streamOf(n)): number {
+  node(
+    n: Node,
+    mb: number,
+    local: Values,
+    wait: number[],
+    stream: StreamName = streamOf(n),
+  ): number {
     const { ins: vin, outs: vout } = this.numbering.node(n);
     const ins: number[] = new Array<number>(vin.length);
     for (let k = 0; k < vin.length; k++) {

@@ -70,7 +70,9 @@ export class Values {
 
   put(k: number, id: number): void {
     if (k >= this.ids.length) {
-      const grown = new Int32Array(Math.max(k + 1, this.numbering.size, 2 * this.ids.length)).fill(-1);
+      const grown = new Int32Array(Math.max(k + 1, this.numbering.size, 2 * this.ids.length)).fill(
+        -1,
+      );
       grown.set(this.ids);
       this.ids = grown;
     }
