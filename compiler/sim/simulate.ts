@@ -515,8 +515,7 @@ function symmetricMeetings(ix: PlanIndex): Meetings | undefined {
 class StepReplay {
   private readonly programs: readonly ProgramIndex[];
   private readonly programOf: Int32Array;
-  /** instruction times of each program's first rank; other ranks' only as far as the step needs */
-  /** [program] the times of its first rank */
+  /** [program] instruction times of its first rank; other ranks' only as far as the step needs */
   readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
   /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
    * its end are dropped) */
