@@ -278,34 +278,6 @@ export class ProgramBuilder {
     return this.instructions.length - 1;
   }
 
-  /** push() of the instruction these make, without the intermediate object (lowering's path). */
-  pushNew(
-    stream: StreamName,
-    op: string,
-    inputs: number[],
-    outputs: number[],
-    attrs: PlanInstruction['attrs'],
-    wait: number[],
-    microbatch: number,
-    phase: PlanInstruction['phase'],
-    scope: string,
-  ): number {
-    // the key order of scheduled()
-    this.instructions.push({
-      stream,
-      op,
-      inputs,
-      outputs,
-      attrs,
-      wait,
-      record: [],
-      microbatch,
-      phase,
-      scope,
-    });
-    return this.instructions.length - 1;
-  }
-
   /** A new event recorded when instruction idx ends. */
   record(idx: number): number {
     const e = this.events++;
@@ -420,7 +392,11 @@ export class NodeLowering {
       local.put(vout[k], id);
       outs[k] = id;
     }
-    return this.b.pushNew(stream, n.op, ins, outs, n.attrs, wait, mb, n.phase, n.scope);
+    const { op, attrs, phase, scope } = n;
+    return this.b.push(
+      { stream, op, inputs: ins, outputs: outs, attrs, microbatch: mb, phase, scope },
+      wait,
+    );
   }
 
   private outputBuffer(

@@ -548,10 +548,8 @@ class StepReplay {
   private readonly batchNext: Int32Array;
   private readonly batchOpen: Int32Array;
   private readonly batchDone: Float64Array;
-  /** [program] each instruction's batch (format.ts batchSpans: its members are consecutive on
-   * their stream), and whether it has one */
-  private readonly spans: readonly ReturnType<typeof batchSpans>[];
-  private readonly batched: readonly Uint8Array[];
+  /** [program] what replays read from its instructions: each one's batch and whether it has one */
+  private readonly infos: readonly ReplayInfo[];
   private readonly work: Worklist;
 
   constructor(
@@ -590,8 +588,7 @@ class StepReplay {
     this.batchNext = new Int32Array(world * S);
     this.batchOpen = new Int32Array(world * S);
     this.batchDone = new Float64Array(world * S);
-    this.spans = programs.map((p) => replayInfo(p).spans);
-    this.batched = programs.map((p) => replayInfo(p).batched);
+    this.infos = programs.map(replayInfo);
     this.work = new Worklist(world * S);
   }
 
@@ -674,7 +671,7 @@ class StepReplay {
   private transferDone(r: number, i: number, at: number): void {
     const p = this.programs[this.programOf[r]];
     const rs = r * S + p.stream[i];
-    if (!this.batched[this.programOf[r]][i]) {
+    if (!this.infos[this.programOf[r]].batched[i]) {
       this.finish(r, i, at, this.pc[rs] + 1);
       return;
     }
@@ -777,7 +774,7 @@ class StepReplay {
       pc[rs] = at;
       this.arrived[rs] = 1;
       if (p.kind[i] === GROUP) return this.arriveAtCollective(r, p, i, t);
-      if (!this.batched[this.programOf[r]][i]) return this.post(r, i, t);
+      if (!this.infos[this.programOf[r]].batched[i]) return this.post(r, i, t);
       return this.openBatch(rs, r, at, i);
     }
     pc[rs] = list.length;
@@ -817,7 +814,7 @@ class StepReplay {
 
   /** the batch that instruction i (list position `at`) starts: its members posted in turn */
   private openBatch(rs: number, r: number, at: number, i: number): void {
-    const last = at + this.spans[this.programOf[r]].last[i] - i + 1;
+    const last = at + this.infos[this.programOf[r]].spans.last[i] - i + 1;
     this.arrived[rs] = 0;
     this.batchNext[rs] = at;
     this.batchEnd[rs] = last;

@@ -52,8 +52,9 @@ inline void storeSum(bf16* out, const float* sum, int64_t m, bool stream) {
 // in group order, and stored, with no block staged in between; with non-temporal stores where the
 // output streams. An output that is one of the parts is safe: a line's loads all come before its
 // stores. On the 2-core EPYC, two threads at once each summing two 32 MiB f32 parts (a scratch
-// benchmark, medians of 15, alternated): into a third array with non-temporal stores, 2.8–3.0 ms
-// against 3.6–3.9 through the staged block; in place, 1.51–1.64 ms against 1.67–1.99. AVX2 and
+// benchmark, medians of 15, alternated), a fused loop of this form took 2.8–3.0 ms into a third
+// array with non-temporal stores, against 3.6–3.9 through the staged block, and 1.51–1.64 ms in
+// place against 1.67–1.99; sumParts with this path then matched that loop in place. AVX2 and
 // AVX-512 loops were no faster than these SSE2 ones, the sum being bound by memory. The additions
 // are the same IEEE operations in the same order as the staged path's, so the bits are too. Only
 // for one or two parts: over four, each line reads four streams (three of them peers' mappings)
