@@ -4,7 +4,7 @@
 // plan is symmetric, compiler/sim/simulate.ts), and the size of the plan on disk. Each layout
 // runs in a fresh process, so peak memory is its own; the median of --runs runs is printed. The
 // compiler runs from its build (dist/, built first when stale), as `lfc compile` runs it: not
-// through tsx's on-the-fly transpiler.
+// through tsx's on-the-fly transpiler, and under lfc's node flags (bin/lfc.js's first line).
 //
 //   npx tsx bench/compile.ts [--runs 3] [--layout 235b|30b-ep8|30b-tp4|30b-distopt|30b-level3|all]
 //
@@ -25,6 +25,7 @@ import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { CompileOptions } from '../compiler/pipeline.js';
 import { setupOrExit } from '../scripts/setup.mjs';
+import { lfcNodeFlags } from './node-flags.js';
 
 /** the issue's Qwen3-VL-30B-A3B layouts: 4 nodes × 8, sequence 32768, global batch 64 */
 const Q30: CompileOptions = {
@@ -150,7 +151,7 @@ if (process.argv.includes('--child')) {
       const flags = unverified ? ['--unverified'] : [];
       const out = execFileSync(
         process.execPath,
-        [...process.execArgv, self, '--child', name, ...flags],
+        [...process.execArgv, ...lfcNodeFlags(), self, '--child', name, ...flags],
         { encoding: 'utf8', maxBuffer: 1 << 20 },
       );
       return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number> & {

@@ -27,6 +27,7 @@ import { EFFICIENCY_FAMILIES, loadHardware, scaleEfficiency } from '../compiler/
 import type { HardwareProfile } from '../compiler/sim/hardware.js';
 import { forecastStep } from '../compiler/sim/report.js';
 import { setupOrExit } from '../scripts/setup.mjs';
+import { lfcNodeFlags } from './node-flags.js';
 
 const arg = (name: string, def: string) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -54,6 +55,7 @@ const t0 = performance.now();
 const out = execFileSync(
   process.execPath,
   [
+    ...lfcNodeFlags(),
     'bin/lfc.js',
     'tune',
     ...SETUP,

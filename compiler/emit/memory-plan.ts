@@ -55,10 +55,9 @@ function atExpectedSizes(
 ): { arena: number; data: number } | undefined {
   if (!g.symbols.some((s) => s.expected !== undefined)) return undefined;
   const bytes = bytesAtExpectedSizes(g.symbols);
-  const expectedArena = arena.map((l) => ({ ...l, bytes: bytes(buffers[l.id]) }));
   let data = 0;
   for (const b of buffers) if (b.region === 'data' && b.viewOf === undefined) data += bytes(b);
-  return { arena: livenessLowerBound(expectedArena), data };
+  return { arena: livenessLowerBound(arena, (l) => bytes(buffers[l.id])), data };
 }
 
 /** A buffer's bytes with every symbol at its expected size (its bound where none is given). */

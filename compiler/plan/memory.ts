@@ -28,18 +28,26 @@ function footprint(b: Lifetime): number {
   return align(Math.max(b.bytes, 1));
 }
 
+/** a lifetime's own bytes */
+const ownBytes = (b: Lifetime) => b.bytes;
+
 /**
  * [instruction] the bytes (aligned sizes) of the buffers live at it, up to the last one's end:
- * those that start there or before and end there or after (frees first at a tie).
+ * those that start there or before and end there or after (frees first at a tie). `bytesOf`
+ * sizes each buffer (default: its own bytes; the expected sizes, say).
  */
-export function liveBytes(buffers: readonly Lifetime[]): Float64Array {
+export function liveBytes(
+  buffers: readonly Lifetime[],
+  bytesOf: (b: Lifetime) => number = ownBytes,
+): Float64Array {
   // bytes starting and ending at each instruction, then a running sum
   let last = 0;
   for (const b of buffers) last = Math.max(last, b.end + 1);
   const delta = new Float64Array(last + 1);
   for (const b of buffers) {
-    delta[b.start] += footprint(b);
-    delta[b.end + 1] -= footprint(b);
+    const bytes = align(Math.max(bytesOf(b), 1));
+    delta[b.start] += bytes;
+    delta[b.end + 1] -= bytes;
   }
   const live = new Float64Array(last);
   let sum = 0;
@@ -47,10 +55,13 @@ export function liveBytes(buffers: readonly Lifetime[]): Float64Array {
   return live;
 }
 
-/** The most bytes live at once (aligned sizes): a lower bound on any arena. */
-export function livenessLowerBound(buffers: readonly Lifetime[]): number {
+/** The most bytes live at once (aligned sizes, `bytesOf` as liveBytes): a lower bound on any arena. */
+export function livenessLowerBound(
+  buffers: readonly Lifetime[],
+  bytesOf: (b: Lifetime) => number = ownBytes,
+): number {
   let peak = 0;
-  for (const live of liveBytes(buffers)) peak = Math.max(peak, live);
+  for (const live of liveBytes(buffers, bytesOf)) peak = Math.max(peak, live);
   return peak;
 }
 

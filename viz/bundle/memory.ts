@@ -32,7 +32,7 @@ export function programMemory(
   const expectedOf = bytesAtExpectedSizes(plan.symbols);
   const bound = perInstruction(liveBytes(arena), n);
   const expected = perInstruction(
-    liveBytes(arena.map((l) => ({ ...l, bytes: expectedOf(buffers[l.id]) }))),
+    liveBytes(arena, (l) => expectedOf(buffers[l.id])),
     n,
   );
   // a GPU runtime's workspaces are in the device's reserve, not the plan's scratch
