@@ -177,6 +177,13 @@ const NO_SCRATCH = Object.fromEntries(STREAMS.map((s) => [s, 0])) as ProgramFile
 /** An instruction before its events: what push() is given. */
 export type Unscheduled = Omit<PlanInstruction, 'wait' | 'record'>;
 
+/** a tensor type's bytes at the bounds and its shape text, by the symbols it is sized by */
+interface TypeInfo {
+  readonly bytes: number;
+  readonly shape: string[];
+}
+const typeInfos = new WeakMap<Graph['symbols'], WeakMap<TensorType, TypeInfo>>();
+
 /** Adds buffers, instructions and events to (a copy of) a draft's lists. */
 export class ProgramBuilder {
   readonly buffers: MutableBuffer[];
@@ -184,11 +191,15 @@ export class ProgramBuilder {
   readonly regionTop: Record<ProgramRegion, number>;
   events: number;
   private readonly bound: Map<string, number>;
-  // a value's type object is shared by its buffers of every microbatch: size and shape text once
-  private readonly typeInfo = new WeakMap<TensorType, { bytes: number; shape: string[] }>();
+  // a value's type object is shared by its buffers of every microbatch: size and shape text once,
+  // for every program of the graph (the cost model knows alike operands by their shape text)
+  private readonly typeInfo: WeakMap<TensorType, TypeInfo>;
 
   constructor(g: Pick<Graph, 'symbols'>, from?: ProgramDraft) {
     this.bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
+    let types = typeInfos.get(g.symbols);
+    if (!types) typeInfos.set(g.symbols, (types = new WeakMap()));
+    this.typeInfo = types;
     this.buffers = from ? [...from.buffers] : [];
     this.instructions = from ? [...from.instructions] : [];
     this.regionTop = { ...(from?.regions ?? EMPTY_REGIONS) };

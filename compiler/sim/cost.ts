@@ -114,52 +114,98 @@ export interface Work {
 }
 
 /**
+ * Work already worked out, shared by the programs of one plan priced at one set of sizes and
+ * element sizes (see instructionWork): by attrs object, the operands' shape texts and dtypes.
+ */
+export class WorkMemo {
+  readonly known = new Map<object, KnownWork[]>();
+  constructor(
+    readonly sizes: ReadonlyMap<string, number>,
+    readonly dtypeBytes: number,
+    readonly gradDtypeBytes: number,
+  ) {}
+}
+
+interface KnownWork {
+  readonly op: string;
+  readonly mixed: boolean;
+  readonly shapes: readonly (readonly string[])[];
+  readonly dtypes: readonly string[];
+  readonly work: Work;
+}
+
+/**
  * Each instruction's work: shapes at `sizes`; in an f32 program, f32 buffers at `dtypeBytes` per
  * element (the optimizer phase's collectives at `gradDtypeBytes`); other dtypes, and every buffer
- * of a mixed-precision program, at their own size.
+ * of a mixed-precision program, at their own size. `memo` (made for the same sizes and element
+ * sizes) carries what one program worked out to the next.
  */
 export function instructionWork(
   program: ProgramFile,
   sizes: ReadonlyMap<string, number>,
   dtypeBytes: number,
   gradDtypeBytes: number,
+  memo: WorkMemo = new WorkMemo(sizes, dtypeBytes, gradDtypeBytes),
 ): Work[] {
+  if (
+    memo.sizes !== sizes ||
+    memo.dtypeBytes !== dtypeBytes ||
+    memo.gradDtypeBytes !== gradDtypeBytes
+  )
+    throw new Error('instructionWork: a memo made for other sizes');
   const resolve = shapeResolver((sym: string) => sizes.get(sym) ?? 0);
-  const shapes = program.buffers.map((b) => resolve(b.shape));
-  const elems = (id: number) => shapes[id].reduce((a, b) => a * b, 1);
-  const mixed = isMixed(program.buffers);
+  const { buffers } = program;
+  const elems = (id: number) => {
+    let n = 1;
+    for (const d of resolve(buffers[id].shape)) n *= d;
+    return n;
+  };
+  const mixed = isMixed(buffers);
   // A compute instruction's work follows from its op, attrs and operands' shapes and dtypes: the
-  // instructions lowered from one node for every microbatch share their attrs object and their
-  // buffers' shape arrays, so each such group is worked out once. Keyed by the attrs object, then
-  // by the operands' (shape, dtype) classes.
-  const shapeClass = new Map<readonly number[], number>();
-  const dtypeClass = new Map<string, number>();
-  const classOf = new Int32Array(program.buffers.length);
-  program.buffers.forEach((b, id) => {
-    let c = shapeClass.get(shapes[id]);
-    if (c === undefined) shapeClass.set(shapes[id], (c = shapeClass.size));
-    let d = dtypeClass.get(b.dtype);
-    if (d === undefined) dtypeClass.set(b.dtype, (d = dtypeClass.size));
-    classOf[id] = c * 16 + d;
-  });
-  const alike = (ids: readonly number[], classes: readonly number[]) => {
-    if (ids.length !== classes.length) return false;
-    for (let k = 0; k < ids.length; k++) if (classOf[ids[k]] !== classes[k]) return false;
+  // instructions lowered from one node for every microbatch, and on every program of a plan,
+  // share their attrs object, and buffers of one value type share their shape text
+  // (ProgramBuilder), so each such group is worked out once. Keyed by the attrs object, then by
+  // the operands' shape texts (by identity) and dtypes, inputs first.
+  const alike = (x: PlanInstruction, k: KnownWork) => {
+    if (k.op !== x.op || k.mixed !== mixed) return false;
+    const n = x.inputs.length;
+    if (n + x.outputs.length !== k.shapes.length) return false;
+    for (let j = 0; j < k.shapes.length; j++) {
+      const b = buffers[j < n ? x.inputs[j] : x.outputs[j - n]];
+      if (b.shape !== k.shapes[j] || b.dtype !== k.dtypes[j]) return false;
+    }
     return true;
   };
-  const known = new Map<object, { op: string; ins: number[]; outs: number[]; work: Work }[]>();
-  return program.instructions.map((x) => {
+  const out = new Array<Work>(program.instructions.length);
+  for (let i = 0; i < out.length; i++) {
+    const x = program.instructions[i];
     const info: OpInfo = OP_TABLE[x.op as OpKind];
-    if (info.category === 'collective' || info.category === 'memory') return workOf(x, info);
-    let seen = known.get(x.attrs);
-    if (seen === undefined) known.set(x.attrs, (seen = []));
+    if (info.category === 'collective' || info.category === 'memory') {
+      out[i] = workOf(x, info);
+      continue;
+    }
+    let seen = memo.known.get(x.attrs);
+    if (seen === undefined) memo.known.set(x.attrs, (seen = []));
+    let work: Work | undefined;
     for (const k of seen)
-      if (k.op === x.op && alike(x.inputs, k.ins) && alike(x.outputs, k.outs)) return k.work;
-    const work = workOf(x, info);
-    const classes = (ids: readonly number[]) => ids.map((id) => classOf[id]);
-    seen.push({ op: x.op, ins: classes(x.inputs), outs: classes(x.outputs), work });
-    return work;
-  });
+      if (alike(x, k)) {
+        work = k.work;
+        break;
+      }
+    if (work === undefined) {
+      work = workOf(x, info);
+      const ids = [...x.inputs, ...x.outputs];
+      seen.push({
+        op: x.op,
+        mixed,
+        shapes: ids.map((id) => buffers[id].shape),
+        dtypes: ids.map((id) => buffers[id].dtype),
+        work,
+      });
+    }
+    out[i] = work;
+  }
+  return out;
 
   function workOf(x: PlanInstruction, info: OpInfo): Work {
     const per = mixed
@@ -181,8 +227,8 @@ export function instructionWork(
     if (info.category === 'memory')
       return { category: info.category, flops: 0, bytes: bytes(x.inputs) };
     const args = {
-      inputs: x.inputs.map((id) => shapes[id]),
-      outputs: x.outputs.map((id) => shapes[id]),
+      inputs: x.inputs.map((id) => resolve(buffers[id].shape)),
+      outputs: x.outputs.map((id) => resolve(buffers[id].shape)),
       attrs: x.attrs as Attrs, // the verifier checked them against the op table
     };
     const flops = info.flops(args);
@@ -273,9 +319,10 @@ export function instructionCosts(
   hw: HardwareProfile,
   sizes: ReadonlyMap<string, number>,
   groupOf: (x: PlanInstruction, i: number) => GroupShape,
+  memo?: WorkMemo,
 ): Float64Array {
   const c = hw.compute;
-  const work = instructionWork(program, sizes, c.dtypeBytes, c.gradDtypeBytes);
+  const work = instructionWork(program, sizes, c.dtypeBytes, c.gradDtypeBytes, memo);
   // a kernel's time by its work (instructionWork shares one object among alike instructions)
   const kernel = new Map<Work, number>();
   const out = new Float64Array(program.instructions.length);

@@ -42,7 +42,7 @@ import {
   type ProgramIndex,
 } from '../verify/plan-index.js';
 import { Worklist } from '../verify/worklist.js';
-import { expectedSizes, instructionCosts, type GroupShape } from './cost.js';
+import { expectedSizes, instructionCosts, WorkMemo, type GroupShape } from './cost.js';
 import type { HardwareProfile } from './hardware.js';
 
 const S = STREAMS.length;
@@ -119,8 +119,9 @@ export function simulatePlan(
   const shared = plan.topology.nprocPerNode > cores;
   let sizes = expectedSizes(plan, programs.values());
   if (shared) sizes = routingOnSharedCores(plan, programs.values(), sizes, cores);
+  const memo = new WorkMemo(sizes, hw.compute.dtypeBytes, hw.compute.gradDtypeBytes);
   const costs = ix.programs.map((p) =>
-    costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw),
+    costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw, memo),
   );
   const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
@@ -341,6 +342,7 @@ function defaultCosts(
   p: ProgramIndex,
   sizes: ReadonlyMap<string, number>,
   hw: HardwareProfile,
+  memo: WorkMemo,
 ): Float64Array {
   const rank = p.ranks[0];
   const perNode = ix.plan.topology.nprocPerNode;
@@ -365,7 +367,7 @@ function defaultCosts(
     const apart = peer >= 0 && node(peer) !== node(rank);
     return { size: 2, nodes: apart ? 2 : 1, local: apart ? 1 : 2 };
   };
-  return instructionCosts(p.file, hw, sizes, groupOf);
+  return instructionCosts(p.file, hw, sizes, groupOf, memo);
 }
 
 /** A plan's step replayed at `costs`, run to its end. */
