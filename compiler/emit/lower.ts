@@ -23,6 +23,7 @@ import type { Transfer } from '../../passes/parallel/pipeline.js';
 import type { PlanInstruction, ProgramInput, ProgramParam } from '../plan/format.js';
 import { emitCombined } from './combined.js';
 import {
+  NO_EVENTS,
   NodeLowering,
   ProgramBuilder,
   type Import,
@@ -86,7 +87,12 @@ export class Lowering {
   /** Runs nodes for microbatch mb on the compute stream, each waiting for what is pending. */
   runNodes(nodes: readonly Node[], mb: number, local: Values): void {
     for (const n of nodes)
-      this.lastCompute = this.nodes.node(n, mb, local, this.computeWait.splice(0));
+      this.lastCompute = this.nodes.node(
+        n,
+        mb,
+        local,
+        this.computeWait.length ? this.computeWait.splice(0) : NO_EVENTS,
+      );
   }
 
   /** A mark at the end of the instruction list (the p2p kind has no waits of its own). */

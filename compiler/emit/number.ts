@@ -10,7 +10,8 @@
 // numbered by the first instruction that names them (wait or record).
 //
 // Holds before: ids are dense (buffer i has id i), every reference names an existing buffer, and
-//   no two instructions share an id list (each has its own arrays).
+//   no two instructions share a non-empty id list (each has its own arrays; empty event lists
+//   are one shared array, draft.ts NO_EVENTS, which renaming leaves as it is).
 // Holds after: the same, with ids renumbered; nothing else changes (offsets, names, order).
 
 import type { ProgramDraft } from './draft.js';
