@@ -28,7 +28,16 @@ import {
 } from '../plan/format.js';
 import { align } from '../plan/memory.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
-import { valueNumbering, Values, type ValueNumbering } from './values.js';
+import {
+  EXP_AVG,
+  EXP_AVG_SQ,
+  GRAD,
+  MASTER,
+  PARAM,
+  valueNumbering,
+  Values,
+  type ValueNumbering,
+} from './values.js';
 
 export interface ProgramOutput {
   readonly name: string;
@@ -445,13 +454,15 @@ export class NodeLowering {
 
 /** The persistent values of a draft by name: parameters, gradients, AdamW state, step inputs. */
 function globalsOf(g: Graph, d: Pick<ProgramDraft, 'params' | 'scalars'>): Values {
-  const global = new Values(valueNumbering(g));
+  const numbering = valueNumbering(g);
+  const global = new Values(numbering);
   for (const p of d.params) {
-    global.set(p.name, p.buffer);
-    if (p.grad !== undefined) global.set(`grad.${p.name}`, p.grad);
-    if (p.expAvg !== undefined) global.set(`exp_avg.${p.name}`, p.expAvg);
-    if (p.expAvgSq !== undefined) global.set(`exp_avg_sq.${p.name}`, p.expAvgSq);
-    if (p.master !== undefined) global.set(`master.${p.name}`, p.master);
+    const { numbers } = numbering.stateOf(p.name);
+    global.put(numbers[PARAM], p.buffer);
+    if (p.grad !== undefined) global.put(numbers[GRAD], p.grad);
+    if (p.expAvg !== undefined) global.put(numbers[EXP_AVG], p.expAvg);
+    if (p.expAvgSq !== undefined) global.put(numbers[EXP_AVG_SQ], p.expAvgSq);
+    if (p.master !== undefined) global.put(numbers[MASTER], p.master);
   }
   const stepInputs = new Set(g.inputs.map((i) => i.name));
   for (const [name, id] of Object.entries(d.scalars))

@@ -16,7 +16,7 @@
 //   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
 //   for is the draft's openWaits.
 
-import { paramsByName, type Graph, type Node } from '../../ir/graph.js';
+import { paramsByName, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
@@ -34,7 +34,7 @@ import {
 import { EncoderRuns } from './encoder-runs.js';
 import { shardable, type EmitOptions } from './options.js';
 import { passesOf, passKey, type PassRef, type ProgramSchedule } from './schedule.js';
-import { valueNumbering, Values } from './values.js';
+import { EXP_AVG, EXP_AVG_SQ, GRAD, MASTER, PARAM, valueNumbering, Values } from './values.js';
 
 /** a mark of any kind before it has a place (distributes over the union) */
 type Unplaced<M> = M extends Mark ? Omit<M, 'pos'> : never;
@@ -149,39 +149,47 @@ export function lowerProgram(g: Graph, opts: EmitOptions, s: ProgramSchedule): P
 /** Parameters this rank reads, their gradients and AdamW state, and the step scalars. */
 function persistentBuffers(lo: Lowering): void {
   const { g, b, global } = lo;
+  const { numbering } = global;
   const localParams = g.params.filter((p) => p.role === 'param' && lo.s.used.has(p.name));
   const byName = paramsByName(g);
-  for (const p of localParams) global.set(p.name, b.addBuffer(p.name, p.type, 'param', -1));
-  const trainable = localParams.filter((p) => byName.has(`grad.${p.name}`));
+  const sharded = (p: ParamDecl) => shardable(lo.opts, p);
+  // each parameter's buffers in the order of the plan's text: all parameters, then gradients,
+  // then AdamW state (with the distributed optimizer, per bucket shard: grad-sync)
+  const states = localParams.map((p) => numbering.stateOf(p.name));
+  localParams.forEach((p, k) =>
+    global.put(states[k].numbers[PARAM], b.addBuffer(p.name, p.type, 'param', -1)),
+  );
+  const trainable = localParams.filter((_, k) => byName.has(states[k].names[GRAD]));
   for (const p of trainable) {
-    const grad = `grad.${p.name}`;
-    global.set(grad, b.addBuffer(grad, byName.get(grad)!.type, 'grad', -1));
+    const { names, numbers } = numbering.stateOf(p.name);
+    global.put(numbers[GRAD], b.addBuffer(names[GRAD], byName.get(names[GRAD])!.type, 'grad', -1));
   }
-  // AdamW state per parameter; with the distributed optimizer, per bucket shard (grad-sync)
-  for (const p of trainable.filter((q) => !shardable(lo.opts, q))) {
-    for (const s of [`exp_avg.${p.name}`, `exp_avg_sq.${p.name}`, `master.${p.name}`]) {
-      const decl = byName.get(s);
-      if (decl) global.set(s, b.addBuffer(s, decl.type, 'optim', -1));
+  for (const p of trainable.filter((q) => !sharded(q))) {
+    const { names, numbers } = numbering.stateOf(p.name);
+    for (const s of [EXP_AVG, EXP_AVG_SQ, MASTER]) {
+      const decl = byName.get(names[s]);
+      if (decl) global.put(numbers[s], b.addBuffer(names[s], decl.type, 'optim', -1));
     }
   }
-  for (const p of localParams) {
+  localParams.forEach((p, k) => {
+    const { numbers } = states[k];
     // the keys in this order: the plan's text
     const entry: { -readonly [K in keyof ProgramParam]: ProgramParam[K] } = {
       name: p.name,
-      buffer: global.get(p.name)!,
+      buffer: global.at(numbers[PARAM]),
     } as ProgramParam;
-    const grad = global.get(`grad.${p.name}`);
-    if (grad !== undefined) entry.grad = grad;
-    const expAvg = global.get(`exp_avg.${p.name}`);
-    if (expAvg !== undefined) entry.expAvg = expAvg;
-    const expAvgSq = global.get(`exp_avg_sq.${p.name}`);
-    if (expAvgSq !== undefined) entry.expAvgSq = expAvgSq;
-    const master = global.get(`master.${p.name}`);
-    if (master !== undefined) entry.master = master;
+    const grad = global.at(numbers[GRAD]);
+    if (grad >= 0) entry.grad = grad;
+    const expAvg = global.at(numbers[EXP_AVG]);
+    if (expAvg >= 0) entry.expAvg = expAvg;
+    const expAvgSq = global.at(numbers[EXP_AVG_SQ]);
+    if (expAvgSq >= 0) entry.expAvgSq = expAvgSq;
+    const master = global.at(numbers[MASTER]);
+    if (master >= 0) entry.master = master;
     entry.shard = p.type.shape.map((d) => [0, d as number] as const);
     if (p.dist) entry.dist = p.dist;
     lo.params.push(entry);
-  }
+  });
   // scalar inputs (loss_tokens, caption_tokens) are step scalars the runtime fills, shared by
   // every microbatch
   for (const i of g.inputs.filter(isStepScalar)) {

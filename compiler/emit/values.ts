@@ -6,10 +6,24 @@
 
 import type { Graph, Node } from '../../ir/graph.js';
 
+/** A parameter's value and its state's, by name and number: [PARAM], [GRAD], … (ValueNumbering.stateOf) */
+export interface ParamState {
+  readonly names: readonly string[];
+  readonly numbers: Int32Array;
+}
+/** where a ParamState lists the parameter, its gradient, AdamW's moments and its fp32 master copy */
+export const PARAM = 0;
+export const GRAD = 1;
+export const EXP_AVG = 2;
+export const EXP_AVG_SQ = 3;
+export const MASTER = 4;
+const STATE_PREFIXES = ['', 'grad.', 'exp_avg.', 'exp_avg_sq.', 'master.'];
+
 /** A graph's value names by number; names it has not seen (a pass's own values) get one when asked. */
 export class ValueNumbering {
   private readonly numbers = new Map<string, number>();
   private readonly nodes = new WeakMap<Node, { ins: Int32Array; outs: Int32Array }>();
+  private readonly states = new Map<string, ParamState>();
 
   constructor(g: Pick<Graph, 'inputs' | 'params' | 'nodes'>) {
     for (const i of g.inputs) this.of(i.name);
@@ -27,6 +41,21 @@ export class ValueNumbering {
     let k = this.numbers.get(name);
     if (k === undefined) this.numbers.set(name, (k = this.numbers.size));
     return k;
+  }
+
+  /**
+   * A parameter's state values, named and numbered once per name: every program of a compile
+   * looks up each parameter's gradient and optimizer state, and a name built anew each time is
+   * hashed anew.
+   */
+  stateOf(param: string): ParamState {
+    let x = this.states.get(param);
+    if (!x) {
+      const names = STATE_PREFIXES.map((p) => p + param);
+      x = { names, numbers: Int32Array.from(names, (n) => this.of(n)) };
+      this.states.set(param, x);
+    }
+    return x;
   }
 
   /** node's input and output value numbers (once per node) */
