@@ -13,6 +13,7 @@ import type { Graph } from '../../ir/graph.js';
 import { shapeResolver } from '../../ir/shape.js';
 import { batchSpans, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import { livenessLowerBound, planArena, type Lifetime } from '../plan/memory.js';
+import { AlikeMemo } from '../plan/alike.js';
 import { scratchByStream } from '../plan/scratch.js';
 import { rootOf, type MutableBuffer } from './rewrite.js';
 import type { ProgramDraft } from './draft.js';
@@ -29,8 +30,8 @@ export function planMemory(d: ProgramDraft, g: Graph): ProgramDraft {
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
-  const bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
-  const scratchBytes = scratchByStream(d.instructions, buffers, (s) => bound.get(s) ?? 0);
+  const { sizeOf, memo } = scratchSizing(g);
+  const scratchBytes = scratchByStream(d.instructions, buffers, sizeOf, memo);
   regions.scratch = scratchBytes.compute + scratchBytes.comm + scratchBytes.copy;
   const expectedBytes = atExpectedSizes(g, buffers, lifetimes.arena);
   return {
@@ -41,6 +42,21 @@ export function planMemory(d: ProgramDraft, g: Graph): ProgramDraft {
     arenaLowerBoundBytes: lowerBound,
     ...(expectedBytes ? { expectedBytes } : {}),
   };
+}
+
+/** the bounds scratch is sized at, and what every program of the graph has worked out at them */
+const scratchSizings = new WeakMap<
+  Graph['symbols'],
+  { sizeOf: (sym: string) => number; memo: AlikeMemo<number> }
+>();
+function scratchSizing(g: Graph) {
+  let x = scratchSizings.get(g.symbols);
+  if (!x) {
+    const bound = new Map(g.symbols.map((s) => [s.name, s.bound]));
+    x = { sizeOf: (s) => bound.get(s) ?? 0, memo: new AlikeMemo() };
+    scratchSizings.set(g.symbols, x);
+  }
+  return x;
 }
 
 /**

@@ -23,6 +23,7 @@ import { DTYPE_BYTES } from '../../ir/dtype.js';
 import type { OpKind } from '../../ir/ops.js';
 import { shapeResolver } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
+import { AlikeMemo } from './alike.js';
 import { STREAMS, type PlanBuffer, type PlanInstruction, type StreamName } from './format.js';
 
 /** One operand of an instruction at the symbols' bounds. */
@@ -344,20 +345,29 @@ export function instructionScratchBytes(
   });
 }
 
-/** Each stream's scratch: the most one of its instructions takes (a multiple of 64). */
+/**
+ * Each stream's scratch: the most one of its instructions takes (a multiple of 64). `memo` keeps
+ * each alike group's bytes (compiler/plan/alike.ts) for the programs of one compile: it must come
+ * with the same `sizeOf`.
+ */
 export function scratchByStream(
   instructions: readonly PlanInstruction[],
   buffers: readonly PlanBuffer[],
   sizeOf: (sym: string) => number,
+  memo: AlikeMemo<number> = new AlikeMemo(),
 ): Record<StreamName, number> {
   const bytes = Object.fromEntries(STREAMS.map((s) => [s, 0])) as Record<StreamName, number>;
   const operand = operandsOf(buffers, sizeOf);
   for (const ins of instructions) {
-    const need = ruleOf(ins.op)({
-      inputs: ins.inputs.map(operand),
-      outputs: ins.outputs.map(operand),
-      attrs: ins.attrs as Attrs,
-    });
+    let need = memo.get(ins, buffers);
+    if (need === undefined) {
+      need = ruleOf(ins.op)({
+        inputs: ins.inputs.map(operand),
+        outputs: ins.outputs.map(operand),
+        attrs: ins.attrs as Attrs,
+      });
+      memo.put(ins, buffers, need);
+    }
     if (need > bytes[ins.stream]) bytes[ins.stream] = need;
   }
   return bytes;

@@ -66,6 +66,7 @@ import {
 } from '../../ir/ops.js';
 import { shapeResolver } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
+import { AlikeMemo } from '../plan/alike.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
 import type { Efficiency, HardwareProfile, Link } from './hardware.js';
 
@@ -115,23 +116,16 @@ export interface Work {
 
 /**
  * Work already worked out, shared by the programs of one plan priced at one set of sizes and
- * element sizes (see instructionWork): by attrs object, the operands' shape texts and dtypes.
+ * element sizes (instructionWork): by alike instruction (compiler/plan/alike.ts), apart for
+ * mixed-precision programs, whose f32 values are priced as f32.
  */
 export class WorkMemo {
-  readonly known = new Map<object, KnownWork[]>();
+  readonly alike = [new AlikeMemo<Work>(), new AlikeMemo<Work>()];
   constructor(
     readonly sizes: ReadonlyMap<string, number>,
     readonly dtypeBytes: number,
     readonly gradDtypeBytes: number,
   ) {}
-}
-
-interface KnownWork {
-  readonly op: string;
-  readonly mixed: boolean;
-  readonly shapes: readonly (readonly string[])[];
-  readonly dtypes: readonly string[];
-  readonly work: Work;
 }
 
 /**
@@ -161,21 +155,8 @@ export function instructionWork(
     return n;
   };
   const mixed = isMixed(buffers);
-  // A compute instruction's work follows from its op, attrs and operands' shapes and dtypes: the
-  // instructions lowered from one node for every microbatch, and on every program of a plan,
-  // share their attrs object, and buffers of one value type share their shape text
-  // (ProgramBuilder), so each such group is worked out once. Keyed by the attrs object, then by
-  // the operands' shape texts (by identity) and dtypes, inputs first.
-  const alike = (x: PlanInstruction, k: KnownWork) => {
-    if (k.op !== x.op || k.mixed !== mixed) return false;
-    const n = x.inputs.length;
-    if (n + x.outputs.length !== k.shapes.length) return false;
-    for (let j = 0; j < k.shapes.length; j++) {
-      const b = buffers[j < n ? x.inputs[j] : x.outputs[j - n]];
-      if (b.shape !== k.shapes[j] || b.dtype !== k.dtypes[j]) return false;
-    }
-    return true;
-  };
+  // a compute instruction's work follows from its op, attrs and operands: once per alike group
+  const alike = memo.alike[+mixed];
   const out = new Array<Work>(program.instructions.length);
   for (let i = 0; i < out.length; i++) {
     const x = program.instructions[i];
@@ -184,25 +165,8 @@ export function instructionWork(
       out[i] = workOf(x, info);
       continue;
     }
-    let seen = memo.known.get(x.attrs);
-    if (seen === undefined) memo.known.set(x.attrs, (seen = []));
-    let work: Work | undefined;
-    for (const k of seen)
-      if (alike(x, k)) {
-        work = k.work;
-        break;
-      }
-    if (work === undefined) {
-      work = workOf(x, info);
-      const ids = [...x.inputs, ...x.outputs];
-      seen.push({
-        op: x.op,
-        mixed,
-        shapes: ids.map((id) => buffers[id].shape),
-        dtypes: ids.map((id) => buffers[id].dtype),
-        work,
-      });
-    }
+    let work = alike.get(x, buffers);
+    if (work === undefined) alike.put(x, buffers, (work = workOf(x, info)));
     out[i] = work;
   }
   return out;
