@@ -46,10 +46,11 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
     .filter((p) => p.grad !== undefined)
     .map((p) => ({ p: byName.get(p.name)!, buf: b.buffers[p.grad!] as PlanBuffer }));
   const lastWrite = new Map<number, number>();
-  d.instructions.forEach((ins, i) => {
-    for (const k of updatedInputs(ins.op as OpKind, ins.inputs.length))
-      lastWrite.set(ins.inputs[k], i);
-  });
+  for (let i = 0; i < d.instructions.length; i++) {
+    const ins = d.instructions[i];
+    const updated = updatedInputs(ins.op as OpKind, ins.inputs.length);
+    for (let k = 0; k < updated.length; k++) lastWrite.set(ins.inputs[updated[k]], i);
+  }
   const buckets = bucketsOf(gradBuffers, lastWrite, opts);
   // buckets must be contiguous in the grad region (and, sharded, in the param region, padded to
   // a multiple of the shard count): lay them out anew, bucket by bucket
@@ -265,23 +266,29 @@ function relayoutBuckets(
     }
     return { lo, hi: top, paramLo };
   });
-  for (const x of buffers)
+  for (let k = 0; k < buffers.length; k++) {
+    const x = buffers[k];
     if (x.region === 'grad' && x.viewOf === undefined && !placed.has(x.id)) {
       x.offset = top;
       top += align(Math.max(x.bytes, 1));
     }
+  }
   b.regionTop.grad = top;
   if (placedParams.size) {
-    for (const x of buffers)
+    for (let k = 0; k < buffers.length; k++) {
+      const x = buffers[k];
       if (x.region === 'param' && x.viewOf === undefined && !placedParams.has(x.id)) {
         x.offset = paramTop;
         paramTop += align(Math.max(x.bytes, 1));
       }
+    }
     b.regionTop.param = paramTop;
   }
   // views (a reshaped bias, a bucket) follow the buffer they view
-  for (const x of buffers)
+  for (let k = 0; k < buffers.length; k++) {
+    const x = buffers[k];
     if (x.viewOf !== undefined && (x.region === 'grad' || x.region === 'param'))
       x.offset = buffers[x.viewOf].offset;
+  }
   return out;
 }

@@ -26,7 +26,10 @@ export function planMemory(d: ProgramDraft, g: Graph): ProgramDraft {
   let lowerBound = 0;
   for (const region of ['arena', 'host'] as const) {
     const plan = planArena(lifetimes[region]);
-    for (const b of buffers) if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
+    for (let k = 0; k < buffers.length; k++) {
+      const b = buffers[k];
+      if (b.region === region) b.offset = plan.offsets[b.viewOf ?? b.id];
+    }
     regions[region] = plan.sizeBytes;
     if (region === 'arena') lowerBound = plan.lowerBoundBytes;
   }
@@ -72,7 +75,8 @@ function atExpectedSizes(
   if (!g.symbols.some((s) => s.expected !== undefined)) return undefined;
   const bytes = bytesAtExpectedSizes(g.symbols);
   let data = 0;
-  for (const b of buffers) if (b.region === 'data' && b.viewOf === undefined) data += bytes(b);
+  for (let k = 0; k < buffers.length; k++)
+    if (buffers[k].region === 'data' && buffers[k].viewOf === undefined) data += bytes(buffers[k]);
   return { arena: livenessLowerBound(arena, (l) => bytes(buffers[l.id])), data };
 }
 
@@ -113,8 +117,8 @@ export function lifetimesOf(
   for (let idx = 0; idx < instructions.length; idx++) {
     const ins = instructions[idx];
     const last = span.last[idx];
-    for (const id of ins.inputs) {
-      const r = root(id);
+    for (let k = 0; k < ins.inputs.length; k++) {
+      const r = root(ins.inputs[k]);
       if (lastUse[r] < last) lastUse[r] = last;
     }
     for (const e of ins.wait)
@@ -122,8 +126,8 @@ export function lifetimesOf(
         const r = root(id);
         if (lastUse[r] < idx) lastUse[r] = idx;
       }
-    for (const id of ins.outputs) {
-      const r = root(id);
+    for (let k = 0; k < ins.outputs.length; k++) {
+      const r = root(ins.outputs[k]);
       if (firstDef[r] < 0) firstDef[r] = span.first[idx];
       if (lastUse[r] < last) lastUse[r] = last;
     }

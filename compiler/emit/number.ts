@@ -41,7 +41,9 @@ export function numberProgram(p: NumberedParts): NumberedParts {
   const b = bufferOrder(p);
   const ev = eventOrder(p);
   const buffers: PlanBuffer[] = new Array<PlanBuffer>(p.buffers.length);
-  for (const x of p.buffers as MutableBuffer[]) {
+  const list = p.buffers as MutableBuffer[];
+  for (let k = 0; k < list.length; k++) {
+    const x = list[k];
     const id = b[x.id];
     x.id = id;
     if (x.viewOf !== undefined) x.viewOf = b[x.viewOf];
@@ -51,7 +53,8 @@ export function numberProgram(p: NumberedParts): NumberedParts {
     const list = ids as number[];
     for (let i = 0; i < list.length; i++) list[i] = table[list[i]];
   };
-  for (const x of p.instructions) {
+  for (let k = 0; k < p.instructions.length; k++) {
+    const x = p.instructions[k];
     rename(x.inputs, b);
     rename(x.outputs, b);
     rename(x.wait, ev.table);
@@ -100,7 +103,8 @@ function bufferOrder(p: NumberedParts): Int32Array {
       if (id !== undefined) visit(id);
   for (const i of p.inputs) visit(i.buffer);
   for (const id of Object.values(p.scalars)) visit(id);
-  for (const ins of p.instructions) {
+  for (let i = 0; i < p.instructions.length; i++) {
+    const ins = p.instructions[i];
     for (let k = 0; k < ins.inputs.length; k++) visit(ins.inputs[k]);
     for (let k = 0; k < ins.outputs.length; k++) visit(ins.outputs[k]);
   }
@@ -121,7 +125,8 @@ function eventOrder(p: NumberedParts): { table: Int32Array; count: number } {
   const ev = (e: number) => {
     if (table[e] < 0) table[e] = count++;
   };
-  for (const ins of p.instructions) {
+  for (let i = 0; i < p.instructions.length; i++) {
+    const ins = p.instructions[i];
     for (let k = 0; k < ins.wait.length; k++) ev(ins.wait[k]);
     for (let k = 0; k < ins.record.length; k++) ev(ins.record[k]);
   }

@@ -25,7 +25,8 @@ export class AlikeMemo<T> {
     if (seen === undefined) return undefined;
     const n = x.inputs.length;
     const m = n + x.outputs.length;
-    for (const k of seen) {
+    for (let i = 0; i < seen.length; i++) {
+      const k = seen[i];
       if (k.op !== x.op || k.shapes.length !== m) continue;
       let j = 0;
       for (; j < m; j++) {

@@ -42,9 +42,10 @@ export function liveBytes(
 ): Float64Array {
   // bytes starting and ending at each instruction, then a running sum
   let last = 0;
-  for (const b of buffers) last = Math.max(last, b.end + 1);
+  for (let k = 0; k < buffers.length; k++) last = Math.max(last, buffers[k].end + 1);
   const delta = new Float64Array(last + 1);
-  for (const b of buffers) {
+  for (let k = 0; k < buffers.length; k++) {
+    const b = buffers[k];
     const bytes = align(Math.max(bytesOf(b), 1));
     delta[b.start] += bytes;
     delta[b.end + 1] -= bytes;
@@ -61,7 +62,8 @@ export function livenessLowerBound(
   bytesOf: (b: Lifetime) => number = ownBytes,
 ): number {
   let peak = 0;
-  for (const live of liveBytes(buffers, bytesOf)) peak = Math.max(peak, live);
+  const live = liveBytes(buffers, bytesOf);
+  for (let t = 0; t < live.length; t++) peak = Math.max(peak, live[t]);
   return peak;
 }
 
@@ -109,7 +111,7 @@ export function planLargestFirst(buffers: readonly Lifetime[], k: number): Arena
 /** offsets indexed by the lifetimes' ids, NaN where none */
 function offsetTable(buffers: readonly Lifetime[]): Float64Array {
   let n = 0;
-  for (const b of buffers) n = Math.max(n, b.id + 1);
+  for (let k = 0; k < buffers.length; k++) n = Math.max(n, buffers[k].id + 1);
   return new Float64Array(n).fill(NaN);
 }
 
@@ -149,7 +151,8 @@ export function planByTime(buffers: readonly Lifetime[]): ArenaPlan {
       gaps.pop();
     }
   };
-  for (const buf of order) {
+  for (let k = 0; k < order.length; k++) {
+    const buf = order[k];
     while (e < ends.length && ends[e].end < buf.start) {
       const x = ends[e++];
       const at = offsets[x.id];

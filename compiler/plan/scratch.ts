@@ -358,7 +358,8 @@ export function scratchByStream(
 ): Record<StreamName, number> {
   const bytes = Object.fromEntries(STREAMS.map((s) => [s, 0])) as Record<StreamName, number>;
   const operand = operandsOf(buffers, sizeOf);
-  for (const ins of instructions) {
+  for (let i = 0; i < instructions.length; i++) {
+    const ins = instructions[i];
     let need = memo.get(ins, buffers);
     if (need === undefined) {
       need = ruleOf(ins.op)({
