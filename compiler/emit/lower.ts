@@ -16,7 +16,7 @@
 //   encoder-handoff pass). What the last step leaves for the next compute instruction to wait
 //   for is the draft's openWaits.
 
-import { paramsByName, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
+import { paramsByName, type Graph, type Node } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import type { Transfer } from '../../passes/parallel/pipeline.js';
@@ -152,27 +152,24 @@ function persistentBuffers(lo: Lowering): void {
   const { numbering } = global;
   const localParams = g.params.filter((p) => p.role === 'param' && lo.s.used.has(p.name));
   const byName = paramsByName(g);
-  const sharded = (p: ParamDecl) => shardable(lo.opts, p);
-  // each parameter's buffers in the order of the plan's text: all parameters, then gradients,
-  // then AdamW state (with the distributed optimizer, per bucket shard: grad-sync)
-  const states = localParams.map((p) => numbering.stateOf(p.name));
-  localParams.forEach((p, k) =>
-    global.put(states[k].numbers[PARAM], b.addBuffer(p.name, p.type, 'param', -1)),
-  );
-  const trainable = localParams.filter((_, k) => byName.has(states[k].names[GRAD]));
+  // the buffers in the plan text's order: every parameter, then the gradients, then AdamW state
+  // per parameter (with the distributed optimizer, per bucket shard: grad-sync)
+  for (const p of localParams)
+    global.put(numbering.stateOf(p.name).numbers[PARAM], b.addBuffer(p.name, p.type, 'param', -1));
+  const trainable = localParams.filter((p) => byName.has(numbering.stateOf(p.name).names[GRAD]));
   for (const p of trainable) {
     const { names, numbers } = numbering.stateOf(p.name);
     global.put(numbers[GRAD], b.addBuffer(names[GRAD], byName.get(names[GRAD])!.type, 'grad', -1));
   }
-  for (const p of trainable.filter((q) => !sharded(q))) {
+  for (const p of trainable.filter((q) => !shardable(lo.opts, q))) {
     const { names, numbers } = numbering.stateOf(p.name);
     for (const s of [EXP_AVG, EXP_AVG_SQ, MASTER]) {
       const decl = byName.get(names[s]);
       if (decl) global.put(numbers[s], b.addBuffer(names[s], decl.type, 'optim', -1));
     }
   }
-  localParams.forEach((p, k) => {
-    const { numbers } = states[k];
+  for (const p of localParams) {
+    const { numbers } = numbering.stateOf(p.name);
     // the keys in this order: the plan's text
     const entry: { -readonly [K in keyof ProgramParam]: ProgramParam[K] } = {
       name: p.name,
@@ -189,7 +186,7 @@ function persistentBuffers(lo: Lowering): void {
     entry.shard = p.type.shape.map((d) => [0, d as number] as const);
     if (p.dist) entry.dist = p.dist;
     lo.params.push(entry);
-  });
+  }
   // scalar inputs (loss_tokens, caption_tokens) are step scalars the runtime fills, shared by
   // every microbatch
   for (const i of g.inputs.filter(isStepScalar)) {
