@@ -163,6 +163,7 @@ if (process.argv.includes('--child')) {
   const names = which === 'all' ? Object.keys(LAYOUTS) : [which];
   const self = fileURLToPath(import.meta.url);
   const gib = (b: number) => `${(b / 2 ** 30).toFixed(2)} GiB`;
+  const nodeFlags = lfcNodeFlags(); // the children run under lfc's node flags
   console.log(
     'layout        ranks  programs  instructions  compile+verify (median)  verify  simulate  all told  unverified+simulate  peak RSS  plan on disk',
   );
@@ -173,7 +174,7 @@ if (process.argv.includes('--child')) {
       const flags = unverified ? ['--unverified'] : [];
       const out = execFileSync(
         process.execPath,
-        [...process.execArgv, ...lfcNodeFlags(), self, '--child', name, ...flags],
+        [...process.execArgv, ...nodeFlags, self, '--child', name, ...flags],
         { encoding: 'utf8', maxBuffer: 1 << 20 },
       );
       return JSON.parse(out.trim().split('\n').pop()!) as Record<string, number> & {

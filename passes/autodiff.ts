@@ -47,6 +47,14 @@ export function masterName(param: string): string {
   return `master.${param}`;
 }
 
+/** AdamW's first and second moments of a parameter. */
+export function expAvgName(param: string): string {
+  return `exp_avg.${param}`;
+}
+export function expAvgSqName(param: string): string {
+  return `exp_avg_sq.${param}`;
+}
+
 /**
  * `mainGrad` is the element type of the parameters' gradients (Megatron's main_grad): f32 by
  * default, also for bf16 parameters, whose weight-gradient ops then write f32 directly (gradient
@@ -146,8 +154,8 @@ export function autodiff(
     const coef = b.op1('clip_coef', [sumsq], { max_norm: opt.clipNorm });
     trainable.forEach((p, i) => {
       const f32 = { dtype: 'f32' as const, shape: p.type.shape };
-      const m = b.state(`exp_avg.${p.name}`, f32, 'optimizer_state', p.module, 'zeros');
-      const v = b.state(`exp_avg_sq.${p.name}`, f32, 'optimizer_state', p.module, 'zeros');
+      const m = b.state(expAvgName(p.name), f32, 'optimizer_state', p.module, 'zeros');
+      const v = b.state(expAvgSqName(p.name), f32, 'optimizer_state', p.module, 'zeros');
       const master =
         p.type.dtype === 'f32'
           ? []

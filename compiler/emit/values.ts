@@ -5,6 +5,7 @@
 // name: no string hashing and no table growth per microbatch.
 
 import type { Graph, Node } from '../../ir/graph.js';
+import { expAvgName, expAvgSqName, gradName, masterName } from '../../passes/autodiff.js';
 
 /** A parameter's value and its state's, by name and number: [PARAM], [GRAD], … (ValueNumbering.stateOf) */
 export interface ParamState {
@@ -17,7 +18,14 @@ export const GRAD = 1;
 export const EXP_AVG = 2;
 export const EXP_AVG_SQ = 3;
 export const MASTER = 4;
-const STATE_PREFIXES = ['', 'grad.', 'exp_avg.', 'exp_avg_sq.', 'master.'];
+/** a parameter's state values' names, in ParamState order (the names autodiff gives them) */
+const stateNames = (param: string) => [
+  param,
+  gradName(param),
+  expAvgName(param),
+  expAvgSqName(param),
+  masterName(param),
+];
 
 /** A graph's value names by number; names it has not seen (a pass's own values) get one when asked. */
 export class ValueNumbering {
@@ -51,7 +59,7 @@ export class ValueNumbering {
   stateOf(param: string): ParamState {
     let x = this.states.get(param);
     if (!x) {
-      const names = STATE_PREFIXES.map((p) => p + param);
+      const names = stateNames(param);
       x = { names, numbers: Int32Array.from(names, (n) => this.of(n)) };
       this.states.set(param, x);
     }

@@ -23,10 +23,11 @@ export function align(n: number): number {
   return Math.ceil(n / ALIGN) * ALIGN;
 }
 
-/** the arena bytes a buffer takes: aligned, and at least one unit (an empty block has an address) */
-function footprint(b: Lifetime): number {
-  return align(Math.max(b.bytes, 1));
+/** the arena bytes `bytes` take: aligned, and at least one unit (an empty block has an address) */
+function footprintOf(bytes: number): number {
+  return align(Math.max(bytes, 1));
 }
+const footprint = (b: Lifetime) => footprintOf(b.bytes);
 
 /** a lifetime's own bytes */
 const ownBytes = (b: Lifetime) => b.bytes;
@@ -46,7 +47,7 @@ export function liveBytes(
   const delta = new Float64Array(last + 1);
   for (let k = 0; k < buffers.length; k++) {
     const b = buffers[k];
-    const bytes = align(Math.max(bytesOf(b), 1));
+    const bytes = footprintOf(bytesOf(b));
     delta[b.start] += bytes;
     delta[b.end + 1] -= bytes;
   }
