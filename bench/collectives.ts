@@ -1,7 +1,9 @@
 // Bus bandwidth of lfc's collectives (the Gloo backend of the native runtime) against OpenMPI,
 // on 2 and 4 local ranks, 1–64 MiB: all_reduce, all_to_all_v (equal blocks), gather_v (equal
 // blocks to rank 0), reduce_scatter (in place, as the distributed optimizer's buckets; OpenMPI's
-// MPI_Reduce_scatter_block), and reduce_scatter's time over all_reduce's of the same buffer.
+// MPI_Reduce_scatter_block), and reduce_scatter's time over all_reduce's for a buffer of the same
+// size, beside that ratio's floor on this machine: the same two phases with the same kernels on
+// threads, with no barrier, store or rank process between them (native collectiveFloor).
 //
 //   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12]
 //
@@ -19,6 +21,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
@@ -28,6 +31,7 @@ import {
   type PlanInstruction,
   type ProgramFile,
 } from '../compiler/plan/format.js';
+import { loadNative } from '../runtime/native.js';
 import { StoreServer } from '../runtime/store.js';
 import type { BenchSpec } from './collectives-rank.js';
 import { benchDir } from './temp-dir.js';
@@ -55,6 +59,8 @@ const busFactor = (op: Op, P: number) => (op === 'all_reduce' ? (2 * (P - 1)) / 
 /** One program: every op at every size, REPEATS times; buffers of all sizes share the arena. */
 function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, number][] } {
   const maxBytes = Math.max(...SIZES_MIB) * MiB;
+  // past the all-to-all's counts at 2 · maxBytes, on a page of its own
+  const RS_AT = 2 * maxBytes + 4096;
   const buffers: PlanBuffer[] = [];
   const params: number[] = [];
   const buffer = (
@@ -121,7 +127,10 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     const gvIn = buffer(`gv.in.${size}`, 'arena', 'f32', [rows / P, ROW_FLOATS], 0);
     const gvOut = buffer(`gv.out.${size}`, 'arena', 'f32', [rows, ROW_FLOATS], maxBytes);
     add('gather_v', size, [gvIn], [gvOut], { ...g, root: 0, out_rows: [String(rows)] });
-    add('reduce_scatter', size, [x], [x], g);
+    // its own buffer, of the same size: on x it would follow the round before's reduce-scatter
+    // of x, and start from the cache it left (see the ratio below)
+    const xr = buffer(`rs.${size}`, 'arena', 'f32', [bytes / 4], RS_AT);
+    add('reduce_scatter', size, [xr], [xr], g);
   }
   for (let k = 0; k < REPEATS; k++)
     for (const [instruction, key] of round) {
@@ -133,7 +142,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
     version: PLAN_VERSION,
     id: 'bench',
     regions: {
-      arena: 2 * maxBytes + 64,
+      arena: 3 * maxBytes + 4096,
       param: params.length * 64,
       grad: 0,
       optim: 0,
@@ -289,7 +298,7 @@ console.log(`bus bandwidth GB/s (median of ${REPEATS}; slowest rank per instance
 console.log(
   'ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI   tcp (ms)   tcp/MPI',
 );
-const ratios: string[] = [];
+const ratios: [number, number, string][] = [];
 for (const P of RANKS) {
   const lfc = await runLfc(P, true);
   const tcp = await runLfc(P, false);
@@ -297,9 +306,11 @@ for (const P of RANKS) {
   for (const size of SIZES_MIB) {
     const over = (m: Map<string, number> | undefined) =>
       m ? (m.get(`reduce_scatter/${size}`)! / m.get(`all_reduce/${size}`)!).toFixed(3) : '-';
-    ratios.push(
+    ratios.push([
+      P,
+      size,
       `${String(P).padEnd(6)} ${`${size} MiB`.padStart(7)} ${over(lfc).padStart(10)} ${over(tcp).padStart(10)} ${over(mpi).padStart(10)}`,
-    );
+    ]);
   }
   for (const op of OPS)
     for (const size of SIZES_MIB) {
@@ -322,6 +333,18 @@ for (const P of RANKS) {
       console.log(cells.join(' '));
     }
 }
-console.log('\nreduce_scatter time / all_reduce time, same buffer');
-console.log('ranks     size        lfc        tcp        MPI');
-for (const line of ratios) console.log(line);
+// The floor of that ratio on this machine: the two phases of the shared-memory path's direct
+// all-reduce, timed alone on as many threads as ranks (native collectiveFloor): the in-place sum is
+// all a reduce-scatter does, the all-reduce adds the copy of what the others summed. Where the ranks
+// would oversubscribe the cores, none is printed.
+const native = loadNative();
+const floorOf = (P: number, size: number) => {
+  if (P > availableParallelism()) return '-';
+  const { sumMs, copyMs } = native.collectiveFloor(size * MiB, P, REPEATS);
+  return `${(sumMs / (sumMs + copyMs)).toFixed(3)} (${sumMs.toFixed(2)} + ${copyMs.toFixed(2)} ms)`;
+};
+console.log(
+  '\nreduce_scatter time / all_reduce time, same size; the floor: the sum / (sum + the copy)',
+);
+console.log('ranks     size        lfc        tcp        MPI   floor');
+for (const [P, size, line] of ratios) console.log(`${line}   ${floorOf(P, size)}`);

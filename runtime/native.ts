@@ -254,6 +254,13 @@ export interface NativeAddon {
   readonly blasCore: string;
   /** the best GFLOP/s of `reps` cblas_sgemm calls at n×n×n on `threads` threads (bench/mfu.ts) */
   sgemmGflops(n: number, threads: number, reps: number): number;
+  /**
+   * The memory floor of the shared-memory all-reduce and reduce-scatter (bench/collectives.ts):
+   * `ranks` threads, each with a buffer of `bytes`, sum their blocks in place with the collectives'
+   * kernel (a reduce-scatter's work), then copy every other block from the buffer that summed it
+   * (what an all-reduce adds); the medians of `reps` in ms, the inputs cold each time.
+   */
+  collectiveFloor(bytes: number, ranks: number, reps: number): { sumMs: number; copyMs: number };
   /** schema.h: the op kinds, in ir/ops.ts order */
   readonly opNames: readonly string[];
   readonly streams: readonly string[];

@@ -6,12 +6,17 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
+#include <vector>
 
+#include "comm/copy.h"
+#include "comm/sum.h"
 #include "core/error.h"
 #include "runtime.h"
 
@@ -646,12 +651,87 @@ Napi::Value SgemmGflops(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), best);
 }
 
+// The memory floor of the shared-memory all-reduce and reduce-scatter (bench/collectives.ts): P
+// threads, each a rank with its own buffer of `bytes` f32, run the direct path's two phases with
+// its kernels (comm/shm.cc): each sums block r of every buffer into its own, in place, in group
+// order (a reduce-scatter is this alone), and then, at once, copies every other block from the
+// buffer that summed it (the all-reduce's second phase). Between repeats a buffer twice the size of
+// the inputs is swept, so the sums start from memory as the bench's do. The warm-up's result is
+// checked against a plain sum. Returns the medians in ms, each phase timed from the threads'
+// common start to the last one's end.
+Napi::Value CollectiveFloor(const Napi::CallbackInfo& info) {
+  const int64_t bytes = integer(info[0], "bytes"), P = integer(info[1], "ranks"),
+                reps = integer(info[2], "reps");
+  if (bytes < 4 * P || bytes > (int64_t(1) << 30) || P < 2 || P > 64 || reps < 1)
+    throw Napi::RangeError::New(info.Env(), "collectiveFloor: bytes in 4·ranks..1 GiB, ranks in 2..64, reps ≥ 1");
+  const int64_t count = bytes / 4 / P * P, block = count / P;
+  std::vector<std::vector<float>> buffers(static_cast<size_t>(P), std::vector<float>(static_cast<size_t>(count)));
+  for (int64_t r = 0; r < P; r++)
+    for (int64_t i = 0; i < count; i++) buffers[size_t(r)][size_t(i)] = float((i + r) % 17) * 0.25f;
+  std::vector<char> sweep(static_cast<size_t>(2 * P * bytes));
+  std::atomic<int64_t> arrived{0};
+  const auto barrier = [&](int64_t generation) {  // every thread's generation-th arrival
+    arrived.fetch_add(1);
+    while (arrived.load() < generation * P) std::this_thread::yield();
+  };
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> sumMs, copyMs;
+  for (int64_t rep = 0; rep <= reps; rep++) {  // the first is a warm-up
+    for (size_t i = 0; i < sweep.size(); i += 64) sweep[i] = char(sweep[i] + 1);
+    arrived = 0;
+    Clock::time_point start, summed, copied;
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < P; r++)
+      threads.emplace_back([&, r] {
+        std::vector<const float*> parts(static_cast<size_t>(P));
+        for (int64_t j = 0; j < P; j++) parts[size_t(j)] = buffers[size_t(j)].data() + r * block;
+        barrier(1);
+        if (r == 0) start = Clock::now();
+        barrier(2);
+        lfc::comm::sumParts(buffers[size_t(r)].data() + r * block, parts.data(), int(P), block);
+        barrier(3);
+        if (r == 0) summed = Clock::now();
+        barrier(4);
+        for (int64_t j = 0; j < P; j++)
+          if (j != r)
+            lfc::comm::copyBlock(buffers[size_t(r)].data() + j * block, buffers[size_t(j)].data() + j * block,
+                                 size_t(block) * sizeof(float));
+        barrier(5);
+        if (r == 0) copied = Clock::now();
+      });
+    for (auto& t : threads) t.join();
+    if (rep == 0) {
+      // the warm-up's result is every buffer's first values summed, in every buffer
+      for (int64_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int64_t j = 0; j < P; j++) want += float((i + j) % 17) * 0.25f;
+        for (int64_t r = 0; r < P; r++)
+          if (buffers[size_t(r)][size_t(i)] != want)
+            throw Napi::Error::New(info.Env(), cat("collectiveFloor: rank ", r, " holds ", buffers[size_t(r)][size_t(i)],
+                                                   " at ", i, ", not the sum ", want));
+      }
+      continue;
+    }
+    sumMs.push_back(std::chrono::duration<double, std::milli>(summed - start).count());
+    copyMs.push_back(std::chrono::duration<double, std::milli>(copied - summed).count());
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  Napi::Object out = Napi::Object::New(info.Env());
+  out.Set("sumMs", median(sumMs));
+  out.Set("copyMs", median(copyMs));
+  return out;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Runtime", RuntimeWrap::Define(env));
   exports.Set("patchify", Napi::Function::New(env, Patchify, "patchify"));
   exports.Set("ropeIndex", Napi::Function::New(env, RopeIndex, "ropeIndex"));
   exports.Set("windowSegments", Napi::Function::New(env, WindowSegments, "windowSegments"));
   exports.Set("sgemmGflops", Napi::Function::New(env, SgemmGflops, "sgemmGflops"));
+  exports.Set("collectiveFloor", Napi::Function::New(env, CollectiveFloor, "collectiveFloor"));
   exports.Set("planVersion", lfc::schema::kPlanVersion);
   // the kernels OpenBLAS runs (runtime/blas.ts names them through OPENBLAS_CORETYPE)
   exports.Set("blasCore", Napi::String::New(env, openblas_get_corename()));

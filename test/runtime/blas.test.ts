@@ -63,4 +63,15 @@ describe('the OpenBLAS kernels for a CPU', () => {
     expect(() => native.sgemmGflops(0, 1, 1)).toThrow(/n in 1..16384/);
     expect(() => native.sgemmGflops(64, 0, 1)).toThrow(/threads and reps/);
   });
+
+  it('collectiveFloor times the shared-memory sum and copy (bench/collectives.ts), its sums checked', () => {
+    const native = loadNative();
+    // blocks of an odd number of floats (the kernels' tails run); the addon checks the sums
+    for (const ranks of [2, 3]) {
+      const { sumMs, copyMs } = native.collectiveFloor(ranks * 4 * 2 ** 16 + 12, ranks, 2);
+      expect(sumMs > 0 && copyMs > 0 && Number.isFinite(sumMs + copyMs)).toBe(true);
+    }
+    expect(() => native.collectiveFloor(2 ** 20, 1, 1)).toThrow(/ranks in 2..64/);
+    expect(() => native.collectiveFloor(4, 2, 1)).toThrow(/bytes in/);
+  });
 });
