@@ -211,17 +211,24 @@ function dataInputs(lo: Lowering): void {
   // an empty microbatch of its own data slot, and whatever images the rule gives it
   const mocksEncode = s.encoderForward.some((n) => n.op === 'vit_balance_route');
   lo.slots = enc && mocksEncode ? Math.max(m, enc.placement.slots) : m;
-  lo.locals = Array.from({ length: lo.slots }, (_, mb) => {
-    const local = lo.nodes.values();
+  lo.locals = Array.from({ length: lo.slots }, () => lo.nodes.values());
+  const add = (i: (typeof dataInputs)[number], mb: number) => {
+    const id = lo.b.addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
+    lo.locals[mb].set(i.name, id);
+    lo.inputs.push({ name: i.name, buffer: id, microbatch: mb });
+  };
+  // the decoder's inputs of every slot; at levels 2 and 3 the encoder's own after them, for the
+  // slots this rank encodes in order: so the TP ranks' programs differ in which slots those are,
+  // not in where their buffers fall (compiler/emit/alike-programs.ts)
+  for (let mb = 0; mb < lo.slots; mb++)
     for (const i of dataInputs) {
-      if (enc && !decoderReads.has(i.name) && !encodes.has(mb)) continue;
+      if (enc && !decoderReads.has(i.name)) continue;
       if (mb >= m && decoderReads.has(i.name)) continue; // a mock slot never reaches the decoder
-      const id = lo.b.addBuffer(`${i.name}.mb${mb}`, i.type, 'data', mb);
-      local.set(i.name, id);
-      lo.inputs.push({ name: i.name, buffer: id, microbatch: mb });
+      add(i, mb);
     }
-    return local;
-  });
+  if (!enc) return;
+  for (let mb = 0; mb < lo.slots; mb++)
+    if (encodes.has(mb)) for (const i of dataInputs) if (!decoderReads.has(i.name)) add(i, mb);
 }
 
 /** One step: its p2p mark, its passes (combined or one by one), the sends they make. */
