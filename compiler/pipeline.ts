@@ -51,6 +51,7 @@ import {
   type PassClock,
 } from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
+import { relabeledProgram, siblingSlots } from './emit/alike-programs.js';
 import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 import { programFileOf, type ProgramDraft } from './emit/draft.js';
@@ -209,6 +210,11 @@ export interface CompileOptions {
    * advice plans alternatives of a verified plan only for their memory)
    */
   readonly skipVerify?: boolean;
+  /**
+   * emit every program through every pass, also those made by relabeling a sibling's
+   * (compiler/emit/alike-programs.ts): the test that compares the two
+   */
+  readonly emitEveryProgram?: boolean;
 }
 
 export interface CompileResult {
@@ -697,46 +703,58 @@ function emitPrograms(
         ? (pass: string, x: Parameters<typeof printStage>[0]) =>
             pass === o.dumpAfter && o.onDump?.(printStage(x))
         : undefined;
-    const program = emitProgram(
-      graph,
-      {
-        numMicrobatches: l.numMicrobatches,
-        id,
-        ...(placement.level >= 2
-          ? {
-              encoder: {
-                placement,
-                tp: tpIndex,
-                tpSize: sizes.tp,
-                offload: o.encoder?.cpuOffload,
-                recompute: o.encoder?.recompute,
-              },
-            }
-          : {}),
-        ...(st.schedule
-          ? {
-              pipeline: {
-                stage,
-                pp: sizes.pp,
-                ...(st.split ? { chunkOf: st.split.chunkOf, transfers: st.split.transfers } : {}),
-                actions: st.schedule.stages[stage].actions,
-                warmup: st.schedule.stages[stage].warmup,
-              },
-            }
-          : {}),
-        groupSizes,
-        copies,
-        worldSize: world,
-        delayWgrad: o.moeOverlap?.delayWgrad,
-        distributedOptimizer: o.distributedOptimizer,
-        activations,
-        ...(st.tied.length ? { tied: st.tied } : {}),
-      },
-      dump,
-      clock,
-    );
+    // a level-3 TP rank past stage 0: TP rank 0's program relabeled (alike-programs.ts; the ViT
+    // balance's mock slots are left to emission)
+    const sibling =
+      placement.level === 3 && !o.emitEveryProgram && !o.encoder?.vitDpBalance && !dump
+        ? siblingSlots(placement, stage, sizes.tp, tpIndex, l.numMicrobatches)
+        : undefined;
+    const template = sibling && programs.find((p) => p.id === programId(stage, 0));
+    const program = template
+      ? relabeledProgram(template, id, sibling)
+      : emitProgram(
+          graph,
+          {
+            numMicrobatches: l.numMicrobatches,
+            id,
+            ...(placement.level >= 2
+              ? {
+                  encoder: {
+                    placement,
+                    tp: tpIndex,
+                    tpSize: sizes.tp,
+                    offload: o.encoder?.cpuOffload,
+                    recompute: o.encoder?.recompute,
+                  },
+                }
+              : {}),
+            ...(st.schedule
+              ? {
+                  pipeline: {
+                    stage,
+                    pp: sizes.pp,
+                    ...(st.split
+                      ? { chunkOf: st.split.chunkOf, transfers: st.split.transfers }
+                      : {}),
+                    actions: st.schedule.stages[stage].actions,
+                    warmup: st.schedule.stages[stage].warmup,
+                  },
+                }
+              : {}),
+            groupSizes,
+            copies,
+            worldSize: world,
+            delayWgrad: o.moeOverlap?.delayWgrad,
+            distributedOptimizer: o.distributedOptimizer,
+            activations,
+            ...(st.tied.length ? { tied: st.tied } : {}),
+          },
+          dump,
+          clock,
+        );
     const t = performance.now();
-    const clobbered = o.skipVerify ? [] : checkMemoryReuse(program);
+    // a relabeled program's memory plan is its template's, checked already
+    const clobbered = o.skipVerify || template ? [] : checkMemoryReuse(program);
     if (clobbered.length) {
       const c = clobbered[0];
       throw new Error(

@@ -1,0 +1,78 @@
+// Programs that differ only in labels. At encoder level 3 every TP rank is a program of its own,
+// since each encodes its own microbatch slots in phase 1 (compiler/emit/encoder-runs.ts): round r
+// encodes slot r·M + its model-parallel rank. On a pipeline stage past the first, nothing else
+// depends on the TP index: the decoder's passes, the p2p, the gradient sums, the optimizer and
+// the memory plan are the same, and the encoder's runs are the same instructions over the same
+// buffers (lowering creates the encoder's data inputs after the decoder's, in slot order). So the
+// program of TP rank k is TP rank 0's with each encoded slot renamed to rank k's of the same
+// round: the microbatch of the encoder's instructions, of the buffers they use, and of the data
+// inputs, and the `.mb<slot>` of those buffers' names. Stage 0 is emitted for every TP rank: its
+// decoder receives the encoder's outputs over tp, in place in a rank's own outputs for the slots
+// it encoded and in imports for the others, so its programs differ in more than labels.
+//
+// test/plan/alike-programs.test.ts compiles level-3 layouts both ways and compares every program.
+
+import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
+import type { PlanBuffer, PlanInstruction, ProgramFile } from '../plan/format.js';
+
+/**
+ * TP rank k's slots by TP rank 0's (the same rounds) on `stage`, where the program of (stage, k)
+ * is TP rank 0's relabeled; undefined where it may differ in more (stage 0, or a round that
+ * encodes a real microbatch on one rank and none on the other).
+ */
+export function siblingSlots(
+  placement: EncoderPlacement,
+  stage: number,
+  tpSize: number,
+  tp: number,
+  microbatches: number,
+): ReadonlyMap<number, number> | undefined {
+  if (placement.level !== 3 || stage === 0 || tp === 0) return undefined;
+  const M = placement.encoders;
+  const map = new Map<number, number>();
+  for (let r = 0; r < placement.slots / M; r++) {
+    const from = r * M + stage * tpSize;
+    const to = from + tp;
+    if (from < microbatches !== to < microbatches) return undefined;
+    if (from < microbatches) map.set(from, to);
+  }
+  return map;
+}
+
+/** Program `template` as `id`, each encoded slot renamed by `slots` (see the header). */
+export function relabeledProgram(
+  template: ProgramFile,
+  id: string,
+  slots: ReadonlyMap<number, number>,
+): ProgramFile {
+  const { buffers } = template;
+  const moved = new Uint8Array(buffers.length);
+  const mark = (b: number, mb: number) => {
+    if (buffers[b].microbatch === mb) moved[b] = 1;
+    const root = buffers[b].viewOf;
+    if (root !== undefined && buffers[root].microbatch === mb) moved[root] = 1;
+  };
+  const instructions: PlanInstruction[] = template.instructions.map((x) => {
+    const to = slots.get(x.microbatch);
+    if (to === undefined || !isEncoderScope(x.scope)) return x;
+    for (const b of x.inputs) mark(b, x.microbatch);
+    for (const b of x.outputs) mark(b, x.microbatch);
+    return { ...x, microbatch: to };
+  });
+  const relabeled: PlanBuffer[] = buffers.map((b, k) => {
+    if (!moved[k]) return b;
+    const to = slots.get(b.microbatch)!;
+    const suffix = `.mb${b.microbatch}`;
+    const name = b.name.endsWith(suffix) ? `${b.name.slice(0, -suffix.length)}.mb${to}` : b.name;
+    return { ...b, name, microbatch: to };
+  });
+  return {
+    ...template,
+    id,
+    buffers: relabeled,
+    inputs: template.inputs.map((i) =>
+      moved[i.buffer] ? { ...i, microbatch: slots.get(i.microbatch)! } : i,
+    ),
+    instructions,
+  };
+}
