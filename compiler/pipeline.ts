@@ -707,7 +707,7 @@ function emitPrograms(
     // balance's mock slots are left to emission)
     const sibling =
       placement.level === 3 && !o.emitEveryProgram && !o.encoder?.vitDpBalance && !dump
-        ? siblingSlots(placement, stage, sizes.tp, tpIndex, l.numMicrobatches)
+        ? siblingSlots(placement, stage, tpIndex, l.numMicrobatches)
         : undefined;
     const template = sibling && programs.find((p) => p.id === programId(stage, 0));
     const program = template

@@ -23,18 +23,18 @@ import type { PlanBuffer, PlanInstruction, ProgramFile } from '../plan/format.js
 export function siblingSlots(
   placement: EncoderPlacement,
   stage: number,
-  tpSize: number,
   tp: number,
   microbatches: number,
 ): ReadonlyMap<number, number> | undefined {
   if (placement.level !== 3 || stage === 0 || tp === 0) return undefined;
-  const M = placement.encoders;
+  // each rank's slots, one a round (the placement's rule: encoder-runs.ts encodes by it)
+  const from = placement.slotsOf(0, stage);
+  const to = placement.slotsOf(tp, stage);
+  if (from.length !== to.length) return undefined;
   const map = new Map<number, number>();
-  for (let r = 0; r < placement.slots / M; r++) {
-    const from = r * M + stage * tpSize;
-    const to = from + tp;
-    if (from < microbatches !== to < microbatches) return undefined;
-    if (from < microbatches) map.set(from, to);
+  for (let r = 0; r < from.length; r++) {
+    if (from[r] < microbatches !== to[r] < microbatches) return undefined;
+    if (from[r] < microbatches) map.set(from[r], to[r]);
   }
   return map;
 }

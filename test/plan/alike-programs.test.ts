@@ -67,19 +67,25 @@ describe('level-3 programs made by relabeling a sibling', () => {
       expect(JSON.stringify(derived.programs[i]), derived.programs[i].id).toBe(
         JSON.stringify(emitted.programs[i]),
       );
+    // and p1.t1–t3 were relabeled, not emitted: they hold p1.t0's decoder instructions themselves
+    const [t0, ...siblings] = derived.programs.slice(4);
+    const last = t0.instructions.length - 1;
+    for (const p of siblings) expect(p.instructions[last]).toBe(t0.instructions[last]);
+    const [e0, e1] = emitted.programs.slice(4);
+    expect(e1.instructions[last]).not.toBe(e0.instructions[last]);
   }, 120_000);
 
   it('only past stage 0, where every round encodes on both ranks or on neither', () => {
     const p = encoderPlacement({ tp: 2, pp: 2, encoderTp: 1, fullHeteroDp: true, microbatches: 4 });
-    expect(siblingSlots(p, 0, 2, 1, 4)).toBeUndefined(); // stage 0: the decoder's handoff differs
-    expect(siblingSlots(p, 1, 2, 0, 4)).toBeUndefined(); // TP rank 0 is the template
+    expect(siblingSlots(p, 0, 1, 4)).toBeUndefined(); // stage 0: the decoder's handoff differs
+    expect(siblingSlots(p, 1, 0, 4)).toBeUndefined(); // TP rank 0 is the template
     // rounds of M = 4 slots: stage 1's TP ranks encode slots 2 and 3
-    expect([...siblingSlots(p, 1, 2, 1, 4)!]).toEqual([[2, 3]]);
+    expect([...siblingSlots(p, 1, 1, 4)!]).toEqual([[2, 3]]);
     // 6 microbatches in 8 slots: round 1 gives TP rank 0 slot 6 and TP rank 1 slot 7, both mock
     const q = encoderPlacement({ tp: 2, pp: 2, encoderTp: 1, fullHeteroDp: true, microbatches: 6 });
-    expect([...siblingSlots(q, 1, 2, 1, 6)!]).toEqual([[2, 3]]);
+    expect([...siblingSlots(q, 1, 1, 6)!]).toEqual([[2, 3]]);
     // 7 microbatches: round 1 encodes slot 6 on TP rank 0 and mock slot 7 on TP rank 1
     const r = encoderPlacement({ tp: 2, pp: 2, encoderTp: 1, fullHeteroDp: true, microbatches: 7 });
-    expect(siblingSlots(r, 1, 2, 1, 7)).toBeUndefined();
+    expect(siblingSlots(r, 1, 1, 7)).toBeUndefined();
   });
 });
