@@ -51,7 +51,7 @@ import {
   type PassClock,
 } from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
-import { relabeledProgram, siblingSlots } from './emit/alike-programs.js';
+import { relabeledProgram, siblingSlots, templateTp } from './emit/alike-programs.js';
 import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
 import { programFileOf, type ProgramDraft } from './emit/draft.js';
@@ -703,13 +703,13 @@ function emitPrograms(
         ? (pass: string, x: Parameters<typeof printStage>[0]) =>
             pass === o.dumpAfter && o.onDump?.(printStage(x))
         : undefined;
-    // a level-3 TP rank past stage 0: TP rank 0's program relabeled (alike-programs.ts; the ViT
-    // balance's mock slots are left to emission)
+    // a level-3 TP rank: its stage's template relabeled (alike-programs.ts; the ViT balance's
+    // mock slots are left to emission)
     const sibling =
       placement.level === 3 && !o.emitEveryProgram && !o.encoder?.vitDpBalance && !dump
         ? siblingSlots(placement, stage, tpIndex, l.numMicrobatches)
         : undefined;
-    const template = sibling && programs.find((p) => p.id === programId(stage, 0));
+    const template = sibling && programs.find((p) => p.id === programId(stage, templateTp(stage)));
     const program = template
       ? relabeledProgram(template, id, sibling)
       : emitProgram(

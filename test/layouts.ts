@@ -148,6 +148,14 @@ export const LAYOUTS: readonly Layout[] = [
     ranks: 4,
     flags: ['--tp', '2', '--pp', '2', '--enable-full-hetero-dp'],
   },
+  // one stage of 4 TP ranks: TP ranks 2 and 3 are TP rank 1's program relabeled
+  // (compiler/emit/alike-programs.ts)
+  {
+    name: 'level3-tp4',
+    model: 'tiny-vlm-moe',
+    ranks: 4,
+    flags: ['--tp', '4', '--enable-full-hetero-dp'],
+  },
   {
     name: 'level3-tp2-pp2-offload',
     model: 'tiny-vlm-moe',

@@ -1,24 +1,30 @@
 // Programs that differ only in labels. At encoder level 3 every TP rank is a program of its own,
 // since each encodes its own microbatch slots in phase 1 (compiler/emit/encoder-runs.ts): round r
-// encodes slot r·M + its model-parallel rank. On a pipeline stage past the first, nothing else
-// depends on the TP index: the decoder's passes, the p2p, the gradient sums, the optimizer and
-// the memory plan are the same, and the encoder's runs are the same instructions over the same
-// buffers (lowering creates the encoder's data inputs after the decoder's, in slot order). So the
-// program of TP rank k is TP rank 0's with each encoded slot renamed to rank k's of the same
-// round: the microbatch of the encoder's instructions, of the buffers they use, and of the data
-// inputs, and the `.mb<slot>` of those buffers' names. Stage 0 is emitted for every TP rank: its
-// decoder receives the encoder's outputs over tp, in place in a rank's own outputs for the slots
-// it encoded and in imports for the others, so its programs differ in more than labels.
+// encodes slot r·M + its model-parallel rank. Nothing else depends on the TP index, except on
+// model-parallel rank 0 (stage 0's TP rank 0), the root that gathers every slot's outputs and
+// broadcasts them to stage 0's TP ranks: the decoder's passes, the p2p, the handoff's
+// collectives, the gradient sums, the optimizer and the memory plan are the same, and the
+// encoder's runs are the same instructions over the same buffers (lowering creates the encoder's
+// data inputs after the decoder's, in slot order, and stage 0's decoder reads every slot from an
+// import, its own too). So the program of TP rank k is its stage's template's (TP rank 0's, or
+// TP rank 1's on stage 0) with each encoded slot renamed to rank k's of the same round: the
+// microbatch of the encoder's instructions, of the buffers they use, and of the data inputs, and
+// the `.mb<slot>` of those buffers' names.
 //
 // test/plan/alike-programs.test.ts compiles level-3 layouts both ways and compares every program.
 
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
 import type { PlanBuffer, PlanInstruction, ProgramFile } from '../plan/format.js';
 
+/** The TP rank whose program `stage`'s others are relabeled from (stage 0's rank 0 is the root). */
+export function templateTp(stage: number): number {
+  return stage === 0 ? 1 : 0;
+}
+
 /**
- * TP rank k's slots by TP rank 0's (the same rounds) on `stage`, where the program of (stage, k)
- * is TP rank 0's relabeled; undefined where it may differ in more (stage 0, or a round that
- * encodes a real microbatch on one rank and none on the other).
+ * TP rank k's slots by its stage's template's (templateTp; the same rounds), where the program of
+ * (stage, k) is the template's relabeled; undefined for the template itself, the root, or a round
+ * that encodes a real microbatch on one rank and none on the other.
  */
 export function siblingSlots(
   placement: EncoderPlacement,
@@ -26,9 +32,10 @@ export function siblingSlots(
   tp: number,
   microbatches: number,
 ): ReadonlyMap<number, number> | undefined {
-  if (placement.level !== 3 || stage === 0 || tp === 0) return undefined;
+  const template = templateTp(stage);
+  if (placement.level !== 3 || tp <= template) return undefined;
   // each rank's slots, one a round (the placement's rule: encoder-runs.ts encodes by it)
-  const from = placement.slotsOf(0, stage);
+  const from = placement.slotsOf(template, stage);
   const to = placement.slotsOf(tp, stage);
   if (from.length !== to.length) return undefined;
   const map = new Map<number, number>();

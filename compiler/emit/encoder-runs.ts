@@ -10,8 +10,8 @@
 //            slot's are imports the handoff makes empty).
 //   level 3  phase 1, before the pipeline: round r encodes slot r·M + mpRank on every rank of the
 //            model-parallel group (M = tp·pp), then a mark; model-parallel rank 0 reads every
-//            microbatch's outputs from imports (the gathered ones). Stage 0's TP ranks get them
-//            before each decoder forward as at level 2. Phase 3, after the pipeline: each round a
+//            microbatch's outputs from imports (the gathered ones). Stage 0's other TP ranks get
+//            them before each decoder forward into imports, their own slots' too. Phase 3, after the pipeline: each round a
 //            mark, then the encoder backward reading its output gradients from imports (the
 //            scattered ones), the forward again first under --full-hetero-dp-encoder-recompute.
 
@@ -59,8 +59,12 @@ export class EncoderRuns {
       if (j < lo.slots) lo.runNodes(lo.s.encoderForward, j, lo.locals[j]);
     }
     if (T === 1) return;
+    // level 3: a TP rank other than the root reads every slot from an import, its own slots too
+    // (the root's broadcast of what it gathered), so that its program differs from its TP
+    // siblings' only in the slots it encodes (alike-programs.ts)
+    const fresh = this.level === 3 && this.mpRank !== 0;
     for (const v of this.boundary.outputs)
-      if (!lo.locals[mb].has(v)) this.imported(lo.locals[mb], v, mb);
+      if (fresh || !lo.locals[mb].has(v)) this.imported(lo.locals[mb], v, mb);
     lo.mark({ kind: 'decoder-forward', mb, wait: lo.computeWait.splice(0) });
   }
 
