@@ -14,17 +14,16 @@
 // The plan is verified before it is simulated, so every stream runs to its end.
 //
 // Ranks that share a program are alike: their instructions are priced alike (on the first rank's
-// groups), and where the plan is symmetric they run alike too. Symmetric means that every
-// collective and send/recv, seen from any rank, meets the same (program, instruction) pairs as
-// seen from the first rank of each of its members' programs. Then only the first rank of each
-// distinct program is replayed, and a collective's members are counted as their programs' first
-// ranks (a group of data-parallel replicas of one program is complete once that one rank
-// arrives): a 1024-rank plan of 8 programs replays 8 ranks. The times are those of the full
-// replay, and test/sim checks them equal on every layout of the equivalence matrix. A plan that is
-// not symmetric (symmetricMeetings) replays every rank. What the simulation reports for the first rank
-// of each program is when its last instruction ends, how long its compute stream is busy, and how
-// long communication or host copies run while compute is idle (exposed communication). The step
-// is the latest end over the ranks replayed.
+// groups), and where the plan is symmetric they run alike too, so only a stand-in of each is
+// replayed: the first rank of each program, or of each class of programs that differ only in
+// microbatch labels (compiler/sim/symmetry.ts). A collective's members are counted as their
+// stand-ins (a group of data-parallel replicas of one program is complete once that one rank
+// arrives): a 1024-rank plan of 8 programs replays 8 ranks, the article's 32-rank level-3 line 4.
+// The times are those of the full replay, and test/sim checks them equal on every layout of the
+// equivalence matrix. A plan that is not symmetric replays every rank. What the simulation reports
+// for the first rank of each program is when its last instruction ends, how long its compute
+// stream is busy, and how long communication or host copies run while compute is idle (exposed
+// communication). The step is the latest end over the ranks replayed.
 //
 // On a GPU profile whose compute slows while communication kernels share the SMs (its overlap
 // compute_slowdown), the replay runs twice: the second with each compute kernel lengthened by the
@@ -44,6 +43,7 @@ import {
 import { Worklist } from '../verify/worklist.js';
 import { expectedSizes, instructionCosts, WorkMemo, type GroupShape } from './cost.js';
 import type { HardwareProfile } from './hardware.js';
+import { Meetings, symmetricMeetings } from './symmetry.js';
 
 const S = STREAMS.length;
 const COMPUTE = STREAMS.indexOf('compute');
@@ -80,22 +80,28 @@ export interface ReplaySetup {
   readonly ix: PlanIndex;
   /** each rank's stand-in, and the meetings between them (the replays of one plan share it) */
   readonly meet: Meetings;
-  /** [rank] the rank replayed for it (itself, or its program's first where the plan is symmetric) */
+  /** [rank] the rank replayed for it (itself, or its program's or program class's first) */
   readonly standIn: Int32Array;
+  /** [program] the program replayed for it: its stand-in's */
+  readonly replayedFor: Int32Array;
   /** the ranks replayed, and the instructions: Σ over them of their program's length */
   readonly ranks: number;
   readonly rankInstructions: number;
 }
 
-/** The replay of a plan: its first rank per program where it is symmetric, else every rank. */
+/**
+ * Who is replayed for a plan (compiler/sim/symmetry.ts): `alike`, a stand-in per class of
+ * programs alike but for their microbatch labels where the plan's symmetry allows; `programs`, a
+ * rank per program; `all`, every rank. Each falls back to the next where the plan is not symmetric.
+ */
 export function replaySetup(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
-  allRanks = false,
+  replay: 'alike' | 'programs' | 'all' = 'alike',
 ): ReplaySetup {
   const ix = buildPlanIndex(plan, programs);
   const meet =
-    (allRanks ? undefined : symmetricMeetings(ix)) ??
+    (replay === 'all' ? undefined : symmetricMeetings(ix, replay === 'alike')) ??
     new Meetings(
       ix,
       Int32Array.from({ length: ix.world }, (_, r) => r),
@@ -103,26 +109,40 @@ export function replaySetup(
   const replayed = new Set(meet.standIn);
   let rankInstructions = 0;
   for (const r of replayed) rankInstructions += ix.programs[ix.programOf[r]].n;
-  return { ix, meet, standIn: meet.standIn, ranks: replayed.size, rankInstructions };
+  const replayedFor = Int32Array.from(ix.programs, (p) => ix.programOf[meet.standIn[p.ranks[0]]]);
+  return {
+    ix,
+    meet,
+    standIn: meet.standIn,
+    replayedFor,
+    ranks: replayed.size,
+    rankInstructions,
+  };
 }
 
-/** Simulates one step of a plan on a hardware profile (costs: cost.ts, or given per program). */
+/**
+ * Simulates one step of a plan on a hardware profile (costs: cost.ts, or given per program, which
+ * replays a rank per program at least: alike programs may be given different costs).
+ */
 export function simulatePlan(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   hw: HardwareProfile,
   costsOf?: (program: ProgramFile) => Float64Array,
-  setup: ReplaySetup = replaySetup(plan, programs),
+  setup: ReplaySetup = replaySetup(plan, programs, costsOf ? 'programs' : 'alike'),
 ): Simulation {
-  const { ix } = setup;
+  const { ix, replayedFor } = setup;
   const cores = hw.runtime === 'cpu' ? hw.gpusPerNode : Infinity;
   const shared = plan.topology.nprocPerNode > cores;
   let sizes = expectedSizes(plan, programs.values());
   if (shared) sizes = routingOnSharedCores(plan, programs.values(), sizes, cores);
   const memo = new WorkMemo(sizes, hw.compute.dtypeBytes, hw.compute.gradDtypeBytes);
-  const costs = ix.programs.map((p) =>
-    costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw, memo),
-  );
+  // a program replayed for another is priced alike (symmetry.ts): its costs are the other's
+  const costs: Float64Array[] = [];
+  ix.programs.forEach((p, j) => {
+    const q = costsOf ? j : replayedFor[j];
+    costs.push(q < j ? costs[q] : costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw, memo));
+  });
   const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
@@ -130,7 +150,12 @@ export function simulatePlan(
   // compute that shares the SMs with communication: lengthen it by the overlap the first replay
   // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
   const first = replayed(setup, costs).kept;
-  return run(first.map((k, j) => slowOverlapped(ix.programs[j], k, costs[j], slowdown)));
+  const slowed: Float64Array[] = [];
+  first.forEach((k, j) => {
+    const q = replayedFor[j];
+    slowed.push(q < j ? slowed[q] : slowOverlapped(ix.programs[j], k, costs[j], slowdown));
+  });
+  return run(slowed);
 }
 
 /**
@@ -396,10 +421,11 @@ interface ReplayInfo {
   readonly spans: ReturnType<typeof batchSpans>;
   readonly batched: Uint8Array;
 }
-const replayInfos = new WeakMap<ProgramIndex, ReplayInfo>();
+/** by the program's kinds: programs alike share their index's arrays (plan-index.ts alikeOf) */
+const replayInfos = new WeakMap<Uint8Array, ReplayInfo>();
 
 function replayInfo(p: ProgramIndex): ReplayInfo {
-  let info = replayInfos.get(p);
+  let info = replayInfos.get(p.kind);
   if (info) return info;
   const instructions = p.file.instructions;
   const category = new Uint8Array(p.n);
@@ -417,95 +443,8 @@ function replayInfo(p: ProgramIndex): ReplayInfo {
     batched[i] = +(instructions[i].attrs.batch !== undefined);
   }
   info = { category, spans: batchSpans(instructions), batched };
-  replayInfos.set(p, info);
+  replayInfos.set(p.kind, info);
   return info;
-}
-
-/**
- * Who meets whom in a replay where each rank stands for `standIn[r]`: a collective's members and a
- * transfer's other side, each as (the stand-in, its instruction) encoded as `rank * stride +
- * instruction` (stride: the longest program), so that a meeting is named by its smallest member.
- * A program's first rank keeps its collectives' members: the symmetry check and every replay of
- * the plan ask for them.
- */
-export class Meetings {
-  readonly stride: number;
-  /** [program] per collective instruction: the members its first rank meets */
-  private readonly kept: Map<number, number[]>[];
-
-  constructor(
-    private readonly ix: PlanIndex,
-    readonly standIn: Int32Array,
-  ) {
-    this.stride = ix.programs.reduce((m, p) => Math.max(m, p.n), 1);
-    this.kept = ix.programs.map(() => new Map());
-  }
-
-  /** collective i of rank r's program p: its members, distinct, smallest first */
-  members(r: number, p: ProgramIndex, i: number): number[] {
-    const kept = r === p.ranks[0] ? this.kept[this.ix.programOf[r]] : undefined;
-    let out = kept?.get(i);
-    if (out === undefined) {
-      out = this.gather(r, p, i);
-      kept?.set(i, out);
-    }
-    return out;
-  }
-
-  private gather(r: number, p: ProgramIndex, i: number): number[] {
-    const { ix, standIn, stride } = this;
-    const j = p.collRef[p.slot[i]];
-    const c = ix.rankComm[r][j];
-    const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-    const out = new Set<number>();
-    for (const m of ix.comms[c].ranks) out.add(standIn[m] * stride + ix.seqOn(m, c)!.instrs[k]);
-    return [...out].sort((a, b) => a - b);
-  }
-
-  /** send or recv i of rank r's program p: its other side */
-  peer(r: number, p: ProgramIndex, i: number): number {
-    const { pairs } = this.ix;
-    const q = pairs.pairOf[r][p.slot[i]];
-    return p.kind[i] === SEND
-      ? this.standIn[pairs.dst[q]] * this.stride + pairs.recvInstr[q]
-      : this.standIn[pairs.src[q]] * this.stride + pairs.sendInstr[q];
-  }
-}
-
-/**
- * The meetings with the first rank of each rank's program standing in for it, where the plan is
- * symmetric: every collective, seen from the first rank of each of its members' programs, has the
- * same members (as stand-ins), and every send/recv's other side sees it as its own other side.
- * Otherwise undefined: every rank is replayed.
- */
-function symmetricMeetings(ix: PlanIndex): Meetings | undefined {
-  if (ix.programs.every((p) => p.ranks.length === 1)) return undefined; // nothing to gain
-  const standIn = Int32Array.from(
-    { length: ix.world },
-    (_, r) => ix.programs[ix.programOf[r]].ranks[0],
-  );
-  const meet = new Meetings(ix, standIn);
-  const { stride } = meet;
-  const programOfRank = (r: number) => ix.programs[ix.programOf[r]];
-  for (const p of ix.programs) {
-    const r = p.ranks[0];
-    for (let i = 0; i < p.n; i++) {
-      if (p.kind[i] === GROUP) {
-        const members = meet.members(r, p, i);
-        for (const code of members) {
-          const m = Math.floor(code / stride);
-          const again = meet.members(m, programOfRank(m), code - m * stride);
-          if (again.length !== members.length || again.some((x, k) => x !== members[k]))
-            return undefined;
-        }
-      } else if (p.kind[i] !== LOCAL) {
-        const peer = meet.peer(r, p, i);
-        const m = Math.floor(peer / stride);
-        if (meet.peer(m, programOfRank(m), peer - m * stride) !== r * stride + i) return undefined;
-      }
-    }
-  }
-  return meet;
 }
 
 /**
@@ -517,6 +456,8 @@ function symmetricMeetings(ix: PlanIndex): Meetings | undefined {
 class StepReplay {
   private readonly programs: readonly ProgramIndex[];
   private readonly programOf: Int32Array;
+  /** [program] the program replayed for it (ReplaySetup) */
+  private readonly replayedFor: Int32Array;
   /** [program] instruction times of its first rank; other ranks' only as far as the step needs */
   readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
   /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
@@ -555,22 +496,30 @@ class StepReplay {
   private readonly work: Worklist;
 
   constructor(
-    { ix, meet }: ReplaySetup,
+    { ix, meet, replayedFor }: ReplaySetup,
     private readonly costs: readonly Float64Array[],
   ) {
     const { world, programs, programOf } = ix;
     this.programs = programs;
     this.programOf = programOf;
+    this.replayedFor = replayedFor;
     this.active = [...new Set(meet.standIn)].sort((a, b) => a - b);
     this.meet = meet;
-    const kept = programs.map((p) => ({
-      rank: p.ranks[0],
-      start: new Float64Array(p.n),
-      end: new Float64Array(p.n),
-    }));
+    // a program replayed for another runs its times (symmetry.ts)
+    const kept: { rank: number; start: Float64Array; end: Float64Array }[] = [];
+    programs.forEach((p, j) => {
+      const q = replayedFor[j];
+      kept.push(
+        q < j
+          ? { ...kept[q], rank: p.ranks[0] }
+          : { rank: p.ranks[0], start: new Float64Array(p.n), end: new Float64Array(p.n) },
+      );
+    });
     this.kept = kept;
     const keptOf = new Int32Array(world).fill(-1);
-    kept.forEach((k, j) => (keptOf[k.rank] = j));
+    kept.forEach((k, j) => {
+      if (replayedFor[j] === j) keptOf[k.rank] = j;
+    });
     const NOWHERE = new Float64Array(0);
     this.start = Array.from({ length: world }, (_, r) =>
       keptOf[r] >= 0 ? kept[keptOf[r]].start : NOWHERE,
@@ -614,23 +563,31 @@ class StepReplay {
       }
   }
 
-  /** the times of the first rank of each distinct program, and how its step divides */
+  /** the times of the first rank of each distinct program, and how its step divides (a program
+   * replayed for another: the other's) */
   keptRanks(): RankTimes[] {
-    const { programs, programOf, start, end } = this;
-    return this.kept.map(({ rank: r }) => {
-      const p = programs[programOf[r]];
+    const { programs, costs, replayedFor } = this;
+    const out: RankTimes[] = [];
+    this.kept.forEach(({ rank, start, end }, j) => {
+      const p = programs[j];
+      const q = replayedFor[j];
+      if (q < j) {
+        out.push({ ...out[q], rank, program: p.id });
+        return;
+      }
       let finishAt = 0;
-      for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[r][i]);
-      return {
-        rank: r,
+      for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[i]);
+      out.push({
+        rank,
         program: p.id,
-        start: start[r],
-        end: end[r],
-        cost: this.costs[programOf[r]],
+        start,
+        end,
+        cost: costs[j],
         finish: finishAt,
-        ...divide(p, start[r], end[r], this.costs[programOf[r]]),
-      };
+        ...divide(p, start, end, costs[j]),
+      });
     });
+    return out;
   }
 
   /** instruction i of rank r records its events at `at`, waking the streams blocked on them */

@@ -93,6 +93,10 @@ export interface ProgramIndex {
   /** [p2p] group kind the peer is a member index of (PlanIndex.kinds), -1: a global rank */
   readonly p2pKind: Int32Array;
   readonly p2pPayload: Int32Array;
+  /** the first program (index in PlanIndex.programs) whose instructions are this one's but for
+   * their microbatch labels, over buffers of the same types and shapes: it shares that one's
+   * arrays (level 3's TP ranks, compiler/emit/alike-programs.ts); its own index when none */
+  readonly alikeOf: number;
 }
 
 /** What a collective's `group` attribute names. */
@@ -295,7 +299,62 @@ function collectiveSignature(
   return `${rows}, counts ${c.dtype} × ${dims.elems(c.shape)}`;
 }
 
-function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx): ProgramIndex {
+/** a list of primitives, or a primitive, the same */
+function sameValue(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (!Array.isArray(a) || !Array.isArray(b) || a.length !== b.length) return false;
+  for (let k = 0; k < a.length; k++) if (a[k] !== b[k]) return false;
+  return true;
+}
+
+function sameAttrs(a: Readonly<Record<string, unknown>>, b: Readonly<Record<string, unknown>>) {
+  if (a === b) return true;
+  if (!a || !b) return false;
+  let keys = 0;
+  for (const k in a) {
+    if (!sameValue(a[k], b[k])) return false;
+    keys++;
+  }
+  for (const _ in b) keys--;
+  return keys === 0;
+}
+
+/**
+ * Whether program b is a's but for its instructions' microbatch labels (and the names and labels
+ * of its buffers): every instruction and buffer the same object (a program relabeled in memory)
+ * or the same but for those.
+ */
+export function alikeBodies(a: ProgramFile, b: ProgramFile): boolean {
+  const [x, y] = [a.instructions, b.instructions];
+  if (!Array.isArray(x) || !Array.isArray(y) || x.length !== y.length) return false;
+  if (a.events !== b.events || !Array.isArray(a.buffers) || !Array.isArray(b.buffers)) return false;
+  if (a.buffers.length !== b.buffers.length) return false;
+  for (let i = 0; i < x.length; i++) {
+    const [u, v] = [x[i], y[i]];
+    if (u === v) continue;
+    if (u.op !== v.op || u.stream !== v.stream || u.phase !== v.phase || u.scope !== v.scope)
+      return false;
+    if (!sameValue(u.inputs, v.inputs) || !sameValue(u.outputs, v.outputs)) return false;
+    if (!sameValue(u.wait, v.wait) || !sameValue(u.record, v.record)) return false;
+    if (!sameAttrs(u.attrs, v.attrs)) return false;
+  }
+  for (let k = 0; k < a.buffers.length; k++) {
+    const [u, v] = [a.buffers[k], b.buffers[k]];
+    if (u === v) continue;
+    if (u.dtype !== v.dtype || u.bytes !== v.bytes || u.region !== v.region) return false;
+    if (u.space !== v.space || u.offset !== v.offset || u.viewOf !== v.viewOf) return false;
+    if (!sameValue(u.shape, v.shape)) return false;
+  }
+  return true;
+}
+
+function indexProgram(
+  id: string,
+  file: ProgramFile,
+  ranks: number[],
+  ctx: Ctx,
+  alikeOf: number,
+): ProgramIndex {
   const list = Array.isArray(file.instructions) ? file.instructions : [];
   const n = list.length;
   const buffers = Array.isArray(file.buffers) ? file.buffers : [];
@@ -425,6 +484,7 @@ function indexProgram(id: string, file: ProgramFile, ranks: number[], ctx: Ctx):
     p2pTag: Int32Array.from(p2pTag),
     p2pKind: Int32Array.from(p2pKind),
     p2pPayload: Int32Array.from(p2pPayload),
+    alikeOf,
   };
   for (const { i, message } of pending)
     ctx.problems.push(problemAt('structure', ranks, index, i, message));
@@ -709,6 +769,7 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
   });
   const programs: ProgramIndex[] = [];
   const programOf = new Int32Array(world).fill(-1);
+  const clean = new Set<ProgramIndex>();
   for (const [id, ranks] of ranksOf) {
     const file = files.get(id);
     if (!file) {
@@ -717,8 +778,19 @@ export function buildPlanIndex(plan: PlanFile, files: ReadonlyMap<string, Progra
       );
       continue;
     }
-    for (const r of ranks) programOf[r] = programs.length;
-    programs.push(indexProgram(id, file, ranks, ctx));
+    const j = programs.length;
+    for (const r of ranks) programOf[r] = j;
+    // a program alike an earlier one without problems shares its index (the same facts)
+    const twin =
+      file.id === id ? programs.findIndex((q) => clean.has(q) && alikeBodies(q.file, file)) : -1;
+    if (twin >= 0) {
+      programs.push({ ...programs[twin], id, file, ranks });
+      continue;
+    }
+    const before = problems.length;
+    const index = indexProgram(id, file, ranks, ctx, j);
+    if (problems.length === before) clean.add(index);
+    programs.push(index);
   }
   const { rankComm, rankSeq } = resolveSequences(world, programs, programOf, groupRefs, kindComm);
   const seqOn = (rank: number, comm: number): CommSeq | undefined => {
