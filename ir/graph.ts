@@ -89,12 +89,21 @@ export interface GraphOutput {
   readonly value: string;
 }
 
-/** Map from value name to its type, over inputs, params and node outputs. */
-export function valueTypes(g: Graph): Map<string, TensorType> {
-  const m = new Map<string, TensorType>();
-  for (const v of g.inputs) m.set(v.name, v.type);
-  for (const p of g.params) m.set(p.name, p.type);
-  for (const n of g.nodes) for (const o of n.outputs) m.set(o.name, o.type);
+const typeIndex = new WeakMap<Graph, ReadonlyMap<string, TensorType>>();
+
+/**
+ * Map from value name to its type, over inputs, params and node outputs: made once per graph
+ * (graphs never change; the passes and the pricing of one compile ask for it many times).
+ */
+export function valueTypes(g: Graph): ReadonlyMap<string, TensorType> {
+  let m = typeIndex.get(g);
+  if (m === undefined) {
+    const made = new Map<string, TensorType>();
+    for (const v of g.inputs) made.set(v.name, v.type);
+    for (const p of g.params) made.set(p.name, p.type);
+    for (const n of g.nodes) for (const o of n.outputs) made.set(o.name, o.type);
+    typeIndex.set(g, (m = made));
+  }
   return m;
 }
 
