@@ -77,12 +77,16 @@ export class Lowering {
     return this.opts.numMicrobatches;
   }
 
-  /** virtual stages per pipeline rank (vpp; 1 without interleaving) */
+  /** virtual stages per pipeline rank (vpp; 1 without interleaving): every step asks */
   get chunksPerStage(): number {
-    let last = 0;
-    for (const c of this.s.pipe.chunkOf) if (c > last) last = c;
-    return Math.max(1, Math.ceil((last + 1) / this.s.pipe.pp));
+    if (this.chunks === undefined) {
+      let last = 0;
+      for (const c of this.s.pipe.chunkOf) if (c > last) last = c;
+      this.chunks = Math.max(1, Math.ceil((last + 1) / this.s.pipe.pp));
+    }
+    return this.chunks;
   }
+  private chunks?: number;
 
   /** Runs nodes for microbatch mb on the compute stream, each waiting for what is pending. */
   runNodes(nodes: readonly Node[], mb: number, local: Values): void {
