@@ -204,7 +204,7 @@ function simulateReport(
   }
   const programs = new Map(result.programs.map((p) => [p.id, p]));
   // a symmetric plan replays one rank per program (compiler/sim/simulate.ts), any other every rank
-  const setup = replaySetup(result.plan, programs);
+  const setup = replaySetup(result.plan, programs, 'alike', result.planIndex);
   const work = setup.rankInstructions;
   const forced = f.simulate === true || f.trace !== undefined;
   if (work > SIMULATE_BUDGET && !forced)

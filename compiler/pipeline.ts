@@ -43,6 +43,7 @@ import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
 import { assertPlanValid } from './verify/plan-verifier.js';
+import type { PlanIndex } from './verify/plan-index.js';
 import {
   EMIT_PASSES,
   emitProgram,
@@ -237,6 +238,9 @@ export interface CompileResult {
   /** the data profile planned for, and its sizes of one microbatch */
   readonly data: { readonly profile: string; readonly sizes: ProfileSizes };
   readonly stats: Record<string, Record<string, number>>;
+  /** the verifier's index of the plan and programs (absent under skipVerify): the simulation
+   * replays on it (compiler/sim/simulate.ts replaySetup) instead of indexing them again */
+  readonly planIndex?: PlanIndex;
 }
 
 export function compile(o: CompileOptions): CompileResult {
@@ -290,7 +294,9 @@ export function compile(o: CompileOptions): CompileResult {
   // read is ordered by an event, and all ranks together finish the step
   const verifyStart = performance.now();
   if (!o.skipVerify) o.onProgress?.(`verifying the plan (${programs.length} programs)`);
-  if (!o.skipVerify) assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
+  const planIndex = o.skipVerify
+    ? undefined
+    : assertPlanValid(plan, new Map(programs.map((p) => [p.id, p])));
   const verifyMs = performance.now() - verifyStart;
   const most = (f: (p: ProgramFile) => number) => Math.max(...programs.map(f));
   return {
@@ -318,6 +324,7 @@ export function compile(o: CompileOptions): CompileResult {
       verify: { ms: verifyMs },
       ms: { ...ms, verify: verifyMs },
     },
+    ...(planIndex ? { planIndex } : {}),
   };
 }
 

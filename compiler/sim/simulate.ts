@@ -93,13 +93,14 @@ export interface ReplaySetup {
  * Who is replayed for a plan (compiler/sim/symmetry.ts): `alike`, a stand-in per class of
  * programs alike but for their microbatch labels where the plan's symmetry allows; `programs`, a
  * rank per program; `all`, every rank. Each falls back to the next where the plan is not symmetric.
+ * `ix`: the plan's index, when the verifier made it already (CompileResult.planIndex).
  */
 export function replaySetup(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   replay: 'alike' | 'programs' | 'all' = 'alike',
+  ix: PlanIndex = buildPlanIndex(plan, programs),
 ): ReplaySetup {
-  const ix = buildPlanIndex(plan, programs);
   const meet =
     (replay === 'all' ? undefined : symmetricMeetings(ix, replay === 'alike')) ??
     new Meetings(

@@ -35,6 +35,8 @@ export interface PlanVerifyStats {
 export interface PlanVerification {
   readonly problems: PlanProblem[];
   readonly stats: PlanVerifyStats;
+  /** the plan's index the rules read (the simulator can replay on it: simulate.ts replaySetup) */
+  readonly index: PlanIndex;
 }
 
 const RULES: readonly {
@@ -76,6 +78,7 @@ export function analyzePlan(
   ms.progress = lap();
   return {
     problems,
+    index: ix,
     stats: {
       ranks: ix.world,
       programs: ix.programs.length,
@@ -111,12 +114,13 @@ export class PlanVerifyError extends Error {
   }
 }
 
-/** Throws PlanVerifyError naming the first few problems. */
+/** Throws PlanVerifyError naming the first few problems; else the plan's index. */
 export function assertPlanValid(
   plan: PlanFile,
   programs: ReadonlyMap<string, ProgramFile>,
   shown = 5,
-): void {
-  const problems = verifyPlan(plan, programs);
+): PlanIndex {
+  const { problems, index } = analyzePlan(plan, programs);
   if (problems.length) throw new PlanVerifyError(problems, shown);
+  return index;
 }

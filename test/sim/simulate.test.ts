@@ -317,6 +317,23 @@ describe('one rank per program, or per class of alike programs', () => {
     }
   });
 
+  it("the verifier's index (CompileResult.planIndex) replays as a fresh one", () => {
+    const argv = ['tiny-vlm-moe', '--nproc-per-node', '4', ...BATCH, '--tp', '4'];
+    const result = compile(parseCompileArgs([...argv, '--enable-full-hetero-dp']).options);
+    expect(result.planIndex).toBeDefined();
+    const programs = new Map(result.programs.map((p) => [p.id, p]));
+    const reused = replaySetup(result.plan, programs, 'alike', result.planIndex);
+    expect(reused.ix).toBe(result.planIndex);
+    const a = simulatePlan(result.plan, programs, h800, undefined, reused);
+    const b = simulatePlan(result.plan, programs, h800);
+    expect(a.stepSeconds).toBe(b.stepSeconds);
+    a.ranks.forEach((r, j) => expect(r.end).toEqual(b.ranks[j].end));
+    // an unverified compile has none
+    expect(compile({ ...parseCompileArgs(argv).options, skipVerify: true }).planIndex).toBe(
+      undefined,
+    );
+  });
+
   it('a plan read back from disk (no shared objects) finds the same classes', () => {
     const argv = ['tiny-vlm-moe', '--nproc-per-node', '4', ...BATCH, '--tp', '4'];
     const result = compile({
