@@ -374,10 +374,27 @@ function checkHazards(p: ProgramIndex, sc: Scratch, out: PlanProblem[]): void {
 export function checkEvents(ix: PlanIndex): PlanProblem[] {
   const out: PlanProblem[] = [];
   const sc = scratchFor(ix);
-  for (const p of ix.programs) {
+  const clean = new Set<number>();
+  ix.programs.forEach((p, j) => {
+    // a program alike a clean one (plan-index.ts alikeOf: the same instructions, events and
+    // buffer bytes but for microbatch labels and names) is clean too, where its data buffers'
+    // bytes are apart (a data buffer's address space is its microbatch slot's: pass 3)
+    if (p.alikeOf !== j && clean.has(p.alikeOf) && dataApart(p)) return;
+    const before = out.length;
     recordersOf(p, sc.recordedBy);
     checkRecords(p, sc, out);
     checkHazards(p, sc, out);
-  }
+    if (out.length === before) clean.add(j);
+  });
   return out;
+}
+
+/** whether no two data buffers (views aside) share a byte, whatever their microbatch slots */
+function dataApart(p: ProgramIndex): boolean {
+  const spans: [number, number][] = [];
+  for (const b of p.file.buffers)
+    if (b.region === 'data' && b.viewOf === undefined) spans.push([b.offset, b.offset + b.bytes]);
+  spans.sort((x, y) => x[0] - y[0]);
+  for (let k = 1; k < spans.length; k++) if (spans[k][0] < spans[k - 1][1]) return false;
+  return true;
 }

@@ -132,3 +132,32 @@ describe('level 2 with a mock slot: gradient sums in one order on every rank', (
     }
   }, 60_000);
 });
+
+describe('tiny-vlm-moe at level 3 on 4 TP ranks (p0.t2 and p0.t3 are p0.t1 relabeled)', () => {
+  const { plan, programs: list } = compile({
+    model: 'tiny-vlm-moe',
+    nprocPerNode: 4,
+    globalBatchSize: 4,
+    parallel: { tp: 4 },
+    encoder: { fullHeteroDp: true },
+  });
+  const programs = new Map<string, ProgramFile>(list.map((p) => [p.id, p]));
+
+  it('is accepted', () => {
+    expect(list.map((p) => p.id)).toEqual(['p0.t0', 'p0.t1', 'p0.t2', 'p0.t3']);
+    expect(verifyPlan(plan, programs).map(formatPlanProblem)).toEqual([]);
+  });
+
+  it('an event dropped alike from a program and its relabeled sibling is found in both', () => {
+    // the event-order rule skips a program alike a clean one (plan-index alikeOf), not one alike
+    // a faulty one
+    const p = programs.get('p0.t1')!;
+    const sync = p.instructions.findIndex((ins) => ins.op === 'all_reduce' && ins.wait.length);
+    expect(sync).toBeGreaterThanOrEqual(0);
+    const e = p.instructions[sync].wait[0];
+    const broken = new Map(programs);
+    for (const id of ['p0.t1', 'p0.t2']) broken.set(id, withoutEvent(programs.get(id)!, e));
+    const found = verifyPlan(plan, broken).filter((x) => x.rule === 'event-order');
+    expect(new Set(found.map((x) => x.program))).toEqual(new Set(['p0.t1', 'p0.t2']));
+  });
+});
