@@ -95,6 +95,9 @@ async function child(name: string, unverified: boolean): Promise<void> {
   const { forecastStep } = (await import(
     pathToFileURL(built.replace('pipeline.js', 'sim/report.js')).href
   )) as typeof import('../compiler/sim/report.js');
+  const { replaySetup } = (await import(
+    pathToFileURL(built.replace('pipeline.js', 'sim/simulate.js')).href
+  )) as typeof import('../compiler/sim/simulate.js');
   const hardware = loadHardware(HARDWARE[name] ?? 'h800');
   // a compile and its simulated step, timed; the result is dropped before the next (the tuner
   // keeps only figures)
@@ -104,7 +107,9 @@ async function child(name: string, unverified: boolean): Promise<void> {
     const ms = performance.now() - t0;
     const t1 = performance.now();
     const programs = new Map(r.programs.map((p) => [p.id, p]));
-    const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hardware);
+    // on the verifier's plan index where it made one, as lfc compile simulates
+    const setup = replaySetup(r.plan, programs, 'alike', r.planIndex);
+    const { forecast } = forecastStep(r.modelForwardFlops, r.plan, programs, hardware, setup);
     return { r, forecast, ms, simulateMs: performance.now() - t1 };
   };
   if (unverified) {
