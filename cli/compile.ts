@@ -203,7 +203,8 @@ function simulateReport(
     return { lines: [] };
   }
   const programs = new Map(result.programs.map((p) => [p.id, p]));
-  // a symmetric plan replays one rank per program (compiler/sim/simulate.ts), any other every rank
+  // a symmetric plan replays a rank per program or class of alike programs (compiler/sim/
+  // symmetry.ts), any other every rank; on the verifier's index of the plan where it made one
   const setup = replaySetup(result.plan, programs, 'alike', result.planIndex);
   const work = setup.rankInstructions;
   const forced = f.simulate === true || f.trace !== undefined;

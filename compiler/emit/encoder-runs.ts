@@ -11,9 +11,10 @@
 //   level 3  phase 1, before the pipeline: round r encodes slot r·M + mpRank on every rank of the
 //            model-parallel group (M = tp·pp), then a mark; model-parallel rank 0 reads every
 //            microbatch's outputs from imports (the gathered ones). Stage 0's other TP ranks get
-//            them before each decoder forward into imports, their own slots' too. Phase 3, after the pipeline: each round a
-//            mark, then the encoder backward reading its output gradients from imports (the
-//            scattered ones), the forward again first under --full-hetero-dp-encoder-recompute.
+//            them before each decoder forward into imports, their own slots' too. Phase 3, after
+//            the pipeline: each round a mark, then the encoder backward reading its output
+//            gradients from imports (the scattered ones), the forward again first under
+//            --full-hetero-dp-encoder-recompute.
 
 import { encoderBoundary, type EncoderBoundary } from './encoder-handoff.js';
 import type { EmitEncoder } from './options.js';

@@ -164,7 +164,8 @@ function alikeGroups(ix: PlanIndex, q: number, j: number): boolean {
   const spread = (rank: number, c: number) => {
     if (c < 0) return '';
     const ranks = [...ix.comms[c].ranks];
-    return `${ranks.length}/${new Set(ranks.map(node)).size}/${ranks.filter((r) => node(r) === node(rank)).length}`;
+    const local = ranks.filter((r) => node(r) === node(rank)).length;
+    return `${ranks.length}/${new Set(ranks.map(node)).size}/${local}`;
   };
   const [p, o] = [ix.programs[q], ix.programs[j]];
   const [a, b] = [p.ranks[0], o.ranks[0]];
