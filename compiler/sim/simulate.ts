@@ -139,11 +139,9 @@ export function simulatePlan(
   if (shared) sizes = routingOnSharedCores(plan, programs.values(), sizes, cores);
   const memo = new WorkMemo(sizes, hw.compute.dtypeBytes, hw.compute.gradDtypeBytes);
   // a program replayed for another is priced alike (symmetry.ts): its costs are the other's
-  const costs: Float64Array[] = [];
-  ix.programs.forEach((p, j) => {
-    const q = costsOf ? j : replayedFor[j];
-    costs.push(q < j ? costs[q] : costsOf ? costsOf(p.file) : defaultCosts(ix, p, sizes, hw, memo));
-  });
+  const costs = costsOf
+    ? ix.programs.map((p) => costsOf(p.file))
+    : byReplayed(replayedFor, (j) => defaultCosts(ix, ix.programs[j], sizes, hw, memo));
   const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
@@ -151,12 +149,17 @@ export function simulatePlan(
   // compute that shares the SMs with communication: lengthen it by the overlap the first replay
   // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
   const first = replayed(setup, costs).kept;
-  const slowed: Float64Array[] = [];
-  first.forEach((k, j) => {
-    const q = replayedFor[j];
-    slowed.push(q < j ? slowed[q] : slowOverlapped(ix.programs[j], k, costs[j], slowdown));
-  });
-  return run(slowed);
+  return run(
+    byReplayed(replayedFor, (j) => slowOverlapped(ix.programs[j], first[j], costs[j], slowdown)),
+  );
+}
+
+/** f(j) for each program replayed for itself; a program replayed for another shares its value */
+function byReplayed<T>(replayedFor: Int32Array, f: (j: number) => T): T[] {
+  const out: T[] = [];
+  for (let j = 0; j < replayedFor.length; j++)
+    out.push(replayedFor[j] < j ? out[replayedFor[j]] : f(j));
+  return out;
 }
 
 /**
@@ -507,15 +510,11 @@ class StepReplay {
     this.active = [...new Set(meet.standIn)].sort((a, b) => a - b);
     this.meet = meet;
     // a program replayed for another runs its times (symmetry.ts)
-    const kept: { rank: number; start: Float64Array; end: Float64Array }[] = [];
-    programs.forEach((p, j) => {
-      const q = replayedFor[j];
-      kept.push(
-        q < j
-          ? { ...kept[q], rank: p.ranks[0] }
-          : { rank: p.ranks[0], start: new Float64Array(p.n), end: new Float64Array(p.n) },
-      );
-    });
+    const times = byReplayed(replayedFor, (j) => ({
+      start: new Float64Array(programs[j].n),
+      end: new Float64Array(programs[j].n),
+    }));
+    const kept = programs.map((p, j) => ({ rank: p.ranks[0], ...times[j] }));
     this.kept = kept;
     const keptOf = new Int32Array(world).fill(-1);
     kept.forEach((k, j) => {
@@ -567,28 +566,14 @@ class StepReplay {
   /** the times of the first rank of each distinct program, and how its step divides (a program
    * replayed for another: the other's) */
   keptRanks(): RankTimes[] {
-    const { programs, costs, replayedFor } = this;
-    const out: RankTimes[] = [];
-    this.kept.forEach(({ rank, start, end }, j) => {
-      const p = programs[j];
-      const q = replayedFor[j];
-      if (q < j) {
-        out.push({ ...out[q], rank, program: p.id });
-        return;
-      }
-      let finishAt = 0;
-      for (let i = 0; i < p.n; i++) finishAt = Math.max(finishAt, end[i]);
-      out.push({
-        rank,
-        program: p.id,
-        start,
-        end,
-        cost: costs[j],
-        finish: finishAt,
-        ...divide(p, start, end, costs[j]),
-      });
+    const { programs, costs, kept } = this;
+    const divided = byReplayed(this.replayedFor, (j) => {
+      const { start, end } = kept[j];
+      let finish = 0;
+      for (let i = 0; i < programs[j].n; i++) finish = Math.max(finish, end[i]);
+      return { start, end, cost: costs[j], finish, ...divide(programs[j], start, end, costs[j]) };
     });
-    return out;
+    return kept.map(({ rank }, j) => ({ rank, program: programs[j].id, ...divided[j] }));
   }
 
   /** instruction i of rank r records its events at `at`, waking the streams blocked on them */

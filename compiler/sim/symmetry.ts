@@ -17,7 +17,14 @@
 // where that fails too replays every rank. test/sim/simulate.test.ts checks the times equal those
 // of the full replay on every layout of the equivalence matrix and the article's level-3 line.
 
-import { GROUP, LOCAL, SEND, type PlanIndex, type ProgramIndex } from '../verify/plan-index.js';
+import {
+  GROUP,
+  LOCAL,
+  SEND,
+  sameValue,
+  type PlanIndex,
+  type ProgramIndex,
+} from '../verify/plan-index.js';
 
 /**
  * Who meets whom in a replay where each rank stands for `standIn[r]`: a collective's members and a
@@ -95,13 +102,16 @@ function standInsOf(ix: PlanIndex, rep: Int32Array): Int32Array {
   );
 }
 
-/** whether the plan is symmetric under the stand-ins of `meet` */
+/**
+ * Whether the plan is symmetric under the stand-ins of `meet`, seen from each replayed program's
+ * first rank (a program replayed for another meets what that one meets: refinedClasses).
+ */
 function checked(ix: PlanIndex, meet: Meetings): boolean {
   const { stride, standIn } = meet;
   const programOfRank = (r: number) => ix.programs[ix.programOf[r]];
   for (const p of ix.programs) {
     const r = p.ranks[0];
-    const self = standIn[r];
+    if (standIn[r] !== r) continue;
     for (let i = 0; i < p.n; i++) {
       if (p.kind[i] === GROUP) {
         // seen from each member's stand-in (this rank's own among them), the same members
@@ -113,11 +123,10 @@ function checked(ix: PlanIndex, meet: Meetings): boolean {
             return false;
         }
       } else if (p.kind[i] !== LOCAL) {
-        // the other side's stand-in sees this rank's stand-in, which sees that same other side
+        // the other side's stand-in sees this rank as its other side
         const peer = meet.peer(r, p, i);
         const m = Math.floor(peer / stride);
-        if (meet.peer(m, programOfRank(m), peer - m * stride) !== self * stride + i) return false;
-        if (self !== r && meet.peer(self, programOfRank(self), i) !== peer) return false;
+        if (meet.peer(m, programOfRank(m), peer - m * stride) !== r * stride + i) return false;
       }
     }
   }
@@ -134,8 +143,10 @@ function alikeClasses(ix: PlanIndex): Int32Array {
   const perNode = ix.plan.topology.nprocPerNode;
   const nodeCounts = ix.programs.map((p) => {
     const c = new Map<number, number>();
-    for (const r of p.ranks)
-      c.set(Math.floor(r / perNode), (c.get(Math.floor(r / perNode)) ?? 0) + 1);
+    for (const r of p.ranks) {
+      const node = Math.floor(r / perNode);
+      c.set(node, (c.get(node) ?? 0) + 1);
+    }
     return [...c].sort((a, b) => a[0] - b[0]).join(';');
   });
   for (let j = 1; j < ix.programs.length; j++)
@@ -147,13 +158,6 @@ function alikeClasses(ix: PlanIndex): Int32Array {
       }
     }
   return rep;
-}
-
-function sameArray(a: ArrayLike<unknown>, b: ArrayLike<unknown>): boolean {
-  if (a === b) return true;
-  if (a.length !== b.length) return false;
-  for (let k = 0; k < a.length; k++) if (a[k] !== b[k]) return false;
-  return true;
 }
 
 /** the first ranks of programs q and j: each group reference of the same size and node spread,
@@ -209,7 +213,7 @@ function meetsAlike(meet: Meetings, p: ProgramIndex, o: ProgramIndex): boolean {
   for (let i = 0; i < p.n; i++) {
     if (p.kind[i] === LOCAL) continue;
     if (p.kind[i] === GROUP) {
-      if (!sameArray(meet.members(a, p, i), meet.members(b, o, i))) return false;
+      if (!sameValue(meet.members(a, p, i), meet.members(b, o, i))) return false;
     } else if (meet.peer(a, p, i) !== meet.peer(b, o, i)) return false;
   }
   return true;
