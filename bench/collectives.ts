@@ -5,7 +5,12 @@
 // size, beside that ratio's floor on this machine: the same two phases with the same kernels on
 // threads, with no barrier, store or rank process between them (native collectiveFloor).
 //
-//   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12]
+//   npx tsx bench/collectives.ts [--ranks 2,4] [--sizes 1,4,16,64] [--repeats 12] [--one-cpu]
+//
+// --one-cpu runs every lfc rank on CPU 0 (taskset) with the barriers polling 50 µs before they
+// sleep (LFC_COMM_SPIN_US=50, as on 2 ranks of 2 CPUs): the placement the scheduler sometimes
+// gives two ranks, which the barrier's yield is for (runtime-native/src/comm/shm.cc spinTime).
+// OpenMPI runs as usual, so its columns are only a reference there.
 //
 // Each rank process runs one program holding REPEATS rounds of every (op, size) once; the time of
 // one instance is the slowest rank's, the figure the median over the repeats. OpenMPI runs the
@@ -52,6 +57,7 @@ function flag(name: string, fallback: string): string {
 const RANKS = flag('--ranks', '2,4').split(',').map(Number);
 const SIZES_MIB = flag('--sizes', '1,4,16,64').split(',').map(Number);
 const REPEATS = Number(flag('--repeats', '12'));
+const ONE_CPU = process.argv.includes('--one-cpu');
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const busFactor = (op: Op, P: number) => (op === 'all_reduce' ? (2 * (P - 1)) / P : (P - 1) / P);
@@ -186,10 +192,19 @@ async function runLfc(P: number, shm: boolean): Promise<Map<string, number>> {
   const worker = fileURLToPath(new URL('./collectives-rank.ts', import.meta.url));
   const perRank = await Promise.all(
     Array.from({ length: P }, (_, rank) => {
-      const child = spawn(process.execPath, ['--import', tsx, worker, file, String(rank)], {
-        stdio: ['ignore', 'pipe', 'inherit'],
-        env: { ...process.env, LFC_COMM_SHM: shm ? '1' : '0' },
-      });
+      const args = [process.execPath, '--import', tsx, worker, file, String(rank)];
+      const child = spawn(
+        ONE_CPU ? 'taskset' : args[0],
+        ONE_CPU ? ['-c', '0', ...args] : args.slice(1),
+        {
+          stdio: ['ignore', 'pipe', 'inherit'],
+          env: {
+            ...process.env,
+            LFC_COMM_SHM: shm ? '1' : '0',
+            ...(ONE_CPU ? { LFC_COMM_SPIN_US: '50' } : {}),
+          },
+        },
+      );
       let out = '';
       child.stdout.on('data', (c: Buffer) => (out += c.toString()));
       return new Promise<number[]>((resolve, reject) =>
@@ -295,6 +310,7 @@ const mpiExe = buildMpi();
 const gbps = (op: Op, P: number, size: number, ms: number) =>
   ((size * MiB) / (ms / 1e3) / 1e9) * busFactor(op, P);
 console.log(`bus bandwidth GB/s (median of ${REPEATS}; slowest rank per instance)`);
+if (ONE_CPU) console.log("--one-cpu: lfc's ranks all on CPU 0, polling 50 µs; OpenMPI as usual");
 console.log(
   'ranks  op             size    lfc (ms)   lfc GB/s   MPI (ms)   MPI GB/s   lfc/MPI   tcp (ms)   tcp/MPI',
 );

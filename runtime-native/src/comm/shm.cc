@@ -148,7 +148,11 @@ std::pair<int64_t, int64_t> partOf(int64_t n, int r, int P) {
 // few hundred. Past the CPUs, a poll takes a CPU that a rank's kernels or the rank it waits for
 // need: kSpins polls only. LFC_COMM_SPIN_US overrides it (0: kSpins polls only). On 2 ranks of the
 // 2-core EPYC, 50 µs took the 4 MiB gather_v from 0.36–0.39 ms to 0.18–0.24 ms (bench/collectives,
-// three alternations); 16 MiB moved within the runs' noise.
+// three alternations); 16 MiB moved within the runs' noise. Polling without yielding had a slow
+// mode there, in about 1 run of 8: the scheduler kept both ranks' comm threads on one CPU, and
+// each barrier waited out the other's spin (gather_v 0.38 ms, all_to_all_v 0.62 ms). Both ranks
+// pinned to one CPU reproduced it every time (0.40–0.44 and 0.64–0.73 ms); with the yield,
+// 0.18–0.20 and 0.38–0.41 ms.
 std::chrono::nanoseconds spinTime(int threads) {
   if (const char* v = std::getenv("LFC_COMM_SPIN_US")) return std::chrono::microseconds(std::atoll(v));
   cpu_set_t set;
@@ -361,13 +365,16 @@ void ShmGroup::barrier() {
     futexWakeAll(h.generation);
     return;
   }
-  // kSpins polls, then more for up to spin_
+  // kSpins polls, then more for up to spin_, yielding the CPU between rounds of polls: the
+  // rank it waits for may be queued on this CPU (the scheduler put both there), and would
+  // otherwise wait out the whole spin. With the other rank elsewhere, a yield returns at once.
   const auto until = std::chrono::steady_clock::now() + spin_;
   do {
     for (int i = 0; i < kSpins; i++) {
       if (h.generation.load(std::memory_order_acquire) != generation) return;
       cpuRelax();
     }
+    if (spin_.count() > 0) sched_yield();
   } while (spin_.count() > 0 && std::chrono::steady_clock::now() < until);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (h.generation.load(std::memory_order_acquire) == generation) {
