@@ -28,7 +28,7 @@ import { train } from '../runtime/train.js';
 import { mergeTrace, type TraceEvent } from '../runtime/trace.js';
 import { writeFileAtomic } from '../runtime/safetensors.js';
 import type { CliIO } from './index.js';
-import { positiveInt } from './options.js';
+import { checkOutputPath, positiveInt } from './options.js';
 import { launchTraining, trainOptions } from './run.js';
 
 const MODEL = 'tiny-vlm-moe';
@@ -206,6 +206,7 @@ export function addCalibrateCommand(program: Command, io: CliIO): void {
       'h100',
     )
     .action(async (f: CalibrateFlags) => {
+      if (f.output) checkOutputPath('-o', f.output, 'file');
       if (f.probe !== undefined) {
         calibrateFromProbe(f.probe, f.hardware, f.output, io);
         return;

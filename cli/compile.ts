@@ -24,7 +24,7 @@ import type { Graph } from '../ir/graph.js';
 import { graphToJSON } from '../ir/json.js';
 import { hfModelRequest, loadHfModelConfig } from '../compiler/frontend/hf-config.js';
 import type { CliIO } from './index.js';
-import { atLeastOne, positiveInt, positiveNumber } from './options.js';
+import { atLeastOne, checkOutputPath, positiveInt, positiveNumber } from './options.js';
 import { loadHardware, listHardware } from '../compiler/sim/hardware.js';
 import { listDataProfiles } from '../compiler/frontend/data-profile.js';
 import { describePrecision } from '../compiler/frontend/precision.js';
@@ -774,6 +774,8 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
         throw new UserError('compile: say where to write the plan with -o DIR');
       if (f.saveIr && !f.output)
         throw new UserError('--save-ir keeps the IR in the plan: give -o DIR');
+      if (f.output) checkOutputPath('-o', f.output, 'dir');
+      if (f.trace) checkOutputPath('--trace', f.trace, 'file');
       const status = compileStatus(io, isTTY() && !f.dumpAfter);
       // the IR after each graph pass, numbered in pass order (--save-ir): ir/03-tensor-parallel.json
       const ir: Record<string, string> = {};

@@ -8,7 +8,7 @@ import { UserError } from '../compiler/errors.js';
 import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
 import type { CliIO } from './index.js';
-import { nonNegativeInt, positiveInt } from './options.js';
+import { checkOutputPath, nonNegativeInt, positiveInt } from './options.js';
 import { parseDataPath, parseSplit, SPLIT_PARTS, type SplitPart } from '../runtime/data/sampler.js';
 import { dataStats, profileYaml, type Summary } from '../runtime/data/stats.js';
 import { progressBar } from '../runtime/progress.js';
@@ -82,6 +82,7 @@ export function addDataCommand(program: Command, io: CliIO, isTTY: () => boolean
         );
       if (f.profile && !/\.ya?ml$/.test(f.profile))
         throw new UserError(`--profile ${f.profile}: want a .yaml path`);
+      if (f.profile) checkOutputPath('--profile', f.profile, 'file');
       const model = loadModelConfig(f.model, []);
       const seqLength = f.seqLength ?? model.training.seq_length;
       const sources = parseDataPath(paths).map((s) => ({ ...s, path: resolve(s.path) }));

@@ -23,7 +23,7 @@ import {
   trainOptions,
   type RunFlags,
 } from './run.js';
-import { positiveInt } from './options.js';
+import { checkOutputPath, positiveInt } from './options.js';
 import { describeStep } from '../runtime/progress.js';
 import type { StepMetrics } from '../runtime/train.js';
 
@@ -153,6 +153,7 @@ export function addDemoCommand(program: Command, io: CliIO, isTTY: () => boolean
         'mixed precision: bf16 activations and weights, fp32 main gradients and master weights',
       ),
   ).action(async (overrides: string[], f: DemoFlags) => {
+    checkOutputPath('--out', f.out, 'dir');
     const out = resolve(f.out);
     const planDir = join(out, 'plan');
     const ranks = f.nprocPerNode;

@@ -1,6 +1,9 @@
 // Option parsers shared by the commands: every bad value is a UserError naming the flag.
 
+import { statSync, type Stats } from 'node:fs';
+import { dirname } from 'node:path';
 import { InvalidArgumentError } from 'commander';
+import { UserError } from '../compiler/errors.js';
 
 /** a count flag's largest value: every count lfc takes fits an int32 */
 const MAX_COUNT = 2 ** 31 - 1;
@@ -62,4 +65,41 @@ export function atLeastOne(flag: string) {
       throw new InvalidArgumentError(`${flag} must be a number ≥ 1, got '${v}'`);
     return n;
   };
+}
+
+/**
+ * Refuses, before any work is done, an output path that cannot be written: a directory flag
+ * naming a file, a file flag naming a directory, or a path under a file. Without it the operating
+ * system refused it after the work (a run's --trace after its last step) with exit 1.
+ */
+export function checkOutputPath(flag: string, path: string, kind: 'dir' | 'file'): void {
+  if (path.trim() === '') throw new UserError(`${flag} needs a path, got '${path}'`);
+  const at = statOf(path);
+  if (at) {
+    if (kind === 'dir' && !at.isDirectory())
+      throw new UserError(`${flag} ${path}: a file is there, not a directory`);
+    if (kind === 'file' && at.isDirectory())
+      throw new UserError(`${flag} ${path}: a directory is there; give a file`);
+    return;
+  }
+  // the nearest part of the path that exists must be a directory to make the rest in
+  for (let up = dirname(path); ; up = dirname(up)) {
+    const st = statOf(up);
+    if (st) {
+      if (!st.isDirectory())
+        throw new UserError(`${flag} ${path}: ${up} is a file, not a directory`);
+      return;
+    }
+    if (dirname(up) === up) return;
+  }
+}
+
+/** the path's stat, or undefined where nothing is (a path under a file included) */
+function statOf(path: string): Stats | undefined {
+  try {
+    return statSync(path, { throwIfNoEntry: false });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOTDIR') return undefined;
+    throw e;
+  }
 }

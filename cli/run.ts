@@ -10,7 +10,13 @@ import { join, resolve } from 'node:path';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
-import { nonNegativeInt, nonNegativeNumber, positiveInt, positiveNumber } from './options.js';
+import {
+  checkOutputPath,
+  nonNegativeInt,
+  nonNegativeNumber,
+  positiveInt,
+  positiveNumber,
+} from './options.js';
 import { evalLine, snake, train, type DataOptions, type TrainOptions } from '../runtime/train.js';
 import type { DataCounts } from '../runtime/data/loader.js';
 import { parseDataPath, parseSplit } from '../runtime/data/sampler.js';
@@ -189,6 +195,15 @@ export function trainOptions(planDir: string, f: RunFlags): TrainOptions {
       `${starts.slice(0, -1).join(', ')} and ${starts.at(-1)} ${starts.length > 2 ? 'all' : 'both'} set the starting parameters; give one`,
     );
   if (f.saveInterval && !f.save) throw new UserError('--save-interval needs --save DIR');
+  // what the run writes, refused now rather than after its steps
+  for (const [flag, path, kind] of [
+    ['--save', f.save, 'dir'],
+    ['--dump-step', f.dumpStep, 'dir'],
+    ['--data-log', f.dataLog, 'dir'],
+    ['--metrics', f.metrics, 'file'],
+    ['--trace', f.trace, 'file'],
+  ] as const)
+    if (path !== undefined) checkOutputPath(flag, path, kind);
   if (f.evalIters !== undefined && f.evalInterval === undefined)
     throw new UserError('--eval-iters needs --eval-interval N');
   const data = dataOptions(f);

@@ -12,6 +12,7 @@ import { embedAll, openPlans } from '../viz/bundle/index.js';
 import { selfContainedPage } from '../viz/page.js';
 import { serve } from '../viz/server.js';
 import type { CliIO } from './index.js';
+import { checkOutputPath } from './options.js';
 
 /** the port `lfc viz` tries first; another free one when it is taken and --port is not given */
 const DEFAULT_PORT = 5310;
@@ -54,6 +55,7 @@ export function addVizCommand(program: Command, io: CliIO): void {
         throw new UserError("--trace: a trace is one plan's; give one plan directory with it");
       if (f.output && (f.port !== undefined || f.open))
         throw new UserError('--output writes a file; --port and --open are for serving');
+      if (f.output) checkOutputPath('-o', f.output, 'file');
       const port = f.port === undefined ? undefined : Number(f.port);
       if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port < 65536))
         throw new UserError(`--port ${f.port}: not a port number (0–65535)`);

@@ -1,6 +1,6 @@
 // lfc compile / run in-process: bad plans and bad flags are refused before anything runs, with
 // one line naming the problem and exit code 2; a short run trains and writes its metrics.
-import { mkdtempSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -91,6 +91,71 @@ describe('lfc run refuses bad input before anything runs', () => {
     const r = await cli('run', plan, ...(flags as string[]));
     expect(r.code).toBe(2);
     expect(r.err).toMatch(message as RegExp);
+  });
+});
+
+describe('an output path that cannot be written is refused before any work', () => {
+  // a file where a directory goes, a directory where a file goes, a path under a file: the
+  // operating system refused them with exit 1, a run's --trace only after its steps
+  const file = join(dir, 'a-file');
+  const folder = join(dir, 'a-folder');
+  beforeAll(() => {
+    writeFileSync(file, 'x');
+    mkdirSync(folder, { recursive: true });
+  });
+  it.each([
+    [
+      'run --save FILE',
+      ['run', plan, '--save', file],
+      /--save .*a-file: a file is there, not a directory/,
+    ],
+    [
+      'run --save FILE/ck',
+      ['run', plan, '--save', join(file, 'ck')],
+      /--save .*: .*a-file is a file, not a directory/,
+    ],
+    [
+      'run --dump-step FILE',
+      ['run', plan, '--dump-step', file],
+      /--dump-step .*a-file: a file is there/,
+    ],
+    [
+      'run --metrics DIR',
+      ['run', plan, '--metrics', folder],
+      /--metrics .*a-folder: a directory is there; give a file/,
+    ],
+    [
+      'run --trace DIR',
+      ['run', plan, '--trace', folder],
+      /--trace .*a-folder: a directory is there; give a file/,
+    ],
+    [
+      'run --metrics FILE/m.jsonl',
+      ['run', plan, '--metrics', join(file, 'm.jsonl')],
+      /a-file is a file, not a directory/,
+    ],
+    [
+      'compile -o FILE',
+      ['compile', 'tiny-vlm', '-o', file],
+      /-o .*a-file: a file is there, not a directory/,
+    ],
+    [
+      'compile -o FILE/x/y',
+      ['compile', 'tiny-vlm', '-o', join(file, 'x', 'y')],
+      /a-file is a file, not a directory/,
+    ],
+    ["run --trace ''", ['run', plan, '--trace', ''], /--trace needs a path, got ''/],
+    ['viz -o DIR', ['viz', plan, '-o', folder], /-o .*a-folder: a directory is there; give a file/],
+  ])('%s', async (_label, argv, message) => {
+    // a run that names no metrics file gets one of its own, which must not be started
+    const metrics = join(dir, `metrics-${(argv as string[]).join('-').replace(/\W/g, '_')}.jsonl`);
+    const own = argv[0] === 'run' && !argv.includes('--metrics') ? ['--metrics', metrics] : [];
+    const args = argv[0] === 'run' ? [...argv, ...own, '--steps', '1', '--quiet'] : argv;
+    const r = await cli(...(args as string[]));
+    expect(r.code, r.err).toBe(2);
+    expect(r.err).toMatch(message as RegExp);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+    expect(existsSync(metrics)).toBe(false);
   });
 });
 
