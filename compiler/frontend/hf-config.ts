@@ -87,7 +87,8 @@ export function architectureOfJson(json: Json, path: string): HfArchitecture {
   const archs = json.architectures;
   const named = Array.isArray(archs) && typeof archs[0] === 'string' ? archs[0] : undefined;
   if (named !== undefined) {
-    if (named in HF_ARCHITECTURES) return named as HfArchitecture;
+    // own keys only: `in` finds __proto__, constructor and the rest of Object's prototype too
+    if (Object.hasOwn(HF_ARCHITECTURES, named)) return named as HfArchitecture;
     throw new UserError(
       `${path}: architecture ${named} is not one lfc builds (${known.join(', ')})`,
     );

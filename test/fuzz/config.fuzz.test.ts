@@ -219,5 +219,15 @@ describe('config loaders under mutation', () => {
       process.off('warning', onWarning);
     }
     expect(warnings).toEqual([]);
+    // an architecture named after a key of Object's prototype was taken for a known one, and its
+    // base preset for a name: a TypeError (campaign, seed 34)
+    const qwen = hfConfigOf(loadModelConfig('qwen3-vl-moe-tiny').model, 'float32').json;
+    for (const arch of ['__proto__', 'constructor', 'toString']) {
+      const path = join(dir, 'config.json');
+      writeFileSync(path, JSON.stringify({ ...qwen, architectures: [arch] }));
+      expect(() => loadHfModelConfig(path)).toThrow(
+        new RegExp(`architecture ${arch} is not one lfc builds`),
+      );
+    }
   });
 });

@@ -102,4 +102,18 @@ describe('plan files under mutation', () => {
     },
     limitMs(12, 4000),
   );
+
+  it('regressions', async () => {
+    // a persistent f32 buffer moved to an odd byte (campaign, seed 34): the step ran, and reading
+    // the parameters back after it threw a RangeError (a Float32Array at that offset)
+    const edited = structuredClone(program) as {
+      buffers: { region: string; dtype: string; offset: number }[];
+    };
+    const k = edited.buffers.findIndex((b) => b.region === 'param' && b.dtype === 'f32');
+    edited.buffers[k].offset += 1;
+    writeWork(JSON.stringify(planJson), JSON.stringify(edited));
+    const r = await cli('run', work, '--steps', '1');
+    expect(r.code, r.err).toBe(2);
+    expect(r.err).toMatch(new RegExp(`buffer ${k}\\b.*not a multiple of its f32's 4 bytes`));
+  });
 });

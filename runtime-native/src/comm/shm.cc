@@ -149,7 +149,7 @@ std::pair<int64_t, int64_t> partOf(int64_t n, int r, int P) {
 // need: kSpins polls only. LFC_COMM_SPIN_US overrides it (0: kSpins polls only). On 2 ranks of the
 // 2-core EPYC, 50 µs took the 4 MiB gather_v from 0.36–0.39 ms to 0.18–0.24 ms (bench/collectives,
 // three alternations); 16 MiB moved within the runs' noise. Polling without yielding had a slow
-// mode there, in about 1 run of 8: the scheduler kept both ranks' comm threads on one CPU, and
+// mode there, in 2 runs of 10: the scheduler kept both ranks' comm threads on one CPU, and
 // each barrier waited out the other's spin (gather_v 0.38 ms, all_to_all_v 0.62 ms). Both ranks
 // pinned to one CPU reproduced it every time (0.40–0.44 and 0.64–0.73 ms); with the yield,
 // 0.18–0.20 and 0.38–0.41 ms.

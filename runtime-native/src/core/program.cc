@@ -143,6 +143,10 @@ void parseBuffers(const Ctx& c, const json& j, Program& p) {
     if (b.viewOf >= 0 && (b.offset != root.offset || b.bytes != root.bytes))
       c.fail(cat(here, " is a view of ", bufferText(p, root.id),
                  " but its offset and bytes differ from that buffer's"));
+    // the kernels (and the host's typed views of persistent buffers) read whole elements
+    if (b.offset % dtypeBytes(b.dtype) != 0)
+      c.fail(cat(here, " starts at byte ", b.offset, ", not a multiple of its ", dtypeName(b.dtype), "'s ",
+                 dtypeBytes(b.dtype), " bytes"));
     const int64_t limit = p.regionSize(b.region);
     if (b.offset + b.bytes > limit)
       c.fail(cat(here, " ends at byte ", b.offset + b.bytes, ", past its region ", regionName(b.region),
