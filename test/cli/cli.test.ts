@@ -98,11 +98,13 @@ describe('user errors: one line, exit code 2', () => {
   });
 });
 
-describe('the system refuses a file: one line naming the call and path, exit code 1', () => {
-  it('compile -o under a regular file (ENOTDIR)', async () => {
+describe('an output path under a file: refused before any work, one line, exit code 2', () => {
+  // the operating system refused it once the plan was made (ENOTDIR, exit 1); cli/options.ts
+  // checkOutputPath now names the flag and the file in the way first
+  it('compile -o under a regular file', async () => {
     const r = await cli('compile', 'tiny-vlm', '-o', join(malformed, 'plan'));
-    expect(r.code).toBe(1);
-    expect(r.err).toMatch(/^lfc: error: ENOTDIR: not a directory, .*broken\.yaml/);
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/^lfc: error: -o .*: .*broken\.yaml is a file, not a directory/);
     expect(r.err.trim().split('\n')).toHaveLength(1);
   });
 });
