@@ -2,8 +2,9 @@
 // and the data profile `lfc compile --data-profile` plans memory for (--profile FILE).
 
 import { Option, type Command } from 'commander';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { basename, dirname, extname, resolve } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
@@ -126,7 +127,7 @@ export function addDataCommand(program: Command, io: CliIO, isTTY: () => boolean
       if (f.profile) {
         const path = resolve(f.profile);
         const name = basename(path, extname(path));
-        mkdirSync(dirname(path), { recursive: true });
+        makeDirs(dirname(path));
         writeFileSync(path, profileYaml(stats, name, paths));
         out.push(`data profile: ${path} (lfc compile --data-profile ${f.profile})`);
       }

@@ -1,7 +1,7 @@
 // Option parsers shared by the commands: every bad value is a UserError naming the flag.
 
-import { statSync, type Stats } from 'node:fs';
-import { dirname } from 'node:path';
+import { mkdtempSync, rmdirSync, statSync, type Stats } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { InvalidArgumentError } from 'commander';
 import { UserError } from '../compiler/errors.js';
 
@@ -69,8 +69,11 @@ export function atLeastOne(flag: string) {
 
 /**
  * Refuses, before any work is done, an output path that cannot be written: a directory flag
- * naming a file, a file flag naming a directory, or a path under a file. Without it the operating
- * system refused it after the work (a run's --trace after its last step) with exit 1.
+ * naming a file, a file flag naming a directory, a path under a file, or one whose directory
+ * takes no new entries (read-only, not the user's, or /proc). Without it the operating system
+ * refused it after the work (a run's --trace after its last step) with exit 1. Outputs are
+ * written beside their path and renamed into it, so the directory that must take entries is the
+ * path's own parent, or the nearest existing directory above a path not there yet.
  */
 export function checkOutputPath(flag: string, path: string, kind: 'dir' | 'file'): void {
   if (path.trim() === '') throw new UserError(`${flag} needs a path, got '${path}'`);
@@ -80,18 +83,31 @@ export function checkOutputPath(flag: string, path: string, kind: 'dir' | 'file'
       throw new UserError(`${flag} ${path}: a file is there, not a directory`);
     if (kind === 'file' && at.isDirectory())
       throw new UserError(`${flag} ${path}: a directory is there; give a file`);
+    takesEntries(flag, path, dirname(path));
     return;
   }
-  // the nearest part of the path that exists must be a directory to make the rest in
   for (let up = dirname(path); ; up = dirname(up)) {
     const st = statOf(up);
     if (st) {
       if (!st.isDirectory())
         throw new UserError(`${flag} ${path}: ${up} is a file, not a directory`);
+      takesEntries(flag, path, up);
       return;
     }
     if (dirname(up) === up) return;
   }
+}
+
+/** refuses a directory in which an entry cannot be made, by making one and removing it */
+function takesEntries(flag: string, path: string, dir: string): void {
+  let probe: string;
+  try {
+    probe = mkdtempSync(join(dir, '.lfc-probe-'));
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code ?? String(e);
+    throw new UserError(`${flag} ${path}: cannot write in ${dir} (${code})`);
+  }
+  rmdirSync(probe);
 }
 
 /** the path's stat, or undefined where nothing is (a path under a file included) */

@@ -5,8 +5,9 @@
 // variables, or Slurm's), `lfc run DIR` is itself one rank (runtime/rank.ts).
 
 import { Option, type Command } from 'commander';
-import { appendFileSync, mkdirSync } from 'node:fs';
+import { appendFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import type { CliIO } from './index.js';
@@ -374,7 +375,7 @@ export async function launchTraining(
   const nodeRank = f.nodeRank ?? 0;
   const bar = progressBar(opts.trainIters, io.err, isTTY);
   const quiet = !!f.quiet || nodeRank !== 0;
-  mkdirSync(join(metricsPath, '..'), { recursive: true });
+  makeDirs(join(metricsPath, '..'));
   let data: { counts: DataCounts; position: number } | undefined;
   const steps = await launch({
     onData: (rank, counts, position) => {

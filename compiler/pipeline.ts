@@ -10,9 +10,10 @@
 //   verify           the plan over all ranks (compiler/verify/): memory reuse, collectives,
 //                    sends and receives, events, a symbolic run of the step
 
-import { mkdirSync, renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
+import { renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { getHeapStatistics } from 'node:v8';
+import { makeDirs } from './files.js';
 import type { Graph } from '../ir/graph.js';
 import { formatNode, printGraph } from '../ir/printer.js';
 import { assertValid } from '../ir/verify.js';
@@ -959,12 +960,12 @@ export function writePlan(
   }
   const tmp = join(dirname(dir), `.${basename(dir)}.tmp-${process.pid}`);
   rmSync(tmp, { recursive: true, force: true });
-  mkdirSync(join(tmp, 'programs'), { recursive: true });
+  makeDirs(join(tmp, 'programs'));
   writeFileSync(join(tmp, 'plan.json'), JSON.stringify(plan, null, 1) + '\n');
   for (const p of programs)
     writeFileSync(join(tmp, 'programs', `${p.id}.json`), JSON.stringify(p) + '\n');
   for (const [name, text] of Object.entries(extra)) {
-    mkdirSync(dirname(join(tmp, name)), { recursive: true });
+    makeDirs(dirname(join(tmp, name)));
     writeFileSync(join(tmp, name), text);
   }
   if (existsSync(dir)) {
@@ -973,7 +974,7 @@ export function writePlan(
     renameSync(tmp, dir);
     rmSync(old, { recursive: true, force: true });
   } else {
-    mkdirSync(dirname(dir), { recursive: true });
+    makeDirs(dirname(dir));
     renameSync(tmp, dir);
   }
 }

@@ -14,6 +14,7 @@
 
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile, PlanParam, ProgramFile } from '../compiler/plan/format.js';
 import {
@@ -377,7 +378,7 @@ export function assembleCheckpoint(
 
 /** Writes a checkpoint of whole tensors atomically; returns its directory. */
 export function writeCheckpoint(save: string, whole: WholeTensors, meta: CheckpointMeta): string {
-  mkdirSync(save, { recursive: true });
+  makeDirs(save);
   const final = iterDir(save, meta.step);
   const tmp = `${final}.tmp-${process.pid}`;
   rmSync(tmp, { recursive: true, force: true });

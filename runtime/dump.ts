@@ -12,8 +12,9 @@
 // share as checkpoints do (checkpoint.ts assembleWhole) and writes the dump once; one rank takes
 // the same path with its own share.
 
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
 import { writeBatchFile, type Microbatch } from './batch.js';
 import { assembleWhole } from './checkpoint.js';
@@ -115,7 +116,7 @@ export function writeDump(
   plan: PlanFile,
   lossTokens: number,
 ): void {
-  mkdirSync(dir, { recursive: true });
+  makeDirs(dir);
   writeSafetensors(join(dir, 'weights.safetensors'), dump.weights);
   writeBatchFile(join(dir, 'batch.safetensors'), dump.batch);
   writeSafetensors(join(dir, 'grads.safetensors'), dump.grads);

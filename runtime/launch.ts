@@ -10,11 +10,12 @@
 // every rank; a rank whose launcher dies loses its IPC channel and exits.
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync, mkdtempSync, type WriteStream } from 'node:fs';
+import { createWriteStream, mkdtempSync, type WriteStream } from 'node:fs';
 import { createRequire } from 'node:module';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import { DEFAULT_MASTER_PORT, localAddressToward } from './launch-rank.js';
@@ -140,7 +141,7 @@ export async function launch(o: LaunchOptions): Promise<MergedStep[]> {
     throw new UserError(`--node-rank ${o.nodeRank} is out of range for --nnodes ${o.nnodes}`);
   if (o.rendezvous === 'file' && o.nnodes > 1)
     throw new UserError('--rdzv-backend file needs one node (a shared directory is not assumed)');
-  mkdirSync(o.logDir, { recursive: true });
+  makeDirs(o.logDir);
   const world = o.nnodes * o.nprocPerNode;
 
   // 1. the store: hosted here on node 0, reached over TCP by every launcher and rank

@@ -10,8 +10,9 @@
 // sync across nodes. A multi-rank run writes one
 // fragment per rank beside the trace file (traceFragment), which the launcher of node 0 merges.
 
-import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import {
   batchSpans,
@@ -134,7 +135,7 @@ export function writeTrace(
   parts: readonly RankTrace[],
   about: Record<string, unknown>,
 ): void {
-  mkdirSync(dirname(resolve(file)), { recursive: true });
+  makeDirs(dirname(resolve(file)));
   writeFileAtomic(file, traceFile(parts, about));
 }
 

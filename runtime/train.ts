@@ -9,8 +9,9 @@
 // (launch-rank.ts: speaksForItsData). Checkpoints and the step dump hold whole tensors: every rank
 // writes its share to a shared directory and rank 0 assembles them (gatherAtRank0).
 
-import { appendFileSync, existsSync, mkdirSync, rmSync } from 'node:fs';
+import { appendFileSync, existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import type { ModelConfig } from '../compiler/frontend/config.js';
 import type { PlanFile, ProgramFile } from '../compiler/plan/format.js';
@@ -313,7 +314,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   };
   // every rank sees the same global figures: rank 0 writes them
   const metricsPath = rank === 0 ? o.metricsPath : undefined;
-  if (metricsPath) mkdirSync(join(metricsPath, '..'), { recursive: true });
+  if (metricsPath) makeDirs(join(metricsPath, '..'));
 
   // mock slots that encode under the ViT balance (their data slots follow the real ones): an
   // empty microbatch, no text and no image, the same every step
@@ -432,7 +433,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       data = await nextData;
       mbs = data.microbatches;
       if (o.dataLog) {
-        mkdirSync(o.dataLog, { recursive: true });
+        makeDirs(o.dataLog);
         appendFileSync(
           join(o.dataLog, `rank-${rank}.jsonl`),
           JSON.stringify({ step, replica: dpIndex, samples: data.samples }) + '\n',
@@ -624,7 +625,7 @@ async function gatherAtRank0(
 ): Promise<((name: string) => string) | undefined> {
   if (rank === 0) {
     rmSync(dir, { recursive: true, force: true });
-    mkdirSync(dir, { recursive: true });
+    makeDirs(dir);
   }
   await barrier([0]);
   for (const [name, data] of files) writeFileAtomic(join(dir, name), data);

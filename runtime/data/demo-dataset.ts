@@ -11,9 +11,10 @@
 //   DIR/control.jsonl       the same samples, images shuffled across them
 //   DIR/dataset.json        what made it (kind, version, samples, seed): a match is reused
 
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { crc32, deflateSync } from 'node:zlib';
+import { makeDirs } from '../../compiler/files.js';
 import { generator, permutation } from './sampler.js';
 
 /** The RGB-cube corners: colour c has channel k at level c's bit (2 − k). */
@@ -143,7 +144,7 @@ export async function demoDataset(dir: string, samples: number, seed = 0): Promi
   }
   const tmp = `${dir}.tmp-${process.pid}`;
   rmSync(tmp, { recursive: true, force: true });
-  mkdirSync(join(tmp, 'images'), { recursive: true });
+  makeDirs(join(tmp, 'images'));
   const names: string[] = [];
   const captions: string[] = [];
   for (let i = 0; i < samples; i++) {
@@ -167,7 +168,7 @@ export async function demoDataset(dir: string, samples: number, seed = 0): Promi
   );
   writeFileSync(join(tmp, 'dataset.json'), JSON.stringify(meta, null, 1) + '\n');
   rmSync(dir, { recursive: true, force: true });
-  mkdirSync(join(dir, '..'), { recursive: true });
+  makeDirs(join(dir, '..'));
   renameSync(tmp, dir);
   return result(true);
 }

@@ -13,16 +13,10 @@
 // folder, the shards its .nv-meta/.info.json (or .info.yaml) lists in shard_counts, in that order
 // and with those sample counts checked (its split.yaml, which picks shards per split, is not read).
 
-import {
-  createReadStream,
-  createWriteStream,
-  existsSync,
-  mkdirSync,
-  readdirSync,
-  statSync,
-} from 'node:fs';
+import { createReadStream, createWriteStream, existsSync, readdirSync, statSync } from 'node:fs';
 import { basename, extname, join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
+import { makeDirs } from '../../compiler/files.js';
 import tar from 'tar-stream';
 import YAML from 'yaml';
 import { cannotRead, parseFile, UserError } from '../../compiler/errors.js';
@@ -231,7 +225,7 @@ export async function writeWebDataset(
 ): Promise<string[]> {
   if (!Number.isInteger(perShard) || perShard < 1)
     throw new UserError(`samples per shard must be a positive integer, not ${perShard}`);
-  mkdirSync(dir, { recursive: true });
+  makeDirs(dir);
   const shards: string[] = [];
   let pack: tar.Pack | undefined;
   let written: Promise<void> | undefined;

@@ -11,7 +11,6 @@
 import {
   closeSync,
   existsSync,
-  mkdirSync,
   openSync,
   readdirSync,
   readFileSync,
@@ -19,6 +18,7 @@ import {
   rmSync,
 } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
+import { makeDirs } from '../../compiler/files.js';
 import { UserError } from '../../compiler/errors.js';
 import type { ModelConfig } from '../../compiler/frontend/config.js';
 import { hfConfigOf } from '../../compiler/frontend/hf-config.js';
@@ -77,7 +77,7 @@ export function exportHf(o: ExportOptions): ExportResult {
   const { json, inexact } = hfConfigOf(o.model, o.dtype === 'BF16' ? 'bfloat16' : 'float32');
   const tmp = join(dirname(o.out), `.${basename(o.out)}.tmp-${process.pid}`);
   rmSync(tmp, { recursive: true, force: true });
-  mkdirSync(tmp, { recursive: true });
+  makeDirs(tmp);
   const fd = openSync(weights, 'r');
   try {
     writeFileAtomic(join(tmp, 'config.json'), JSON.stringify(json, null, 2) + '\n');

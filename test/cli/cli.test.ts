@@ -1,10 +1,11 @@
 // The CLI in-process: user errors are one line naming the problem with exit code 2; help works
 // on every command; inspect prints a table and JSON.
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { makeProgram } from '../../cli/index.js';
+import { makeDirs } from '../../compiler/files.js';
 import { cli } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-cli-'));
@@ -106,6 +107,33 @@ describe('an output path under a file: refused before any work, one line, exit c
     expect(r.code).toBe(2);
     expect(r.err).toMatch(/^lfc: error: -o .*: .*broken\.yaml is a file, not a directory/);
     expect(r.err.trim().split('\n')).toHaveLength(1);
+  });
+});
+
+describe('an output directory that takes no entries: refused before any work', () => {
+  // /proc/self is a directory in which mkdir fails with ENOENT; node's recursive mkdir then never
+  // returned (compiler/files.ts makeDirs), so `compile -o /proc/self/lfc-plan` hung after its work
+  it.runIf(existsSync('/proc/self'))('compile -o /proc/self/lfc-plan', async () => {
+    const r = await cli('compile', 'tiny-vlm', '-o', '/proc/self/lfc-plan');
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/^lfc: error: -o \/proc\/self\/lfc-plan: cannot write in \/proc\/self/);
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+  });
+});
+
+describe('makeDirs', () => {
+  it('makes the missing directories and accepts those there', () => {
+    const deep = join(dir, 'a', 'b', 'c');
+    makeDirs(deep);
+    expect(statSync(deep).isDirectory()).toBe(true);
+    makeDirs(deep);
+    makeDirs(join(dir, 'a'));
+  });
+  it('throws the system error under a file', () => {
+    expect(() => makeDirs(join(malformed, 'x', 'y'))).toThrow(/EEXIST|ENOTDIR/);
+  });
+  it.runIf(existsSync('/proc/self'))('throws where mkdir is refused with ENOENT', () => {
+    expect(() => makeDirs('/proc/self/lfc-x/y')).toThrow(/ENOENT/);
   });
 });
 
