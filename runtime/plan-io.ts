@@ -111,7 +111,32 @@ export function readPlanFile(dir: string): PlanFile {
       throw new UserError(
         `${planPath}: malformed plan: rankGroups.${kind} is not one group index (< ${plan.groups.length}) per rank`,
       );
+  const mismatch = trainingProblem(plan);
+  if (mismatch) throw new UserError(`${planPath}: malformed plan: ${mismatch}`);
   return plan;
+}
+
+/**
+ * What makes `training` disagree with the sizes the programs' buffers were planned at (the
+ * symbols S and Nv) or with itself: the runtime makes each step's data from `training`, so a
+ * sequence longer than S reached the native loader as an internal error, and a shorter one, or
+ * fewer microbatches, trained another step than the plan's without a word.
+ */
+function trainingProblem(plan: PlanFile): string | undefined {
+  const t = plan.training;
+  const bound = (name: string) => plan.symbols.find((s) => s.name === name)?.bound;
+  const S = bound('S');
+  const Nv = bound('Nv');
+  if (S === undefined || Nv === undefined)
+    return `symbols must declare S and Nv (the microbatch's tokens and visual tokens)`;
+  if (t.seqLength * t.microBatchSize !== S)
+    return `training.seqLength ${t.seqLength} × microBatchSize ${t.microBatchSize} is not the ${S} tokens of symbol S`;
+  if (t.maxVisualTokens !== Nv)
+    return `training.maxVisualTokens ${t.maxVisualTokens} is not the ${Nv} of symbol Nv`;
+  const dp = plan.dataParallel.size;
+  if (t.numMicrobatches * t.microBatchSize * dp !== t.globalBatchSize)
+    return `training.numMicrobatches ${t.numMicrobatches} × microBatchSize ${t.microBatchSize} × data-parallel ${dp} is not globalBatchSize ${t.globalBatchSize}`;
+  return undefined;
 }
 
 export function readPlan(dir: string): LoadedPlan {

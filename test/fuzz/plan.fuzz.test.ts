@@ -116,4 +116,21 @@ describe('plan files under mutation', () => {
     expect(r.code, r.err).toBe(2);
     expect(r.err).toMatch(new RegExp(`buffer ${k}\\b.*not a multiple of its f32's 4 bytes`));
   });
+
+  it.each([
+    // campaign, seed 35: the step's data was made at 33 tokens for buffers of 32, and the native
+    // loader's refusal came out as an internal error
+    ['seqLength', 33, /training\.seqLength 33 × microBatchSize 1 is not the 32 tokens of symbol S/],
+    // these trained another step than the plan's, without a word
+    ['seqLength', 16, /training\.seqLength 16 × microBatchSize 1 is not the 32 tokens/],
+    ['numMicrobatches', 1, /training\.numMicrobatches 1 × .* is not globalBatchSize 2/],
+    ['maxVisualTokens', 33, /training\.maxVisualTokens 33 is not the 32 of symbol Nv/],
+  ])('regression: training.%s %d against the symbols', async (field, value, message) => {
+    const edited = structuredClone(planJson) as { training: Record<string, number> };
+    edited.training[field] = value;
+    writeWork(JSON.stringify(edited));
+    const r = await cli('run', work, '--steps', '1');
+    expect(r.code, r.err).toBe(2);
+    expect(r.err).toMatch(message);
+  });
 });
