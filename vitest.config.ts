@@ -1,8 +1,9 @@
+import { availableParallelism } from 'node:os';
 import { defineConfig } from 'vitest/config';
 
 /**
  * Test files that start several rank processes: each keeps the machine's cores busy by itself, so
- * they run one at a time, after the rest. The rest run two files at once: vitest's default is one
+ * they run one at a time, after the rest. The rest run a file per core: vitest's default is one
  * worker fewer than the cores, which on a 2-core machine ran every file alone while most of them
  * (compiles, simulations, one-rank runs) use one core.
  */
@@ -23,7 +24,7 @@ export default defineConfig({
           name: 'one-process',
           include: ['test/**/*.test.ts'],
           exclude: RANK_FILES,
-          maxWorkers: 2,
+          maxWorkers: availableParallelism(),
           sequence: { groupOrder: 0 },
         },
       },

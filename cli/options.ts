@@ -1,9 +1,10 @@
 // Option parsers shared by the commands: every bad value is a UserError naming the flag.
 
-import { mkdtempSync, rmdirSync, statSync, type Stats } from 'node:fs';
+import { mkdtempSync, rmdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { InvalidArgumentError } from 'commander';
 import { UserError } from '../compiler/errors.js';
+import { statOf } from '../compiler/files.js';
 
 /** a count flag's largest value: every count lfc takes fits an int32 */
 const MAX_COUNT = 2 ** 31 - 1;
@@ -108,14 +109,4 @@ function takesEntries(flag: string, path: string, dir: string): void {
     throw new UserError(`${flag} ${path}: cannot write in ${dir} (${code})`);
   }
   rmdirSync(probe);
-}
-
-/** the path's stat, or undefined where nothing is (a path under a file included) */
-function statOf(path: string): Stats | undefined {
-  try {
-    return statSync(path, { throwIfNoEntry: false });
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOTDIR') return undefined;
-    throw e;
-  }
 }

@@ -1,6 +1,6 @@
 // File-system helpers the layers above share.
 
-import { mkdirSync, statSync } from 'node:fs';
+import { mkdirSync, statSync, type Stats } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 
 /**
@@ -27,11 +27,14 @@ export function makeDirs(path: string): void {
   }
 }
 
-function isDirectory(path: string): boolean {
+const isDirectory = (path: string) => statOf(path)?.isDirectory() ?? false;
+
+/** the path's stat, or undefined where nothing is (a path under a file included) */
+export function statOf(path: string): Stats | undefined {
   try {
-    return statSync(path, { throwIfNoEntry: false })?.isDirectory() ?? false;
+    return statSync(path, { throwIfNoEntry: false });
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOTDIR') return false;
+    if ((e as NodeJS.ErrnoException).code === 'ENOTDIR') return undefined;
     throw e;
   }
 }
