@@ -158,7 +158,7 @@ function benchProgram(P: number): { spec: Omit<BenchSpec, 'comm'>; order: [Op, n
       scratch: 0,
     },
     // f32 collectives with one output, and reduce_scatter, take no scratch (compiler/plan/scratch.ts)
-    scratchBytes: { compute: 0, comm: 0, copy: 0 },
+    scratchBytes: { compute: 0, comm: 0, copy: 0, grad: 0 },
     arenaLowerBoundBytes: 0,
     buffers,
     params: [],

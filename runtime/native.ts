@@ -48,7 +48,7 @@ export interface NativeRuntimeOptions {
 /** A communicator to open: a group of the plan (index into `groups`) on a stream. */
 export interface NativeCommContext {
   readonly group: number;
-  readonly stream: 'compute' | 'comm' | 'copy';
+  readonly stream: 'compute' | 'comm' | 'copy' | 'grad';
 }
 
 /** How one rank meets the others (runtime-native/src/comm/comm.h: Config). */

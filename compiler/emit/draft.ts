@@ -339,8 +339,9 @@ export function scheduled(ins: Unscheduled, wait: readonly number[]): PlanInstru
   };
 }
 
-/** Collectives that pass results between pipeline ranks or sum gradients run on the comm stream;
- * those inside a pass run where their result is needed, on compute. */
+/** Collectives that pass results between pipeline ranks run on the comm stream and gradient sums
+ * on the grad stream (both placed by their passes); those inside a pass run where their result is
+ * needed, on compute. */
 function streamOf(node: Node): StreamName {
   return OP_TABLE[node.op].category === 'memory' ? 'copy' : 'compute';
 }

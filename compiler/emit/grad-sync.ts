@@ -6,7 +6,7 @@
 // Holds after: buckets of about 4 MiB of gradients that share their sum groups (a parameter's
 //   gradSum kinds, embd for a tied weight on two stages, and its replicas), in the order
 //   backward finishes them, each contiguous in the gradient region (the rest of the region after
-//   them); an all_reduce per group on the comm stream, issued right after the instruction that
+//   them); an all_reduce per group on the grad stream, issued right after the instruction that
 //   last writes the bucket (overlapping the rest of backward) and waiting for it. With
 //   --use-distributed-optimizer a bucket over a data-parallel group of more than one rank is
 //   reduce-scattered in place instead (this rank's block of the bucket holds its block of the
@@ -56,18 +56,17 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   // a multiple of the shard count): lay them out anew, bucket by bucket
   const params = new Map(d.params.map((p) => [p.name, p.buffer]));
   const spans = relayoutBuckets(b, buckets, params, groupSizes);
-  // sums go after the instruction that completes their bucket; the comm stream keeps that order
+  // sums go after the instruction that completes their bucket; the grad stream keeps that order
   const after = new Map<number, PlanInstruction[]>();
   const shards: OptimizerShard[] = [];
   const shardBuffers: { bucket: number; param: number }[] = [];
   const readyOf = (bucket: Bucket) =>
     Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
   // a tied weight's sum over embd (first and last stage) goes after the whole backward, every
-  // other sum and pipeline transfer, as Megatron's finalize_model_grads all-reduces the embedding
-  // gradients after the data-parallel sync: its two stages finish their buckets in different
-  // orders, and a sum over groups that span stages (the encoder's under full separation), or the
-  // last stage's sends, issued after it on one stage and before it on the other would deadlock
-  // the comm stream
+  // other sum, as Megatron's finalize_model_grads all-reduces the embedding gradients after the
+  // data-parallel sync: its two stages finish their buckets in different orders, and a sum over
+  // groups that span stages (the encoder's under full separation) issued after it on one stage
+  // and before it on the other would deadlock the grad stream
   //
   // The encoder's sums under levels 2 and 3 (over tp_dp_cp, world) go there too, after the tied
   // ones: the ranks of those groups run different programs (each encodes its own microbatches, a
@@ -84,7 +83,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
     const encoderSum = bucket.groups.some((kind) => ENCODER_SUM_KINDS.has(kind));
     let wait = ready >= 0 ? [b.record(ready)] : [];
     const issue = (ins: Omit<Unscheduled, 'stream' | 'microbatch' | 'phase' | 'scope'>) => {
-      const sync = { stream: 'comm' as const, microbatch: -1, phase: 'backward' as const };
+      const sync = { stream: 'grad' as const, microbatch: -1, phase: 'backward' as const };
       const full = scheduled({ ...sync, ...ins, scope: 'gradient_sync' }, wait);
       wait = [];
       if (tiedSum || encoderSum) {

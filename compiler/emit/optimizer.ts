@@ -1,13 +1,13 @@
 // Emission pass 6, optimizer: the optimizer step after the last gradient sum.
 //
 // Holds before: every pass and gradient sum is issued (grad-sync).
-// Holds after: the step's instructions on compute, the first waiting for the comm stream's last
-//   instruction (sums and sends): the weighted sum of squares of the local gradients and this
-//   rank's shards (each weighed by 1 / the ranks that hold a copy of it), summed over the world,
-//   the clipping factor, AdamW per parameter; with the distributed optimizer, first this rank's
-//   block of each reduce-scattered gradient bucket sliced out, then AdamW per bucket shard on this
-//   rank's slice of the parameters (from the fp32 master slice under mixed precision), then an
-//   all_gather of the updated slices.
+// Holds after: the step's instructions on compute, the first waiting for the last instruction of
+//   the comm stream (sends) and of the grad stream (sums): the weighted sum of squares of the
+//   local gradients and this rank's shards (each weighed by 1 / the ranks that hold a copy of
+//   it), summed over the world, the clipping factor, AdamW per parameter; with the distributed
+//   optimizer, first this rank's block of each reduce-scattered gradient bucket sliced out, then
+//   AdamW per bucket shard on this rank's slice of the parameters (from the fp32 master slice
+//   under mixed precision), then an all_gather of the updated slices.
 
 import type { DType } from '../../ir/dtype.js';
 import { paramsByName, type Graph, type Node, type ParamDecl } from '../../ir/graph.js';
@@ -20,10 +20,11 @@ const STEP = { microbatch: -1, phase: 'optimizer' as const, scope: 'optimizer' }
 export function lowerOptimizerStep(d: ProgramDraft, g: Graph, opts: EmitOptions): ProgramDraft {
   const b = new ProgramBuilder(g, d);
   const nodes = NodeLowering.of(g, b, d);
-  // the optimizer step waits for the comm stream's last instruction (sums and sends)
+  // the optimizer step waits for the comm stream's last instruction (sends) and the grad
+  // stream's (sums)
   let stepWait = [...d.openWaits];
-  const lastComm = b.lastOn('comm');
-  if (lastComm >= 0) stepWait = [b.record(lastComm)];
+  const last = (['comm', 'grad'] as const).map((s) => b.lastOn(s)).filter((i) => i >= 0);
+  if (last.length) stepWait = last.map((i) => b.record(i));
   const gradSlices = sliceGradients(b, d, opts, stepWait);
   if (gradSlices.length) stepWait = [];
   const stepLocal = nodes.values();

@@ -40,7 +40,7 @@ const DRAFT_PASSES: readonly DraftPass[] = [
   },
   {
     name: 'grad-sync',
-    summary: 'gradient buckets summed on the comm stream; distributed optimizer shards',
+    summary: 'gradient buckets summed on the grad stream; distributed optimizer shards',
     run: syncGradients,
   },
   {

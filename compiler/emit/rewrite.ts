@@ -123,7 +123,7 @@ export function assemble(
 }
 
 /**
- * Before each place i (0..n): the last compute instruction, and the last comm instruction that
+ * Before each place i (0..n): the last compute instruction, and the last comm or grad instruction that
  * touches the arena (-1: none). A reload into fresh arena bytes waits for both: the planner may
  * give it bytes any of them still reads or writes.
  */
@@ -137,7 +137,7 @@ export function lastArenaUsers(ctx: Ctx): { compute: Int32Array; comm: Int32Arra
     const x = ins[i];
     compute[i + 1] = x.stream === 'compute' ? i : compute[i];
     const touches = x.inputs.some(inArena) || x.outputs.some(inArena);
-    comm[i + 1] = x.stream === 'comm' && touches ? i : comm[i];
+    comm[i + 1] = (x.stream === 'comm' || x.stream === 'grad') && touches ? i : comm[i];
   }
   return { compute, comm };
 }

@@ -18,9 +18,20 @@ import type { ParamDist } from '../../ir/graph.js';
 export const PLAN_FORMAT = 'lfc-plan';
 export const PROGRAM_FORMAT = 'lfc-program';
 /** bump on any change a runtime must know about; runtimes refuse other versions */
-export const PLAN_VERSION = 3;
+export const PLAN_VERSION = 4;
 
-export const STREAMS = ['compute', 'comm', 'copy'] as const;
+/**
+ * compute  kernels, and the collectives inside a pass whose results are needed at once (tensor
+ *          and expert parallelism's)
+ * comm     what crosses pipeline stages (send/recv batches), the encoder handoff, the all-to-alls
+ *          of an overlapped step
+ * copy     offload and reload between device and host memory
+ * grad     the gradient sums and reduce-scatters of data parallelism, issued as backward finishes
+ *          each bucket and run beside the rest of backward (as Megatron's gradient buffers
+ *          reduce on their data-parallel group's own stream): on the comm stream they held up
+ *          the pipeline's sends behind them (version 4)
+ */
+export const STREAMS = ['compute', 'comm', 'copy', 'grad'] as const;
 export type StreamName = (typeof STREAMS)[number];
 
 export const BUFFER_REGIONS = [

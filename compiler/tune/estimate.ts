@@ -20,7 +20,7 @@
 // levels 0–1 in stage 0's first chunk of every microbatch; level 2 once per group of tp
 // microbatches, broadcast to the TP group; level 3 before the pipeline (each rank its share of the
 // microbatches, gathered to model-parallel rank 0) and its backward after (scattered back). Then
-// the gradient sums of the last backward, as buckets finish, on the comm stream, the gradient
+// the gradient sums of the last backward, as buckets finish, on the grad stream, the gradient
 // norm's all-reduce over every rank, and the optimizer step (the distributed optimizer: a 1/dp
 // shard and an all_gather of the parameters).
 //

@@ -76,7 +76,7 @@ describe('data parallel on 2 ranks = one rank with the global batch', () => {
       for (const r of [0, 1]) {
         const log = readFileSync(join(dp, 'logs', `rank-${r}.log`), 'utf8').split('\n');
         expect(log.find((l) => l.startsWith(`rank ${r} collectives: `))).toMatch(
-          /dp\[0\]\/comm[^;]* over shared memory/,
+          /dp\[0\]\/grad[^;]* over shared memory/,
         );
       }
 

@@ -24,7 +24,7 @@ describe('data parallel plan, tiny-vlm-moe on 4 ranks', () => {
     expect(syncs.length).toBeGreaterThan(1);
     const covered = new Map<number, number>();
     for (const s of syncs) {
-      expect(s.stream).toBe('comm');
+      expect(s.stream).toBe('grad');
       expect(s.attrs).toEqual({ group: 'dp', group_size: 4 });
       const b = p.buffers[s.inputs[0]];
       expect(b.region).toBe('grad');

@@ -55,7 +55,7 @@ function encoderGradGroups(p: ProgramFile): string[] {
   const groups = new Set<string>();
   for (const ins of p.instructions) {
     if (ins.phase === 'optimizer' || !['all_reduce', 'reduce_scatter'].includes(ins.op)) continue;
-    if (ins.stream !== 'comm') continue;
+    if (ins.stream !== 'grad') continue;
     const b = p.buffers[ins.inputs[0]];
     if (b.region !== 'grad') continue;
     const spans = (g: (typeof encoderGrads)[number]) =>

@@ -7,7 +7,11 @@ import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../cli/compile.js';
 import { UserError } from '../../compiler/errors.js';
 import { compile } from '../../compiler/pipeline.js';
-import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
+import {
+  PLAN_VERSION,
+  type PlanInstruction,
+  type ProgramFile,
+} from '../../compiler/plan/format.js';
 import { parseProgram, printProgram } from '../../compiler/plan/program-text.js';
 import { ARTICLE_30B, argvOf } from '../../examples/article-launch-lines.js';
 import { BATCH, LAYOUTS } from '../layouts.js';
@@ -78,7 +82,7 @@ describe('every emitted program round-trips through its text', () => {
 // optimizer shards
 const SAMPLE: ProgramFile = {
   format: 'lfc-program',
-  version: 3,
+  version: PLAN_VERSION,
   id: 'p0',
   regions: {
     arena: 4096,
@@ -90,7 +94,7 @@ const SAMPLE: ProgramFile = {
     host: 2048,
     scratch: 1152,
   },
-  scratchBytes: { compute: 1024, comm: 128, copy: 0 },
+  scratchBytes: { compute: 1024, comm: 128, copy: 0, grad: 0 },
   arenaLowerBoundBytes: 3072,
   buffers: [
     ...[
@@ -240,9 +244,9 @@ const SAMPLE: ProgramFile = {
   ],
 };
 
-const SAMPLE_TEXT = `program p0 format lfc-program version 3
+const SAMPLE_TEXT = `program p0 format lfc-program version ${PLAN_VERSION}
 regions arena 4096 param 131072 grad 131072 optim 131072 data 512 scalar 128 host 2048 scratch 1152
-scratch compute 1024 comm 128 copy 0
+scratch compute 1024 comm 128 copy 0 grad 0
 arena-lower-bound 3072
 events 2
 buffers 10
@@ -297,7 +301,9 @@ describe('the text of a program', () => {
     const text = printProgram(p, { instructions: (x) => ops.has(x.op) });
     const lines = text.split('\n');
     expect(lines[0]).toMatch(
-      /^program p0\.t0 format lfc-program version 3 filtered .*not parseable/,
+      new RegExp(
+        `^program p0\\.t0 format lfc-program version ${PLAN_VERSION} filtered .*not parseable`,
+      ),
     );
     const shown = lines.filter((l) => l.startsWith('  #'));
     expect(shown.map((l) => Number(/^ {2}#(\d+) /.exec(l)![1]))).toEqual(chosen);

@@ -198,7 +198,7 @@ export class ProgramBuilder {
           if (bound === undefined) throw new Error(`no bound for symbol ${s}`);
           return bound;
         })
-      : { compute: 0, comm: 0, copy: 0 };
+      : { compute: 0, comm: 0, copy: 0, grad: 0 };
     const regions = {
       ...used,
       scratch: scratchBytes.compute + scratchBytes.comm + scratchBytes.copy,

@@ -177,7 +177,7 @@ export function rankTimeline(
   };
 }
 
-const STREAM_ORDER = ['compute', 'comm', 'copy'];
+const STREAM_ORDER = ['compute', 'comm', 'grad', 'copy'];
 const streamRank = (s: string) => {
   const i = STREAM_ORDER.indexOf(s);
   return i >= 0 ? i : STREAM_ORDER.length;

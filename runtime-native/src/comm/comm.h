@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "generated/schema.h"
 
 namespace lfc::comm {
 
@@ -47,7 +48,7 @@ struct PeerFailure : CommError {
 };
 
 // The stream index of the control communicator (after schema::kStreams).
-constexpr int kControlStream = 3;
+constexpr int kControlStream = int(sizeof(schema::kStreams) / sizeof(schema::kStreams[0]));
 // The group index of the world (every rank, in rank order), for the control communicator.
 constexpr int kWorldGroup = -1;
 

@@ -3,7 +3,7 @@
 
 namespace lfc::schema {
 
-constexpr int kPlanVersion = 3;
+constexpr int kPlanVersion = 4;
 
 enum class Op : int {
   embedding,
@@ -90,7 +90,7 @@ static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<int>(Op::kCo
 // 1 for collectives (all_reduce … recv): they need a collective backend
 inline constexpr bool kOpIsCollective[] = {false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true, true, true, true, true, true, true, true, true, true, true, false, false};
 
-inline constexpr const char* kStreams[] = {"compute", "comm", "copy"};
+inline constexpr const char* kStreams[] = {"compute", "comm", "copy", "grad"};
 inline constexpr const char* kRegions[] = {"arena", "param", "grad", "optim", "data", "scalar", "host", "scratch"};
 
 }  // namespace lfc::schema
