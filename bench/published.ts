@@ -53,7 +53,22 @@
 //    the optimizer state (--use-distributed-optimizer) and keeps the weights whole, the same
 //    compute and, per step, the same gradient and parameter traffic, without FSDP's weight
 //    all-gathers before each micro-batch; lfc's expert exchange is NCCL's all-to-all, not DeepEP.
-//    Qwen3-VL-30B-A3B's decoder is Qwen3-30B-A3B.
+//    Qwen3-VL-30B-A3B's decoder is Qwen3-30B-A3B. (Inside one node lfc prices DeepEP as the
+//    all-to-all: compiler/sim/cost.ts.)
+// 6. Qwen3-235B-A22B (MoE, 128 experts, top 8, 94 layers) on 256 H100 (h100), 32 nodes, NVLink 4
+//    and InfiniBand 8 × 50 GB/s a node, Megatron-Core (moe_dev f3e6c5), DeepEP, bf16, the
+//    "cross-node EP strategy" row: tp 2 (sequence parallel), pp 8, vpp 4, ep 32, expert tp 1,
+//    dp 16, sequence 4096, micro-batch 1, global batch 2048, selective recompute of the norms and
+//    the MoE activation: 19.7 s a step, 1663 tokens/s per GPU. Megatron-MoE-ModelZoo,
+//    best_practice/Qwen3/readme.md, "Performance Results",
+//    https://github.com/yanring/Megatron-MoE-ModelZoo/blob/main/best_practice/Qwen3/readme.md
+//    lfc prices DeepEP with its node deduplication (--moe-token-dispatcher-type flex). The table
+//    states no optimizer sharding (the bench uses the distributed optimizer, as for the others)
+//    and no pipeline split (94 layers do not divide into 32 virtual stages): lfc's own split, by
+//    priced seconds. Attention as Transformer Engine picks it on Hopper (cuDNN).
+// 7. The same model, source and cluster, the "intra-node EP strategy" row with DeepEP: tp 4
+//    (sequence parallel), pp 8, vpp 4, ep 8, expert tp 1, dp 8, no recompute: 29.0 s a step,
+//    1130 tokens/s per GPU. The expert exchange stays inside a node.
 //
 // `--sensitivity` re-simulates each point's plan with one efficiency family of its profile ×0.8
 // at a time (compiler/sim/hardware.ts scaleEfficiency), to show which figures the ratio rests on.
@@ -94,6 +109,19 @@ const layout = (gpus: number, tp: number, pp: number, layers: number) => [
   ...['--tp', String(tp), '--pp', String(pp), ...(tp > 1 ? ['--sequence-parallel'] : [])],
   ...even(layers, pp),
 ];
+/** Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows: 256 H100, pp 8, vpp 4, expert tp 1, DeepEP */
+const MODEL_ZOO =
+  'https://github.com/yanring/Megatron-MoE-ModelZoo/blob/main/best_practice/Qwen3/readme.md';
+const modelZoo235b = (tp: number, ep: number) => [
+  'qwen3-vl-235b-a22b',
+  ...['--nnodes', '32', '--nproc-per-node', '8', '--tp', String(tp), '--sequence-parallel'],
+  ...['--pp', '8', '--vpp', '4', '--ep', String(ep), '--expert-tensor-parallel-size', '1'],
+  ...['--seq-length', '4096', '--micro-batch-size', '1', '--global-batch-size', '2048'],
+  ...['--moe-token-dispatcher-type', 'flex'],
+  ...BF16_DISTOPT,
+];
+/** tokens/s per GPU of a ModelZoo row's step: global batch 2048 × 4096 over 256 GPUs */
+const modelZooPerGpu = (step: number) => Math.round((2048 * 4096) / step / 256);
 /** FlagPerf's Llama 3 runs: sequence 8192, micro-batch 1, global batch 512, embeddings tied */
 const flagperfLlama3 = (model: string, gpus: number, tp: number, pp: number, layers: number) => [
   model,
@@ -162,6 +190,27 @@ const POINTS: Point[] = [
     ],
     published: 12040,
     source: 'https://github.com/NVIDIA-NeMo/Automodel/blob/main/docs/performance-summary.mdx',
+  },
+  {
+    name: 'Qwen3-235B-A22B, 256 H100, tp 2 ep 32 (Megatron-Core)',
+    hardware: 'h100',
+    attention: 'cudnn',
+    gpus: 256,
+    args: [
+      ...modelZoo235b(2, 32),
+      ...['--recompute-granularity', 'selective', '--recompute-modules', 'layernorm', 'moe_act'],
+    ],
+    published: modelZooPerGpu(19.7),
+    source: MODEL_ZOO,
+  },
+  {
+    name: 'Qwen3-235B-A22B, 256 H100, tp 4 ep 8 (Megatron-Core)',
+    hardware: 'h100',
+    attention: 'cudnn',
+    gpus: 256,
+    args: modelZoo235b(4, 8),
+    published: modelZooPerGpu(29.0),
+    source: MODEL_ZOO,
   },
 ];
 

@@ -90,7 +90,7 @@ interface CompileFlags {
   offloadTensors?: string[];
   trainingPhase?: TrainingPhase;
   attentionBackend?: AttentionBackend;
-  moeTokenDispatcherType?: 'alltoall';
+  moeTokenDispatcherType?: 'alltoall' | 'flex';
   moeExpertCapacityFactor?: number;
   moeTokenDropPolicy?: TokenDropPolicy;
   moeRoutingImbalance?: number;
@@ -107,13 +107,16 @@ type AttentionBackend = (typeof ATTENTION_BACKENDS)[number];
 const TOKEN_DROP_POLICIES = ['position', 'probs'] as const;
 type TokenDropPolicy = (typeof TOKEN_DROP_POLICIES)[number];
 
-/** Megatron's --moe-token-dispatcher-type; lfc builds the all-to-all dispatcher only. */
-function dispatcherType(v: string): 'alltoall' {
-  if (v === 'alltoall') return v;
+/**
+ * Megatron's --moe-token-dispatcher-type: alltoall, or flex (DeepEP), which moves the same rows
+ * and is priced with its node deduplication; allgather is not built.
+ */
+function dispatcherType(v: string): 'alltoall' | 'flex' {
+  if (v === 'alltoall' || v === 'flex') return v;
   throw new InvalidArgumentError(
-    v === 'allgather' || v === 'flex'
-      ? `--moe-token-dispatcher-type ${v} is not built; lfc's expert parallelism uses the alltoall dispatcher`
-      : `--moe-token-dispatcher-type must be alltoall (Megatron's allgather and flex are not built), got '${v}'`,
+    v === 'allgather'
+      ? "--moe-token-dispatcher-type allgather is not built; lfc's expert parallelism runs the alltoall and flex dispatchers"
+      : `--moe-token-dispatcher-type must be alltoall or flex (Megatron's allgather is not built), got '${v}'`,
   );
 }
 
@@ -126,7 +129,6 @@ export interface CompileRequest {
   readonly compatibility: {
     readonly trainingPhase?: TrainingPhase;
     readonly attentionBackend?: AttentionBackend;
-    readonly moeTokenDispatcherType?: 'alltoall';
   };
 }
 
@@ -486,7 +488,7 @@ function defineCompileCommand(cmd: Command): Command {
     )
     .option(
       '--moe-token-dispatcher-type <type>',
-      'MoE token dispatcher (accepted for compatibility: alltoall, the only one built)',
+      'MoE token dispatcher: alltoall (default), or flex (DeepEP: a token crosses to each node that holds one of its experts once, and is forwarded there over NVLink; the same rows move here, the step is priced so)',
       dispatcherType,
     )
     .option(
@@ -713,6 +715,7 @@ export function compileRequest(
       offloadTensors,
       moeExpertCapacityFactor: f.moeExpertCapacityFactor,
       moeTokenDropPolicy: f.moeTokenDropPolicy,
+      moeTokenDispatcher: f.moeTokenDispatcherType,
       moeRoutingImbalance: f.moeRoutingImbalance,
       moeExpectedImbalance: f.moeExpectedImbalance,
       dataProfile: f.dataProfile,
@@ -725,7 +728,6 @@ export function compileRequest(
     compatibility: {
       trainingPhase: f.trainingPhase,
       attentionBackend: f.attentionBackend,
-      moeTokenDispatcherType: f.moeTokenDispatcherType,
     },
   };
 }

@@ -196,6 +196,11 @@ export interface CompileOptions {
    * priced seconds on it (compiler/schedule/priced.ts); absent: forward FLOPs
    */
   readonly hardware?: HardwareProfile;
+  /**
+   * --moe-token-dispatcher-type: alltoall (default) or flex, DeepEP's, priced with its node
+   * deduplication (passes/parallel/expert.ts, compiler/sim/cost.ts); the plan's rows move alike
+   */
+  readonly moeTokenDispatcher?: 'alltoall' | 'flex';
   /** --moe-token-drop-policy (default: model.text_decoder.moe_token_drop_policy) */
   readonly moeTokenDropPolicy?: DecoderConfig['moe_token_drop_policy'];
   /** print the IR (or, after an emission pass, one program) after this pass */
@@ -496,6 +501,8 @@ function runShardingPasses(o: CompileOptions, l: Layout): { forward: Graph; shar
           imbalance: cfg.model.text_decoder.moe_routing_imbalance,
           expectedImbalance: cfg.model.text_decoder.moe_expected_imbalance,
           tokenSplit: l.sequenceParallel ? sizes.tp : 1,
+          dispatcher: o.moeTokenDispatcher,
+          topK: cfg.model.text_decoder.moe_router_topk,
         }),
     ],
     [

@@ -1803,7 +1803,17 @@ export const OP_TABLE = {
       'first) → received rows [out_rows, H] (a bounded symbolic dim), recv_counts i32 [P]',
     category: 'collective',
     inputs: [2, 2],
-    attrs: { ...collectiveAttrs, out_rows: attr('dims', 'received rows, one dim (bounded)') },
+    attrs: {
+      ...collectiveAttrs,
+      out_rows: attr('dims', 'received rows, one dim (bounded)'),
+      dispatcher: attr(
+        'string',
+        "an expert dispatch's token dispatcher on a GPU machine: flex (DeepEP), which sends a " +
+          'token once to each node that holds one of its experts; priced so, run alike',
+        false,
+      ),
+      top_k: attr('int', "with dispatcher: the rows a token is routed to (the router's k)", false),
+    },
     shape: ([x, counts], attrs) => {
       need(x.shape.length === 2, () => `rows must have rank 2, got ${formatShape(x.shape)}`);
       intT(counts, 'send_counts');

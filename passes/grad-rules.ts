@@ -228,9 +228,11 @@ export const GRAD_RULES = {
   all_to_all_v: rule((c) => {
     const [rows] = c.node.inputs;
     const recvCounts = c.node.outputs[1].name;
+    const { dispatcher, top_k } = c.node.attrs;
     const [drows] = c.b.op('all_to_all_v', [c.dOut(0)!, recvCounts], {
       ...groupOf(c),
       out_rows: [formatDim(c.b.typeOf(rows).shape[0])],
+      ...(dispatcher === undefined ? {} : { dispatcher, top_k }),
     });
     return [drows, undefined];
   }),

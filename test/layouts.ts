@@ -79,6 +79,13 @@ export const LAYOUTS: readonly Layout[] = [
     flags: ['--pp', '2', '--vpp', '2'],
   },
   { name: 'ep2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--ep', '2'] },
+  // DeepEP's dispatcher: the same rows move, its exchanges marked for the simulator's price
+  {
+    name: 'ep2-flex',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: ['--ep', '2', '--moe-token-dispatcher-type', 'flex'],
+  },
   // the MoE dispatch under SP: each tp rank routes its own tokens, gathered inside the tp group
   // for the experts (sequence parallelism is implied by tp and ep together)
   { name: 'tp2-ep2', model: 'tiny-vlm-moe', ranks: 4, flags: ['--tp', '2', '--ep', '2'] },

@@ -41,6 +41,17 @@
 //                   its own NIC share, both at once: max((q−1)/P · n / NVLink, (P−q)/P · n / NIC),
 //                   each link at the profile's all_to_all share of its bandwidth (also inside a
 //                   node).
+//                 an expert dispatch (or combine) of the flex dispatcher, DeepEP's (attrs
+//                   dispatcher, top_k = k; passes/parallel/expert.ts): a token crosses to each
+//                   other node that holds one of its k experts once, over the NIC share, and is
+//                   forwarded there over NVLink. At balanced routing over N nodes a token's k
+//                   rows reach (N−1)(1 − (1 − 1/N)^k) other nodes against the k(N−1)/N rows a
+//                   plain all-to-all sends off the node, so the NIC carries the off-node blocks
+//                   times N(1 − (1 − 1/N)^k)/k (0.45 for N = 4, k = 8); NVLink the local blocks
+//                   and the forwarded ones, (q−1)/P · n + (P−q)/P · n · (q−1)/q. DeepEP's normal
+//                   kernels reach the NIC's line rate across nodes (43–58 GB/s of RDMA on a
+//                   50 GB/s CX7 at EP 16–64, H800; github.com/deepseek-ai/DeepEP, README), so
+//                   both links run at the profile's all_to_all share as above.
 //                 send, recv: n over the NIC share.
 //   offload, reload   bytes / host link
 //
@@ -300,6 +311,7 @@ export function instructionCosts(
         w.bytes,
         hw.links,
         hw.efficiency?.allToAll,
+        x.attrs.dispatcher === 'flex' ? (x.attrs.top_k as number) : 0,
       );
     } else if (w.category === 'memory') {
       const link = hw.links.host;
@@ -366,13 +378,27 @@ export function collectiveSeconds(
   return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * share * 1e9);
 }
 
-/** One collective of `bytes` over a group as it lies on the machines (the header's model). */
+/**
+ * The share of a plain all-to-all's off-node bytes a flex (DeepEP) dispatch sends over the NIC:
+ * a token once to each other node that holds one of its k experts, at balanced routing over
+ * `nodes` nodes (the header's model).
+ */
+export function flexNodeShare(nodes: number, k: number): number {
+  if (nodes <= 1) return 1;
+  return Math.min(1, (nodes * (1 - (1 - 1 / nodes) ** k)) / k);
+}
+
+/**
+ * One collective of `bytes` over a group as it lies on the machines (the header's model);
+ * `flexTopK`: an all_to_all_v of the flex dispatcher, its router's k.
+ */
 export function groupCollectiveSeconds(
   op: string,
   g: GroupShape,
   bytes: number,
   links: Pick<HardwareProfile['links'], 'intraNode' | 'interNode'>,
   direct = 1,
+  flexTopK = 0,
 ): number {
   if (g.nodes <= 1) return collectiveSeconds(op, g.size, bytes, links.intraNode, direct);
   const { intraNode: nvlink, interNode: nic } = links;
@@ -381,6 +407,16 @@ export function groupCollectiveSeconds(
   const { steps, factor } = collectiveSteps(op, P);
   const latency = steps * nic.latencyUs * 1e-6;
   const GB = 1e9;
+  if (op === 'all_to_all_v' && flexTopK > 0) {
+    const off = ((P - q) / P) * bytes;
+    return (
+      latency +
+      Math.max(
+        (((q - 1) / P) * bytes + (off * (q - 1)) / q) / (nvlink.gbps * direct * GB),
+        (off * flexNodeShare(g.nodes, flexTopK)) / (nic.gbps * direct * GB),
+      )
+    );
+  }
   switch (op) {
     case 'send':
     case 'recv':

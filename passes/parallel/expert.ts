@@ -40,6 +40,15 @@ export interface ExpertParallelOptions {
    * rows, and its receive bound shrinks with them. Default 1
    */
   readonly tokenSplit?: number;
+  /**
+   * the token dispatcher of the GPU run (Megatron's --moe-token-dispatcher-type): alltoall (the
+   * default) or flex, DeepEP's, which sends a token once to each node that holds one of its
+   * experts and forwards it there over NVLink. The rows move alike on every runtime; a flex
+   * dispatch's row exchanges carry `dispatcher` and `top_k` for the simulator (cost.ts)
+   */
+  readonly dispatcher?: 'alltoall' | 'flex';
+  /** the router's top-k (with the flex dispatcher) */
+  readonly topK?: number;
 }
 
 export class ExpertParallelError extends Error {}
@@ -143,6 +152,10 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
 
   const exchanges = new Map<string, LayerExchange>();
   const coll = { group: GROUP, group_size: ep };
+  if (o.dispatcher === 'flex' && !(o.topK !== undefined && o.topK >= 1))
+    throw new ExpertParallelError('expert parallelism: the flex dispatcher needs the top-k');
+  // the exchanges of the routed rows (not of their counts)
+  const rowsColl = o.dispatcher === 'flex' ? { ...coll, dispatcher: 'flex', top_k: o.topK! } : coll;
   let layerIndex = 0;
   for (const n of g.nodes) {
     const ins = n.inputs.map((v) => {
@@ -184,7 +197,7 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
           ),
         );
         const [rowsIn, countsBack] = b.op('all_to_all_v', [rows, send], {
-          ...coll,
+          ...rowsColl,
           out_rows: [formatDim(sym)],
         });
         const sorted = b.op1('moe_sort_chunks', [rowsIn, countsIn], { inverse: false });
@@ -209,7 +222,7 @@ export function expertParallel(g: Graph, o: ExpertParallelOptions): Graph {
         // combine sets at run time to the rows it gets back (one rank: it stays at its bound)
         const unsorted = b.op1('moe_sort_chunks', [ins[0], x.countsIn], { inverse: true });
         const [back] = b.op('all_to_all_v', [unsorted, x.countsBack], {
-          ...coll,
+          ...rowsColl,
           out_rows: [x.rowsOut],
         });
         const [y] = b.op('moe_unpermute', [back, ins[1], ins[2]], n.attrs);

@@ -52,12 +52,12 @@ describe('lfc compile: the article launch lines parse into their options', () =>
         },
         offloadTensors: ['dispatched_input', 'pre_mlp_layernorm_output'],
         hardware: expect.objectContaining({ name: 'h800' }),
+        moeTokenDispatcher: 'alltoall',
       },
       output: 'DIR',
       compatibility: {
         trainingPhase: 'sft',
         attentionBackend: 'flash',
-        moeTokenDispatcherType: 'alltoall',
       },
     });
   });

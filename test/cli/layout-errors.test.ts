@@ -206,7 +206,7 @@ const FLAG_CASES: [string, string[], RegExp][] = [
   [
     "Megatron's allgather dispatcher",
     ['tiny-vlm-moe', '--moe-token-dispatcher-type', 'allgather'],
-    /--moe-token-dispatcher-type allgather is not built; lfc's expert parallelism uses the alltoall dispatcher/,
+    /--moe-token-dispatcher-type allgather is not built; lfc's expert parallelism runs the alltoall and flex dispatchers/,
   ],
   [
     'an unknown dispatcher',

@@ -340,8 +340,9 @@ const CollectiveEntry* entryOf(Op op) {
                                          run_all_gather};
   static const CollectiveEntry reduceScatter{1, 1, 1, 1, kGroup, true, run_reduce_scatter};
   static const CollectiveEntry broadcast{1, 1, 1, 1, "group:string,group_size:int,root:int", true, run_broadcast};
-  static const CollectiveEntry allToAllV{2, 2, 2, 2, "group:string,group_size:int,out_rows:dims", false,
-                                         run_all_to_all_v};
+  // dispatcher and top_k: how a GPU machine prices an expert dispatch (ir/ops.ts); the rows move alike
+  static const CollectiveEntry allToAllV{
+      2, 2, 2, 2, "group:string,group_size:int,out_rows:dims,dispatcher?:string,top_k?:int", false, run_all_to_all_v};
   static const CollectiveEntry gatherV{1, 1, 1, 1 << 16, "group:string,group_size:int,root:int,out_rows:dims", false,
                                        run_gather_v};
   static const CollectiveEntry scatterV{1, 1 << 16, 1, 1, "group:string,group_size:int,root:int,out_rows:dims", false,
