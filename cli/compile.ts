@@ -111,7 +111,7 @@ type TokenDropPolicy = (typeof TOKEN_DROP_POLICIES)[number];
  * Megatron's --moe-token-dispatcher-type: alltoall, or flex (DeepEP), which moves the same rows
  * and is priced with its node deduplication; allgather is not built.
  */
-function dispatcherType(v: string): 'alltoall' | 'flex' {
+export function dispatcherType(v: string): 'alltoall' | 'flex' {
   if (v === 'alltoall' || v === 'flex') return v;
   throw new InvalidArgumentError(
     v === 'allgather'

@@ -16,7 +16,7 @@ import { FEATURES, KNOBS, parseExclude, parseFix } from '../compiler/tune/space.
 import { simulatedOn } from '../compiler/sim/report.js';
 import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tune-pool.js';
 import { join } from 'node:path';
-import { addCompileCommand, mib } from './compile.js';
+import { addCompileCommand, dispatcherType, mib } from './compile.js';
 import type { CliIO } from './index.js';
 import { positiveInt, positiveNumber } from './options.js';
 
@@ -29,6 +29,7 @@ interface TuneFlags {
   globalBatchSize?: number;
   bf16?: boolean;
   dataProfile?: string;
+  moeTokenDispatcherType?: 'alltoall' | 'flex';
   top: number;
   fix: string[];
   exclude: string[];
@@ -71,6 +72,11 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
     )
     .option('--bf16', 'bf16 mixed precision')
     .option('--data-profile <name|file>', 'what a packed microbatch holds (configs/data)')
+    .option(
+      '--moe-token-dispatcher-type <type>',
+      "the MoE token dispatcher of every layout: alltoall (default), or flex (DeepEP's, priced with its node deduplication)",
+      dispatcherType,
+    )
     .option('--top <k>', 'layouts to print', positiveInt('--top'), 5)
     .option(
       '--fix <knob=value...>',
@@ -136,6 +142,9 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         String(globalBatchSize),
         ...(f.bf16 ? ['--bf16'] : []),
         ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
+        ...(f.moeTokenDispatcherType
+          ? ['--moe-token-dispatcher-type', f.moeTokenDispatcherType]
+          : []),
         // the pipeline split balances priced seconds on it: part of the layout's line
         ...['--hardware', hardware],
         ...(f.attentionKernel ? ['--attention-kernel', f.attentionKernel] : []),

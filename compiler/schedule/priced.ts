@@ -55,6 +55,8 @@ export interface NodeWork {
   readonly op: OpKind;
   /** a collective's group kind */
   readonly group?: string;
+  /** an expert exchange of the flex dispatcher: its router's k (cost.ts groupCollectiveSeconds) */
+  readonly flexTopK?: number;
   /** compute: bytes read and written; collective: the larger of sent and received; memory: read */
   readonly bytes: number;
   readonly flops: number;
@@ -118,6 +120,7 @@ export function graphWork(
         group: String(n.attrs.group),
         bytes: Math.max(bytes(ins), bytes(outs)),
         flops: 0,
+        ...(n.attrs.dispatcher === 'flex' ? { flexTopK: n.attrs.top_k as number } : {}),
       });
     else if (info.category === 'memory') out.push({ ...common, bytes: bytes(ins), flops: 0 });
     else {
@@ -138,7 +141,14 @@ export function graphWork(
 /** One node's seconds as the simulator prices its instruction; `shape`: a collective's group. */
 export function workSeconds(w: NodeWork, hw: HardwareProfile, shape?: GroupShape): number {
   if (w.category === 'collective')
-    return groupCollectiveSeconds(w.op, shape!, w.bytes, hw.links, hw.efficiency?.allToAll);
+    return groupCollectiveSeconds(
+      w.op,
+      shape!,
+      w.bytes,
+      hw.links,
+      hw.efficiency?.allToAll,
+      w.flexTopK,
+    );
   if (w.category === 'memory') {
     const link = hw.links.host;
     return link.latencyUs * 1e-6 + w.bytes / (link.gbps * 1e9);

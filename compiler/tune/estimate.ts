@@ -73,8 +73,11 @@ export interface Estimate {
   readonly peakExpected: number;
 }
 
-/** Collectives of one piece, summed by op and group: the cost is affine in bytes. */
-type Comms = Map<string, { op: string; group: string; count: number; bytes: number }>;
+/** Collectives of one piece, summed by op, group and flex top-k: the cost is affine in bytes. */
+type Comms = Map<
+  string,
+  { op: string; group: string; count: number; bytes: number; flexTopK: number }
+>;
 
 /** One piece's work in one direction: compute seconds and collectives (exchange apart). */
 interface Work {
@@ -292,10 +295,23 @@ interface StagedPasses {
 
 const total = (x: Seconds) => x.other + x.a2a;
 
-/** One collective of `bytes` over the group of `kind` of the layout. */
-function collective(c: LayoutContext, op: string, kind: string, bytes: number): number {
+/** One collective of `bytes` over the group of `kind` of the layout (flexTopK: cost.ts). */
+function collective(
+  c: LayoutContext,
+  op: string,
+  kind: string,
+  bytes: number,
+  flexTopK = 0,
+): number {
   const { hw } = c;
-  return groupCollectiveSeconds(op, c.shapeOf(kind), bytes, hw.links, hw.efficiency?.allToAll);
+  return groupCollectiveSeconds(
+    op,
+    c.shapeOf(kind),
+    bytes,
+    hw.links,
+    hw.efficiency?.allToAll,
+    flexTopK,
+  );
 }
 
 /** A piece's work priced on the layout's groups (collectives are affine in their bytes). */
@@ -303,8 +319,8 @@ function pricedWork(c: LayoutContext, w: Work): Seconds {
   const comm = (m: Comms) => {
     let s = 0;
     for (const x of m.values()) {
-      const zero = collective(c, x.op, x.group, 0);
-      s += x.count * zero + (collective(c, x.op, x.group, x.bytes) - zero);
+      const zero = collective(c, x.op, x.group, 0, x.flexTopK);
+      s += x.count * zero + (collective(c, x.op, x.group, x.bytes, x.flexTopK) - zero);
     }
     return s;
   };
@@ -722,12 +738,19 @@ class RankGraph {
     }
     if (x.op === 'send' || x.op === 'recv') return;
     const into = x.op === 'all_to_all_v' ? w.a2a : w.comms;
-    const k = `${x.op}|${x.group}`;
+    const k = `${x.op}|${x.group}|${x.flexTopK ?? 0}`;
     const e = into.get(k);
     if (e) {
       e.count++;
       e.bytes += x.bytes;
-    } else into.set(k, { op: x.op, group: x.group!, count: 1, bytes: x.bytes });
+    } else
+      into.set(k, {
+        op: x.op,
+        group: x.group!,
+        count: 1,
+        bytes: x.bytes,
+        flexTopK: x.flexTopK ?? 0,
+      });
   }
 }
 

@@ -256,6 +256,21 @@ describe('lfc tune', () => {
     expect(fa2.forecast.tokensPerSecond).toBeLessThan(fa3.forecast.tokensPerSecond);
   }, 300_000);
 
+  it('--moe-token-dispatcher-type flex prices expert parallelism over nodes as DeepEP, in the compile line too', async () => {
+    // 2 nodes of 2: ep 4 crosses the nodes
+    const fixed = ['--nnodes', '2', '--nproc-per-node', '2'];
+    const pin = ['--fix', 'tp=1', '--fix', 'pp=1', '--fix', 'ep=4', '--fix', 'mbs=1'];
+    const best = async (...more: string[]) => {
+      const r = await tune(...fixed, ...pin, '--top', '1', ...more, '--json');
+      expect(r.code).toBe(0);
+      return (JSON.parse(r.out) as TuneJson).layouts[0];
+    };
+    const [plain, flex] = [await best(), await best('--moe-token-dispatcher-type', 'flex')];
+    expect(plain.compileLine).not.toMatch(/--moe-token-dispatcher-type/);
+    expect(flex.compileLine).toMatch(/ --moe-token-dispatcher-type flex /);
+    expect(flex.forecast.tokensPerSecond).toBeGreaterThan(plain.forecast.tokensPerSecond);
+  }, 300_000);
+
   it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {
     const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2'];
     const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-plans-'));
