@@ -860,6 +860,7 @@ function reportJson(
     ...(o.encoder?.recompute ? ['--full-hetero-dp-encoder-recompute'] : []),
     ...(result.precision.compute === 'bf16' ? ['--bf16'] : []),
     ...(o.gradientAccumulationFusion === false ? ['--no-gradient-accumulation-fusion'] : []),
+    ...(o.moeTokenDispatcher === 'flex' ? ['--moe-token-dispatcher-type flex'] : []),
   ];
   return {
     output: f.output,
@@ -899,6 +900,11 @@ function report(
       ...describePlacement(result).map((l) => `  ${l}`),
       `  sequence ${t.seqLength} × micro-batch ${t.microBatchSize}, ${t.numMicrobatches} microbatches per step per data-parallel rank, ≤ ${t.maxVisualTokens} visual tokens each (data profile ${result.data.profile}: ${result.data.sizes.expected.visualTokens} expected)`,
       `  precision: ${describePrecision(result.precision)}`,
+      ...(request.options.moeTokenDispatcher === 'flex'
+        ? [
+            "  MoE dispatcher: flex (DeepEP's): the expert exchanges priced with its node deduplication; the rows move as the all-to-all's",
+          ]
+        : []),
       `  graph: ${result.graph.nodes.length} nodes (${result.stats.autodiff.backwardNodes} backward, ${result.stats.autodiff.optimizerNodes} optimizer), ${result.stats.autodiff.trainableParams} trainable tensors on each rank`,
       `  program${programs > 1 ? 's (largest)' : ''}: ${e.instructions} instructions, ${e.buffers} buffers; plan verified in ${(result.stats.verify.ms / 1000).toFixed(2)} s`,
       `  activation arena ${mib(e.arenaBytes)} (liveness lower bound ${mib(e.arenaLowerBoundBytes)}, ×${(e.arenaBytes / e.arenaLowerBoundBytes).toFixed(3)})`,

@@ -2,12 +2,16 @@
 // rows as the all-to-all dispatcher and marks its expert exchanges, and the cost model prices
 // them with DeepEP's node deduplication (compiler/sim/cost.ts). The deduplicated share is held to
 // a count over every way a token's experts can fall on the nodes; the step to the plain one.
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
 import type { PlanInstruction, ProgramFile } from '../../compiler/plan/format.js';
 import { flexNodeShare, groupCollectiveSeconds } from '../../compiler/sim/cost.js';
 import { loadHardware } from '../../compiler/sim/hardware.js';
 import { simulatePlan } from '../../compiler/sim/simulate.js';
+import { cli } from '../helpers.js';
 
 /**
  * Over every assignment of a token's k rows to N nodes (each row's node uniform and independent,
@@ -120,5 +124,21 @@ describe('the flex dispatcher: DeepEP node deduplication', () => {
     expect(flex.step).toBeLessThan(plain.step);
     const oneNode = { ...base, nnodes: 1, nprocPerNode: 4 };
     expect(compiled({ ...oneNode, moeTokenDispatcher: 'flex' }).step).toBe(compiled(oneNode).step);
+  });
+
+  const dir = mkdtempSync(join(tmpdir(), 'lfc-flex-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  it('lfc compile says which dispatcher it priced, and report.json lists the flag', async () => {
+    const r = await cli(
+      'compile',
+      ...['tiny-vlm-moe', '--nnodes', '2', '--nproc-per-node', '2', '--ep', '4'],
+      ...['--moe-token-dispatcher-type', 'flex', '--hardware', 'h100', '-o', dir],
+    );
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/\n {2}MoE dispatcher: flex \(DeepEP's\)/);
+    const report = JSON.parse(readFileSync(join(dir, 'report.json'), 'utf8')) as {
+      features: string[];
+    };
+    expect(report.features).toContain('--moe-token-dispatcher-type flex');
   });
 });
