@@ -123,9 +123,9 @@ export function assemble(
 }
 
 /**
- * Before each place i (0..n): the last compute instruction, and the last comm or grad instruction that
- * touches the arena (-1: none). A reload into fresh arena bytes waits for both: the planner may
- * give it bytes any of them still reads or writes.
+ * Before each place i (0..n): the last compute instruction, and the last comm or grad instruction
+ * that touches the arena (-1: none). A reload into fresh arena bytes waits for both: the planner
+ * may give it bytes any of them still reads or writes.
  */
 export function lastArenaUsers(ctx: Ctx): { compute: Int32Array; comm: Int32Array } {
   const { ins, buffers } = ctx;

@@ -20,6 +20,7 @@ import type { Attrs, TensorType } from '../../ir/types.js';
 import type { GroupKind, Topology } from '../parallel/topology.js';
 import {
   elementBytes,
+  flexTopKOf,
   groupCollectiveSeconds,
   isMixed,
   kernelSeconds,
@@ -55,7 +56,7 @@ export interface NodeWork {
   readonly op: OpKind;
   /** a collective's group kind */
   readonly group?: string;
-  /** an expert exchange of the flex dispatcher: its router's k (cost.ts groupCollectiveSeconds) */
+  /** an expert exchange of the flex dispatcher: its router's k, else 0 (cost.ts flexTopKOf) */
   readonly flexTopK?: number;
   /** compute: bytes read and written; collective: the larger of sent and received; memory: read */
   readonly bytes: number;
@@ -120,7 +121,7 @@ export function graphWork(
         group: String(n.attrs.group),
         bytes: Math.max(bytes(ins), bytes(outs)),
         flops: 0,
-        ...(n.attrs.dispatcher === 'flex' ? { flexTopK: n.attrs.top_k as number } : {}),
+        flexTopK: flexTopKOf(n.attrs),
       });
     else if (info.category === 'memory') out.push({ ...common, bytes: bytes(ins), flops: 0 });
     else {

@@ -311,7 +311,7 @@ export function instructionCosts(
         w.bytes,
         hw.links,
         hw.efficiency?.allToAll,
-        x.attrs.dispatcher === 'flex' ? (x.attrs.top_k as number) : 0,
+        flexTopKOf(x.attrs),
       );
     } else if (w.category === 'memory') {
       const link = hw.links.host;
@@ -376,6 +376,11 @@ export function collectiveSeconds(
   const { steps, factor } = collectiveSteps(op, P);
   const share = DIRECT.has(op) ? direct : 1;
   return steps * link.latencyUs * 1e-6 + (factor * bytes) / (link.gbps * share * 1e9);
+}
+
+/** An expert exchange's router k if the flex dispatcher runs it (its attrs), else 0. */
+export function flexTopKOf(attrs: Readonly<Record<string, unknown>>): number {
+  return attrs.dispatcher === 'flex' ? (attrs.top_k as number) : 0;
 }
 
 /**

@@ -82,7 +82,6 @@ describe('the flex dispatcher: DeepEP node deduplication', () => {
     parallel: { ep: 4 },
     globalBatchSize: 8,
     microBatchSize: 1,
-    skipVerify: false,
   };
   const h100 = loadHardware('h100');
   const compiled = (o: CompileOptions) => {
