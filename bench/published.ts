@@ -72,6 +72,15 @@
 // 8. Point 6's row again with the "+1f1b overlap" note: the MoE all-to-all overlap of one
 //    microbatch's forward with another's backward (lfc: --overlap-moe-expert-parallel-comm
 //    --delay-wgrad-compute): 17.6 s a step, 1862 tokens/s per GPU.
+// 9. The same model, source and cluster, the "Long Context" table's row at sequence 16384 (cp 1,
+//    the one row without context parallelism, which lfc lacks): tp 4 (sequence parallel), pp 8,
+//    vpp 4, ep 8, expert tp 1, global batch 256, DeepEP, selective recompute of the norms and the
+//    whole MoE block (its command line), routing forced balanced
+//    (--moe-router-force-load-balancing): 295 TFLOP/s per GPU, 1440 tokens/s per GPU over
+//    Megatron's FLOP count (modelZooFlopsPerToken). The same run dropless: 237 TFLOP/s, 1157. lfc
+//    prices balanced routing unless told the busiest expert rank's share
+//    (--moe-expected-imbalance): the bench prints the share at which lfc's step is the dropless
+//    run's. This is point 7's layout family (tp 4, ep 8, expert tp 1) at four times the sequence.
 //
 // `--sensitivity` re-simulates each point's plan with one efficiency family of its profile ×0.8
 // at a time (compiler/sim/hardware.ts scaleEfficiency), to show which figures the ratio rests on.
@@ -108,6 +117,8 @@ interface Point {
   args: string[];
   /** the published tokens/s per GPU */
   published: number;
+  /** where the point's routing was forced balanced: the same run's tokens/s per GPU dropless */
+  dropless?: number;
   source: string;
 }
 
@@ -130,11 +141,12 @@ const layout = (gpus: number, tp: number, pp: number, layers: number) => [
 /** Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows: 256 H100, pp 8, vpp 4, expert tp 1, DeepEP */
 const MODEL_ZOO =
   'https://github.com/yanring/Megatron-MoE-ModelZoo/blob/main/best_practice/Qwen3/readme.md';
-const modelZoo235b = (tp: number, ep: number) => [
+const modelZoo235b = (tp: number, ep: number, seq = 4096, globalBatch = 2048) => [
   'qwen3-vl-235b-a22b',
   ...['--nnodes', '32', '--nproc-per-node', '8', '--tp', String(tp), '--sequence-parallel'],
   ...['--pp', '8', '--vpp', '4', '--ep', String(ep), '--expert-tensor-parallel-size', '1'],
-  ...['--seq-length', '4096', '--micro-batch-size', '1', '--global-batch-size', '2048'],
+  ...['--seq-length', String(seq), '--micro-batch-size', '1'],
+  ...['--global-batch-size', String(globalBatch)],
   ...['--moe-token-dispatcher-type', 'flex'],
   ...BF16_DISTOPT,
 ];
@@ -145,6 +157,28 @@ const modelZooCrossNode = [
 ];
 /** tokens/s per GPU of a ModelZoo row's step: global batch 2048 × 4096 over 256 GPUs */
 const modelZooPerGpu = (step: number) => Math.round((2048 * 4096) / step / 256);
+/**
+ * FLOPs a token of Qwen3-235B-A22B at sequence `seq`, as Megatron-LM counts them for its TFLOP/s
+ * (megatron/training/training.py, num_floating_point_operations, with causal attention):
+ * 12·L·h²·((1 + g/a + s/2h)·a·d/h + k·(3/2)·F/h) + 6·h·V, L 94 layers, hidden h 4096, a 64 heads
+ * of d 128 in g 4 groups, top k 8 of experts with F 1536 (SwiGLU: 3/2), vocabulary V 151936. The
+ * Model Zoo's long-context table gives TFLOP/s per GPU, not steps; over this count they are
+ * tokens/s. Its main table checks the count: each row's step × TFLOP/s is this count × 2048 × 4096
+ * tokens / 256 GPUs within 0.5% (printed by the bench).
+ */
+function modelZooFlopsPerToken(seq: number): number {
+  const [L, h, a, d, g, k, F, V] = [94, 4096, 64, 128, 4, 8, 1536, 151936];
+  return (
+    12 * L * h * h * ((1 + g / a + seq / (2 * h)) * ((a * d) / h) + (k * 1.5 * F) / h) + 6 * h * V
+  );
+}
+/** the main table's rows: step s, TFLOP/s per GPU (sequence 4096, global batch 2048, 256 GPUs) */
+const MODEL_ZOO_ROWS: [number, number][] = [
+  [19.7, 245],
+  [17.6, 276],
+  [24.2, 200],
+  [29.0, 167],
+];
 /** FlagPerf's Llama 3 runs: sequence 8192, micro-batch 1, global batch 512, embeddings tied */
 const flagperfLlama3 = (model: string, gpus: number, tp: number, pp: number, layers: number) => [
   model,
@@ -244,6 +278,19 @@ const POINTS: Point[] = [
     published: modelZooPerGpu(17.6),
     source: MODEL_ZOO,
   },
+  {
+    name: 'Qwen3-235B-A22B, 256 H100, tp 4 ep 8, sequence 16k',
+    hardware: 'h100',
+    attention: 'cudnn',
+    gpus: 256,
+    args: [
+      ...modelZoo235b(4, 8, 16384, 256),
+      ...['--recompute-granularity', 'selective', '--recompute-modules', 'layernorm', 'moe'],
+    ],
+    published: Math.round(295e12 / modelZooFlopsPerToken(16384)),
+    dropless: Math.round(237e12 / modelZooFlopsPerToken(16384)),
+    source: `${MODEL_ZOO} ("Long Context", sequence 16384, cp 1)`,
+  },
 ];
 
 /** FlagPerf's ablation of point 1 on the A800 machine: tp, pp, published tokens/s per GPU */
@@ -299,9 +346,31 @@ POINTS.forEach((p, k) => {
     );
     console.log(`     ratio with one family ×0.8: ${moved.join(', ')}`);
   }
+  if (p.dropless) droplessShare(p, x.step);
   console.log(`     source: ${p.source}`);
 });
 console.log(`${within} of ${shown} points within ±15% (issue 17, item 2: at least three)`);
+console.log(
+  `Megatron's FLOP count (point 9's conversion) against the Model Zoo's main table: step × TFLOP/s over the count, ${MODEL_ZOO_ROWS.map(([step, tf]) => ((step * tf * 1e12 * 256) / (2048 * 4096 * modelZooFlopsPerToken(4096))).toFixed(3)).join(', ')}`,
+);
+
+/**
+ * A forced-balance point's dropless run: the busiest expert rank's share of the routing
+ * (--moe-expected-imbalance) at which lfc's step is the dropless run's, by the secant through lfc's
+ * balanced step and its step at 1.5, then that share compiled to check it.
+ */
+function droplessShare(p: Point, balanced: number): void {
+  const stepAt = (f: number) =>
+    predict([...p.args, '--moe-expected-imbalance', String(f)], p.hardware, p.attention).step;
+  const target = (balanced * p.published) / p.dropless!;
+  const at15 = stepAt(1.5);
+  const f = 1 + (0.5 * (target - balanced)) / (at15 - balanced);
+  const share = Math.round(f * 100) / 100;
+  const check = stepAt(share);
+  console.log(
+    `     dropless: published ${p.dropless} tokens/s per GPU (${(p.dropless! / p.published).toFixed(2)} of forced), a ${target.toFixed(2)} s step; lfc reaches it at --moe-expected-imbalance ${share.toFixed(2)} (${check.toFixed(2)} s; balanced ${balanced.toFixed(2)} s, 1.5 ${at15.toFixed(2)} s)`,
+  );
+}
 
 if (process.argv.includes('--ablation')) {
   console.log("FlagPerf's Llama 3 8B layouts on 8 A800 (point 1's source), Megatron's even split:");
