@@ -18,7 +18,7 @@ import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tun
 import { join } from 'node:path';
 import { addCompileCommand, dispatcherType, mib } from './compile.js';
 import type { CliIO } from './index.js';
-import { positiveInt, positiveNumber } from './options.js';
+import { atLeastOne, positiveInt, positiveNumber } from './options.js';
 
 interface TuneFlags {
   nnodes?: number;
@@ -30,6 +30,7 @@ interface TuneFlags {
   bf16?: boolean;
   dataProfile?: string;
   moeTokenDispatcherType?: 'alltoall' | 'flex';
+  moeExpectedImbalance?: number;
   top: number;
   fix: string[];
   exclude: string[];
@@ -76,6 +77,11 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       '--moe-token-dispatcher-type <type>',
       "the MoE token dispatcher of every layout: alltoall (default), or flex (DeepEP's, priced with its node deduplication)",
       dispatcherType,
+    )
+    .option(
+      '--moe-expected-imbalance <f>',
+      "the busiest expert-parallel rank's rows as a multiple of balanced routing's, for every layout (default: the model's, else 1: balanced). The model zoo's dropless Qwen3-235B-A22B run at tp 4, ep 8 matches 1.49 (docs/tune.md)",
+      atLeastOne('--moe-expected-imbalance'),
     )
     .option('--top <k>', 'layouts to print', positiveInt('--top'), 5)
     .option(
@@ -144,6 +150,9 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
         ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
         ...(f.moeTokenDispatcherType
           ? ['--moe-token-dispatcher-type', f.moeTokenDispatcherType]
+          : []),
+        ...(f.moeExpectedImbalance
+          ? ['--moe-expected-imbalance', String(f.moeExpectedImbalance)]
           : []),
         // the pipeline split balances priced seconds on it: part of the layout's line
         ...['--hardware', hardware],

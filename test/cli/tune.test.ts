@@ -271,6 +271,22 @@ describe('lfc tune', () => {
     expect(flex.forecast.tokensPerSecond).toBeGreaterThan(plain.forecast.tokensPerSecond);
   }, 300_000);
 
+  it('--moe-expected-imbalance prices every layout at the busiest expert rank, in the compile line too', async () => {
+    const fixed = ['--fix', 'tp=1', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
+    const best = async (...more: string[]) => {
+      const r = await tune(...fixed, '--top', '1', ...more, '--json');
+      expect(r.code).toBe(0);
+      return (JSON.parse(r.out) as TuneJson).layouts[0];
+    };
+    const [balanced, skewed] = [await best(), await best('--moe-expected-imbalance', '1.5')];
+    expect(balanced.compileLine).not.toMatch(/--moe-expected-imbalance/);
+    expect(skewed.compileLine).toMatch(/ --moe-expected-imbalance 1\.5 /);
+    expect(skewed.forecast.tokensPerSecond).toBeLessThan(balanced.forecast.tokensPerSecond);
+    const bad = await tune(...fixed, '--moe-expected-imbalance', '0.5');
+    expect(bad.code).toBe(2);
+    expect(bad.err).toMatch(/--moe-expected-imbalance/);
+  }, 300_000);
+
   it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {
     const fixed = ['--fix', 'tp=2', '--fix', 'pp=1', '--fix', 'ep=2'];
     const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-plans-'));
