@@ -74,6 +74,8 @@ interface CompileFlags {
   accumulateAllreduceGradsInFp32?: boolean;
   microbatchGroupSizePerVpStage?: number;
   decoderFirstPipelineNumLayers?: number;
+  accountForEmbeddingInPipelineSplit?: boolean;
+  accountForLossInPipelineSplit?: boolean;
   decoderLastPipelineNumLayers?: number;
   enableEncoderHeteroDp?: boolean;
   enableFullHeteroDp?: boolean;
@@ -425,6 +427,14 @@ function defineCompileCommand(cmd: Command): Command {
       positiveInt('--decoder-last-pipeline-num-layers'),
     )
     .option(
+      '--account-for-embedding-in-pipeline-split',
+      "Megatron's even split with the embedding counted as a layer: the first virtual stage holds one layer fewer",
+    )
+    .option(
+      '--account-for-loss-in-pipeline-split',
+      "Megatron's even split with lm_head and the loss counted as a layer: the last virtual stage holds one layer fewer",
+    )
+    .option(
       '--enable-encoder-hetero-dp',
       'level 2, hetero DP: each decoder TP rank encodes its own microbatches (encoder TP 1)',
     )
@@ -706,6 +716,8 @@ export function compileRequest(
       microbatchGroupSize: f.microbatchGroupSizePerVpStage,
       decoderFirstPipelineNumLayers: f.decoderFirstPipelineNumLayers,
       decoderLastPipelineNumLayers: f.decoderLastPipelineNumLayers,
+      accountForEmbeddingInPipelineSplit: f.accountForEmbeddingInPipelineSplit,
+      accountForLossInPipelineSplit: f.accountForLossInPipelineSplit,
       optimizer: f.lr !== undefined ? { lr: f.lr } : {},
       encoder: anyGiven(encoder) ? encoder : undefined,
       moeOverlap: anyGiven(moeOverlap) ? moeOverlap : undefined,

@@ -162,6 +162,10 @@ export interface CompileOptions {
   readonly microbatchGroupSize?: number;
   readonly decoderFirstPipelineNumLayers?: number;
   readonly decoderLastPipelineNumLayers?: number;
+  /** --account-for-embedding-in-pipeline-split: the embedding takes a layer's place in the split */
+  readonly accountForEmbeddingInPipelineSplit?: boolean;
+  /** --account-for-loss-in-pipeline-split: lm_head and the loss take a layer's place */
+  readonly accountForLossInPipelineSplit?: boolean;
   /** --use-distributed-optimizer */
   readonly distributedOptimizer?: boolean;
   /** --bf16, --grad-reduce-in-bf16, …: compiler/frontend/precision.ts */
@@ -437,6 +441,8 @@ function resolveLayout(o: CompileOptions, loaded?: ModelConfig): Layout {
     microbatchGroupSize: o.microbatchGroupSize,
     decoderFirstPipelineNumLayers: o.decoderFirstPipelineNumLayers,
     decoderLastPipelineNumLayers: o.decoderLastPipelineNumLayers,
+    accountForEmbeddingInPipelineSplit: o.accountForEmbeddingInPipelineSplit,
+    accountForLossInPipelineSplit: o.accountForLossInPipelineSplit,
     sequenceParallel,
     encoder: o.encoder,
     moeOverlap: o.moeOverlap,
@@ -628,10 +634,14 @@ function splitStages(o: CompileOptions, l: Layout, forward: Graph, graph: Graph)
           encoderOnStage0: placement.level < 3,
           firstStageLayers: o.decoderFirstPipelineNumLayers,
           lastStageLayers: o.decoderLastPipelineNumLayers,
+          accountForEmbedding: o.accountForEmbeddingInPipelineSplit,
+          accountForLoss: o.accountForLossInPipelineSplit,
           weights:
             o.hardware &&
             o.decoderFirstPipelineNumLayers === undefined &&
-            o.decoderLastPipelineNumLayers === undefined
+            o.decoderLastPipelineNumLayers === undefined &&
+            !o.accountForEmbeddingInPipelineSplit &&
+            !o.accountForLossInPipelineSplit
               ? pricedWeights(l, graph, o.hardware)
               : undefined,
         })

@@ -78,6 +78,18 @@ export const LAYOUTS: readonly Layout[] = [
     ranks: 2,
     flags: ['--pp', '2', '--vpp', '2'],
   },
+  // Megatron's even split with the embedding and the loss counted as layers: 4 layers + 2 over
+  // 6 virtual stages, so stage 0's first chunk holds only the embedding (and the encoder) and
+  // stage 1's last only lm_head and the loss
+  {
+    name: 'pp2-vpp3-account-for',
+    model: 'tiny-vlm-moe',
+    ranks: 2,
+    flags: [
+      ...['--pp', '2', '--vpp', '3'],
+      ...['--account-for-embedding-in-pipeline-split', '--account-for-loss-in-pipeline-split'],
+    ],
+  },
   { name: 'ep2', model: 'tiny-vlm-moe', ranks: 2, flags: ['--ep', '2'] },
   // DeepEP's dispatcher: the same rows move, its exchanges marked for the simulator's price
   {

@@ -28,6 +28,10 @@ export interface LayoutContext extends SizesContext {
   readonly decoderFirstPipelineNumLayers?: number;
   /** --decoder-last-pipeline-num-layers */
   readonly decoderLastPipelineNumLayers?: number;
+  /** --account-for-embedding-in-pipeline-split */
+  readonly accountForEmbeddingInPipelineSplit?: boolean;
+  /** --account-for-loss-in-pipeline-split */
+  readonly accountForLossInPipelineSplit?: boolean;
   /** --sequence-parallel */
   readonly sequenceParallel?: boolean;
   /** encoder levels: --enable-encoder-hetero-dp, --enable-full-hetero-dp and their options */
@@ -253,12 +257,43 @@ const MODEL_RULES: readonly LayoutRule[] = [
   {
     id: 'pp-layers',
     // lfc balances layers by cost, so any L ≥ p·v works; each virtual stage needs one layer
-    check: ({ sizes: s, config }) => {
+    // (pp-account-for: the embedding or the loss may take a layer's place)
+    check: (ctx) => {
+      const { sizes: s, config } = ctx;
+      if (ctx.accountForEmbeddingInPipelineSplit || ctx.accountForLossInPipelineSplit)
+        return undefined;
       const layers = config.model.text_decoder.num_layers;
       const stages = s.pp * s.vpp;
       return layers >= stages
         ? undefined
         : `${layers} decoder layers cannot fill pp·vpp = ${stages} virtual stages (pipeline ${s.pp} × virtual ${s.vpp}); each needs at least one layer`;
+    },
+  },
+  {
+    id: 'pp-account-for',
+    // Megatron's rule: with the embedding and/or the loss counted as layers, the pieces split
+    // evenly over the virtual stages; not with the first/last-stage counts
+    check: (ctx) => {
+      const e = ctx.accountForEmbeddingInPipelineSplit ?? false;
+      const l = ctx.accountForLossInPipelineSplit ?? false;
+      if (!e && !l) return undefined;
+      const flags = [
+        ...(e ? ['--account-for-embedding-in-pipeline-split'] : []),
+        ...(l ? ['--account-for-loss-in-pipeline-split'] : []),
+      ].join(' and ');
+      const { sizes: s } = ctx;
+      if (s.pp === 1) return `${flags} needs pipeline parallelism (${SIZE_FLAGS.pp} is 1)`;
+      if (
+        ctx.decoderFirstPipelineNumLayers !== undefined ||
+        ctx.decoderLastPipelineNumLayers !== undefined
+      )
+        return `${flags} split the layers evenly; they do not combine with --decoder-first-pipeline-num-layers or --decoder-last-pipeline-num-layers`;
+      const layers = ctx.config.model.text_decoder.num_layers;
+      const pieces = layers + (e ? 1 : 0) + (l ? 1 : 0);
+      const stages = s.pp * s.vpp;
+      return pieces % stages === 0
+        ? undefined
+        : `${layers} decoder layers${e ? ' + the embedding' : ''}${l ? ' + the loss' : ''} = ${pieces} pieces do not split evenly over pp·vpp = ${stages} virtual stages (pipeline ${s.pp} × virtual ${s.vpp})`;
     },
   },
   {

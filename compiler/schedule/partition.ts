@@ -4,8 +4,11 @@
 // when they run on stage 0) and the last what runs after the last layer (final norm, lm_head,
 // loss).
 //
-// after: every virtual stage holds ≥ 1 layer and, unless the user fixed the end stages, the most
-//        expensive virtual stage is as cheap as any contiguous split allows.
+// after: every virtual stage holds ≥ 1 layer and, unless the user fixed the split, the most
+//        expensive virtual stage is as cheap as any contiguous split allows. Where the embedding
+//        or the loss counts as a layer (Megatron's --account-for-embedding-in-pipeline-split,
+//        --account-for-loss-in-pipeline-split), every virtual stage holds the same number of
+//        pieces, so the first (embedding) or the last (lm_head and loss) may hold no layer.
 //
 // Notation: L layers, p stages, v chunks per stage, K = p·v virtual stages. Costs are a rank's
 // seconds per microbatch on the compile's hardware profile where it has one (priced.ts: kernels
@@ -28,6 +31,10 @@ export interface PartitionOptions {
   readonly firstStageLayers?: number;
   /** --decoder-last-pipeline-num-layers: layers of stage p−1, over all its chunks */
   readonly lastStageLayers?: number;
+  /** --account-for-embedding-in-pipeline-split: the embedding takes a layer's place */
+  readonly accountForEmbedding?: boolean;
+  /** --account-for-loss-in-pipeline-split: lm_head and the loss take a layer's place */
+  readonly accountForLoss?: boolean;
   /**
    * what to balance instead of forward FLOPs: each piece's seconds on the hardware profile
    * (compiler/schedule/priced.ts), pre already holding what runs before layer 0 on stage 0
@@ -45,7 +52,7 @@ export interface PipelineLayout {
   readonly encoderOnStage0: boolean;
   /**
    * 'balanced': chosen by forward FLOPs; 'priced': by seconds on a hardware profile; 'given':
-   * Megatron's split from the first/last-stage overrides
+   * Megatron's split from the first/last-stage overrides or with the embedding or loss counted
    */
   readonly method: 'balanced' | 'priced' | 'given';
   /** layers of virtual stage s = c·pp + r, s = 0 … pp·vpp − 1 (in layer order) */
@@ -163,6 +170,24 @@ function givenSplit(L: number, p: number, v: number, first?: number, last?: numb
   return Array.from({ length: p * v }, (_, s) => stageLayers[s % p] / v);
 }
 
+/**
+ * Megatron's split where the embedding (`e`) and the loss (`l`) each count as a layer: the L + e
+ * + l pieces split evenly over the K virtual stages, the first giving one place to the embedding
+ * and the last one to the loss. Returns layers per virtual stage.
+ */
+export function accountedSplit(L: number, K: number, e: boolean, l: boolean): number[] {
+  const pieces = L + (e ? 1 : 0) + (l ? 1 : 0);
+  if (pieces % K !== 0)
+    throw new UserError(
+      `invalid layout (pp-account-for): ${L} decoder layers${e ? ' + the embedding' : ''}${l ? ' + the loss' : ''} = ${pieces} pieces do not split evenly over pp·vpp = ${K} virtual stages`,
+    );
+  const each = pieces / K;
+  return Array.from(
+    { length: K },
+    (_, s) => each - (e && s === 0 ? 1 : 0) - (l && s === K - 1 ? 1 : 0),
+  );
+}
+
 /** Splits the decoder layers over the virtual stages; see the file comment. */
 export function partitionPipeline(costs: ForwardCosts, opts: PartitionOptions): PipelineLayout {
   const p = opts.pp;
@@ -174,21 +199,29 @@ export function partitionPipeline(costs: ForwardCosts, opts: PartitionOptions): 
     );
   const L = costs.layerFlops.length;
   const K = p * v;
-  if (L < K)
+  const accounted = (opts.accountForEmbedding ?? false) || (opts.accountForLoss ?? false);
+  if (L < K && !accounted)
     throw new UserError(
       `invalid layout (pp-layers): ${L} decoder layers cannot fill pp·vpp = ${K} virtual stages (pipeline ${p} × virtual ${v}); each needs at least one layer`,
     );
   const pre = preFlops(costs, encoderOnStage0);
   const post = costs.postFlops;
-  const given = opts.firstStageLayers !== undefined || opts.lastStageLayers !== undefined;
+  const fixed = opts.firstStageLayers !== undefined || opts.lastStageLayers !== undefined;
+  if (fixed && accounted)
+    throw new UserError(
+      'invalid layout (pp-account-for): --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split split the layers evenly; they do not combine with --decoder-first-pipeline-num-layers or --decoder-last-pipeline-num-layers',
+    );
+  const given = fixed || accounted;
   const w = opts.weights;
   if (w && w.layer.length !== L)
     throw new Error(`partitionPipeline: ${w.layer.length} layer weights for ${L} layers`);
-  const virtualStageLayers = given
-    ? givenSplit(L, p, v, opts.firstStageLayers, opts.lastStageLayers)
-    : w
-      ? splitMinMax(w.layer, K, w.pre, w.post)
-      : splitMinMax(costs.layerFlops, K, pre, post);
+  const virtualStageLayers = accounted
+    ? accountedSplit(L, K, opts.accountForEmbedding ?? false, opts.accountForLoss ?? false)
+    : fixed
+      ? givenSplit(L, p, v, opts.firstStageLayers, opts.lastStageLayers)
+      : w
+        ? splitMinMax(w.layer, K, w.pre, w.post)
+        : splitMinMax(costs.layerFlops, K, pre, post);
 
   const virtualStageFirstLayer: number[] = [];
   const virtualStageFlops: number[] = [];
@@ -243,7 +276,7 @@ export function describeLayout(layout: PipelineLayout): string[] {
         ...(s === K - 1 ? ['lm_head', 'loss'] : []),
       ];
       chunks.push(
-        `${v > 1 ? `chunk ${c} ` : ''}${n === 1 ? `layer ${a}` : `layers ${a}–${a + n - 1}`}` +
+        `${v > 1 ? `chunk ${c} ` : ''}${layerRange(a, n)}` +
           (extras.length ? ` (+${extras.join(', ')})` : ''),
       );
       flops += layout.virtualStageFlops[s];
@@ -251,4 +284,9 @@ export function describeLayout(layout: PipelineLayout): string[] {
     lines.push(`stage ${r}: ${chunks.join(', ')}; forward ${formatFlops(flops)}`);
   }
   return lines;
+}
+
+/** `layer 3`, `layers 3–5`, or `no layer` (a virtual stage the embedding or loss fills) */
+export function layerRange(first: number, n: number): string {
+  return n === 0 ? 'no layer' : n === 1 ? `layer ${first}` : `layers ${first}–${first + n - 1}`;
 }

@@ -79,6 +79,11 @@ const CASES: [string, string[], RegExp][] = [
     /\(pp-uneven-layers\)/,
   ],
   [
+    'the embedding counted as a layer, 5 pieces over 2 stages',
+    ['tiny-vlm', '--nproc-per-node', '2', '--pp', '2', '--account-for-embedding-in-pipeline-split'],
+    /\(pp-account-for\)/,
+  ],
+  [
     'hetero DP and full separation together',
     ['tiny-vlm-moe', '--enable-encoder-hetero-dp', '--enable-full-hetero-dp'],
     /\(encoder-levels-exclusive\)/,

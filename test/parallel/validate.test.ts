@@ -353,6 +353,29 @@ const INVALID: readonly Case[] = [
       'invalid layout (pp-uneven-layers): each of the 2 middle stages gets 5 layers, not a multiple of --num-virtual-stages-per-pipeline-rank 2',
   },
   {
+    why: 'the embedding counted as a layer: 49 pieces over pp 4',
+    model: QWEN3,
+    sizes: { tp: 1, pp: 4 },
+    ctx: { accountForEmbeddingInPipelineSplit: true },
+    error:
+      'invalid layout (pp-account-for): 48 decoder layers + the embedding = 49 pieces do not split evenly over pp·vpp = 4 virtual stages (pipeline 4 × virtual 1)',
+  },
+  {
+    why: 'the loss counted as a layer without pipeline parallelism',
+    sizes: { pp: 1 },
+    ctx: { accountForLossInPipelineSplit: true },
+    error:
+      'invalid layout (pp-account-for): --account-for-loss-in-pipeline-split needs pipeline parallelism (--pipeline-model-parallel-size is 1)',
+  },
+  {
+    why: 'the embedding counted as a layer besides a first-stage count',
+    model: QWEN3,
+    sizes: { tp: 1 },
+    ctx: { accountForEmbeddingInPipelineSplit: true, decoderFirstPipelineNumLayers: 24 },
+    error:
+      'invalid layout (pp-account-for): --account-for-embedding-in-pipeline-split split the layers evenly; they do not combine with --decoder-first-pipeline-num-layers or --decoder-last-pipeline-num-layers',
+  },
+  {
     why: 'a global batch of 6 over micro-batch 1 × dp 4',
     sizes: { pp: 1 },
     ctx: { globalBatchSize: 6 },

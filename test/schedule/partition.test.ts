@@ -60,7 +60,10 @@ function checkLayout(layout: PipelineLayout, c: ForwardCosts): void {
   const K = layout.pp * layout.vpp;
   const counts = layout.virtualStageLayers;
   expect(counts).toHaveLength(K);
-  expect(counts.every((n) => Number.isInteger(n) && n >= 1)).toBe(true);
+  // only an end the embedding or the loss fills may hold no layer
+  expect(counts.every((n, s) => Number.isInteger(n) && n >= (s === 0 || s === K - 1 ? 0 : 1))).toBe(
+    true,
+  );
   expect(counts.reduce((a, b) => a + b, 0)).toBe(c.layerFlops.length);
   let first = 0;
   counts.forEach((n, s) => {
@@ -323,6 +326,52 @@ describe('first/last-stage overrides (Megatron: the rest evenly, each stage even
     expect(() => partitionPipeline(c, { pp: 8, vpp: 4 })).toThrow(
       'invalid layout (pp-layers): 28 decoder layers cannot fill pp·vpp = 32 virtual stages (pipeline 8 × virtual 4); each needs at least one layer',
     );
+  });
+});
+
+describe("the embedding and the loss counted as layers (Megatron's --account-for-*-in-pipeline-split)", () => {
+  const c = forwardCosts(presetGraph('qwen2.5-vl-7b')); // 28 layers
+
+  it('28 layers + embedding + loss over pp 6: five pieces each, the ends give one place up', () => {
+    const layout = partitionPipeline(c, { pp: 6, accountForEmbedding: true, accountForLoss: true });
+    expect(layout.method).toBe('given');
+    expect(layout.virtualStageLayers).toEqual([4, 5, 5, 5, 5, 4]);
+    checkLayout(layout, c);
+  });
+
+  it('30 pieces over pp 10 × vpp 3: the first chunk holds only the embedding, the last only the loss', () => {
+    const layout = partitionPipeline(c, {
+      pp: 10,
+      vpp: 3,
+      accountForEmbedding: true,
+      accountForLoss: true,
+      encoderOnStage0: false,
+    });
+    expect(layout.virtualStageLayers).toEqual([0, ...Array<number>(28).fill(1), 0]);
+    checkLayout(layout, c);
+    const lines = describeLayout(layout).map((line) => line.replace(/; forward .*/, ''));
+    expect(lines[0]).toBe(
+      'stage 0: chunk 0 no layer (+embedding), chunk 1 layer 9, chunk 2 layer 19',
+    );
+    expect(lines[9]).toBe(
+      'stage 9: chunk 0 layer 8, chunk 1 layer 18, chunk 2 no layer (+lm_head, loss)',
+    );
+  });
+
+  it('the loss alone: 29 pieces over pp 29 would leave the last stage empty of layers', () => {
+    expect(partitionPipeline(c, { pp: 29, accountForLoss: true }).virtualStageLayers).toEqual([
+      ...Array<number>(28).fill(1),
+      0,
+    ]);
+  });
+
+  it('pieces that do not divide, or the first/last counts besides, are refused with the rule', () => {
+    expect(() => partitionPipeline(c, { pp: 4, accountForEmbedding: true })).toThrow(
+      'invalid layout (pp-account-for): 28 decoder layers + the embedding = 29 pieces do not split evenly over pp·vpp = 4 virtual stages',
+    );
+    expect(() =>
+      partitionPipeline(c, { pp: 2, accountForLoss: true, firstStageLayers: 14 }),
+    ).toThrow(/\(pp-account-for\).*do not combine with --decoder-first-pipeline-num-layers/);
   });
 });
 

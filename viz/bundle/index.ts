@@ -12,6 +12,7 @@ import { deviceMemoryOf, type DeviceMemory } from '../../compiler/report/memory.
 import { expectedSizes, instructionWork, type Work } from '../../compiler/sim/cost.js';
 import { loadHardware, type HardwareProfile } from '../../compiler/sim/hardware.js';
 import { simulatePlan, type Simulation } from '../../compiler/sim/simulate.js';
+import { layerRange } from '../../compiler/schedule/partition.js';
 import { readPlan } from '../../runtime/plan-io.js';
 import type {
   VizEmbedded,
@@ -318,7 +319,7 @@ function stagesOf(plan: PlanFile): VizPlanSummary['stages'] {
     chunks: Array.from({ length: vpp }, (_, c) => {
       const s = c * pp + r;
       const n = layers[s];
-      return `${vpp > 1 ? `chunk ${c}: ` : ''}${n === 1 ? `layer ${first[s]}` : `layers ${first[s]}–${first[s] + n - 1}`}`;
+      return `${vpp > 1 ? `chunk ${c}: ` : ''}${layerRange(first[s], n)}`;
     }),
   }));
 }
