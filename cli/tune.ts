@@ -323,7 +323,14 @@ function describe(
       `  no layout priced fits; the smallest at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}:`,
     );
     table(r.closest);
-  } else out.push('  no layout could be priced');
+  } else {
+    out.push('  no layout could be priced');
+    // what refused them: a flag that no layout allows shows here as every layout's reason
+    for (const { reason, layouts } of [...r.refusedBy]
+      .sort((a, b) => b.layouts - a.layouts)
+      .slice(0, 3))
+      out.push(`  refused ${layouts} layouts: ${reason}`);
+  }
   if (r.sensitivity && r.layouts.length) {
     const at = r.layouts[0].forecast.tokensPerSecond;
     out.push(

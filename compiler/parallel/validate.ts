@@ -505,8 +505,13 @@ const FLAG_RULES: readonly LayoutRule[] = [
   {
     id: 'moe-expected-imbalance',
     check: ({ config }) => {
-      const f = config.model.text_decoder.moe_expected_imbalance;
-      if (f === undefined || f >= 1) return undefined;
+      const d = config.model.text_decoder;
+      const f = d.moe_expected_imbalance;
+      if (f === undefined) return undefined;
+      // a share above balanced on a dense decoder would be priced nowhere: said, not ignored
+      if (d.num_experts === 0 && f !== 1)
+        return `--moe-expected-imbalance ${f} needs an MoE decoder; ${config.name} is dense`;
+      if (f >= 1) return undefined;
       return `--moe-expected-imbalance (model.text_decoder.moe_expected_imbalance) must be at least 1 (balanced routing), got ${f}`;
     },
   },

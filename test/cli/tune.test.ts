@@ -285,6 +285,15 @@ describe('lfc tune', () => {
     const bad = await tune(...fixed, '--moe-expected-imbalance', '0.5');
     expect(bad.code).toBe(2);
     expect(bad.err).toMatch(/--moe-expected-imbalance/);
+    // on a dense decoder every layout is refused, and the search says by which rule
+    const dense = await cli(
+      'tune',
+      ...['tiny-vlm', '--nnodes', '1', '--nproc-per-node', '2'],
+      ...['--moe-expected-imbalance', '1.5'],
+    );
+    expect(dense.out).toMatch(
+      /no layout could be priced\n {2}refused \d+ layouts: invalid layout \(moe-expected-imbalance\): .* needs an MoE decoder; tiny-vlm is dense/,
+    );
   }, 300_000);
 
   it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {

@@ -153,6 +153,14 @@ const INVALID: readonly Case[] = [
       'invalid layout (moe-expected-imbalance): --moe-expected-imbalance (model.text_decoder.moe_expected_imbalance) must be at least 1 (balanced routing), got 0.8',
   },
   {
+    why: 'an expected routing imbalance for a dense decoder',
+    model: 'tiny-vlm',
+    overrides: ['+model.text_decoder.moe_expected_imbalance=1.5'],
+    sizes: { ep: 1 },
+    error:
+      'invalid layout (moe-expected-imbalance): --moe-expected-imbalance 1.5 needs an MoE decoder; tiny-vlm is dense',
+  },
+  {
     why: 'a size of 0',
     sizes: { tp: 0 },
     error:
