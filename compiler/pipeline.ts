@@ -444,6 +444,7 @@ function resolveLayout(o: CompileOptions, loaded?: ModelConfig): Layout {
     accountForEmbeddingInPipelineSplit: o.accountForEmbeddingInPipelineSplit,
     accountForLossInPipelineSplit: o.accountForLossInPipelineSplit,
     sequenceParallel,
+    moeTokenDispatcher: o.moeTokenDispatcher,
     encoder: o.encoder,
     moeOverlap: o.moeOverlap,
     recompute: o.recompute,

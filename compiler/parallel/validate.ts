@@ -34,6 +34,8 @@ export interface LayoutContext extends SizesContext {
   readonly accountForLossInPipelineSplit?: boolean;
   /** --sequence-parallel */
   readonly sequenceParallel?: boolean;
+  /** --moe-token-dispatcher-type */
+  readonly moeTokenDispatcher?: 'alltoall' | 'flex';
   /** encoder levels: --enable-encoder-hetero-dp, --enable-full-hetero-dp and their options */
   readonly encoder?: EncoderOptions;
   /** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute */
@@ -454,6 +456,13 @@ const FLAG_RULES: readonly LayoutRule[] = [
         ? `${given.join(' and ')} need${given.length === 1 ? 's' : ''} ${LEVEL3} (full separation)`
         : undefined;
     },
+  },
+  {
+    id: 'moe-dispatcher-dense',
+    check: ({ moeTokenDispatcher, config }) =>
+      moeTokenDispatcher === 'flex' && config.model.text_decoder.num_experts === 0
+        ? `--moe-token-dispatcher-type flex needs an MoE decoder; ${config.name} is dense`
+        : undefined,
   },
   {
     id: 'a2a-overlap-ep',

@@ -161,6 +161,14 @@ const INVALID: readonly Case[] = [
       'invalid layout (moe-expected-imbalance): --moe-expected-imbalance 1.5 needs an MoE decoder; tiny-vlm is dense',
   },
   {
+    why: "DeepEP's dispatcher for a dense decoder",
+    model: 'tiny-vlm',
+    sizes: { ep: 1 },
+    ctx: { moeTokenDispatcher: 'flex' },
+    error:
+      'invalid layout (moe-dispatcher-dense): --moe-token-dispatcher-type flex needs an MoE decoder; tiny-vlm is dense',
+  },
+  {
     why: 'a size of 0',
     sizes: { tp: 0 },
     error:
