@@ -323,13 +323,19 @@ function describe(
       `  no layout priced fits; the smallest at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}:`,
     );
     table(r.closest);
+    if (c.fit === 'bound')
+      out.push(
+        '  (the bounds plan every size at its largest, routing included; --fit expected ranks by the memory of a typical step)',
+      );
   } else {
     out.push('  no layout could be priced');
-    // what refused them: a flag that no layout allows shows here as every layout's reason
-    for (const { reason, layouts } of [...r.refusedBy]
-      .sort((a, b) => b.layouts - a.layouts)
-      .slice(0, 3))
-      out.push(`  refused ${layouts} layouts: ${reason}`);
+    // none estimated: what the static bound left, the rules refused (a flag that no layout
+    // allows shows as every one's reason)
+    if (r.estimated === 0 && r.refused > 0)
+      for (const { reason, layouts } of [...r.refusedBy]
+        .sort((a, b) => b.layouts - a.layouts)
+        .slice(0, 3))
+        out.push(`  refused ${layouts} layouts: ${reason}`);
   }
   if (r.sensitivity && r.layouts.length) {
     const at = r.layouts[0].forecast.tokensPerSecond;

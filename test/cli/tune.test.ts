@@ -1,7 +1,7 @@
 // lfc tune: its best layout against an exhaustive search written apart from it (flag
 // combinations compiled one by one), its printed line compiled by `lfc compile` to the same
 // figures, the time budget, and its user errors.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -13,6 +13,7 @@ import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
 
 import { cli } from '../helpers.js';
+import { projectRoot } from '../../compiler/paths.js';
 import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.js';
 import type { Layout } from '../../compiler/tune/space.js';
 import { resolvePrecision } from '../../compiler/frontend/precision.js';
@@ -294,6 +295,28 @@ describe('lfc tune', () => {
     expect(dense.out).toMatch(
       /no layout could be priced\n {2}refused \d+ layouts: invalid layout \(moe-expected-imbalance\): .* needs an MoE decoder; tiny-vlm is dense/,
     );
+  }, 300_000);
+
+  it('where no layout priced fits at the bounds, the closest are shown with the hint of --fit expected', async () => {
+    // h800 with 11 MiB past its 6 GiB reserve: some layouts compile, none fits at the bounds
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-'));
+    try {
+      const profile = readFileSync(join(projectRoot(), 'configs/hardware/h800.yaml'), 'utf8')
+        .replace(/^memory_gib: .*$/m, 'memory_gib: 6.011')
+        .replace(/^name: .*$/m, 'name: h800-small');
+      writeFileSync(join(dir, 'small.yaml'), profile);
+      const r = await cli(
+        'tune',
+        ...BASE,
+        ...['--hardware', join(dir, 'small.yaml'), '--fix', 'level=1', '--top', '2'],
+        ...['--exclude', 'recompute', 'offload'],
+      );
+      expect(r.code, r.err).toBe(0);
+      expect(r.out).toMatch(/no layout priced fits; the smallest at the bounds:\n/);
+      expect(r.out).toMatch(/--fit expected ranks by the memory of a typical step/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   }, 300_000);
 
   it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {
