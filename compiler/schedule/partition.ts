@@ -175,7 +175,7 @@ function givenSplit(L: number, p: number, v: number, first?: number, last?: numb
  * + l pieces split evenly over the K virtual stages, the first giving one place to the embedding
  * and the last one to the loss. Returns layers per virtual stage.
  */
-export function accountedSplit(L: number, K: number, e: boolean, l: boolean): number[] {
+function accountedSplit(L: number, K: number, e: boolean, l: boolean): number[] {
   const pieces = L + (e ? 1 : 0) + (l ? 1 : 0);
   if (pieces % K !== 0)
     throw new UserError(
