@@ -31,6 +31,7 @@ interface TuneFlags {
   dataProfile?: string;
   moeTokenDispatcherType?: 'alltoall' | 'flex';
   moeExpectedImbalance?: number;
+  moeRoutingImbalance?: number;
   top: number;
   fix: string[];
   exclude: string[];
@@ -82,6 +83,11 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
       '--moe-expected-imbalance <f>',
       "the busiest expert-parallel rank's rows as a multiple of balanced routing's, for every layout (default: the model's, else 1: balanced). The model zoo's dropless Qwen3-235B-A22B run at tp 4, ep 8 matches 1.49 (docs/tune.md)",
       atLeastOne('--moe-expected-imbalance'),
+    )
+    .option(
+      '--moe-routing-imbalance <f>',
+      "plan every layout's expert dispatch for up to f times balanced routing's rows, as lfc compile does (default: the model's, else the dropless worst case, which few large MoE layouts fit at the bounds)",
+      atLeastOne('--moe-routing-imbalance'),
     )
     .option('--top <k>', 'layouts to print', positiveInt('--top'), 5)
     .option(
@@ -153,6 +159,9 @@ export function addTuneCommand(program: Command, io: CliIO, isTTY: () => boolean
           : []),
         ...(f.moeExpectedImbalance
           ? ['--moe-expected-imbalance', String(f.moeExpectedImbalance)]
+          : []),
+        ...(f.moeRoutingImbalance
+          ? ['--moe-routing-imbalance', String(f.moeRoutingImbalance)]
           : []),
         // the pipeline split balances priced seconds on it: part of the layout's line
         ...['--hardware', hardware],
@@ -325,7 +334,7 @@ function describe(
     table(r.closest);
     if (c.fit === 'bound')
       out.push(
-        '  (the bounds plan every size at its largest, routing included; --fit expected ranks by the memory of a typical step)',
+        "  (the bounds plan every size at its largest: a microbatch's visual tokens up to the data profile's cap, an expert rank's rows up to dropless routing's worst case or --moe-routing-imbalance F times balanced; --fit expected ranks by the memory of a typical step)",
       );
   } else {
     out.push('  no layout could be priced');

@@ -272,7 +272,7 @@ describe('lfc tune', () => {
     expect(flex.forecast.tokensPerSecond).toBeGreaterThan(plain.forecast.tokensPerSecond);
   }, 300_000);
 
-  it('--moe-expected-imbalance prices every layout at the busiest expert rank, in the compile line too', async () => {
+  it('--moe-expected-imbalance prices every layout at the busiest expert rank, --moe-routing-imbalance plans its memory, both in the compile line', async () => {
     const fixed = ['--fix', 'tp=1', '--fix', 'pp=1', '--fix', 'ep=2', '--fix', 'mbs=1'];
     const best = async (...more: string[]) => {
       const r = await tune(...fixed, '--top', '1', ...more, '--json');
@@ -283,6 +283,10 @@ describe('lfc tune', () => {
     expect(balanced.compileLine).not.toMatch(/--moe-expected-imbalance/);
     expect(skewed.compileLine).toMatch(/ --moe-expected-imbalance 1\.5 /);
     expect(skewed.forecast.tokensPerSecond).toBeLessThan(balanced.forecast.tokensPerSecond);
+    // the memory side: the bound of the rows an expert rank receives
+    const planned = await best('--moe-routing-imbalance', '1.5');
+    expect(planned.compileLine).toMatch(/ --moe-routing-imbalance 1\.5 /);
+    expect(planned.memory.peakBoundBytes).toBeLessThan(balanced.memory.peakBoundBytes);
     const bad = await tune(...fixed, '--moe-expected-imbalance', '0.5');
     expect(bad.code).toBe(2);
     expect(bad.err).toMatch(/--moe-expected-imbalance/);
