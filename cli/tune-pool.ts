@@ -64,6 +64,7 @@ export type PoolRequest =
       readonly layout: Layout;
       readonly estimate: Estimate;
       readonly verify: boolean;
+      readonly sketch: boolean;
     };
 
 export type PoolReply =
@@ -141,6 +142,7 @@ export class TunePool implements Pricer {
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
     verify: boolean,
+    sketch = false,
   ): Promise<PriceOutcome[]> {
     return Promise.all(
       items.map((x) =>
@@ -150,6 +152,7 @@ export class TunePool implements Pricer {
           layout: x.layout,
           estimate: x.estimate,
           verify,
+          sketch,
         })).then((r): PriceOutcome => (r.kind === 'price' ? r.outcome : { error: 'no reply' })),
       ),
     );

@@ -79,6 +79,11 @@ export interface PricedLayout {
   readonly verified: boolean;
   /** what the cheaper model estimated for it */
   readonly estimate: Estimate;
+  /**
+   * priced from two compiles at a fraction of the global batch, the step and peak memory
+   * extrapolated to the whole batch (sketchSizes); the search compiles what it prints whole
+   */
+  readonly sketched?: boolean;
 }
 
 /** What a layout is estimated and priced with: what a worker thread rebuilds for itself. */
@@ -110,10 +115,14 @@ export interface Pricer {
   readonly threads: number;
   /** part i on thread i (its cached graphs are that thread's): outcomes per part, in order */
   estimate(parts: readonly (readonly Layout[])[]): Promise<EstimateOutcome[][]>;
-  /** compile and simulate; `verify`: with the plan verifier */
+  /**
+   * compile and simulate; `verify`: with the plan verifier; `sketch`: from two compiles at a
+   * fraction of the batch where the layout has many microbatches (sketchSizes)
+   */
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
     verify: boolean,
+    sketch?: boolean,
   ): Promise<PriceOutcome[]>;
   /** graph-pass runs of the cheaper model so far (reduced models), over all threads */
   readonly graphs: number;
@@ -306,7 +315,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
       cannotWin = candidates.length - k;
       break;
     }
-    const got = await pricer.price(round, false);
+    const got = await pricer.price(round, false, true);
     got.forEach((outcome, j) => {
       if ('refused' in outcome) refuse(outcome.refused);
       else if ('error' in outcome) failed.push({ name: round[j].name, error: outcome.error });
@@ -317,8 +326,10 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
     });
     fitting.sort((a, b) => (better(a, b) ? -1 : 1));
   }
+  // what the search prints is compiled whole where it was sketched
+  const whole = wholeOf(pricer, failed);
+  let layouts = await topWhole(fitting, r.top, whole);
   // the best k, once more with the plan verifier when asked: a plan it refuses is a bug
-  let layouts = fitting.slice(0, r.top);
   if (r.verify && layouts.length) {
     const again = await pricer.price(layouts, true);
     layouts = again.map((a, j) => {
@@ -331,9 +342,13 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   }
   const sensitivity =
     r.sensitivity && layouts.length ? sensitivityOf(r, layouts[0].layout) : undefined;
-  const closest = fitting.length
+  const closest = layouts.length
     ? []
-    : [...priced].sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1)).slice(0, r.top);
+    : (
+        await whole(
+          [...priced].sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1)).slice(0, r.top),
+        )
+      ).sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1));
   return {
     layouts,
     closest,
@@ -354,6 +369,41 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
     seconds: seconds(),
     ...(sensitivity ? { sensitivity } : {}),
   };
+}
+
+/**
+ * `list` with each sketched layout priced again whole; one that then fails is named in `failed`.
+ */
+function wholeOf(
+  pricer: Pricer,
+  failed: { name: string; error: string }[],
+): (list: readonly PricedLayout[]) => Promise<PricedLayout[]> {
+  return async (list) => {
+    const sketched = list.filter((x) => x.sketched);
+    const got = sketched.length ? await pricer.price(sketched, false) : [];
+    const out: PricedLayout[] = [];
+    for (const x of list) {
+      const w = x.sketched ? got[sketched.indexOf(x)] : x;
+      if ('forecast' in w) out.push(w);
+      else failed.push({ name: x.name, error: 'error' in w ? w.error : w.refused });
+    }
+    return out;
+  };
+}
+
+/** The best `top` of `fitting` (best first) that still fit once compiled whole. */
+async function topWhole(
+  fitting: readonly PricedLayout[],
+  top: number,
+  whole: (list: readonly PricedLayout[]) => Promise<PricedLayout[]>,
+): Promise<PricedLayout[]> {
+  const out: PricedLayout[] = [];
+  for (let i = 0; out.length < top && i < fitting.length;) {
+    const next = fitting.slice(i, i + top - out.length);
+    i += next.length;
+    out.push(...(await whole(next)).filter((x) => x.fits));
+  }
+  return out.sort((a, b) => (better(a, b) ? -1 : 1));
 }
 
 /** The estimates and prices of layouts on this thread (and in each worker of the pool). */
@@ -393,8 +443,11 @@ export class LocalPricer implements Pricer {
     }
   }
 
-  priceOne(layout: Layout, estimate: Estimate, verify: boolean): PriceOutcome {
-    return price(this.r, layout, estimate, !verify);
+  priceOne(layout: Layout, estimate: Estimate, verify: boolean, sketch = false): PriceOutcome {
+    const sizes = sketch && !verify ? sketchSizes(this.r, layout) : undefined;
+    return sizes
+      ? sketchOf(this.r, layout, estimate, sizes)
+      : price(this.r, layout, estimate, !verify);
   }
 
   readonly threads = 1;
@@ -406,8 +459,9 @@ export class LocalPricer implements Pricer {
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
     verify: boolean,
+    sketch = false,
   ): Promise<PriceOutcome[]> {
-    return Promise.resolve(items.map((x) => this.priceOne(x.layout, x.estimate, verify)));
+    return Promise.resolve(items.map((x) => this.priceOne(x.layout, x.estimate, verify, sketch)));
   }
 }
 
@@ -437,17 +491,81 @@ const better = (a: PricedLayout, b: PricedLayout) =>
   a.forecast.tokensPerSecond > b.forecast.tokensPerSecond ||
   (a.forecast.tokensPerSecond === b.forecast.tokensPerSecond && a.name < b.name);
 
+/**
+ * Microbatches per pipeline from which a candidate of the search is sketched: priced from two
+ * compiles at 1/8 and 1/4 of the global batch, its step and peak memory extrapolated linearly to
+ * the whole batch. A step is linear in the microbatches once the schedule is in its steady state:
+ * measured, Qwen3-VL-235B-A22B at tp 4, pp 8, vpp 4, ep 8 on 256 H100 simulates 2.2568 s at 32
+ * microbatches and 4.1422 s at 64, which give 15.4546 s at 256, where compiled whole it is 15.4541
+ * s (docs/tune.md). The two compiles took 14.2 s, the whole one 35.4 s.
+ */
+export const SKETCH_MIN_MICROBATCHES = 64;
+
+/** the two microbatch counts a candidate is sketched at, or undefined: priced whole */
+function sketchSizes(r: PricingRequest, l: Layout): [number, number] | undefined {
+  const world = r.space.nnodes * r.space.nprocPerNode;
+  const m = (r.space.globalBatchSize * l.tp * l.pp) / (l.mbs * world);
+  if (!Number.isInteger(m) || m < SKETCH_MIN_MICROBATCHES || m % 8) return undefined;
+  const [m1, m2] = [m / 8, m / 4];
+  // whole pipeline rounds, and level 3's encoding rounds without mock slots
+  if (m1 % (l.tp * l.pp) || m1 < 2 * l.pp * l.vpp) return undefined;
+  return [m1, m2];
+}
+
+/** A layout priced from compiles at m1 and m2 microbatches per pipeline (sketchSizes). */
+function sketchOf(
+  r: PricingRequest,
+  layout: Layout,
+  estimate: Estimate,
+  [m1, m2]: [number, number],
+): PriceOutcome {
+  const world = r.space.nnodes * r.space.nprocPerNode;
+  const m = (r.space.globalBatchSize * layout.tp * layout.pp) / (layout.mbs * world);
+  const batch = (k: number) => (r.space.globalBatchSize * k) / m;
+  const a = price(r, layout, estimate, true, batch(m1));
+  if (!('forecast' in a)) return a;
+  const b = price(r, layout, estimate, true, batch(m2));
+  if (!('forecast' in b)) return b;
+  const at = (x1: number, x2: number) => x2 + ((x2 - x1) * (m - m2)) / (m2 - m1);
+  const f = b.forecast;
+  const stepSeconds = at(a.forecast.stepSeconds, f.stepSeconds);
+  const scale = m / m2;
+  const peakBound = at(a.peakBound, b.peakBound);
+  const peakExpected = at(a.peakExpected, b.peakExpected);
+  return {
+    ...b,
+    forecast: {
+      ...f,
+      stepSeconds,
+      tokensPerStep: f.tokensPerStep * scale,
+      tokensPerSecond: (f.tokensPerStep * scale) / stepSeconds,
+      modelFlopsPerStep: f.modelFlopsPerStep * scale,
+      mfu: (f.mfu * scale * f.stepSeconds) / stepSeconds,
+    },
+    peakBound,
+    peakExpected,
+    fits: fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device),
+    sketched: true,
+  };
+}
+
 function price(
   r: PricingRequest,
   layout: Layout,
   estimate: Estimate,
   skipVerify: boolean,
+  globalBatchSize?: number,
 ): PricedLayout | { refused: string } | { error: string } {
   const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
   const flags = flagsOf(layout, presetEncoderTp);
   let result: CompileResult;
   try {
-    result = compile({ ...layoutOptions(r.baseOptions, layout, presetEncoderTp), skipVerify });
+    const options = layoutOptions(r.baseOptions, layout, presetEncoderTp);
+    result = compile({
+      ...options,
+      ...(globalBatchSize !== undefined ? { globalBatchSize } : {}),
+      skipVerify,
+    });
   } catch (e) {
     if (e instanceof UserError) return { refused: e.message };
     return { error: e instanceof Error ? e.message : String(e) };

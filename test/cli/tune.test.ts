@@ -13,6 +13,8 @@ import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
 
 import { cli } from '../helpers.js';
+import { LocalPricer } from '../../compiler/tune/search.js';
+import { pricingRequestOf } from '../../cli/tune-pool.js';
 import { projectRoot } from '../../compiler/paths.js';
 import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.js';
 import type { Layout } from '../../compiler/tune/space.js';
@@ -321,6 +323,62 @@ describe('lfc tune', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  }, 300_000);
+
+  it('a layout of many microbatches is sketched from two smaller batches; what tune prints is compiled whole', async () => {
+    // 4 ranks, tp 1: 64 or more microbatches per pipeline, so the search sketches (search.ts)
+    const gbs = 256;
+    const spec = {
+      model: 'tiny-vlm-moe',
+      overrides: [],
+      base: ['tiny-vlm-moe', ...['--nnodes', '1', '--nproc-per-node', '4', '--hardware', 'h800']],
+      bf16: false,
+      nnodes: 1,
+      nprocPerNode: 4,
+      globalBatchSize: gbs,
+      fit: 'bound' as const,
+    };
+    spec.base.push('--global-batch-size', String(gbs));
+    const pricer = new LocalPricer(pricingRequestOf(spec));
+    const one: Layout = {
+      ...{ tp: 1, pp: 2, vpp: 2, ep: 1, etp: 1, mbs: 1, level: 1, encoderTp: 1 },
+      ...{ overlap: false, recompute: 'none', offload: false, distopt: false },
+    };
+    const layouts: Layout[] = [one, { ...one, pp: 1, vpp: 1, ep: 2 }, { ...one, vpp: 1, level: 3 }];
+    for (const layout of layouts) {
+      const e = pricer.estimateOne(layout);
+      if (!('estimate' in e)) throw new Error(JSON.stringify(e));
+      const sketch = pricer.priceOne(layout, e.estimate, false, true);
+      const whole = pricer.priceOne(layout, e.estimate, false);
+      if (!('forecast' in sketch) || !('forecast' in whole)) throw new Error('not priced');
+      expect(sketch.sketched).toBe(true);
+      expect(whole.sketched).toBeUndefined();
+      // the step is linear in the microbatches; the arena's placement at the bounds is not quite
+      expect(sketch.forecast.stepSeconds / whole.forecast.stepSeconds).toBeCloseTo(1, 6);
+      expect(sketch.forecast.tokensPerSecond / whole.forecast.tokensPerSecond).toBeCloseTo(1, 6);
+      expect(sketch.forecast.mfu / whole.forecast.mfu).toBeCloseTo(1, 6);
+      expect(sketch.peakExpected / whole.peakExpected).toBeCloseTo(1, 3);
+      expect(Math.abs(sketch.peakBound / whole.peakBound - 1)).toBeLessThan(0.02);
+    }
+
+    const r = await cli(
+      'tune',
+      ...BASE,
+      ...['--global-batch-size', String(gbs), '--fix', 'tp=1', '--fix', 'mbs=1'],
+      ...['--fix', 'level=1', '--fix', 'encoder-tp=1', '--exclude', 'recompute', 'offload'],
+      ...['--top', '1', '--json'],
+    );
+    expect(r.code, r.err).toBe(0);
+    const best = (JSON.parse(r.out) as TuneJson).layouts[0];
+    expect(best).not.toHaveProperty('sketched');
+    const line = best.compileLine.split(' ');
+    const c = compile({
+      ...parseCompileArgs(line.slice(2, line.indexOf('-o'))).options,
+      skipVerify: true,
+    });
+    const programs = new Map(c.programs.map((p) => [p.id, p]));
+    const { forecast } = forecastStep(c.modelForwardFlops, c.plan, programs, loadHardware('h800'));
+    expect(forecast.tokensPerSecond).toBe(best.forecast.tokensPerSecond);
   }, 300_000);
 
   it('--plans compiles the printed layouts for lfc viz, each with the figures tune printed', async () => {
