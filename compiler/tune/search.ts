@@ -342,13 +342,10 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   }
   const sensitivity =
     r.sensitivity && layouts.length ? sensitivityOf(r, layouts[0].layout) : undefined;
+  const byNeed = (a: PricedLayout, b: PricedLayout) => need(a) - need(b) || (better(a, b) ? -1 : 1);
   const closest = layouts.length
     ? []
-    : (
-        await whole(
-          [...priced].sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1)).slice(0, r.top),
-        )
-      ).sort((a, b) => need(a) - need(b) || (better(a, b) ? -1 : 1));
+    : (await whole([...priced].sort(byNeed).slice(0, r.top))).sort(byNeed);
   return {
     layouts,
     closest,
@@ -501,15 +498,21 @@ const better = (a: PricedLayout, b: PricedLayout) =>
  */
 export const SKETCH_MIN_MICROBATCHES = 64;
 
-/** the two microbatch counts a candidate is sketched at, or undefined: priced whole */
-function sketchSizes(r: PricingRequest, l: Layout): [number, number] | undefined {
+/** A candidate's microbatches per pipeline `m` and the two counts it is sketched at, or
+ * undefined: priced whole. */
+interface SketchSizes {
+  readonly m: number;
+  readonly m1: number;
+  readonly m2: number;
+}
+function sketchSizes(r: PricingRequest, l: Layout): SketchSizes | undefined {
   const world = r.space.nnodes * r.space.nprocPerNode;
   const m = (r.space.globalBatchSize * l.tp * l.pp) / (l.mbs * world);
   if (!Number.isInteger(m) || m < SKETCH_MIN_MICROBATCHES || m % 8) return undefined;
   const [m1, m2] = [m / 8, m / 4];
   // whole pipeline rounds, and level 3's encoding rounds without mock slots
   if (m1 % (l.tp * l.pp) || m1 < 2 * l.pp * l.vpp) return undefined;
-  return [m1, m2];
+  return { m, m1, m2 };
 }
 
 /** A layout priced from compiles at m1 and m2 microbatches per pipeline (sketchSizes). */
@@ -517,10 +520,8 @@ function sketchOf(
   r: PricingRequest,
   layout: Layout,
   estimate: Estimate,
-  [m1, m2]: [number, number],
+  { m, m1, m2 }: SketchSizes,
 ): PriceOutcome {
-  const world = r.space.nnodes * r.space.nprocPerNode;
-  const m = (r.space.globalBatchSize * layout.tp * layout.pp) / (layout.mbs * world);
   const batch = (k: number) => (r.space.globalBatchSize * k) / m;
   const a = price(r, layout, estimate, true, batch(m1));
   if (!('forecast' in a)) return a;

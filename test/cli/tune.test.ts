@@ -331,14 +331,16 @@ describe('lfc tune', () => {
     const spec = {
       model: 'tiny-vlm-moe',
       overrides: [],
-      base: ['tiny-vlm-moe', ...['--nnodes', '1', '--nproc-per-node', '4', '--hardware', 'h800']],
+      base: [
+        ...['tiny-vlm-moe', '--nnodes', '1', '--nproc-per-node', '4', '--hardware', 'h800'],
+        ...['--global-batch-size', String(gbs)],
+      ],
       bf16: false,
       nnodes: 1,
       nprocPerNode: 4,
       globalBatchSize: gbs,
       fit: 'bound' as const,
     };
-    spec.base.push('--global-batch-size', String(gbs));
     const pricer = new LocalPricer(pricingRequestOf(spec));
     const one: Layout = {
       ...{ tp: 1, pp: 2, vpp: 2, ep: 1, etp: 1, mbs: 1, level: 1, encoderTp: 1 },
