@@ -3,6 +3,10 @@ import { buildForwardGraph } from '../compiler/frontend/build.js';
 import { listPresets, loadModelConfig } from '../compiler/frontend/config.js';
 import type { Graph } from '../ir/graph.js';
 import { run, type CliIO } from '../cli/index.js';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { projectRoot } from '../compiler/paths.js';
 
 export const PRESETS = listPresets().map((p) => p.name);
 
@@ -47,4 +51,17 @@ export function relL2(a: Float32Array, b: Float32Array): number {
     n += b[i] ** 2;
   }
   return Math.sqrt(d) / Math.max(Math.sqrt(n), 1e-30);
+}
+
+/**
+ * A file of GPU profile `name` (configs/hardware) without its `host:` section, for tests of the
+ * GPU's side: a model this small is bound by the framework's host on a GPU (docs/simulation.md),
+ * the same on every card and layout. Written under the test run's temporary directory.
+ */
+export function gpuSideProfile(name: string): string {
+  const yaml = readFileSync(join(projectRoot(), 'configs/hardware', `${name}.yaml`), 'utf8');
+  if (!/^host: /m.test(yaml)) throw new Error(`configs/hardware/${name}.yaml has no host section`);
+  const file = join(mkdtempSync(join(tmpdir(), 'lfc-gpu-side-')), `${name}.yaml`);
+  writeFileSync(file, yaml.replace(/^host: .*$/m, ''));
+  return file;
 }

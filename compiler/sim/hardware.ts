@@ -63,6 +63,21 @@ export interface HardwareProfile {
   readonly links: { readonly intraNode: Link; readonly interNode: Link; readonly host: Link };
   /** a GPU's efficiency curves (cost.ts); absent on a CPU profile */
   readonly efficiency?: Efficiency;
+  /** the training framework's host side (simulate.ts); absent: the host is never the bound */
+  readonly host?: HostSide;
+}
+
+/**
+ * The host thread that issues a rank's kernels (a training framework in PyTorch eager mode): the
+ * GPU runs an instruction only once the host has issued it, and the host issues in program order,
+ * `opUs` an instruction and `groupedGemmUs` more for each GEMM of a grouped one (one library call
+ * an expert); the optimizer phase costs the host nothing (a fused multi-tensor update). At a
+ * forward expert dispatch the host waits for the GPU: dropless routing's row counts are read back
+ * before the exchange is posted.
+ */
+export interface HostSide {
+  readonly opUs: number;
+  readonly groupedGemmUs: number;
 }
 
 /** How a GPU's kernels and collectives fall short of the peak rates, by shape (cost.ts). */
@@ -372,6 +387,9 @@ export function loadHardware(nameOrPath: string, attentionKernel?: string): Hard
       host: link('links.host'),
     },
     efficiency: has('efficiency') ? efficiency() : undefined,
+    host: has('host')
+      ? { opUs: nonNegative('host.op_us'), groupedGemmUs: nonNegative('host.grouped_gemm_us') }
+      : undefined,
   };
   return withAttentionKernel(profile, attentionKernel);
 }

@@ -11,6 +11,12 @@
 //   - consecutive sends and recvs of one stream with the same `batch` are posted one after another
 //     (each once its own events are recorded) and end at once, recording their events; the last
 //     of them ends when every transfer of the batch has, and records its events then
+//   - on a GPU profile that prices the framework's host (hardware.ts HostSide), a rank's host
+//     issues its instructions in program order, each taking the profile's host time, and an
+//     instruction starts no earlier than its issue; at a forward expert dispatch the host first
+//     waits until the GPU could start it (dropless routing's row counts are read back before the
+//     exchange is posted), so the GPU then idles while the host issues what follows. Kernels too
+//     small to hide the host make the step the host's (a 4k sequence over tp 4, a tiny model)
 // The plan is verified before it is simulated, so every stream runs to its end.
 //
 // Ranks that share a program are alike: their instructions are priced alike (on the first rank's
@@ -41,7 +47,13 @@ import {
   type ProgramIndex,
 } from '../verify/plan-index.js';
 import { Worklist } from '../verify/worklist.js';
-import { expectedSizes, instructionCosts, WorkMemo, type GroupShape } from './cost.js';
+import {
+  expectedSizes,
+  instructionCosts,
+  instructionWork,
+  WorkMemo,
+  type GroupShape,
+} from './cost.js';
 import type { HardwareProfile } from './hardware.js';
 import { Meetings, symmetricMeetings } from './symmetry.js';
 
@@ -142,13 +154,14 @@ export function simulatePlan(
   const costs = costsOf
     ? ix.programs.map((p) => costsOf(p.file))
     : byReplayed(replayedFor, (j) => defaultCosts(ix, ix.programs[j], sizes, hw, memo));
-  const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c), hw);
+  const host = hostIssue(hw, setup, sizes, memo);
+  const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c, host), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
   const slowdown = hw.efficiency?.overlapSlowdown ?? 0;
   if (!(slowdown > 0)) return run(costs);
   // compute that shares the SMs with communication: lengthen it by the overlap the first replay
   // shows, and replay once more (one correction, not a fixed point: the overlap moves a little)
-  const first = replayed(setup, costs).kept;
+  const first = replayed(setup, costs, host).kept;
   return run(
     byReplayed(replayedFor, (j) => slowOverlapped(ix.programs[j], first[j], costs[j], slowdown)),
   );
@@ -400,8 +413,12 @@ function defaultCosts(
 }
 
 /** A plan's step replayed at `costs`, run to its end. */
-function replayed(setup: ReplaySetup, costs: readonly Float64Array[]): StepReplay {
-  const replay = new StepReplay(setup, costs);
+function replayed(
+  setup: ReplaySetup,
+  costs: readonly Float64Array[],
+  host?: readonly HostIssue[],
+): StepReplay {
+  const replay = new StepReplay(setup, costs, host);
   replay.runAll();
   replay.assertFinished();
   return replay;
@@ -411,8 +428,56 @@ function simulationOf(replay: StepReplay, hw: HardwareProfile): Simulation {
   return { hardware: hw, stepSeconds: replay.stepEnd, ranks: replay.keptRanks() };
 }
 
+/**
+ * What a rank's host issues (the framework's launch path): [n + 1] prefix sums of each
+ * instruction's host seconds, and the instructions the host must wait at (sorted): a forward
+ * expert dispatch, whose row counts the host reads back before it can post the exchange.
+ */
+interface HostIssue {
+  readonly before: Float64Array;
+  readonly syncs: Int32Array;
+}
+
+/** each replayed program's host issue, on a profile that prices the host (hardware.ts HostSide) */
+function hostIssue(
+  hw: HardwareProfile,
+  setup: ReplaySetup,
+  sizes: ReadonlyMap<string, number>,
+  memo: WorkMemo,
+): HostIssue[] | undefined {
+  const host = hw.host;
+  if (hw.runtime === 'cpu' || !host || !(host.opUs > 0 || host.groupedGemmUs > 0)) return undefined;
+  const { ix } = setup;
+  const { dtypeBytes, gradDtypeBytes } = hw.compute;
+  return byReplayed(setup.replayedFor, (j) => {
+    const file = ix.programs[j].file;
+    const work = instructionWork(file, sizes, dtypeBytes, gradDtypeBytes, memo);
+    const n = file.instructions.length;
+    // a dispatch's received rows are what moe_sort_chunks sorts by expert
+    const sorted = new Set<number>();
+    for (const x of file.instructions)
+      if (x.op === 'moe_sort_chunks' && x.attrs.inverse === false) sorted.add(x.inputs[0]);
+    const before = new Float64Array(n + 1);
+    const syncs: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const x = file.instructions[i];
+      // the optimizer phase is a fused multi-tensor update in the framework: a few launches for
+      // every parameter, not one an instruction
+      const m = work[i].matmul;
+      const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
+      const h = x.phase === 'optimizer' ? 0 : host.opUs + groups * host.groupedGemmUs;
+      before[i + 1] = before[i] + h * 1e-6;
+      if (x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]))
+        syncs.push(i);
+    }
+    return { before, syncs: Int32Array.from(syncs) };
+  });
+}
+
 const OTHER = 0;
 const COLLECTIVE = 1;
+/** blockedOn: a stream waiting for its host to pass a sync */
+const HOST = -2;
 const MEMORY = 2;
 
 /**
@@ -498,10 +563,17 @@ class StepReplay {
   /** [program] what replays read from its instructions: each one's batch and whether it has one */
   private readonly infos: readonly ReplayInfo[];
   private readonly work: Worklist;
+  /** [program] its host issue, when the profile prices the launch path */
+  private readonly host?: readonly HostIssue[];
+  /** [rank] the host: when it issued its last sync, the instruction after it, the next sync */
+  private readonly hostBase: Float64Array;
+  private readonly hostFrom: Int32Array;
+  private readonly hostNext: Int32Array;
 
   constructor(
     { ix, meet, replayedFor }: ReplaySetup,
     private readonly costs: readonly Float64Array[],
+    host?: readonly HostIssue[],
   ) {
     const { world, programs, programOf } = ix;
     this.programs = programs;
@@ -541,6 +613,10 @@ class StepReplay {
     this.batchDone = new Float64Array(world * S);
     this.infos = programs.map(replayInfo);
     this.work = new Worklist(world * S);
+    this.host = host;
+    this.hostBase = new Float64Array(host ? world : 0);
+    this.hostFrom = new Int32Array(host ? world : 0);
+    this.hostNext = new Int32Array(host ? world : 0);
   }
 
   /** every replayed stream moved until none can */
@@ -665,7 +741,36 @@ class StepReplay {
       }
       if (when > t) t = when;
     }
-    return t;
+    return this.host ? this.issued(rs, r, i, t) : t;
+  }
+
+  /**
+   * the time instruction i of rank r may start once its host has issued it (its GPU readiness t),
+   * NaN while the host waits at an earlier sync; at a sync, the host waits for t
+   */
+  private issued(rs: number, r: number, i: number, t: number): number {
+    const { before, syncs } = this.host![this.programOf[r]];
+    const next = this.hostNext[r];
+    const sync = next < syncs.length ? syncs[next] : Infinity;
+    if (sync < i) {
+      this.blockedOn[rs] = HOST;
+      return NaN;
+    }
+    const from = this.hostFrom[r];
+    if (sync === i) {
+      const arrive = this.hostBase[r] + (before[i] - before[from]);
+      const issue = Math.max(arrive, t) + (before[i + 1] - before[i]);
+      this.hostBase[r] = issue;
+      this.hostFrom[r] = i + 1;
+      this.hostNext[r] = next + 1;
+      for (let u = r * S; u < r * S + S; u++)
+        if (this.blockedOn[u] === HOST) {
+          this.blockedOn[u] = -1;
+          this.work.push(u);
+        }
+      return issue;
+    }
+    return Math.max(t, this.hostBase[r] + (before[i + 1] - before[from]));
   }
 
   /** posts the batch's members from batchNext on, each once its events are recorded */

@@ -85,9 +85,11 @@ interface Work {
   comms: Comms;
   /** the expert all_to_all_v exchange */
   a2a: Comms;
+  /** the framework's host time to issue its nodes (hardware.ts HostSide) */
+  host: number;
 }
 
-const emptyWork = (): Work => ({ compute: 0, comms: new Map(), a2a: new Map() });
+const emptyWork = (): Work => ({ compute: 0, comms: new Map(), a2a: new Map(), host: 0 });
 
 /** Bytes at the bounds and at expected sizes. */
 interface Bytes {
@@ -291,6 +293,10 @@ interface StagedPasses {
   /** the encoder's forward and backward of one microbatch */
   readonly encoderF: number;
   readonly encoderB: number;
+  /** the framework's host time to issue each virtual stage's forward and backward of one
+   * microbatch, and the encoder's (hardware.ts HostSide; 0 on a profile without it) */
+  readonly host: readonly number[];
+  readonly encoderHost: number;
 }
 
 const total = (x: Seconds) => x.other + x.a2a;
@@ -342,8 +348,18 @@ function stagePasses(c: LayoutContext): StagedPasses {
   // the compiler splits on the forward and backward alone (recompute and offload are emission
   // passes, after the split): the split's weights leave them out
   const splitWeight: number[] = [];
+  // the host's time for a layer's passes of one microbatch; at the forward's expert dispatch it
+  // waits for the GPU, so a forward whose kernels outlast their issue adds the difference
+  const layerHost: number[] = [];
   const layerCost = decoder.layers.map((l) => {
     const f = pricedWork(c, l.forward);
+    const waits = l.forward.a2a.size > 0 ? Math.max(0, total(f) - l.forward.host) : 0;
+    layerHost.push(
+      l.forward.host +
+        waits +
+        l.backward.host +
+        (rkey === 'none' ? 0 : l.recomputeOf(policy.recompute).host),
+    );
     const b = pricedWork(c, l.backward);
     splitWeight.push(total(f) + total(b));
     const rec =
@@ -400,7 +416,16 @@ function stagePasses(c: LayoutContext): StagedPasses {
     }
     return { f, b };
   });
-  return { split, first, vs, encoderF, encoderB };
+  const pieceHost = (w: { forward: Work; backward: Work }) => w.forward.host + w.backward.host;
+  const encoderHost = pieceHost(encoder);
+  const issue = Array.from({ length: K }, (_, s) => {
+    let h = 0;
+    for (let i = first[s]; i < first[s] + split[s]; i++) h += layerHost[Math.min(i, R - 1)];
+    if (s === 0) h += pieceHost(decoder.embed) + (level === 1 ? encoderHost : 0);
+    if (s === K - 1) h += pieceHost(decoder.post);
+    return h;
+  });
+  return { split, first, vs, encoderF, encoderB, host: issue, encoderHost };
 }
 
 /** Layers of pipeline stage s over its chunks. */
@@ -492,7 +517,16 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
       gather(encoderGroup, p.encoder);
     tail = Math.max(tail, pipe.finish[s] + exposedSync + norm + optimizer);
   }
-  return phase1 + tail + phase3;
+  // the framework's host issues a stage's every pass in turn: no step is shorter (the replay's
+  // own host waits at the expert dispatches are not estimated)
+  let issued = 0;
+  for (let s = 0; s < pp; s++) {
+    let h = 0;
+    for (let k = 0; k < layout.vpp; k++) h += st.host[k * pp + s];
+    const encoded = level === 2 && s === 0 ? Math.ceil(m / tp) : level === 3 ? rounds : 0;
+    issued = Math.max(issued, m * h + encoded * st.encoderHost);
+  }
+  return Math.max(phase1 + tail + phase3, issued);
 }
 
 /** The busiest stage's device bytes, at the bounds and at expected sizes. */
@@ -732,6 +766,12 @@ class RankGraph {
 
   /** adds a node's work to a piece: compute seconds, or a collective by op and group */
   add(w: Work, x: NodeWork): void {
+    const host = this.hw.host;
+    if (host && this.hw.runtime !== 'cpu') {
+      const m = x.matmul;
+      const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
+      w.host += (host.opUs + groups * host.groupedGemmUs) * 1e-6;
+    }
     if (x.category !== 'collective') {
       w.compute += workSeconds(x, this.hw);
       return;

@@ -4,7 +4,7 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { cli } from '../helpers.js';
+import { cli, gpuSideProfile } from '../helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'lfc-precision-'));
 
@@ -87,6 +87,7 @@ describe('lfc run: an expert dispatch past its planned routing imbalance', () =>
 });
 
 describe('lfc compile --moe-expected-imbalance', () => {
+  const H800 = gpuSideProfile('h800');
   /** the plan's Rx symbols (an expert dispatch's received rows) and its simulated step */
   async function compiled(name: string, ...flags: string[]) {
     const plan = join(dir, name);
@@ -99,6 +100,8 @@ describe('lfc compile --moe-expected-imbalance', () => {
       '2',
       '--moe-routing-imbalance',
       '1.5',
+      // the GPU's side: on h800 as shipped this model's step is its host's, whatever the rows
+      ...['--hardware', H800],
       ...flags,
       '--json',
       '-o',

@@ -12,13 +12,16 @@ import { deviceMemoryOf, fitsOn, memoryByProgram } from '../../compiler/report/m
 import { loadHardware } from '../../compiler/sim/hardware.js';
 import { forecastStep } from '../../compiler/sim/report.js';
 
-import { cli } from '../helpers.js';
+import { cli, gpuSideProfile } from '../helpers.js';
 import { LocalPricer } from '../../compiler/tune/search.js';
 import { pricingRequestOf } from '../../cli/tune-pool.js';
 import { projectRoot } from '../../compiler/paths.js';
 import { layerParams, staticBytesLowerBound } from '../../compiler/tune/bounds.js';
 import type { Layout } from '../../compiler/tune/space.js';
 import { resolvePrecision } from '../../compiler/frontend/precision.js';
+
+/** h800 without its host: the test's model is host-bound on a GPU, every layout alike */
+const H800 = gpuSideProfile('h800');
 
 // tiny-vlm-moe on 4 ranks of one node, the encoder at level 1 or 3, micro-batch 1 or 2, no
 // recompute, no offload: a space small enough to price every point
@@ -31,7 +34,7 @@ const BASE = [
   '--global-batch-size',
   '8',
   '--hardware',
-  'h800',
+  H800,
 ];
 const SPACE = [
   ...['--fix', 'level=1|3', '--fix', 'encoder-tp=1', '--fix', 'mbs=1|2'],
@@ -66,7 +69,7 @@ const accounted = (j: TuneJson) =>
 
 /** the best tokens/s of every flag combination of the same space, each compiled here */
 function exhaustiveBest(): { tokensPerSecond: number; flags: string[] } {
-  const hw = loadHardware('h800');
+  const hw = loadHardware(H800);
   const device = deviceMemoryOf(hw);
   let best = { tokensPerSecond: -1, flags: [] as string[] };
   const compileArgs = BASE.filter((_, i) => i < 7); // without --hardware
@@ -379,7 +382,7 @@ describe('lfc tune', () => {
       skipVerify: true,
     });
     const programs = new Map(c.programs.map((p) => [p.id, p]));
-    const { forecast } = forecastStep(c.modelForwardFlops, c.plan, programs, loadHardware('h800'));
+    const { forecast } = forecastStep(c.modelForwardFlops, c.plan, programs, loadHardware(H800));
     expect(forecast.tokensPerSecond).toBe(best.forecast.tokensPerSecond);
   }, 300_000);
 

@@ -18,7 +18,7 @@ import {
 } from '../../compiler/sim/cost.js';
 import { listHardware, loadHardware, scaleEfficiency } from '../../compiler/sim/hardware.js';
 import { microbatchForwardFlops } from '../../compiler/sim/report.js';
-import { cli } from '../helpers.js';
+import { cli, gpuSideProfile } from '../helpers.js';
 
 const h800 = loadHardware('h800');
 const GiB = 2 ** 30;
@@ -394,6 +394,10 @@ describe('hardware profiles', () => {
     expect(() => loadHardware(bad)).toThrow(
       /bad-hw\.yaml: efficiency\.attention lists its figures by kernel: write default: <kernel>/,
     );
+    writeFileSync(bad, text.replace(/^host: .*$/m, 'host: { op_us: -40, grouped_gemm_us: 8 }'));
+    expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: host\.op_us must be a number/);
+    writeFileSync(bad, text.replace(/^host: .*$/m, 'host: { op_us: 40 }'));
+    expect(() => loadHardware(bad)).toThrow(/bad-hw\.yaml: host\.grouped_gemm_us is missing/);
     writeFileSync(bad, text.replace(/default: flash3/, 'default: flash9'));
     expect(() => loadHardware(bad)).toThrow(
       /bad-hw\.yaml: efficiency\.attention\.default must name one of its kernels \(flash3, flash2, cudnn\), got "flash9"/,
@@ -492,7 +496,14 @@ describe('lfc compile: the simulated step', () => {
   });
   it('--hardware a100 is slower than h100 for the same plan; --json carries the forecast', async () => {
     const step = async (hw: string) => {
-      const r = await cli('compile', 'tiny-vlm-moe', ...flags, '--hardware', hw, '--json');
+      const r = await cli(
+        'compile',
+        'tiny-vlm-moe',
+        ...flags,
+        '--hardware',
+        gpuSideProfile(hw),
+        '--json',
+      );
       return (JSON.parse(r.out) as { forecast: { stepSeconds: number; mfu: number } }).forecast;
     };
     const [a, h] = [await step('a100'), await step('h100')];
@@ -506,7 +517,7 @@ describe('lfc compile: the simulated step', () => {
         'tiny-vlm-moe',
         ...flags,
         '--hardware',
-        'h100',
+        gpuSideProfile('h100'),
         ...more,
         '--json',
       );

@@ -18,6 +18,7 @@ const gpu = loadHardware('h800');
 /** a profile like lfc calibrate's of a small machine: kernels, not latencies, make the step */
 const cpuWith = (cores: number): HardwareProfile => ({
   ...gpu,
+  host: undefined, // lfc calibrate's profile: the host is its kernels' launch
   runtime: 'cpu',
   gpusPerNode: cores,
   compute: {

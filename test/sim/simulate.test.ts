@@ -9,12 +9,19 @@
 //            = max(post(send), post(recv)) + max of the two costs    an unbatched send or recv
 //            = post                                                  a batch member but the last
 //            = max(post, every transfer of the batch)                the last member of a batch
+// On a profile that prices the framework's host (hardware.ts HostSide), each rank's host issues
+// its instructions in program order, and an instruction posts no earlier than its issue:
+//   issue(i) = issue(i - 1) + host(i)                                 an instruction (host 0 in
+//                                                                     the optimizer phase)
+//            = max(issue(i - 1), its post without the host) + host(i)  a forward expert dispatch
+//   post(i)  = max(the post above, issue(i))
 // Every instruction's start and end on the first rank of each program, and the step, must agree.
 
 import { describe, expect, it } from 'vitest';
 import { compile, type CompileOptions } from '../../compiler/pipeline.js';
 import type { ProgramFile } from '../../compiler/plan/format.js';
-import { loadHardware } from '../../compiler/sim/hardware.js';
+import { loadHardware, type HostSide } from '../../compiler/sim/hardware.js';
+import { expectedSizes, instructionWork } from '../../compiler/sim/cost.js';
 import { replaySetup, simulatePlan } from '../../compiler/sim/simulate.js';
 import { parseCompileArgs } from '../../cli/compile.js';
 import { BATCH, LAYOUTS as MATRIX } from '../layouts.js';
@@ -50,18 +57,51 @@ function randomCosts(seed: number, slow = 1) {
   };
 }
 
+/**
+ * Each program's host seconds an instruction and whether the host waits for the GPU there (a
+ * forward all_to_all_v whose rows moe_sort_chunks sorts by expert), at the profile's host figures.
+ */
+function hostOf(
+  plan: Parameters<typeof buildPlanIndex>[0],
+  programs: Parameters<typeof buildPlanIndex>[1],
+  host: HostSide,
+) {
+  const sizes = expectedSizes(plan, programs.values());
+  return (p: ProgramFile) => {
+    const work = instructionWork(p, sizes, 2, 4);
+    const sorted = new Set(
+      p.instructions
+        .filter((x) => x.op === 'moe_sort_chunks' && x.attrs.inverse === false)
+        .map((x) => x.inputs[0]),
+    );
+    return p.instructions.map((x, i) => {
+      const m = work[i].matmul;
+      const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
+      return {
+        seconds: x.phase === 'optimizer' ? 0 : (host.opUs + groups * host.groupedGemmUs) * 1e-6,
+        sync: x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]),
+      };
+    });
+  };
+}
+
 /** The equations of the header, solved by sweeping until nothing changes. */
 function fixedPoint(
   plan: Parameters<typeof buildPlanIndex>[0],
   programs: Parameters<typeof buildPlanIndex>[1],
   costOf: (p: ProgramFile) => Float64Array,
+  host?: HostSide,
 ) {
   const ix = buildPlanIndex(plan, programs);
   const { world } = ix;
   const prog = (r: number) => ix.programs[ix.programOf[r]];
   const cost = ix.programs.map((p) => costOf(p.file));
+  const hostCosts = host ? ix.programs.map((p) => hostOf(plan, programs, host)(p.file)) : undefined;
   const post = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
   const end = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
+  /** [rank][instruction] when its host has issued it; its post without the host */
+  const issue = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
+  const ready = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
   const batchOf = (r: number, i: number) => {
     const b = prog(r).file.instructions[i].attrs.batch;
     return typeof b === 'number' ? b : -1;
@@ -108,12 +148,22 @@ function fixedPoint(
     };
     for (let r = 0; r < world; r++) {
       const p = prog(r);
+      if (hostCosts) {
+        const h = hostCosts[ix.programOf[r]];
+        let t = 0;
+        for (let i = 0; i < p.n; i++) {
+          t = (h[i].sync ? Math.max(t, ready[r][i]) : t) + h[i].seconds;
+          set(issue[r], i, t);
+        }
+      }
       for (const list of p.streams) {
         let free = 0;
         list.forEach((i, at) => {
           let t = free;
           for (let k = p.waitStart[i]; k < p.waitStart[i + 1]; k++)
             t = Math.max(t, end[r][recorder[r].get(p.waitEvents[k])!]);
+          set(ready[r], i, t);
+          t = Math.max(t, issue[r][i]);
           set(post[r], i, t);
           let e: number;
           if (p.kind[i] === LOCAL) e = t + cost[ix.programOf[r]][i];
@@ -167,12 +217,18 @@ function exposedByBruteForce(
   return total;
 }
 
-const h800 = loadHardware('h800');
+const h800 = { ...loadHardware('h800'), host: undefined };
 /** h800 without its compute slowdown under communication (that is a second replay, tested below) */
 const unshared = { ...h800, efficiency: { ...h800.efficiency!, overlapSlowdown: 0 } };
+/** a host as slow as the random costs' kernels, so that it binds (0.2 s an instruction, 0.05 s
+ * an expert GEMM) */
+const slowHost: HostSide = { opUs: 2e5, groupedGemmUs: 5e4 };
 
-describe('the step simulator solves the timing equations', () => {
-  const hw = unshared;
+describe.each([
+  ['', undefined],
+  [', a host that binds', slowHost],
+] as const)('the step simulator solves the timing equations%s', (_, host) => {
+  const hw = { ...unshared, host };
   it.each(Object.keys(LAYOUTS))('%s', (name) => {
     const result = compile({
       model: 'tiny-vlm-moe',
@@ -188,8 +244,14 @@ describe('the step simulator solves the timing equations', () => {
     ]) {
       const costs = randomCosts(seed, slow);
       const sim = simulatePlan(result.plan, programs, hw, costs);
-      const want = fixedPoint(result.plan, programs, costs);
+      const want = fixedPoint(result.plan, programs, costs, host);
       expect(sim.stepSeconds).toBeCloseTo(want.step, 9);
+      if (host)
+        expect(sim.stepSeconds).toBeGreaterThan(fixedPoint(result.plan, programs, costs).step);
+      // the expert layout's host waits at its dispatches
+      if (host && name.includes('ep 2'))
+        for (const p of programs.values())
+          expect(hostOf(result.plan, programs, host)(p).some((x) => x.sync)).toBe(true);
       expect(sim.ranks.map((r) => r.program).sort()).toEqual([...programs.keys()].sort());
       for (const r of sim.ranks) {
         for (let i = 0; i < r.start.length; i++) {

@@ -1,7 +1,8 @@
 // The cheaper model of lfc tune (compiler/tune/estimate.ts) against the compiler and simulator
 // it stands in for: on a spread of layouts of two small MoE presets (one with deepstack taps, so
 // that the reduced model keeps distinct first layers), the estimated step and memory lie near the
-// priced ones, and the estimate orders the layouts as the simulator does.
+// priced ones, and the estimate orders the layouts as the simulator does: on the GPU's side alone,
+// and with the framework's host as the GPU profiles price it.
 import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../cli/compile.js';
 import { loadModelConfig } from '../../compiler/frontend/config.js';
@@ -28,12 +29,23 @@ function spearman(a: readonly number[], b: readonly number[]): number {
   return 1 - (6 * d2) / (n * (n * n - 1));
 }
 
+const h800 = loadHardware('h800');
+/**
+ * How far below the simulated step the estimate may fall. On the GPU alone, the search's slack.
+ * Where the framework's host binds (these presets on a GPU profile: every layout), the estimate
+ * counts the rank graph's nodes, and the plan holds 10–30% more instructions (recompute, copies,
+ * gradient buckets) for the host to issue: it understates such a step by up to a quarter
+ * (measured 0.75–0.93), the side on which it cannot prune a layout that wins (search.ts).
+ */
+const BELOW = { gpu: 1 - ESTIMATE_SLACK, host: 0.7 };
+
 describe.each([
-  ['tiny-vlm-moe', 8],
-  ['qwen3-vl-moe-tiny', 8],
-] as const)('the estimate of %s on %i ranks', (model, world) => {
+  ['tiny-vlm-moe', 8, 'the GPU alone', { ...h800, host: undefined }, BELOW.gpu],
+  ['qwen3-vl-moe-tiny', 8, 'the GPU alone', { ...h800, host: undefined }, BELOW.gpu],
+  ['tiny-vlm-moe', 8, 'the host as h800 prices it', h800, BELOW.host],
+  ['qwen3-vl-moe-tiny', 8, 'the host as h800 prices it', h800, BELOW.host],
+] as const)('the estimate of %s on %i ranks, %s', (model, world, _, hw, below) => {
   it('lies near compile + simulate, and ranks layouts alike', () => {
-    const hw = loadHardware('h800');
     const base = [
       model,
       ...['--nnodes', '2', '--nproc-per-node', String(world / 2)],
@@ -84,7 +96,7 @@ describe.each([
       expect(
         step,
         `${r.name}: step estimated ${r.step[0]} s, simulated ${r.step[1]} s`,
-      ).toBeGreaterThan(1 - ESTIMATE_SLACK);
+      ).toBeGreaterThan(below);
       expect(
         bound,
         `${r.name}: memory estimated ${r.bound[0]}, planned ${r.bound[1]}`,
