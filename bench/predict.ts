@@ -56,6 +56,8 @@ export function predict(
   });
   const step = forecast.stepSeconds;
   const world = r.plan.topology.worldSize;
+  const idle = step - busiest.computeBusy - busiest.exposedComm;
+  const host = Math.min(busiest.hostWait, idle);
   return {
     step,
     perGpu: forecast.tokensPerSecond / world,
@@ -64,7 +66,9 @@ export function predict(
     shares: [
       ...kernels,
       ['exposed communication', busiest.exposedComm],
-      ['idle', step - busiest.computeBusy - busiest.exposedComm],
+      // idle: pipeline bubbles, waits on peers and, apart, waits for the framework's host
+      ['idle', idle - host],
+      ['waiting for the host', host],
     ],
   };
 }

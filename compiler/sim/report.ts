@@ -25,6 +25,9 @@ export interface ProgramForecast {
   /** exposedComm by op, largest first */
   readonly exposedByOp: readonly { readonly op: string; readonly share: number }[];
   readonly idle: number;
+  /** of the idle time, what its compute stream waits for the framework's host to issue kernels
+   * (hardware.ts HostSide) */
+  readonly hostWait: number;
 }
 
 export interface StepForecast {
@@ -80,6 +83,7 @@ export function forecastStep(
         .map(([op, t]) => ({ op, share: t / step }))
         .sort((a, b) => b.share - a.share),
       idle: 1 - (r.computeBusy + r.exposedComm) / step,
+      hostWait: Math.min(r.hostWait, step - r.computeBusy - r.exposedComm) / step,
     })),
   };
   return { forecast, simulation };
@@ -106,7 +110,7 @@ export function describeForecast(f: StepForecast, hw: HardwareProfile): string[]
     `simulated on ${simulatedOn(f)}: step ${time}, ${rate} tokens/s, MFU ${pct(f.mfu)} (${hw.description})`,
     ...f.programs.map(
       (p) =>
-        `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}${ops(p.exposedByOp)}, idle ${pct(p.idle)}`,
+        `  ${p.program} (rank ${p.rank}): compute ${pct(p.compute)}, exposed communication ${pct(p.exposedComm)}${ops(p.exposedByOp)}, idle ${pct(p.idle)}${p.hostWait >= 0.0005 ? ` (waiting for the host ${pct(p.hostWait)})` : ''}`,
     ),
   ];
 }

@@ -71,6 +71,9 @@ export interface RankTimes {
   readonly cost: Float64Array;
   /** the end of its last instruction */
   readonly finish: number;
+  /** time its compute stream waits for the framework's host to issue its next kernel (0 on a
+   * profile that prices no host) */
+  readonly hostWait: number;
   /** time its compute stream runs a kernel (an op that is not a collective) */
   readonly computeBusy: number;
   /** time data moves or another stream runs a kernel while the compute stream runs none */
@@ -528,11 +531,19 @@ class StepReplay {
   /** [program] the program replayed for it (ReplaySetup) */
   private readonly replayedFor: Int32Array;
   /** [program] instruction times of its first rank; other ranks' only as far as the step needs */
-  readonly kept: readonly { rank: number; start: Float64Array; end: Float64Array }[];
+  readonly kept: readonly {
+    rank: number;
+    start: Float64Array;
+    end: Float64Array;
+    wait: Float64Array;
+  }[];
   /** [rank][instruction] start and end: a kept rank's arrays; any other's an empty one (writes past
    * its end are dropped) */
   private readonly start: Float64Array[];
   private readonly end: Float64Array[];
+  /** [rank][instruction] how long it waited for its host past the time the GPU could start it
+   * (a kept rank's, on a profile that prices the host) */
+  private readonly hostWait: Float64Array[];
   /** the latest instruction end so far */
   stepEnd = 0;
   /** [rank] its first event's index in recordedAt */
@@ -585,6 +596,7 @@ class StepReplay {
     const times = byReplayed(replayedFor, (j) => ({
       start: new Float64Array(programs[j].n),
       end: new Float64Array(programs[j].n),
+      wait: new Float64Array(host ? programs[j].n : 0),
     }));
     const kept = programs.map((p, j) => ({ rank: p.ranks[0], ...times[j] }));
     this.kept = kept;
@@ -598,6 +610,9 @@ class StepReplay {
     );
     this.end = Array.from({ length: world }, (_, r) =>
       keptOf[r] >= 0 ? kept[keptOf[r]].end : NOWHERE,
+    );
+    this.hostWait = Array.from({ length: world }, (_, r) =>
+      keptOf[r] >= 0 ? kept[keptOf[r]].wait : NOWHERE,
     );
     const eventBase = new Int32Array(world + 1);
     for (let r = 0; r < world; r++) eventBase[r + 1] = eventBase[r] + programs[programOf[r]].events;
@@ -644,10 +659,22 @@ class StepReplay {
   keptRanks(): RankTimes[] {
     const { programs, costs, kept } = this;
     const divided = byReplayed(this.replayedFor, (j) => {
-      const { start, end } = kept[j];
+      const { start, end, wait } = kept[j];
       let finish = 0;
       for (let i = 0; i < programs[j].n; i++) finish = Math.max(finish, end[i]);
-      return { start, end, cost: costs[j], finish, ...divide(programs[j], start, end, costs[j]) };
+      // the compute stream's gaps that its kernels' issue made
+      let hostWait = 0;
+      const { category } = replayInfo(programs[j]);
+      for (let i = 0; i < wait.length; i++)
+        if (programs[j].stream[i] === COMPUTE && category[i] !== COLLECTIVE) hostWait += wait[i];
+      return {
+        start,
+        end,
+        cost: costs[j],
+        finish,
+        hostWait,
+        ...divide(programs[j], start, end, costs[j]),
+      };
     });
     return kept.map(({ rank }, j) => ({ rank, program: programs[j].id, ...divided[j] }));
   }
@@ -768,9 +795,13 @@ class StepReplay {
           this.blockedOn[u] = -1;
           this.work.push(u);
         }
+      this.hostWait[r][i] = issue - t;
       return issue;
     }
-    return Math.max(t, this.hostBase[r] + (before[i + 1] - before[from]));
+    const issue = this.hostBase[r] + (before[i + 1] - before[from]);
+    if (issue <= t) return t;
+    this.hostWait[r][i] = issue - t;
+    return issue;
   }
 
   /** posts the batch's members from batchNext on, each once its events are recorded */

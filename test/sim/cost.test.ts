@@ -493,6 +493,8 @@ describe('lfc compile: the simulated step', () => {
       /p0 \(rank 0\): compute [\d.]+%, exposed communication [\d.]+%( \(\w+ [\d.]+%(, \w+ [\d.]+%)*\))?, idle [\d.]+%/,
     );
     expect(r.out).toMatch(/p1 \(rank 1\): compute/);
+    // a model this small waits for the framework's host on a GPU (h800 prices it)
+    expect(r.out).toMatch(/idle [\d.]+% \(waiting for the host [\d.]+%\)/);
   });
   it('--hardware a100 is slower than h100 for the same plan; --json carries the forecast', async () => {
     const step = async (hw: string) => {

@@ -187,7 +187,7 @@ function fixedPoint(
   }
   let step = 0;
   for (let r = 0; r < world; r++) for (const e of end[r]) step = Math.max(step, e);
-  return { post, end, step };
+  return { post, end, step, ready };
 }
 
 /**
@@ -246,8 +246,10 @@ describe.each([
       const sim = simulatePlan(result.plan, programs, hw, costs);
       const want = fixedPoint(result.plan, programs, costs, host);
       expect(sim.stepSeconds).toBeCloseTo(want.step, 9);
-      if (host)
+      if (host) {
         expect(sim.stepSeconds).toBeGreaterThan(fixedPoint(result.plan, programs, costs).step);
+        expect(Math.max(...sim.ranks.map((r) => r.hostWait))).toBeGreaterThan(0);
+      }
       // the expert layout's host waits at its dispatches
       if (host && name.includes('ep 2'))
         for (const p of programs.values())
@@ -269,6 +271,14 @@ describe.each([
         expect(r.exposedComm).toBeCloseTo(split, 9);
         const byOp = Object.values(r.exposedByOp).reduce((a, b) => a + b, 0);
         expect(byOp).toBeCloseTo(r.exposedComm, 9);
+        // the compute stream's waits for its host: each kernel's post past the GPU's own
+        const p = programs.get(r.program)!;
+        let waits = 0;
+        p.instructions.forEach((x, i) => {
+          if (x.stream === 'compute' && OP_TABLE[x.op as OpKind].category !== 'collective')
+            waits += want.post[r.rank][i] - want.ready[r.rank][i];
+        });
+        expect(r.hostWait).toBeCloseTo(waits, 9);
       }
     }
   });
