@@ -132,6 +132,8 @@ export interface Work {
  */
 export class WorkMemo {
   readonly alike = [new AlikeMemo<Work>(), new AlikeMemo<Work>()];
+  /** each program's work, once worked out (the costs and the host's issue both read it) */
+  readonly programs = new WeakMap<ProgramFile, Work[]>();
   constructor(
     readonly sizes: ReadonlyMap<string, number>,
     readonly dtypeBytes: number,
@@ -158,6 +160,8 @@ export function instructionWork(
     memo.gradDtypeBytes !== gradDtypeBytes
   )
     throw new Error('instructionWork: a memo made for other sizes');
+  const known = memo.programs.get(program);
+  if (known) return known;
   const resolve = shapeResolver((sym: string) => sizes.get(sym) ?? 0);
   const { buffers } = program;
   const elems = (id: number) => {
@@ -180,6 +184,7 @@ export function instructionWork(
     if (work === undefined) alike.put(x, buffers, (work = workOf(x, info)));
     out[i] = work;
   }
+  memo.programs.set(program, out);
   return out;
 
   function workOf(x: PlanInstruction, info: OpInfo): Work {
