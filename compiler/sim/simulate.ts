@@ -464,10 +464,10 @@ function hostIssue(
     const syncs: number[] = [];
     for (let i = 0; i < n; i++) {
       const x = file.instructions[i];
-      // the optimizer phase is a fused multi-tensor update in the framework: a few launches for
-      // every parameter, not one an instruction
       const m = work[i].matmul;
       const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
+      // the optimizer phase is a fused multi-tensor update in the framework: a few launches for
+      // every parameter, not one an instruction
       const h = x.phase === 'optimizer' ? 0 : host.opUs + groups * host.groupedGemmUs;
       before[i + 1] = before[i] + h * 1e-6;
       if (x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]))
@@ -479,9 +479,9 @@ function hostIssue(
 
 const OTHER = 0;
 const COLLECTIVE = 1;
+const MEMORY = 2;
 /** blockedOn: a stream waiting for its host to pass a sync */
 const HOST = -2;
-const MEMORY = 2;
 
 /**
  * What every replay of a program reads from its instructions' attributes, worked out once per

@@ -22,7 +22,10 @@
 // microbatches, gathered to model-parallel rank 0) and its backward after (scattered back). Then
 // the gradient sums of the last backward, as buckets finish, on the grad stream, the gradient
 // norm's all-reduce over every rank, and the optimizer step (the distributed optimizer: a 1/dp
-// shard and an all_gather of the parameters).
+// shard and an all_gather of the parameters). On a profile that prices the framework's host
+// (hardware.ts HostSide), the step is at least a stage's host time: its nodes' issue, and at each
+// layer's expert dispatch the forward kernel time the issue does not cover (the plan has more
+// instructions than the graph has nodes, so this understates a host-bound step).
 //
 // Memory, per stage: parameters, gradients and optimizer state by Megatron's bytes per parameter
 // (compiler/inspect.ts); what a decoder layer keeps from forward to backward under the layout's
@@ -517,8 +520,8 @@ function stepOf(c: LayoutContext, st: StagedPasses): number {
       gather(encoderGroup, p.encoder);
     tail = Math.max(tail, pipe.finish[s] + exposedSync + norm + optimizer);
   }
-  // the framework's host issues a stage's every pass in turn: no step is shorter (the replay's
-  // own host waits at the expert dispatches are not estimated)
+  // the framework's host issues a stage's every pass in turn (stagePasses: with its waits at the
+  // expert dispatches): no step is shorter
   let issued = 0;
   for (let s = 0; s < pp; s++) {
     let h = 0;
