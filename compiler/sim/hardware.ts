@@ -71,7 +71,8 @@ export interface HardwareProfile {
  * The host thread that issues a rank's kernels (a training framework in PyTorch eager mode): the
  * GPU runs an instruction only once the host has issued it, and the host issues in program order,
  * `opUs` an instruction and `groupedGemmUs` more for each GEMM of a grouped one (one library call
- * an expert); the optimizer phase costs the host nothing (a fused multi-tensor update). At a
+ * an expert); the optimizer phase costs the host nothing (a fused multi-tensor update), nor does
+ * an instruction with no work at the expected sizes (an encoder given no images is not run). At a
  * forward expert dispatch the host waits for the GPU: dropless routing's row counts are read back
  * before the exchange is posted.
  */

@@ -466,9 +466,11 @@ function hostIssue(
       const x = file.instructions[i];
       const m = work[i].matmul;
       const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
-      // the optimizer phase is a fused multi-tensor update in the framework: a few launches for
-      // every parameter, not one an instruction
-      const h = x.phase === 'optimizer' ? 0 : host.opUs + groups * host.groupedGemmUs;
+      // nothing issued: the optimizer phase (a fused multi-tensor update in the framework, a few
+      // launches for every parameter), and an instruction with no work at the expected sizes (a
+      // framework runs no module over empty tensors: an encoder with no images, a view)
+      const none = x.phase === 'optimizer' || (work[i].flops === 0 && work[i].bytes === 0);
+      const h = none ? 0 : host.opUs + groups * host.groupedGemmUs;
       before[i + 1] = before[i] + h * 1e-6;
       if (x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]))
         syncs.push(i);

@@ -770,7 +770,8 @@ class RankGraph {
   /** adds a node's work to a piece: compute seconds, or a collective by op and group */
   add(w: Work, x: NodeWork): void {
     const host = this.hw.host;
-    if (host && this.hw.runtime !== 'cpu') {
+    // as the simulator: a node with no work at the expected sizes is not issued
+    if (host && this.hw.runtime !== 'cpu' && (x.flops > 0 || x.bytes > 0)) {
       const m = x.matmul;
       const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
       w.host += (host.opUs + groups * host.groupedGemmUs) * 1e-6;

@@ -59,9 +59,8 @@ import {
 export const ESTIMATE_MEMORY_MARGIN = 1.15;
 /**
  * the estimate's tokens/s may understate a plan's by this share: below it a layout cannot win
- * (the step measured within 0.88–1.05 of the simulated on the test's presets, the GPU's side
- * alone; where the framework's host binds, the estimate overstates tokens/s, which prunes nothing
- * that could win: test/tune/estimate.test.ts)
+ * (the step measured within 0.88–1.05 of the simulated on the test's presets on the GPU's side
+ * alone, 0.85–1.05 with the framework's host: test/tune/estimate.test.ts)
  */
 export const ESTIMATE_SLACK = 0.15;
 

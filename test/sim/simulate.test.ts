@@ -12,7 +12,7 @@
 // On a profile that prices the framework's host (hardware.ts HostSide), each rank's host issues
 // its instructions in program order, and an instruction posts no earlier than its issue:
 //   issue(i) = issue(i - 1) + host(i)                                 an instruction (host 0 in
-//                                                                     the optimizer phase)
+//                                                   the optimizer phase, and with no work to do)
 //            = max(issue(i - 1), its post without the host) + host(i)  a forward expert dispatch
 //   post(i)  = max(the post above, issue(i))
 // Every instruction's start and end on the first rank of each program, and the step, must agree.
@@ -78,7 +78,10 @@ function hostOf(
       const m = work[i].matmul;
       const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
       return {
-        seconds: x.phase === 'optimizer' ? 0 : (host.opUs + groups * host.groupedGemmUs) * 1e-6,
+        seconds:
+          x.phase === 'optimizer' || (work[i].flops === 0 && work[i].bytes === 0)
+            ? 0
+            : (host.opUs + groups * host.groupedGemmUs) * 1e-6,
         sync: x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]),
       };
     });

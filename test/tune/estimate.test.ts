@@ -32,12 +32,12 @@ function spearman(a: readonly number[], b: readonly number[]): number {
 const h800 = loadHardware('h800');
 /**
  * How far below the simulated step the estimate may fall. On the GPU alone, the search's slack.
- * Where the framework's host binds (these presets on a GPU profile: every layout), the estimate
- * counts the rank graph's nodes, and the plan holds 10–30% more instructions (recompute, copies,
- * gradient buckets) for the host to issue: it understates such a step by up to a quarter
- * (measured 0.75–0.93), the side on which it cannot prune a layout that wins (search.ts).
+ * Where the framework's host binds (these presets on a GPU profile), the estimate counts the rank
+ * graph's nodes, and the plan holds more instructions (recompute, copies, gradient buckets) for
+ * the host to issue: measured 0.85–1.05 of the simulated step, 0.8 allowed, the side on which it
+ * cannot prune a layout that wins (search.ts).
  */
-const BELOW = { gpu: 1 - ESTIMATE_SLACK, host: 0.7 };
+const BELOW = { gpu: 1 - ESTIMATE_SLACK, host: 0.8 };
 
 describe.each([
   ['tiny-vlm-moe', 8, 'the GPU alone', { ...h800, host: undefined }, BELOW.gpu],
