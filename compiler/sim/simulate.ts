@@ -37,7 +37,13 @@
 
 import { OP_TABLE, type OpKind } from '../../ir/ops.js';
 import { UserError } from '../errors.js';
-import { batchSpans, STREAMS, type PlanFile, type ProgramFile } from '../plan/format.js';
+import {
+  batchSpans,
+  STREAMS,
+  type PlanFile,
+  type PlanInstruction,
+  type ProgramFile,
+} from '../plan/format.js';
 import {
   buildPlanIndex,
   GROUP,
@@ -245,19 +251,28 @@ function routingOnSharedCores(
   const stated = new Map(plan.symbols.map((s) => [s.name, s.expected]));
   const out = new Map(sizes);
   for (const p of programs) {
-    // a dispatch's received rows are what moe_sort_chunks sorts by expert (a combine's are
-    // sorted back before it, and are the rows its rank sent)
-    const sorted = new Set<number>();
-    for (const x of p.instructions)
-      if (x.op === 'moe_sort_chunks' && x.attrs.inverse === false) sorted.add(x.inputs[0]);
+    const dispatch = expertDispatches(p.instructions);
     for (const x of p.instructions) {
-      if (x.op !== 'all_to_all_v' || !sorted.has(x.outputs[0])) continue;
+      if (!dispatch(x)) continue;
       const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
       const expected = rows === undefined ? undefined : stated.get(rows);
       if (expected !== undefined) out.set(rows!, Math.round((expected / f) * share));
     }
   }
   return out;
+}
+
+/**
+ * Whether an instruction is an expert dispatch: an all_to_all_v whose received rows moe_sort_chunks
+ * then sorts by expert (a combine's rows are sorted back before it, and are the rows its rank sent).
+ */
+function expertDispatches(
+  instructions: readonly PlanInstruction[],
+): (x: PlanInstruction) => boolean {
+  const sorted = new Set<number>();
+  for (const x of instructions)
+    if (x.op === 'moe_sort_chunks' && x.attrs.inverse === false) sorted.add(x.inputs[0]);
+  return (x) => x.op === 'all_to_all_v' && sorted.has(x.outputs[0]);
 }
 
 /**
@@ -456,10 +471,7 @@ function hostIssue(
     const file = ix.programs[j].file;
     const work = instructionWork(file, sizes, dtypeBytes, gradDtypeBytes, memo);
     const n = file.instructions.length;
-    // a dispatch's received rows are what moe_sort_chunks sorts by expert
-    const sorted = new Set<number>();
-    for (const x of file.instructions)
-      if (x.op === 'moe_sort_chunks' && x.attrs.inverse === false) sorted.add(x.inputs[0]);
+    const dispatch = expertDispatches(file.instructions);
     const before = new Float64Array(n + 1);
     const syncs: number[] = [];
     for (let i = 0; i < n; i++) {
@@ -472,8 +484,7 @@ function hostIssue(
       const none = x.phase === 'optimizer' || (work[i].flops === 0 && work[i].bytes === 0);
       const h = none ? 0 : host.opUs + groups * host.groupedGemmUs;
       before[i + 1] = before[i] + h * 1e-6;
-      if (x.op === 'all_to_all_v' && x.phase === 'forward' && sorted.has(x.outputs[0]))
-        syncs.push(i);
+      if (x.phase === 'forward' && dispatch(x)) syncs.push(i);
     }
     return { before, syncs: Int32Array.from(syncs) };
   });

@@ -99,7 +99,8 @@ function fixedPoint(
   const { world } = ix;
   const prog = (r: number) => ix.programs[ix.programOf[r]];
   const cost = ix.programs.map((p) => costOf(p.file));
-  const hostCosts = host ? ix.programs.map((p) => hostOf(plan, programs, host)(p.file)) : undefined;
+  const hostOfProgram = host && hostOf(plan, programs, host);
+  const hostCosts = hostOfProgram && ix.programs.map((p) => hostOfProgram(p.file));
   const post = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
   const end = Array.from({ length: world }, (_, r) => new Float64Array(prog(r).n));
   /** [rank][instruction] when its host has issued it; its post without the host */
