@@ -36,7 +36,7 @@ import {
   type OffloadTensor,
   type RecomputeModule,
 } from '../frontend/activation-names.js';
-import type { PlanBuffer, PlanInstruction } from '../plan/format.js';
+import { instructionWith, type PlanBuffer, type PlanInstruction } from '../plan/format.js';
 import {
   addCopy,
   assemble,
@@ -307,14 +307,13 @@ function recompute(ctx: Ctx, modules: 'full' | readonly RecomputeModule[]): void
         renamed.set(o, id);
         return id;
       });
-      const copy: PlanInstruction = {
-        ...x,
+      const copy = instructionWith(x, {
         inputs: x.inputs.map((v) => (fresh(v) ? renamed.get(v)! : v)),
         outputs,
         wait: [],
         record: [],
         phase: 'backward',
-      };
+      });
       const place = at.get(i)!;
       if (!Number.isFinite(place)) continue;
       insertBefore(before, place, copy);
@@ -330,12 +329,12 @@ function recompute(ctx: Ctx, modules: 'full' | readonly RecomputeModule[]): void
   if (!before.size) return;
   const next = ins.map((x, j) => {
     const inputs = redirected.get(j);
-    return inputs ? { ...x, inputs } : x;
+    return inputs ? instructionWith(x, { inputs }) : x;
   });
   // the waits of an instruction move to the first copy before it (same stream, so it still waits)
   for (const [j, list] of before) {
-    list[0] = { ...list[0], wait: [...list[0].wait, ...next[j].wait] };
-    next[j] = { ...next[j], wait: [] };
+    list[0] = instructionWith(list[0], { wait: [...list[0].wait, ...next[j].wait] });
+    next[j] = instructionWith(next[j], { wait: [] });
   }
   ctx.ins = assemble(next, before);
 }
@@ -406,7 +405,7 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
   const n = ctx.ins.length;
   const before = new Map<number, PlanInstruction[]>();
   const addWait = (j: number, e: number) => {
-    ctx.ins[j] = { ...ctx.ins[j], wait: [...ctx.ins[j].wait, e] };
+    ctx.ins[j] = instructionWith(ctx.ins[j], { wait: [...ctx.ins[j].wait, e] });
   };
   const last = lastArenaUsers(ctx);
   const done = new Set<number>();
@@ -482,7 +481,7 @@ function offload(ctx: Ctx, names: readonly OffloadTensor[]): void {
       for (const v of ix.views[t]) renamed.set(v, addCopy(ctx, v, '.reload', { viewOf: device }));
       for (const j of backward) {
         const x = ctx.ins[j];
-        ctx.ins[j] = { ...x, inputs: x.inputs.map((v) => renamed.get(v) ?? v) };
+        ctx.ins[j] = instructionWith(x, { inputs: x.inputs.map((v) => renamed.get(v) ?? v) });
       }
     }
   }

@@ -14,7 +14,13 @@
 // test/plan/alike-programs.test.ts compiles level-3 layouts both ways and compares every program.
 
 import { isEncoderScope, type EncoderPlacement } from '../parallel/encoder.js';
-import type { PlanBuffer, PlanInstruction, ProgramFile } from '../plan/format.js';
+import {
+  bufferWith,
+  instructionWith,
+  type PlanBuffer,
+  type PlanInstruction,
+  type ProgramFile,
+} from '../plan/format.js';
 
 /** The TP rank whose program `stage`'s others are relabeled from (stage 0's rank 0 is the root). */
 export function templateTp(stage: number): number {
@@ -64,14 +70,14 @@ export function relabeledProgram(
     if (to === undefined || !isEncoderScope(x.scope)) return x;
     for (const b of x.inputs) mark(b, x.microbatch);
     for (const b of x.outputs) mark(b, x.microbatch);
-    return { ...x, microbatch: to };
+    return instructionWith(x, { microbatch: to });
   });
   const relabeled: PlanBuffer[] = buffers.map((b, k) => {
     if (!moved[k]) return b;
     const to = slots.get(b.microbatch)!;
     const suffix = `.mb${b.microbatch}`;
     const name = b.name.endsWith(suffix) ? `${b.name.slice(0, -suffix.length)}.mb${to}` : b.name;
-    return { ...b, name, microbatch: to };
+    return bufferWith(b, { name, microbatch: to });
   });
   return {
     ...template,

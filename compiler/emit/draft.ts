@@ -15,6 +15,7 @@ import { OP_TABLE } from '../../ir/ops.js';
 import { formatDim, numel } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import {
+  instructionWith,
   PLAN_VERSION,
   PROGRAM_FORMAT,
   PROGRAM_REGIONS,
@@ -155,7 +156,7 @@ export function lastNonComm(instructions: readonly PlanInstruction[], pos: numbe
 
 /** A copy of instruction x that waits for `wait` before what it waited for. */
 export const waitingFirst = (x: PlanInstruction, wait: readonly number[]): PlanInstruction =>
-  wait.length ? { ...x, wait: [...wait, ...x.wait] } : x;
+  wait.length ? instructionWith(x, { wait: [...wait, ...x.wait] }) : x;
 
 /** The plan's program file of a finished draft. */
 export function programFileOf(d: ProgramDraft): ProgramFile {
@@ -245,23 +246,19 @@ export class ProgramBuilder {
     }
     const space = t.space ?? 'device';
     const dtype = t.dtype;
-    // two literals, not a spread: every program has hundreds of thousands of buffers
-    this.buffers.push(
-      viewOf !== undefined
-        ? {
-            id,
-            name,
-            region: this.buffers[viewOf].region,
-            space,
-            dtype,
-            shape,
-            offset,
-            bytes,
-            viewOf,
-            microbatch,
-          }
-        : { id, name, region, space, dtype, shape, offset, bytes, microbatch },
-    );
+    // planBuffer's key order, written out (not a spread): every program has tens of thousands
+    this.buffers.push({
+      id,
+      name,
+      region: viewOf !== undefined ? this.buffers[viewOf].region : region,
+      space,
+      dtype,
+      shape,
+      offset,
+      bytes,
+      viewOf,
+      microbatch,
+    });
     return id;
   }
 
@@ -283,6 +280,7 @@ export class ProgramBuilder {
       shape: [String(bytes / DTYPE_BYTES[dtype])],
       offset,
       bytes,
+      viewOf: undefined,
       microbatch: -1,
     });
     return id;
@@ -302,7 +300,7 @@ export class ProgramBuilder {
   record(idx: number): number {
     const e = this.events++;
     const x = this.instructions[idx];
-    this.instructions[idx] = { ...x, record: [...x.record, e] };
+    this.instructions[idx] = instructionWith(x, { record: [...x.record, e] });
     return e;
   }
 

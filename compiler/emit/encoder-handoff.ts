@@ -18,7 +18,7 @@ import { valueTypes, type Graph } from '../../ir/graph.js';
 import { formatDim } from '../../ir/shape.js';
 import type { TensorType } from '../../ir/types.js';
 import { isEncoderScope } from '../parallel/encoder.js';
-import type { PlanInstruction } from '../plan/format.js';
+import { bufferWith, type PlanInstruction } from '../plan/format.js';
 import {
   insertAtMarks,
   nextNonComm,
@@ -143,7 +143,7 @@ class Handoff {
   private filled(id: number, suffix: string): number {
     const i = this.importAt.get(id);
     if (i && !this.named.has(id)) {
-      this.b.buffers[id] = { ...this.b.buffers[id], name: `${i.value}${suffix}` };
+      this.b.buffers[id] = bufferWith(this.b.buffers[id], { name: `${i.value}${suffix}` });
       this.named.add(id);
     }
     return id;
@@ -240,6 +240,7 @@ class Handoff {
         shape: ['0', formatDim(t.shape[1])],
         offset: 0,
         bytes: 0,
+        viewOf: undefined,
         microbatch: -1,
       };
     }

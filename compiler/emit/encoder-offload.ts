@@ -39,7 +39,7 @@
 // bytes between its waiter and its reload, which is what the rewrite, done once at the end, makes.
 
 import { isEncoderScope } from '../parallel/encoder.js';
-import type { PlanInstruction } from '../plan/format.js';
+import { instructionWith, type PlanInstruction } from '../plan/format.js';
 import type { ActivationProgram } from './activations.js';
 import { align, type Lifetime } from '../plan/memory.js';
 import {
@@ -259,9 +259,9 @@ function spill(
   for (const [j, m] of renames) {
     const x = ins[j];
     const to = (id: number) => m.get(id) ?? id;
-    ins[j] = { ...x, inputs: x.inputs.map(to), outputs: x.outputs.map(to) };
+    ins[j] = instructionWith(x, { inputs: x.inputs.map(to), outputs: x.outputs.map(to) });
   }
-  for (const [j, es] of waits) ins[j] = { ...ins[j], wait: [...ins[j].wait, ...es] };
+  for (const [j, es] of waits) ins[j] = instructionWith(ins[j], { wait: [...ins[j].wait, ...es] });
   if (before.size) ctx.ins = assemble(ins, before);
   return { events: ctx.events, keep };
 }

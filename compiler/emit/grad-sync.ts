@@ -18,7 +18,12 @@
 import { DTYPE_BYTES, type DType } from '../../ir/dtype.js';
 import { paramsByName, type Graph, type ParamDecl } from '../../ir/graph.js';
 import { updatedInputs, type OpKind } from '../../ir/ops.js';
-import type { OptimizerShard, PlanBuffer, PlanInstruction } from '../plan/format.js';
+import {
+  bufferWith,
+  type OptimizerShard,
+  type PlanBuffer,
+  type PlanInstruction,
+} from '../plan/format.js';
 import { ALIGN, align } from '../plan/memory.js';
 import type { MutableBuffer } from './rewrite.js';
 import { ProgramBuilder, scheduled, type ProgramDraft, type Unscheduled } from './draft.js';
@@ -38,7 +43,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   // the bucket relayout moves gradient and parameter buffers: work on copies of them
   for (let i = 0; i < b.buffers.length; i++) {
     const x = b.buffers[i];
-    if (x.region === 'grad' || x.region === 'param') b.buffers[i] = { ...x };
+    if (x.region === 'grad' || x.region === 'param') b.buffers[i] = bufferWith(x, {});
   }
   const groupSizes = opts.groupSizes ?? {};
   const byName = paramsByName(g);

@@ -10,7 +10,7 @@
 //   the first instruction after it off the comm stream waits for its last (the data it receives
 //   has come), or the optimizer step does when nothing follows. No p2p marks remain.
 
-import type { PlanInstruction } from '../plan/format.js';
+import { instructionWith, type PlanInstruction } from '../plan/format.js';
 import { insertAtMarks, lastNonComm, nextNonComm, scheduled, type ProgramDraft } from './draft.js';
 
 export function batchTransfers(d: ProgramDraft): ProgramDraft {
@@ -29,14 +29,14 @@ export function batchTransfers(d: ProgramDraft): ProgramDraft {
       const e = events++;
       wait.push(e);
       const x = instructions[before];
-      instructions[before] = { ...x, record: [...x.record, e] };
+      instructions[before] = instructionWith(x, { record: [...x.record, e] });
     }
     const list = [...m.sends, ...m.recvs].map((x, i) =>
       scheduled({ ...x, attrs: { ...x.attrs, batch } }, i === 0 ? wait : []),
     );
     const e = events++;
     const last = list[list.length - 1];
-    list[list.length - 1] = { ...last, record: [...last.record, e] };
+    list[list.length - 1] = instructionWith(last, { record: [...last.record, e] });
     inserts.set(k, list);
     done.set(k, e);
   });
@@ -46,7 +46,10 @@ export function batchTransfers(d: ProgramDraft): ProgramDraft {
     const after = r.marks[k].pos + inserts.get(k)!.length;
     const i = nextNonComm(r.instructions, after);
     if (i < 0) openWaits = [...openWaits, e];
-    else r.instructions[i] = { ...r.instructions[i], wait: [...r.instructions[i].wait, e] };
+    else
+      r.instructions[i] = instructionWith(r.instructions[i], {
+        wait: [...r.instructions[i].wait, e],
+      });
   }
   return {
     ...d,

@@ -2,7 +2,12 @@
 // compiler/emit/encoder-offload.ts): the program being rewritten, copies of its buffers, an index
 // of who writes and reads each buffer, and the assembly of the new instruction list.
 
-import type { PlanBuffer, PlanInstruction } from '../plan/format.js';
+import {
+  bufferWith,
+  instructionWith,
+  type PlanBuffer,
+  type PlanInstruction,
+} from '../plan/format.js';
 
 export interface Ctx {
   ins: PlanInstruction[];
@@ -33,7 +38,7 @@ export function eventAt(ctx: Ctx, i: number): number {
   const x = ctx.ins[i];
   if (x.record.length) return x.record[0];
   const e = ctx.events++;
-  ctx.ins[i] = { ...x, record: [e] };
+  ctx.ins[i] = instructionWith(x, { record: [e] });
   return e;
 }
 
@@ -57,9 +62,7 @@ export function addCopy(
 ): number {
   const id = ctx.buffers.length;
   const b = ctx.buffers[of];
-  const copy: MutableBuffer = { ...b, id, name: `${b.name}${suffix}`, offset: 0, ...patch };
-  if (copy.viewOf === undefined) delete copy.viewOf;
-  ctx.buffers.push(copy);
+  ctx.buffers.push(bufferWith(b, { id, name: `${b.name}${suffix}`, offset: 0, ...patch }));
   return id;
 }
 

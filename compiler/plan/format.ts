@@ -263,6 +263,71 @@ export function stageOfRank(plan: PlanFile, rank: number): number {
 }
 
 /**
+ * An instruction as the compiler makes it: every instruction, a changed copy too
+ * (instructionWith), comes from this one literal. V8 then gives them all one hidden class, and the
+ * loops over a program's instructions (passes, memory plan, verifier, simulator) stay monomorphic;
+ * a spread copy (`{ ...x, wait }`) makes a class of its own, and code that meets a few of those
+ * after it was optimized for the first is thrown away and optimized again.
+ */
+export function planInstruction(x: PlanInstruction): PlanInstruction {
+  return {
+    stream: x.stream,
+    op: x.op,
+    inputs: x.inputs,
+    outputs: x.outputs,
+    attrs: x.attrs,
+    wait: x.wait,
+    record: x.record,
+    microbatch: x.microbatch,
+    phase: x.phase,
+    scope: x.scope,
+  };
+}
+
+/** A copy of x with `change` (planInstruction's one literal). */
+export function instructionWith(
+  x: PlanInstruction,
+  change: Partial<PlanInstruction>,
+): PlanInstruction {
+  return {
+    stream: change.stream ?? x.stream,
+    op: change.op ?? x.op,
+    inputs: change.inputs ?? x.inputs,
+    outputs: change.outputs ?? x.outputs,
+    attrs: change.attrs ?? x.attrs,
+    wait: change.wait ?? x.wait,
+    record: change.record ?? x.record,
+    microbatch: change.microbatch ?? x.microbatch,
+    phase: change.phase ?? x.phase,
+    scope: change.scope ?? x.scope,
+  };
+}
+
+/**
+ * A buffer as the compiler makes it, from one literal for the reason planInstruction gives:
+ * `viewOf` is always a key, undefined on a buffer that is not a view (JSON leaves it out).
+ */
+export function planBuffer(b: PlanBuffer): PlanBuffer {
+  return {
+    id: b.id,
+    name: b.name,
+    region: b.region,
+    space: b.space,
+    dtype: b.dtype,
+    shape: b.shape,
+    offset: b.offset,
+    bytes: b.bytes,
+    viewOf: b.viewOf,
+    microbatch: b.microbatch,
+  };
+}
+
+/** A copy of b with `change` (planBuffer's one literal); `viewOf: undefined` in it is kept. */
+export function bufferWith(b: PlanBuffer, change: Partial<PlanBuffer>): PlanBuffer {
+  return planBuffer({ ...b, ...change });
+}
+
+/**
  * For each instruction, the first and last instruction of its batch (consecutive instructions of
  * one stream with the same `batch` attribute, posted together); itself when not batched.
  */
