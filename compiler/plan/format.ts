@@ -263,28 +263,12 @@ export function stageOfRank(plan: PlanFile, rank: number): number {
 }
 
 /**
- * An instruction as the compiler makes it: every instruction, a changed copy too
- * (instructionWith), comes from this one literal. V8 then gives them all one hidden class, and the
- * loops over a program's instructions (passes, memory plan, verifier, simulator) stay monomorphic;
- * a spread copy (`{ ...x, wait }`) makes a class of its own, and code that meets a few of those
- * after it was optimized for the first is thrown away and optimized again.
+ * A copy of x with `change`, in the key order every instruction the compiler makes has (draft.ts
+ * scheduled writes the same literal). V8 then gives all of a program's instructions one hidden
+ * class, and the loops over them (passes, memory plan, verifier, simulator) stay monomorphic; a
+ * spread copy (`{ ...x, wait }`) makes a class of its own, and code optimized for the first class
+ * is thrown away and optimized again when it meets a few of those.
  */
-export function planInstruction(x: PlanInstruction): PlanInstruction {
-  return {
-    stream: x.stream,
-    op: x.op,
-    inputs: x.inputs,
-    outputs: x.outputs,
-    attrs: x.attrs,
-    wait: x.wait,
-    record: x.record,
-    microbatch: x.microbatch,
-    phase: x.phase,
-    scope: x.scope,
-  };
-}
-
-/** A copy of x with `change` (planInstruction's one literal). */
 export function instructionWith(
   x: PlanInstruction,
   change: Partial<PlanInstruction>,
@@ -304,27 +288,24 @@ export function instructionWith(
 }
 
 /**
- * A buffer as the compiler makes it, from one literal for the reason planInstruction gives:
- * `viewOf` is always a key, undefined on a buffer that is not a view (JSON leaves it out).
+ * A copy of b with `change`, in the key order every buffer the compiler makes has (draft.ts
+ * addBuffer), for the reason instructionWith gives: `viewOf` is always a key, undefined on a
+ * buffer that is not a view (JSON leaves it out); `viewOf: undefined` in `change` makes a copy of a
+ * view a buffer of its own.
  */
-export function planBuffer(b: PlanBuffer): PlanBuffer {
-  return {
-    id: b.id,
-    name: b.name,
-    region: b.region,
-    space: b.space,
-    dtype: b.dtype,
-    shape: b.shape,
-    offset: b.offset,
-    bytes: b.bytes,
-    viewOf: b.viewOf,
-    microbatch: b.microbatch,
-  };
-}
-
-/** A copy of b with `change` (planBuffer's one literal); `viewOf: undefined` in it is kept. */
 export function bufferWith(b: PlanBuffer, change: Partial<PlanBuffer>): PlanBuffer {
-  return planBuffer({ ...b, ...change });
+  return {
+    id: change.id ?? b.id,
+    name: change.name ?? b.name,
+    region: change.region ?? b.region,
+    space: change.space ?? b.space,
+    dtype: change.dtype ?? b.dtype,
+    shape: change.shape ?? b.shape,
+    offset: change.offset ?? b.offset,
+    bytes: change.bytes ?? b.bytes,
+    viewOf: 'viewOf' in change ? change.viewOf : b.viewOf,
+    microbatch: change.microbatch ?? b.microbatch,
+  };
 }
 
 /**
