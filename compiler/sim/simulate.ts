@@ -159,10 +159,19 @@ export function simulatePlan(
   let sizes = expectedSizes(plan, programs.values());
   if (shared) sizes = routingOnSharedCores(plan, programs.values(), sizes, cores);
   const memo = new WorkMemo(sizes, hw.compute.dtypeBytes, hw.compute.gradDtypeBytes);
-  // a program replayed for another is priced alike (symmetry.ts): its costs are the other's
+  // a program replayed for another is priced alike (symmetry.ts): its costs are the other's; one
+  // replayed for itself whose instructions are another's but for microbatch labels (plan-index.ts
+  // alikeOf), on groups that lie as that one's do, has that one's costs too
+  const priced = new Map<string, Float64Array>();
   const costs = costsOf
     ? ix.programs.map((p) => costsOf(p.file))
-    : byReplayed(replayedFor, (j) => defaultCosts(ix, ix.programs[j], sizes, hw, memo));
+    : byReplayed(replayedFor, (j) => {
+        const p = ix.programs[j];
+        const key = `${p.alikeOf} ${groupLayout(ix, p)}`;
+        let c = priced.get(key);
+        if (c === undefined) priced.set(key, (c = defaultCosts(ix, p, sizes, hw, memo)));
+        return c;
+      });
   const host = hostIssue(hw, setup, sizes, memo);
   const run = (c: readonly Float64Array[]) => simulationOf(replayed(setup, c, host), hw);
   if (shared) return runOnSharedCores(ix, costs, run, cores);
@@ -427,7 +436,39 @@ function defaultCosts(
     const apart = peer >= 0 && node(peer) !== node(rank);
     return { size: 2, nodes: apart ? 2 : 1, local: apart ? 1 : 2 };
   };
-  return instructionCosts(p.file, hw, sizes, groupOf, memo);
+  // priced from the first program alike it: the same instructions, so the same work (one memo
+  // entry for the class)
+  return instructionCosts(ix.programs[p.alikeOf].file, hw, sizes, groupOf, memo);
+}
+
+/** how the groups of program p's first rank lie (defaultCosts' group shapes, in one text): each
+ * group reference's size, nodes and members on the rank's node, and each transfer's peer on the
+ * rank's node or not */
+function groupLayout(ix: PlanIndex, p: ProgramIndex): string {
+  const rank = p.ranks[0];
+  const perNode = ix.plan.topology.nprocPerNode;
+  const node = (r: number) => Math.floor(r / perNode);
+  const parts: string[] = [];
+  for (let k = 0; k < p.refs.length; k++) {
+    const c = ix.rankComm[rank][k];
+    if (c < 0) {
+      parts.push('-');
+      continue;
+    }
+    const ranks = ix.comms[c].ranks;
+    const nodes = new Set<number>();
+    let local = 0;
+    for (const r of ranks) {
+      nodes.add(node(r));
+      if (node(r) === node(rank)) local++;
+    }
+    parts.push(`${ranks.length}/${nodes.size}/${local}`);
+  }
+  for (let s = 0; s < p.p2pInstr.length; s++) {
+    const peer = ix.peerOf(rank, p, s);
+    parts.push(peer >= 0 && node(peer) !== node(rank) ? 'x' : 'o');
+  }
+  return parts.join(',');
 }
 
 /** A plan's step replayed at `costs`, run to its end. */
@@ -467,8 +508,13 @@ function hostIssue(
   if (hw.runtime === 'cpu' || !host || !(host.opUs > 0 || host.groupedGemmUs > 0)) return undefined;
   const { ix } = setup;
   const { dtypeBytes, gradDtypeBytes } = hw.compute;
+  // programs alike but for microbatch labels (plan-index.ts alikeOf) issue alike
+  const issued = new Map<number, HostIssue>();
   return byReplayed(setup.replayedFor, (j) => {
-    const file = ix.programs[j].file;
+    const alike = ix.programs[j].alikeOf;
+    const known = issued.get(alike);
+    if (known) return known;
+    const file = ix.programs[alike].file;
     const work = instructionWork(file, sizes, dtypeBytes, gradDtypeBytes, memo);
     const n = file.instructions.length;
     const dispatch = expertDispatches(file.instructions);
@@ -486,7 +532,9 @@ function hostIssue(
       before[i + 1] = before[i] + h * 1e-6;
       if (x.phase === 'forward' && dispatch(x)) syncs.push(i);
     }
-    return { before, syncs: Int32Array.from(syncs) };
+    const issue = { before, syncs: Int32Array.from(syncs) };
+    issued.set(alike, issue);
+    return issue;
   });
 }
 
