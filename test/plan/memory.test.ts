@@ -5,9 +5,11 @@ import { describe, expect, it } from 'vitest';
 import { compile } from '../../compiler/pipeline.js';
 import { checkMemoryReuse } from '../../compiler/plan/check-memory.js';
 import {
+  GREEDY_ALWAYS,
   GREEDY_LIMIT,
   livenessLowerBound,
   planArena,
+  planBySize,
   planByTime,
   planLargestFirst,
   SPLIT_LARGEST,
@@ -78,6 +80,27 @@ describe('planArena', () => {
   it('the largest buffers greedy by size, the rest above them: never overlaps', () => {
     const bufs = lifetimes(300);
     expectDisjoint(bufs, planLargestFirst(bufs, 40));
+  });
+
+  it('a mid-size program: best fit in issue order within 1% of the bound, else the smaller of it and greedy by size', () => {
+    // one buffer live at a time: issue order meets the bound, and is taken
+    const chain: Lifetime[] = Array.from({ length: GREEDY_ALWAYS + 100 }, (_, i) => ({
+      id: i,
+      bytes: 64 * (1 + (i % 7)),
+      start: i,
+      end: i,
+    }));
+    const byTime = planByTime(chain);
+    expect(byTime.sizeBytes).toBe(byTime.lowerBoundBytes);
+    expect(planArena(chain).offsets).toEqual(byTime.offsets);
+    // mixed lifetimes, where issue order ends over 1% above the bound
+    const bufs = lifetimes(GREEDY_ALWAYS + 500);
+    const time = planByTime(bufs).sizeBytes;
+    const size = planBySize(bufs).sizeBytes;
+    expect(time).toBeGreaterThan(1.01 * livenessLowerBound(bufs));
+    const plan = planArena(bufs);
+    expect(plan.sizeBytes).toBe(Math.min(time, size));
+    expectDisjoint(bufs, plan);
   });
 
   it('a large program takes the smaller of best fit in issue order and largest-first', () => {
