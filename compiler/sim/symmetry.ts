@@ -62,9 +62,19 @@ export class Meetings {
     const j = p.collRef[p.slot[i]];
     const c = ix.rankComm[r][j];
     const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-    const out = new Set<number>();
-    for (const m of ix.comms[c].ranks) out.add(standIn[m] * stride + ix.seqOn(m, c)!.instrs[k]);
-    return [...out].sort((a, b) => a - b);
+    // distinct, ascending: sorted in place and deduplicated (a group has a few members; a Set and
+    // a spread for each of a plan's collectives was a fifth of what the replay's setup allocated)
+    const ranks = ix.comms[c].ranks;
+    const out = new Array<number>(ranks.length);
+    for (let q = 0; q < ranks.length; q++) {
+      const m = ranks[q];
+      out[q] = standIn[m] * stride + ix.seqOn(m, c)!.instrs[k];
+    }
+    out.sort((a, b) => a - b);
+    let n = 0;
+    for (let q = 0; q < out.length; q++) if (q === 0 || out[q] !== out[n - 1]) out[n++] = out[q];
+    out.length = n;
+    return out;
   }
 
   /** send or recv i of rank r's program p: its other side */
