@@ -94,7 +94,8 @@ export function bytesAtExpectedSizes(
       symbolic.set(b.shape, (named = b.shape.some((x) => /[A-Za-z]/.test(x))));
     if (!named) return b.bytes;
     let n = 1;
-    for (const d of resolve(b.shape)) n *= d;
+    const dims = resolve(b.shape);
+    for (let k = 0; k < dims.length; k++) n *= dims[k];
     return n * DTYPE_BYTES[b.dtype as DType];
   };
 }

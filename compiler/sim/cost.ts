@@ -102,7 +102,8 @@ export function expectedSizes(
   const sizes = new Map(plan.symbols.map((s) => [s.name, s.expected ?? s.bound]));
   const stated = new Set(plan.symbols.filter((s) => s.expected !== undefined).map((s) => s.name));
   for (const p of programs)
-    for (const x of p.instructions) {
+    for (let i = 0; i < p.instructions.length; i++) {
+      const x = p.instructions[i];
       if (x.op !== 'all_to_all_v') continue;
       const rows = (x.attrs.out_rows as string[] | undefined)?.[0];
       if (rows === undefined || stated.has(rows)) continue;

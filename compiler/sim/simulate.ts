@@ -204,32 +204,42 @@ function slowOverlapped(
   cost: Float64Array,
   slowdown: number,
 ): Float64Array {
-  const moving: [number, number][] = [];
-  const kernels: number[] = [];
+  // typed arrays, not tuples: this runs once per replayed program over all its instructions
   const { category } = replayInfo(p);
+  const from = new Float64Array(p.n); // [i] when instruction i's data starts to move or it runs
+  const moving = new Int32Array(p.n); // collectives that move data, then kernels on compute
+  const kernels = new Int32Array(p.n);
+  let nm = 0;
+  let nk = 0;
   for (let i = 0; i < p.n; i++) {
     if (category[i] === COLLECTIVE) {
-      const from = Math.max(k.start[i], k.end[i] - cost[i]);
-      if (k.end[i] > from) moving.push([from, k.end[i]]);
-    } else if (category[i] !== MEMORY && p.stream[i] === COMPUTE && cost[i] > 0) kernels.push(i);
+      from[i] = Math.max(k.start[i], k.end[i] - cost[i]);
+      if (k.end[i] > from[i]) moving[nm++] = i;
+    } else if (category[i] !== MEMORY && p.stream[i] === COMPUTE && cost[i] > 0) kernels[nk++] = i;
   }
-  moving.sort((a, b) => a[0] - b[0]);
-  const union: [number, number][] = [];
-  for (const [a, b] of moving) {
-    const last = union[union.length - 1];
-    if (last && a <= last[1]) last[1] = Math.max(last[1], b);
-    else union.push([a, b]);
+  // the union of the moving intervals, by start (the union does not depend on the order of ties)
+  const byStart = moving.subarray(0, nm).sort((a, b) => from[a] - from[b]);
+  const lo = new Float64Array(nm);
+  const hi = new Float64Array(nm);
+  let nu = 0;
+  for (let q = 0; q < nm; q++) {
+    const j = byStart[q];
+    if (nu > 0 && from[j] <= hi[nu - 1]) hi[nu - 1] = Math.max(hi[nu - 1], k.end[j]);
+    else {
+      lo[nu] = from[j];
+      hi[nu++] = k.end[j];
+    }
   }
-  kernels.sort((a, b) => k.start[a] - k.start[b]);
+  const ks = kernels.subarray(0, nk).sort((a, b) => k.start[a] - k.start[b]);
   const out = Float64Array.from(cost);
   let u = 0;
-  for (const i of kernels) {
+  for (let q = 0; q < nk; q++) {
+    const i = ks[q];
     const a = k.start[i];
     const b = k.end[i];
-    while (u < union.length && union[u][1] <= a) u++;
+    while (u < nu && hi[u] <= a) u++;
     let overlap = 0;
-    for (let v = u; v < union.length && union[v][0] < b; v++)
-      overlap += Math.min(b, union[v][1]) - Math.max(a, union[v][0]);
+    for (let v = u; v < nu && lo[v] < b; v++) overlap += Math.min(b, hi[v]) - Math.max(a, lo[v]);
     if (overlap > 0) out[i] = cost[i] * (1 + (slowdown * overlap) / (b - a));
   }
   return out;
@@ -978,33 +988,39 @@ function divide(
   end: Float64Array,
   cost: Float64Array,
 ): { computeBusy: number; exposedComm: number; exposedByOp: Record<string, number> } {
-  const compute: number[] = []; // local instructions of the compute stream, in time order
-  const others: [number, number, number][] = []; // from, to, instruction
-  const from = (i: number) => Math.max(start[i], end[i] - cost[i]);
+  // typed arrays, not tuples: this runs once per replayed program over all its instructions
+  const at = new Float64Array(p.n); // [i] when what instruction i runs starts
+  const compute = new Int32Array(p.n); // local instructions of the compute stream, in time order
+  const others = new Int32Array(p.n); // the other instructions that run for a while
+  let nc = 0;
+  let no = 0;
   const { category } = replayInfo(p);
   let computeBusy = 0;
   for (let i = 0; i < p.n; i++) {
     // what runs: the last `cost` of an instruction's interval (all of a local one's)
-    const at = from(i);
+    at[i] = Math.max(start[i], end[i] - cost[i]);
     const kernel = category[i] !== COLLECTIVE;
     if (kernel && p.stream[i] === COMPUTE) {
-      compute.push(i);
-      computeBusy += end[i] - at;
-    } else if (end[i] > at) others.push([at, end[i], i]);
+      compute[nc++] = i;
+      computeBusy += end[i] - at[i];
+    } else if (end[i] > at[i]) others[no++] = i;
   }
-  others.sort((a, b) => a[0] - b[0]);
+  // by start, ties in issue order (the op that started first is charged)
+  const byStart = others.subarray(0, no).sort((a, b) => at[a] - at[b] || a - b);
   let exposed = 0;
   const byOp: Record<string, number> = {};
   let c = 0; // first compute kernel that may still overlap
   let covered = -Infinity; // other time already counted up to here
-  for (const [s0, e0, i] of others) {
-    let s = Math.max(s0, covered);
+  for (let q = 0; q < no; q++) {
+    const i = byStart[q];
+    const e0 = end[i];
+    let s = Math.max(at[i], covered);
     if (s >= e0) continue;
     covered = e0;
     const before = exposed;
-    while (c < compute.length && end[compute[c]] <= s) c++;
-    for (let k = c; k < compute.length && from(compute[k]) < e0; k++) {
-      const cs = from(compute[k]);
+    while (c < nc && end[compute[c]] <= s) c++;
+    for (let k = c; k < nc && at[compute[k]] < e0; k++) {
+      const cs = at[compute[k]];
       if (cs > s) exposed += cs - s;
       s = Math.max(s, end[compute[k]]);
       if (s >= e0) break;

@@ -62,18 +62,21 @@ export class Meetings {
     const j = p.collRef[p.slot[i]];
     const c = ix.rankComm[r][j];
     const k = ix.rankSeq[r][j]!.ord[p.slot[i]];
-    // distinct, ascending: sorted in place and deduplicated (a group has a few members; a Set and
-    // a spread for each of a plan's collectives was a fifth of what the replay's setup allocated)
+    // distinct, ascending: each code inserted in place (a group has a few members; a Set, a
+    // spread and Array sort, which copies to a work array, for each of a plan's collectives were
+    // most of what the replay's setup allocated)
     const ranks = ix.comms[c].ranks;
-    const out = new Array<number>(ranks.length);
+    const out: number[] = [];
     for (let q = 0; q < ranks.length; q++) {
       const m = ranks[q];
-      out[q] = standIn[m] * stride + ix.seqOn(m, c)!.instrs[k];
+      const code = standIn[m] * stride + ix.seqOn(m, c)!.instrs[k];
+      let at = out.length;
+      while (at > 0 && out[at - 1] > code) at--;
+      if (at > 0 && out[at - 1] === code) continue;
+      out.push(code);
+      for (let j = out.length - 1; j > at; j--) out[j] = out[j - 1];
+      out[at] = code;
     }
-    out.sort((a, b) => a - b);
-    let n = 0;
-    for (let q = 0; q < out.length; q++) if (q === 0 || out[q] !== out[n - 1]) out[n++] = out[q];
-    out.length = n;
     return out;
   }
 
