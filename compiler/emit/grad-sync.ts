@@ -50,11 +50,12 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   const gradBuffers = d.params
     .filter((p) => p.grad !== undefined)
     .map((p) => ({ p: byName.get(p.name)!, buf: b.buffers[p.grad!] as PlanBuffer }));
-  const lastWrite = new Map<number, number>();
+  // [buffer] the last instruction that updates it in place, -1: none
+  const lastWrite = new Int32Array(b.buffers.length).fill(-1);
   for (let i = 0; i < d.instructions.length; i++) {
     const ins = d.instructions[i];
     const updated = updatedInputs(ins.op as OpKind, ins.inputs.length);
-    for (let k = 0; k < updated.length; k++) lastWrite.set(ins.inputs[updated[k]], i);
+    for (let k = 0; k < updated.length; k++) lastWrite[ins.inputs[updated[k]]] = i;
   }
   const buckets = bucketsOf(gradBuffers, lastWrite, opts);
   // buckets must be contiguous in the grad region (and, sharded, in the param region, padded to
@@ -65,8 +66,7 @@ export function syncGradients(d: ProgramDraft, g: Graph, opts: EmitOptions): Pro
   const after = new Map<number, PlanInstruction[]>();
   const shards: OptimizerShard[] = [];
   const shardBuffers: { bucket: number; param: number }[] = [];
-  const readyOf = (bucket: Bucket) =>
-    Math.max(...bucket.grads.map((x) => lastWrite.get(x.buf.id) ?? -1));
+  const readyOf = (bucket: Bucket) => Math.max(...bucket.grads.map((x) => lastWrite[x.buf.id]));
   // a tied weight's sum over embd (first and last stage) goes after the whole backward, every
   // other sum, as Megatron's finalize_model_grads all-reduces the embedding gradients after the
   // data-parallel sync: its two stages finish their buckets in different orders, and a sum over
@@ -172,7 +172,7 @@ function merged(
 /** Buckets in the order backward finishes them: by last write, latest first. */
 function bucketsOf(
   gradBuffers: readonly { p: ParamDecl; buf: PlanBuffer }[],
-  lastWrite: ReadonlyMap<number, number>,
+  lastWrite: Int32Array,
   opts: EmitOptions,
 ): Bucket[] {
   const groupSizes = opts.groupSizes ?? {};
@@ -191,7 +191,7 @@ function bucketsOf(
   const encoderSum = (p: ParamDecl) => sumGroups(p).some((k) => ENCODER_SUM_KINDS.has(k));
   const decoder = gradBuffers.filter((x) => !encoderSum(x.p));
   const order = [
-    ...decoder.sort((x, y) => (lastWrite.get(y.buf.id) ?? -1) - (lastWrite.get(x.buf.id) ?? -1)),
+    ...decoder.sort((x, y) => lastWrite[y.buf.id] - lastWrite[x.buf.id]),
     ...gradBuffers.filter((x) => encoderSum(x.p)).reverse(),
   ];
   const open = new Map<string, { bucket: Bucket; bytes: number }>();
