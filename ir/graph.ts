@@ -332,6 +332,17 @@ export class GraphBuilder {
 
 /** Attributes with their keys in sorted order: the canonical form the printer and JSON share. */
 export function sortedAttrs(attrs: Attrs): Attrs {
+  // most come sorted already (a builder's node has a key or two): a copy, with no sort
+  let previous = '';
+  let sorted = true;
+  for (const k in attrs) {
+    if (k < previous) {
+      sorted = false;
+      break;
+    }
+    previous = k;
+  }
+  if (sorted) return { ...attrs };
   return Object.fromEntries(
     Object.keys(attrs)
       .sort()
