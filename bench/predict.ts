@@ -57,7 +57,11 @@ export function predict(
   const step = forecast.stepSeconds;
   const world = r.plan.topology.worldSize;
   const idle = step - busiest.computeBusy - busiest.exposedComm;
-  const host = Math.min(busiest.hostWait, idle);
+  // the report's share of the step its host holds the busiest rank's compute stream back
+  const host =
+    step *
+    forecast.programs.find((p) => p.rank === busiest.rank && p.program === busiest.program)!
+      .hostWait;
   return {
     step,
     perGpu: forecast.tokensPerSecond / world,

@@ -246,7 +246,7 @@ export class ProgramBuilder {
     }
     const space = t.space ?? 'device';
     const dtype = t.dtype;
-    // planBuffer's key order, written out (not a spread): every program has tens of thousands
+    // format.ts bufferWith's key order, written out (not a spread): a program has tens of thousands
     this.buffers.push({
       id,
       name,

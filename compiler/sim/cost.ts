@@ -79,7 +79,7 @@ import { shapeResolver } from '../../ir/shape.js';
 import type { Attrs } from '../../ir/types.js';
 import { AlikeMemo } from '../plan/alike.js';
 import type { PlanFile, PlanInstruction, ProgramFile } from '../plan/format.js';
-import type { Efficiency, HardwareProfile, Link } from './hardware.js';
+import type { Efficiency, HardwareProfile, HostSide, Link } from './hardware.js';
 
 /** How a collective's group lies on the machines (for a send or recv: the pair). */
 export interface GroupShape {
@@ -218,6 +218,29 @@ export function instructionWork(
     const moved = x.op === 'reshape' ? 0 : bytes(x.inputs) + bytes(x.outputs);
     return { category: info.category, flops, bytes: moved, matmul };
   }
+}
+
+/** The framework's host side where the profile prices it: a GPU profile with a host section. */
+export function pricedHost(hw: HardwareProfile): HostSide | undefined {
+  const host = hw.host;
+  return hw.runtime !== 'cpu' && host && (host.opUs > 0 || host.groupedGemmUs > 0)
+    ? host
+    : undefined;
+}
+
+/**
+ * The host's seconds to issue work `w` (hardware.ts HostSide): an op, and a library call for each
+ * GEMM of a grouped one; nothing for work that is empty at the expected sizes (a framework runs no
+ * module over empty tensors: an encoder with no images, a view).
+ */
+export function issueSeconds(
+  host: HostSide,
+  w: { readonly flops: number; readonly bytes: number; readonly matmul?: MatmulShape },
+): number {
+  if (w.flops === 0 && w.bytes === 0) return 0;
+  const m = w.matmul;
+  const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
+  return (host.opUs + groups * host.groupedGemmUs) * 1e-6;
 }
 
 /**

@@ -57,11 +57,13 @@ import {
   expectedSizes,
   instructionCosts,
   instructionWork,
+  issueSeconds,
+  pricedHost,
   WorkMemo,
   type GroupShape,
 } from './cost.js';
 import type { HardwareProfile } from './hardware.js';
-import { Meetings, symmetricMeetings } from './symmetry.js';
+import { groupLayout, Meetings, symmetricMeetings } from './symmetry.js';
 
 const S = STREAMS.length;
 const COMPUTE = STREAMS.indexOf('compute');
@@ -451,36 +453,6 @@ function defaultCosts(
   return instructionCosts(ix.programs[p.alikeOf].file, hw, sizes, groupOf, memo);
 }
 
-/** how the groups of program p's first rank lie (defaultCosts' group shapes, in one text): each
- * group reference's size, nodes and members on the rank's node, and each transfer's peer on the
- * rank's node or not */
-function groupLayout(ix: PlanIndex, p: ProgramIndex): string {
-  const rank = p.ranks[0];
-  const perNode = ix.plan.topology.nprocPerNode;
-  const node = (r: number) => Math.floor(r / perNode);
-  const parts: string[] = [];
-  for (let k = 0; k < p.refs.length; k++) {
-    const c = ix.rankComm[rank][k];
-    if (c < 0) {
-      parts.push('-');
-      continue;
-    }
-    const ranks = ix.comms[c].ranks;
-    const nodes = new Set<number>();
-    let local = 0;
-    for (const r of ranks) {
-      nodes.add(node(r));
-      if (node(r) === node(rank)) local++;
-    }
-    parts.push(`${ranks.length}/${nodes.size}/${local}`);
-  }
-  for (let s = 0; s < p.p2pInstr.length; s++) {
-    const peer = ix.peerOf(rank, p, s);
-    parts.push(peer >= 0 && node(peer) !== node(rank) ? 'x' : 'o');
-  }
-  return parts.join(',');
-}
-
 /** A plan's step replayed at `costs`, run to its end. */
 function replayed(
   setup: ReplaySetup,
@@ -514,8 +486,8 @@ function hostIssue(
   sizes: ReadonlyMap<string, number>,
   memo: WorkMemo,
 ): HostIssue[] | undefined {
-  const host = hw.host;
-  if (hw.runtime === 'cpu' || !host || !(host.opUs > 0 || host.groupedGemmUs > 0)) return undefined;
+  const host = pricedHost(hw);
+  if (!host) return undefined;
   const { ix } = setup;
   const { dtypeBytes, gradDtypeBytes } = hw.compute;
   // programs alike but for microbatch labels (plan-index.ts alikeOf) issue alike
@@ -532,14 +504,10 @@ function hostIssue(
     const syncs: number[] = [];
     for (let i = 0; i < n; i++) {
       const x = file.instructions[i];
-      const m = work[i].matmul;
-      const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
-      // nothing issued: the optimizer phase (a fused multi-tensor update in the framework, a few
-      // launches for every parameter), and an instruction with no work at the expected sizes (a
-      // framework runs no module over empty tensors: an encoder with no images, a view)
-      const none = x.phase === 'optimizer' || (work[i].flops === 0 && work[i].bytes === 0);
-      const h = none ? 0 : host.opUs + groups * host.groupedGemmUs;
-      before[i + 1] = before[i] + h * 1e-6;
+      // nothing issued in the optimizer phase (a fused multi-tensor update in the framework, a
+      // few launches for every parameter)
+      const h = x.phase === 'optimizer' ? 0 : issueSeconds(host, work[i]);
+      before[i + 1] = before[i] + h;
       if (x.phase === 'forward' && dispatch(x)) syncs.push(i);
     }
     const issue = { before, syncs: Int32Array.from(syncs) };

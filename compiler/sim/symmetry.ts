@@ -173,26 +173,41 @@ function alikeClasses(ix: PlanIndex): Int32Array {
   return rep;
 }
 
-/** the first ranks of programs q and j: each group reference of the same size and node spread,
- * each send/recv's peer on another node alike */
+/** the first ranks of programs q and j: their groups lie alike (groupLayout) */
 function alikeGroups(ix: PlanIndex, q: number, j: number): boolean {
+  return groupLayout(ix, ix.programs[q]) === groupLayout(ix, ix.programs[j]);
+}
+
+/**
+ * How the groups of program p's first rank lie, in one text: each group reference's size, nodes
+ * and members on the rank's node, and each send/recv's peer on another node or not. Programs whose
+ * texts are equal are priced alike (simulate.ts defaultCosts' group shapes).
+ */
+export function groupLayout(ix: PlanIndex, p: ProgramIndex): string {
+  const rank = p.ranks[0];
   const perNode = ix.plan.topology.nprocPerNode;
   const node = (r: number) => Math.floor(r / perNode);
-  const spread = (rank: number, c: number) => {
-    if (c < 0) return '';
-    const ranks = [...ix.comms[c].ranks];
-    const local = ranks.filter((r) => node(r) === node(rank)).length;
-    return `${ranks.length}/${new Set(ranks.map(node)).size}/${local}`;
-  };
-  const [p, o] = [ix.programs[q], ix.programs[j]];
-  const [a, b] = [p.ranks[0], o.ranks[0]];
-  for (let k = 0; k < p.refs.length; k++)
-    if (spread(a, ix.rankComm[a][k]) !== spread(b, ix.rankComm[b][k])) return false;
-  for (let s = 0; s < p.p2pInstr.length; s++) {
-    const [x, y] = [ix.peerOf(a, p, s), ix.peerOf(b, o, s)];
-    if ((x >= 0 && node(x) !== node(a)) !== (y >= 0 && node(y) !== node(b))) return false;
+  const parts: string[] = [];
+  for (let k = 0; k < p.refs.length; k++) {
+    const c = ix.rankComm[rank][k];
+    if (c < 0) {
+      parts.push('-');
+      continue;
+    }
+    const ranks = ix.comms[c].ranks;
+    const nodes = new Set<number>();
+    let local = 0;
+    for (const r of ranks) {
+      nodes.add(node(r));
+      if (node(r) === node(rank)) local++;
+    }
+    parts.push(`${ranks.length}/${nodes.size}/${local}`);
   }
-  return true;
+  for (let s = 0; s < p.p2pInstr.length; s++) {
+    const peer = ix.peerOf(rank, p, s);
+    parts.push(peer >= 0 && node(peer) !== node(rank) ? 'x' : 'o');
+  }
+  return parts.join(',');
 }
 
 /**

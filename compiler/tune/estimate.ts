@@ -64,7 +64,7 @@ import {
   workSeconds,
   type NodeWork,
 } from '../schedule/priced.js';
-import { groupCollectiveSeconds, type GroupShape } from '../sim/cost.js';
+import { groupCollectiveSeconds, issueSeconds, pricedHost, type GroupShape } from '../sim/cost.js';
 import type { HardwareProfile } from '../sim/hardware.js';
 import type { Layout, SearchSpaceRequest } from './space.js';
 
@@ -769,13 +769,9 @@ class RankGraph {
 
   /** adds a node's work to a piece: compute seconds, or a collective by op and group */
   add(w: Work, x: NodeWork): void {
-    const host = this.hw.host;
-    // as the simulator: a node with no work at the expected sizes is not issued
-    if (host && this.hw.runtime !== 'cpu' && (x.flops > 0 || x.bytes > 0)) {
-      const m = x.matmul;
-      const groups = m?.kind === 'gemm' && m.groups > 1 ? m.groups : 0;
-      w.host += (host.opUs + groups * host.groupedGemmUs) * 1e-6;
-    }
+    // as the simulator issues the node's instruction
+    const host = pricedHost(this.hw);
+    if (host) w.host += issueSeconds(host, x);
     if (x.category !== 'collective') {
       w.compute += workSeconds(x, this.hw);
       return;

@@ -83,16 +83,19 @@ describe('planArena', () => {
   });
 
   it('a mid-size program: best fit in issue order within 1% of the bound, else the smaller of it and greedy by size', () => {
-    // one buffer live at a time: issue order meets the bound, and is taken
-    const chain: Lifetime[] = Array.from({ length: GREEDY_ALWAYS + 100 }, (_, i) => ({
-      id: i,
-      bytes: 64 * (1 + (i % 7)),
-      start: i,
-      end: i,
-    }));
-    const byTime = planByTime(chain);
+    // pairs apart in time, a small buffer then a large one that starts as it ends: issue order
+    // places the small one at 0 and meets the bound, and is taken (greedy by size would place the
+    // large one at 0)
+    const pairs: Lifetime[] = Array.from({ length: GREEDY_ALWAYS + 100 }, (_, i) => {
+      const k = Math.floor(i / 2);
+      return i % 2 === 0
+        ? { id: i, bytes: 64, start: 3 * k, end: 3 * k + 1 }
+        : { id: i, bytes: 640, start: 3 * k + 1, end: 3 * k + 2 };
+    });
+    const byTime = planByTime(pairs);
     expect(byTime.sizeBytes).toBe(byTime.lowerBoundBytes);
-    expect(planArena(chain).offsets).toEqual(byTime.offsets);
+    expect(planBySize(pairs).offsets).not.toEqual(byTime.offsets);
+    expect(planArena(pairs).offsets).toEqual(byTime.offsets);
     // mixed lifetimes, where issue order ends over 1% above the bound
     const bufs = lifetimes(GREEDY_ALWAYS + 500);
     const time = planByTime(bufs).sizeBytes;
