@@ -557,32 +557,43 @@ function defineCompileCommand(cmd: Command): Command {
 }
 
 /**
- * When some program does not fit: the single changes that make it fit, each planned for its
- * memory (compiler/report/advice.ts), or, with none, the closest three.
+ * When some program does not fit: which, by how much, and whether the advice follows (the single
+ * changes that would make it fit: planAdvice, describeAdvice).
  */
-function describeAdvice(
+function describeFit(
   memory: readonly ProgramMemory[],
   device: DeviceMemory,
-  advice: Advice | undefined,
+  advised: boolean,
 ): string[] {
   const over = memory.filter((m) => m.fits === false);
   if (!over.length) return [];
-  const gib = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
   const worst = over[0];
-  const head = `does not fit ${device.name}: ${over.map((m) => m.program).join(', ')} need${over.length > 1 ? '' : 's'} up to ${gib(worst.device)} + ${gib(device.reserveBytes)} reserve of ${gib(device.bytes)}`;
-  if (!advice) return [head];
-  const { remedies, seconds, workers } = advice;
+  return [
+    `does not fit ${device.name}: ${over.map((m) => m.program).join(', ')} need${over.length > 1 ? '' : 's'} up to ${gibText(worst.device)} + ${gibText(device.reserveBytes)} reserve of ${gibText(device.bytes)}`,
+    ...(advised
+      ? [
+          'the single changes that would make it fit: planned below, after the report (--no-advice skips them)',
+        ]
+      : []),
+  ];
+}
+
+/** The fits advice: the changes that fit, each planned for its memory, or, with none, the closest three. */
+function describeAdvice({ remedies, seconds, workers }: Advice): string[] {
   const fitting = remedies.filter((r) => r.fits);
   const shown = fitting.length ? fitting : remedies.slice(0, 3);
   return [
-    head,
     fitting.length
       ? 'single changes that fit (each planned; largest program at the bounds):'
       : 'no single change fits; the closest (each planned; largest program at the bounds):',
-    ...shown.map((r) => `  ${r.change}: ${gib(r.deviceBytes)}${r.fits ? '' : ' (does not fit)'}`),
+    ...shown.map(
+      (r) => `  ${r.change}: ${gibText(r.deviceBytes)}${r.fits ? '' : ' (does not fit)'}`,
+    ),
     `  (planned ${remedies.length} alternatives in ${seconds.toFixed(1)} s on ${workers} thread${workers > 1 ? 's' : ''}; --no-advice skips them)`,
   ];
 }
+
+const gibText = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
 
 /** the fits advice: the changes planned, in how long, on how many threads */
 interface Advice {
@@ -823,9 +834,17 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
           writePlan(f.output, result.plan, result.programs, { [REPORT_FILE]: json, ...ir });
         }
         simulated.writeTraceFile?.();
+        status.done();
+        // the report first: the advice plans a compile per change (seconds each), so it follows
+        report(io, result, request, f, simulated);
         const advice = await planAdvice(result, request, f, (text) => status.phase(text));
         status.done();
-        report(io, result, request, f, simulated, advice);
+        if (advice)
+          io.out(
+            describeAdvice(advice)
+              .map((l) => `  ${l}`)
+              .join('\n') + '\n',
+          );
       } finally {
         status.done();
       }
@@ -887,14 +906,16 @@ function reportJson(
   };
 }
 
-/** The compile report on stdout: the plan's figures, memory, advice and the simulated step. */
+/**
+ * The compile report on stdout: the plan's figures, memory (and whether it fits) and the
+ * simulated step; the fits advice, where some program does not fit, follows it (describeAdvice).
+ */
 function report(
   io: CliIO,
   result: ReturnType<typeof compile>,
   request: CompileRequest,
   f: CompileFlags,
   simulated: ReturnType<typeof simulateReport>,
-  advice: Advice | undefined,
 ): void {
   const e = result.stats.emit;
   const t = result.plan.training;
@@ -924,7 +945,7 @@ function report(
         ? [`  host region ${mib(e.hostBytes)} (offloaded tensors, pinned host memory)`]
         : []),
       ...describeMemory(memory, 8, device).map((l) => `  ${l}`),
-      ...describeAdvice(memory, device, advice).map((l) => `  ${l}`),
+      ...describeFit(memory, device, f.advice !== false).map((l) => `  ${l}`),
       ...simulated.lines.map((l) => `  ${l}`),
       '',
     ].join('\n'),
