@@ -7,7 +7,9 @@
 // (without the verifier: the figures do not depend on it) and simulated on a800; the bench prints
 // per level the step, tokens/s per GPU, the gain over level 1, and the targets: gains within
 // ±3 points, tokens/s per GPU within ±20%. It does so under the article's data profile and two
-// other documented ones, so a reader sees how much the match rests on the profile.
+// other documented ones, so a reader sees how much the match rests on the profile. Under each, the
+// step each level saves: with one split for all three, level 2 → 3 saves at most a quarter of
+// what level 1 → 2 saves, where the article's figures save 0.73 of it (savedLine).
 //
 // Two splits of the decoder over the two stages are printed: the article's, Megatron's default
 // of 24 + 24 layers, which the lines leave as it is (the article says so: "with the decoder split
@@ -78,6 +80,23 @@ function predicted(options: ReturnType<typeof parseCompileArgs>['options']) {
     bound: Math.max(...memory.map((m) => m.bound.deviceBytes)),
   };
 }
+/**
+ * What each level saves of the step, and the second saving over the first. With one split for
+ * all three levels, level 2 → 3 saves at most a quarter of what level 1 → 2 saves (docs/
+ * benchmarks.md, "Session 41"); the article's figures save 5.3 s then 3.8 s (0.73).
+ */
+function savedLine(steps: readonly number[], fixedSplit: boolean): string {
+  const stepOf = (perGpu: number) => (64 * 32768) / (perGpu * GPUS);
+  const [a1, a2, a3] = LEVELS.map((l) => stepOf(l.article));
+  const first = steps[0] - steps[1];
+  const second = steps[1] - steps[2];
+  return (
+    `step saved: level 1 → 2 ${first.toFixed(2)} s, level 2 → 3 ${second.toFixed(2)} s (${(second / first).toFixed(2)} of the first; ` +
+    `the article's ${(a1 - a2).toFixed(1)} s, ${(a2 - a3).toFixed(1)} s, ${((a2 - a3) / (a1 - a2)).toFixed(2)}` +
+    (fixedSplit ? '; with one split for all levels at most 0.25)' : '; each level its own split)')
+  );
+}
+
 for (const split of arg('splits', 'even,lfc').split(','))
   for (const profile of arg('profiles', 'article,sft-multi-image,caption').split(',')) {
     const { name: splitName, flags: splitFlags } = SPLITS[split];
@@ -86,6 +105,7 @@ for (const split of arg('splits', 'even,lfc').split(','))
       '  level                         step s  tokens/s/GPU  article  ratio   gain     article gain  GiB expected / bound',
     );
     let base = 0;
+    const steps: number[] = [];
     for (const level of LEVELS) {
       const t0 = performance.now();
       const { options } = parseCompileArgs([
@@ -95,6 +115,7 @@ for (const split of arg('splits', 'even,lfc').split(','))
         ...['--data-profile', profile],
       ]);
       const x = predicted(options);
+      steps.push(x.step);
       if (!base) base = x.perGpu;
       const gain = x.perGpu / base - 1;
       const articleGain = level.article / LEVELS[0].article - 1;
@@ -102,6 +123,7 @@ for (const split of arg('splits', 'even,lfc').split(','))
         `  ${level.name.padEnd(28)} ${x.step.toFixed(1).padStart(7)}  ${x.perGpu.toFixed(0).padStart(12)}  ${String(level.article).padStart(7)}  ${(x.perGpu / level.article).toFixed(2).padStart(5)}  ${pct(gain).padStart(6)}  ${pct(articleGain).padStart(6)}  ${gib(x.expected).padStart(8)} / ${gib(x.bound).padStart(5)}  (${((performance.now() - t0) / 1000).toFixed(0)} s)`,
       );
     }
+    console.log(`  ${savedLine(steps, split === 'even')}`);
   }
 // the lines with the memory savings the article shows (see the header), under its profile and
 // split: what the runs it measured may have been
@@ -126,6 +148,7 @@ if (!process.argv.includes('--no-savings')) {
   );
   for (const saving of SAVINGS) {
     let base = 0;
+    const steps: number[] = [];
     const cells = LEVELS.map((level) => {
       const { options } = parseCompileArgs([
         ...BASE,
@@ -135,11 +158,13 @@ if (!process.argv.includes('--no-savings')) {
         ...['--data-profile', 'article'],
       ]);
       const x = predicted(options);
+      steps.push(x.step);
       if (!base) base = x.perGpu;
       return `${x.perGpu.toFixed(0).padStart(5)} (${(x.perGpu / level.article).toFixed(2)})  ${pct(x.perGpu / base - 1).padStart(6)}  ${gib(x.expected).padStart(5)} / ${gib(x.bound).padStart(5)}`;
     });
     console.log(`  ${saving.name}`);
     LEVELS.forEach((level, k) => console.log(`    ${level.name.padEnd(28)} ${cells[k]}`));
+    console.log(`    ${savedLine(steps, true)}`);
   }
 }
 // how much the figures rest on the profile's efficiencies: the article's base line (its split,
