@@ -37,9 +37,12 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
  * here is an image of 64; the encoder takes none larger), and bf16's staged copies for S and Nv at
  * their bounds (here 110 of 128 tokens, 80 of 128 visual tokens). The high-water also varies
  * from run to run: one-dense f32 measured 25,344 bytes, 0.092, once under a loaded CI run, against
- * 41,984 every other time. The 16,640 bytes between them are one 64 × 64 f32 attention tile and a
- * 256-byte take, as if the two kernel threads had not held their tiles at once (not traced
- * further); the f32 share allows that run.
+ * 41,984 every other time (also at --threads 1). The 16,640 bytes between them are one 64 × 64
+ * f32 attention score tile and a 256-byte take. Attention takes its tiles inside the kernel pool's
+ * blocks (kernels/cpu/attention.cc), and the stream's thread counts only the blocks it runs: a
+ * pool worker's takes are heap blocks of its own (kernels/cpu/storage.h, an unbound arena). When
+ * the worker claims every block of that loop first, which a loaded machine makes likelier, the
+ * stream's high-water lacks the tile. The f32 share allows that run.
  */
 const SCRATCH_SHARE = { f32: 0.08, bf16: 0.5 };
 
