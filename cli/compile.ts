@@ -593,6 +593,39 @@ function describeAdvice({ remedies, seconds, workers }: Advice): string[] {
   ];
 }
 
+/**
+ * Where no single change fits: the `lfc tune` line that searches whole layouts of the same model,
+ * cluster, hardware, sequence, batch, precision and data (the compile's overrides kept, but those
+ * that set a module's tensor parallelism, a knob the tuner searches).
+ */
+export function tuneHint(
+  advice: Advice,
+  model: string | undefined,
+  overrides: readonly string[],
+  request: CompileRequest,
+  f: CompileFlags,
+): string[] {
+  if (advice.remedies.some((r) => r.fits) || !model) return [];
+  const o = request.options;
+  const words = [
+    'lfc tune',
+    model,
+    ...['--nnodes', String(o.nnodes ?? 1), '--nproc-per-node', String(o.nprocPerNode ?? 1)],
+    ...(f.hardware ? ['--hardware', f.hardware] : []),
+    ...(f.attentionKernel ? ['--attention-kernel', f.attentionKernel] : []),
+    ...(o.seqLength ? ['--seq-length', String(o.seqLength)] : []),
+    ...(o.globalBatchSize ? ['--global-batch-size', String(o.globalBatchSize)] : []),
+    ...(f.bf16 ? ['--bf16'] : []),
+    ...(f.dataProfile ? ['--data-profile', f.dataProfile] : []),
+    ...(f.moeTokenDispatcherType ? ['--moe-token-dispatcher-type', f.moeTokenDispatcherType] : []),
+    ...overrides.filter((x) => !/tensor_model_parallel_size/.test(x)),
+  ];
+  return [
+    'whole layouts of this model and cluster, searched for one that fits:',
+    `  ${words.join(' ')}`,
+  ];
+}
+
 const gibText = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
 
 /** the fits advice: the changes planned, in how long, on how many threads */
@@ -841,7 +874,7 @@ export function addCompileCommand(program: Command, io: CliIO, isTTY: () => bool
         status.done();
         if (advice)
           io.out(
-            describeAdvice(advice)
+            [...describeAdvice(advice), ...tuneHint(advice, model, overrides, request, f)]
               .map((l) => `  ${l}`)
               .join('\n') + '\n',
           );

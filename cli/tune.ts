@@ -336,6 +336,11 @@ function describe(
       out.push(
         "  (the bounds plan every size at its largest: a microbatch's visual tokens up to the data profile's cap, an expert rank's rows up to dropless routing's worst case or --moe-routing-imbalance F times balanced; --fit expected ranks by the memory of a typical step)",
       );
+  } else if (r.estimated === 0 && r.refused === 0 && r.cannotFit > 0) {
+    // every layout past the device before any activation: no knob the tuner turns helps
+    out.push(
+      '  no layout fits: in every one the weights and optimizer state alone are past the device; it takes more GPUs or a device with more memory',
+    );
   } else {
     out.push('  no layout could be priced');
     // none estimated: what the static bound left, the rules refused (a flag that no layout

@@ -75,9 +75,12 @@ describe('the fits advice', () => {
     // the report first, then the advice: its last lines
     expect(r.out).toMatch(/would make it fit: planned below, after the report/);
     const lines = r.out.trimEnd().split('\n');
-    expect(lines.at(-1)).toMatch(
-      /planned \d+ alternatives in [\d.]+ s on \d+ threads?; --no-advice skips them/,
+    // the advice's lines close the output (and, where no change fits, the lfc tune line)
+    const last = lines.findIndex((l) =>
+      /planned \d+ alternatives in [\d.]+ s on \d+ threads?; --no-advice skips them/.test(l),
     );
+    expect(last).toBeGreaterThan(0);
+    expect(lines.slice(last + 1).every((l) => /whole layouts|lfc tune/.test(l))).toBe(true);
     const planned = lines.findIndex((l) => /planned below, after the report/.test(l));
     expect(planned).toBeGreaterThan(0);
     expect(
@@ -86,5 +89,41 @@ describe('the fits advice', () => {
     const quiet = await cli(...small, '--no-advice', '-o', join(dir, 'plan2'));
     expect(quiet.out).toMatch(/does not fit small/);
     expect(quiet.out).not.toMatch(/alternatives|planned below/);
+  }, 120_000);
+
+  it('where no single change fits, points to lfc tune for the same model and cluster', async () => {
+    const hw = join(dir, 'tiny.yaml');
+    writeFileSync(
+      hw,
+      [
+        'name: tiny',
+        'description: a device far too small for any layout',
+        'gpus_per_node: 8',
+        'memory_gib: 0.001',
+        'memory_reserve_gib: 0',
+        'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
+        'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
+        'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { default: flash2, flash2: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 } }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
+        '',
+      ].join('\n'),
+    );
+    const r = await cli(
+      ...['compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--global-batch-size', '4'],
+      ...['--hardware', hw, '--no-simulate', 'model.image_encoder.tensor_model_parallel_size=1'],
+      ...['model.image_encoder.freeze=True', '-o', join(dir, 'plan3')],
+    );
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/no single change fits/);
+    const lines = r.out.trimEnd().split('\n');
+    expect(lines.at(-2)).toMatch(/whole layouts of this model and cluster/);
+    // the cluster, hardware and batch kept, the freeze kept, the encoder's TP left to the search
+    const tune = lines.at(-1)!.trim();
+    expect(tune).toBe(
+      `lfc tune tiny-vlm-moe --nnodes 1 --nproc-per-node 2 --hardware ${hw} --global-batch-size 4 model.image_encoder.freeze=True`,
+    );
+    // a line lfc tune takes: here no layout's weights and optimizer state fit
+    const tuned = await cli(...tune.split(' ').slice(1));
+    expect(tuned.code).toBe(0);
+    expect(tuned.out).toMatch(/no layout fits: in every one the weights and optimizer state alone/);
   }, 120_000);
 });
