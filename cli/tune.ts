@@ -336,6 +336,10 @@ function describe(
       out.push(
         "  (the bounds plan every size at its largest: a microbatch's visual tokens up to the data profile's cap, an expert rank's rows up to dropless routing's worst case or --moe-routing-imbalance F times balanced; --fit expected ranks by the memory of a typical step)",
       );
+  } else if (r.enumerated === 0) {
+    out.push(
+      '  no layout of this cluster has the knob values --fix and --exclude leave (each parallel size divides the GPUs as the layout rules ask)',
+    );
   } else if (r.estimated === 0 && r.refused === 0 && r.cannotFit > 0) {
     // every layout past the device before any activation: no knob the tuner turns helps
     out.push(

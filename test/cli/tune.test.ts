@@ -304,6 +304,16 @@ describe('lfc tune', () => {
     expect(dense.out).toMatch(
       /no layout could be priced\n {2}refused \d+ layouts: invalid layout \(moe-expected-imbalance\): .* needs an MoE decoder; tiny-vlm is dense/,
     );
+    // a pin no layout of the cluster has: said so, not "could not be priced"
+    const none = await cli(
+      'tune',
+      ...['tiny-vlm-moe', '--nnodes', '1', '--nproc-per-node', '2', '--fix', 'tp=4'],
+    );
+    expect(none.code).toBe(0);
+    expect(none.out).toMatch(/: 0 layouts\n/);
+    expect(none.out).toMatch(
+      /no layout of this cluster has the knob values --fix and --exclude leave/,
+    );
   }, 300_000);
 
   it('where no layout priced fits at the bounds, the closest are shown with the hint of --fit expected', async () => {
