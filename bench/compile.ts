@@ -1,10 +1,11 @@
 // bench/compile: wall time and peak memory of `lfc compile` (every pass, emission of every
 // stage's program, the memory checker and the plan verifier over all ranks) for large layouts,
 // the simulated step's time (as `lfc compile` runs it by default: one rank per program where the
-// plan is symmetric, compiler/sim/simulate.ts), and the size of the plan on disk. Each layout
-// runs in a fresh process, so peak memory is its own; the median of --runs runs is printed. The
-// compiler runs from its build (dist/, built first when stale), as `lfc compile` runs it: not
-// through tsx's on-the-fly transpiler, and under lfc's node flags (bin/lfc.js's first line).
+// plan is symmetric, compiler/sim/simulate.ts), and the plan's size on disk and time to write.
+// Each layout runs in a fresh process, so peak memory is its own; the median of --runs runs is
+// printed. The compiler runs from its build (dist/, built first when stale), as `lfc compile`
+// runs it: not through tsx's on-the-fly transpiler, and under lfc's node flags (bin/lfc.js's
+// first line).
 //
 //   npx tsx bench/compile.ts [--runs 3] [--layout 235b|30b-ep8|30b-tp4|30b-distopt|30b-level3|all]
 //
@@ -132,7 +133,9 @@ async function child(name: string, unverified: boolean): Promise<void> {
   const peak = process.resourceUsage().maxRSS * 1024;
   const dir = mkdtempSync(join(tmpdir(), 'lfc-bench-compile-'));
   try {
+    const w0 = performance.now();
     writePlan(join(dir, 'plan'), r.plan, r.programs);
+    const writeMs = performance.now() - w0;
     const disk = duSync(join(dir, 'plan'));
     const e = r.stats.emit;
     process.stdout.write(
@@ -143,6 +146,7 @@ async function child(name: string, unverified: boolean): Promise<void> {
         step: forecast.stepSeconds,
         peak,
         disk,
+        writeMs,
         ranks: r.plan.topology.worldSize,
         programs: e.programs,
         instructions: r.programs.reduce((n, p) => n + p.instructions.length, 0),
@@ -209,6 +213,9 @@ if (process.argv.includes('--child')) {
         gib(m('peak')).padStart(9),
         `${(results[0].disk / 2 ** 20).toFixed(1)} MiB`.padStart(13),
       ].join(' '),
+    );
+    console.log(
+      `  the plan written (lfc compile -o) in ${(m('writeMs') / 1000).toFixed(2)} s (median; ${results.map((x) => (x.writeMs / 1000).toFixed(2)).join(', ')})`,
     );
     console.log(
       `  compile by phase (median ms): ${Object.keys(results[0].phases)

@@ -10,7 +10,16 @@
 //   verify           the plan over all ranks (compiler/verify/): memory reuse, collectives,
 //                    sends and receives, events, a symbolic run of the step
 
-import { renameSync, rmSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  openSync,
+  readdirSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { getHeapStatistics } from 'node:v8';
 import { makeDirs } from './files.js';
@@ -53,6 +62,7 @@ import {
   type PassClock,
 } from './emit/passes.js';
 import { printProgram } from './plan/program-text.js';
+import { programJsons } from './plan/program-json.js';
 import { relabeledProgram, siblingSlots, templateTp } from './emit/alike-programs.js';
 import { activationPolicyOf } from './emit/activations.js';
 import { PLAN_FORMAT, PLAN_VERSION, type PlanFile, type ProgramFile } from './plan/format.js';
@@ -980,8 +990,16 @@ export function writePlan(
   rmSync(tmp, { recursive: true, force: true });
   makeDirs(join(tmp, 'programs'));
   writeFileSync(join(tmp, 'plan.json'), JSON.stringify(plan, null, 1) + '\n');
-  for (const p of programs)
-    writeFileSync(join(tmp, 'programs', `${p.id}.json`), JSON.stringify(p) + '\n');
+  // JSON.stringify's bytes, a relabeled program's made from its template's text (program-json.ts)
+  for (const [p, pieces] of programJsons(programs)) {
+    const fd = openSync(join(tmp, 'programs', `${p.id}.json`), 'w');
+    try {
+      for (const piece of pieces) writeSync(fd, piece);
+      writeSync(fd, '\n');
+    } finally {
+      closeSync(fd);
+    }
+  }
   for (const [name, text] of Object.entries(extra)) {
     makeDirs(dirname(join(tmp, name)));
     writeFileSync(join(tmp, name), text);

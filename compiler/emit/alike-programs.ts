@@ -21,6 +21,7 @@ import {
   type PlanInstruction,
   type ProgramFile,
 } from '../plan/format.js';
+import { noteRelabeled } from '../plan/program-json.js';
 
 /** The TP rank whose program `stage`'s others are relabeled from (stage 0's rank 0 is the root). */
 export function templateTp(stage: number): number {
@@ -79,7 +80,7 @@ export function relabeledProgram(
     const name = b.name.endsWith(suffix) ? `${b.name.slice(0, -suffix.length)}.mb${to}` : b.name;
     return bufferWith(b, { name, microbatch: to });
   });
-  return {
+  const program: ProgramFile = {
     ...template,
     id,
     buffers: relabeled,
@@ -88,4 +89,7 @@ export function relabeledProgram(
     ),
     instructions,
   };
+  // its JSON takes the template's text wherever it holds the template's objects
+  noteRelabeled(program, template);
+  return program;
 }
