@@ -18,6 +18,26 @@ const OPTIONS: CompileOptions = {
   globalBatchSize: 4,
   microBatchSize: 2,
 };
+/** a hardware profile file of `memoryGib` per GPU, no reserve */
+function profile(name: string, description: string, memoryGib: number): string {
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(
+    file,
+    [
+      `name: ${name}`,
+      `description: ${description}`,
+      'gpus_per_node: 8',
+      `memory_gib: ${memoryGib}`,
+      'memory_reserve_gib: 0',
+      'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
+      'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
+      'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { default: flash2, flash2: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 } }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
+      '',
+    ].join('\n'),
+  );
+  return file;
+}
+
 const worst = (o: CompileOptions, device: DeviceMemory) =>
   Math.max(...memoryByProgram(compile(o), device).map((m) => m.bound.deviceBytes));
 
@@ -49,21 +69,7 @@ describe('the fits advice', () => {
   }, 120_000);
 
   it('lfc compile prints them for a profile the plan does not fit', async () => {
-    const hw = join(dir, 'small.yaml');
-    writeFileSync(
-      hw,
-      [
-        'name: small',
-        'description: a device just too small',
-        'gpus_per_node: 8',
-        'memory_gib: 0.03',
-        'memory_reserve_gib: 0',
-        'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
-        'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
-        'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { default: flash2, flash2: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 } }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
-        '',
-      ].join('\n'),
-    );
+    const hw = profile('small', 'a device just too small', 0.03);
     const argv = ['compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--global-batch-size', '4'];
     const small = [...argv, '--micro-batch-size', '2', '--hardware', hw, '--no-simulate'];
     const r = await cli(...small, '-o', join(dir, 'plan'));
@@ -92,21 +98,7 @@ describe('the fits advice', () => {
   }, 120_000);
 
   it('where no single change fits, points to lfc tune for the same model and cluster', async () => {
-    const hw = join(dir, 'tiny.yaml');
-    writeFileSync(
-      hw,
-      [
-        'name: tiny',
-        'description: a device far too small for any layout',
-        'gpus_per_node: 8',
-        'memory_gib: 0.001',
-        'memory_reserve_gib: 0',
-        'compute: { matmul_tflops: 100, matmul_efficiency: 0.5, matmul_half_gflop: 1, memory_gbps: 1000, memory_efficiency: 0.8, launch_us: 5, dtype_bytes: 2, grad_dtype_bytes: 4 }',
-        'links: { intra_node: { gbps: 100, latency_us: 5 }, inter_node: { gbps: 10, latency_us: 10 }, host: { gbps: 20, latency_us: 5 } }',
-        'efficiency: { gemm: { tiles: [[128, 128]], sms: 100, grouped_streams: 4 }, attention: { default: flash2, flash2: { forward: 0.5, backward: 0.4, half_segment: 500, head_dim_multiple: 32 } }, collectives: { all_to_all: 1 }, overlap: { compute_slowdown: 0.1 } }',
-        '',
-      ].join('\n'),
-    );
+    const hw = profile('tiny', 'a device far too small for any layout', 0.001);
     const r = await cli(
       ...['compile', 'tiny-vlm-moe', '--nproc-per-node', '2', '--global-batch-size', '4'],
       ...['--hardware', hw, '--no-simulate', 'model.image_encoder.tensor_model_parallel_size=1'],
