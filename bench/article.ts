@@ -34,10 +34,13 @@ import { EFFICIENCY_FAMILIES, loadHardware, scaleEfficiency } from '../compiler/
 import { deviceMemoryOf, memoryByProgram } from '../compiler/report/memory.js';
 import { forecastStep } from '../compiler/sim/report.js';
 
+const SEQ = 32768;
+const GLOBAL_BATCH = 64;
 const BASE = [
   'qwen3-vl-30b-a3b',
   ...['--nnodes', '4', '--nproc-per-node', '8', '--tp', '4', '--pp', '2', '--ep', '4'],
-  ...['--seq-length', '32768', '--micro-batch-size', '1', '--global-batch-size', '64'],
+  ...['--seq-length', String(SEQ), '--micro-batch-size', '1'],
+  ...['--global-batch-size', String(GLOBAL_BATCH)],
   ...['--use-distributed-optimizer', '--bf16'],
   'model.image_encoder.tensor_model_parallel_size=1',
   ...['--hardware', 'a800'],
@@ -86,7 +89,7 @@ function predicted(options: ReturnType<typeof parseCompileArgs>['options']) {
  * benchmarks.md, "Session 41"); the article's figures save 5.3 s then 3.8 s (0.73).
  */
 function savedLine(steps: readonly number[], fixedSplit: boolean): string {
-  const stepOf = (perGpu: number) => (64 * 32768) / (perGpu * GPUS);
+  const stepOf = (perGpu: number) => (GLOBAL_BATCH * SEQ) / (perGpu * GPUS);
   const [a1, a2, a3] = LEVELS.map((l) => stepOf(l.article));
   const first = steps[0] - steps[1];
   const second = steps[1] - steps[2];

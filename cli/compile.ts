@@ -598,7 +598,7 @@ function describeAdvice({ remedies, seconds, workers }: Advice): string[] {
  * cluster, hardware, sequence, batch, precision and data (the compile's overrides kept, but those
  * that set a module's tensor parallelism, a knob the tuner searches).
  */
-export function tuneHint(
+function tuneHint(
   advice: Advice,
   model: string | undefined,
   overrides: readonly string[],

@@ -162,20 +162,16 @@ function alikeClasses(ix: PlanIndex): Int32Array {
     }
     return [...c].sort((a, b) => a[0] - b[0]).join(';');
   });
+  const layouts = ix.programs.map((p) => groupLayout(ix, p));
   for (let j = 1; j < ix.programs.length; j++)
     for (let q = 0; q < j; q++) {
       if (rep[q] !== q || nodeCounts[q] !== nodeCounts[j]) continue;
-      if (ix.programs[j].alikeOf === ix.programs[q].alikeOf && alikeGroups(ix, q, j)) {
+      if (ix.programs[j].alikeOf === ix.programs[q].alikeOf && layouts[q] === layouts[j]) {
         rep[j] = q;
         break;
       }
     }
   return rep;
-}
-
-/** the first ranks of programs q and j: their groups lie alike (groupLayout) */
-function alikeGroups(ix: PlanIndex, q: number, j: number): boolean {
-  return groupLayout(ix, ix.programs[q]) === groupLayout(ix, ix.programs[j]);
 }
 
 /**

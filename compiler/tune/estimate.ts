@@ -711,12 +711,15 @@ class RankGraph {
   private readonly expected: (sym: string) => number;
   private readonly bound: (sym: string) => number;
   private readonly elementBytes: (t: TensorType) => number;
+  /** the host side the simulator prices, if the profile has one (cost.ts pricedHost) */
+  private readonly host: ReturnType<typeof pricedHost>;
 
   constructor(
     readonly g: Graph,
     readonly hw: HardwareProfile,
   ) {
     this.expected = expectedGraphSizes(g);
+    this.host = pricedHost(hw);
     const bounds = new Map(g.symbols.map((s) => [s.name, s.bound]));
     this.bound = (sym) => bounds.get(sym) ?? 0;
     this.types = valueTypes(g);
@@ -770,8 +773,7 @@ class RankGraph {
   /** adds a node's work to a piece: compute seconds, or a collective by op and group */
   add(w: Work, x: NodeWork): void {
     // as the simulator issues the node's instruction
-    const host = pricedHost(this.hw);
-    if (host) w.host += issueSeconds(host, x);
+    if (this.host) w.host += issueSeconds(this.host, x);
     if (x.category !== 'collective') {
       w.compute += workSeconds(x, this.hw);
       return;
