@@ -27,7 +27,7 @@ import { UserError } from '../compiler/errors.js';
 import { train } from '../runtime/train.js';
 import { mergeTrace, type TraceEvent } from '../runtime/trace.js';
 import { writeFileAtomic } from '../runtime/safetensors.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { checkOutputPath, positiveInt } from './options.js';
 import { launchTraining, trainOptions } from './run.js';
 

@@ -7,7 +7,7 @@ import type { Command } from 'commander';
 import { UserError, cannotRead } from '../compiler/errors.js';
 import { mib, REPORT_FILE, type CompileReportJson } from './compile.js';
 import { simulatedOn } from '../compiler/sim/report.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 
 export function addCompareCommand(program: Command, io: CliIO): void {
   program

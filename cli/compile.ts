@@ -23,7 +23,7 @@ import { UserError } from '../compiler/errors.js';
 import type { Graph } from '../ir/graph.js';
 import { graphToJSON } from '../ir/json.js';
 import { hfModelRequest, loadHfModelConfig } from '../compiler/frontend/hf-config.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { atLeastOne, checkOutputPath, positiveInt, positiveNumber } from './options.js';
 import { loadHardware, listHardware } from '../compiler/sim/hardware.js';
 import { listDataProfiles } from '../compiler/frontend/data-profile.js';

@@ -8,7 +8,7 @@ import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import { imageProcessorOf } from '../compiler/frontend/data-profile.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { checkOutputPath, nonNegativeInt, positiveInt } from './options.js';
 import { parseDataPath, parseSplit, SPLIT_PARTS, type SplitPart } from '../runtime/data/sampler.js';
 import { dataStats, profileYaml, type Summary } from '../runtime/data/stats.js';

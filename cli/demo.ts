@@ -14,7 +14,7 @@ import { configsDir, projectRoot } from '../compiler/paths.js';
 import { demoDataset } from '../runtime/data/demo-dataset.js';
 import { compile, writePlan, type CompileOptions } from '../compiler/pipeline.js';
 import { loadModelConfig } from '../compiler/frontend/config.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { describePlacement, describeSizes } from './compile.js';
 import {
   addTrainingOptions,

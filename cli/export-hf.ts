@@ -11,7 +11,7 @@ import { UserError } from '../compiler/errors.js';
 import { readPlan } from '../runtime/plan-io.js';
 import { DEFAULT_MAX_SHARD_BYTES, exportHf } from '../runtime/hf/export.js';
 import type { ParamShape } from '../runtime/hf/names.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 
 interface ExportFlags {
   load?: string;

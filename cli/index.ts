@@ -14,16 +14,9 @@ import { addExportHfCommand } from './export-hf.js';
 import { addDataCommand } from './data.js';
 import { addTuneCommand } from './tune.js';
 import { addCompareCommand } from './compare.js';
+import { processIO, type CliIO } from './io.js';
 
-export interface CliIO {
-  out: (text: string) => void;
-  err: (text: string) => void;
-}
-
-export const processIO: CliIO = {
-  out: (t) => process.stdout.write(t),
-  err: (t) => process.stderr.write(t),
-};
+export { processIO, type CliIO } from './io.js';
 
 export function makeProgram(io: CliIO, isTTY: () => boolean = () => false): Command {
   const program = new Command('lfc')

@@ -9,7 +9,7 @@ import { resolvePrecision } from '../compiler/frontend/precision.js';
 import { printGraph } from '../ir/printer.js';
 import { assertValid } from '../ir/verify.js';
 import { UserError } from '../compiler/errors.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { imageSize, positiveInt } from './options.js';
 
 interface InspectOptions {

@@ -10,7 +10,7 @@ import { join, resolve } from 'node:path';
 import { makeDirs } from '../compiler/files.js';
 import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import {
   checkOutputPath,
   nonNegativeInt,

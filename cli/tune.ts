@@ -17,7 +17,7 @@ import { simulatedOn } from '../compiler/sim/report.js';
 import { defaultWorkers, pricingRequestOf, TunePool, type TuneSpec } from './tune-pool.js';
 import { join } from 'node:path';
 import { addCompileCommand, dispatcherType, mib } from './compile.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { atLeastOne, positiveInt, positiveNumber } from './options.js';
 
 interface TuneFlags {

@@ -11,7 +11,7 @@ import { writeFileAtomic } from '../runtime/safetensors.js';
 import { embedAll, openPlans } from '../viz/bundle/index.js';
 import { selfContainedPage } from '../viz/page.js';
 import { serve } from '../viz/server.js';
-import type { CliIO } from './index.js';
+import type { CliIO } from './io.js';
 import { checkOutputPath } from './options.js';
 
 /** the port `lfc viz` tries first; another free one when it is taken and --port is not given */

@@ -44,11 +44,17 @@ import { buildForwardGraph } from './frontend/build.js';
 import { loadModelConfig, type DecoderConfig, type ModelConfig } from './frontend/config.js';
 import { countParams, forwardFlops } from './inspect.js';
 import { resolveSizes, type ParallelSizes } from './parallel/sizes.js';
-import { validateParallel } from './parallel/validate.js';
+import { validateParallel, type MoeOverlapOptions } from './parallel/validate.js';
+import type { RecomputeOptions } from './frontend/activation-names.js';
 import { buildTopology, GROUP_KINDS } from './parallel/topology.js';
 import { pricedStageWeights } from './schedule/priced.js';
 import type { HardwareProfile } from './sim/hardware.js';
-import { encoderPlacement, isEncoderScope, type EncoderPlacement } from './parallel/encoder.js';
+import {
+  encoderPlacement,
+  isEncoderScope,
+  type EncoderOptions,
+  type EncoderPlacement,
+} from './parallel/encoder.js';
 import { encoderDataParallel } from '../passes/parallel/encoder.js';
 import { vitDpBalance } from '../passes/parallel/vit-balance.js';
 import { checkMemoryReuse } from './plan/check-memory.js';
@@ -144,18 +150,8 @@ export function describePasses(): string {
   );
 }
 
-export interface EncoderOptions {
-  /** --enable-encoder-hetero-dp (level 2) */
-  readonly heteroDp?: boolean;
-  /** --enable-full-hetero-dp (level 3) */
-  readonly fullHeteroDp?: boolean;
-  /** --full-hetero-dp-cpu-offload: level 3's encoder outputs wait on the host */
-  readonly cpuOffload?: boolean;
-  /** --full-hetero-dp-encoder-recompute: level 3 drops encoder activations, recomputes them */
-  readonly recompute?: boolean;
-  /** --use-vit-dp-balance */
-  readonly vitDpBalance?: boolean;
-}
+// the option types CompileOptions is made of, defined where the rules that read them are
+export type { EncoderOptions, MoeOverlapOptions, RecomputeOptions };
 
 export interface CompileOptions {
   readonly model: string;
@@ -184,12 +180,9 @@ export interface CompileOptions {
   /** the encoder levels (DESIGN.md "Parallel topology"); level 1 follows from the encoder's TP */
   readonly encoder?: EncoderOptions;
   /** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute */
-  readonly moeOverlap?: { readonly overlap?: boolean; readonly delayWgrad?: boolean };
+  readonly moeOverlap?: MoeOverlapOptions;
   /** --recompute-granularity / --recompute-modules */
-  readonly recompute?: {
-    readonly granularity: 'full' | 'selective';
-    readonly modules?: readonly string[];
-  };
+  readonly recompute?: RecomputeOptions;
   /**
    * weight-gradient GEMMs add into the gradient buffers (Megatron's gradient-accumulation fusion,
    * passes/wgrad-accumulation.ts); false: --no-gradient-accumulation-fusion (default true)

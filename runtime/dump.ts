@@ -20,7 +20,7 @@ import { writeBatchFile, type Microbatch } from './batch.js';
 import { assembleWhole } from './checkpoint.js';
 import { writeSafetensors, type Tensor } from './safetensors.js';
 import type { RankState } from './state.js';
-import type { StepMetrics } from './train.js';
+import type { StepMetrics } from './metrics.js';
 
 /** A rank's share of the dump: `param.<p>`, `grad.<p>`, `shard<k>.grad` (checkpoint.ts ShareKind). */
 export type DumpShare = Map<string, Tensor>;

@@ -20,7 +20,8 @@ import { UserError } from '../compiler/errors.js';
 import type { PlanFile } from '../compiler/plan/format.js';
 import { DEFAULT_MASTER_PORT, localAddressToward } from './launch-rank.js';
 import { StoreClient, StoreServer } from './store.js';
-import type { EvalMetrics, StepMetrics, TrainOptions } from './train.js';
+import type { EvalMetrics, StepMetrics } from './metrics.js';
+import type { TrainOptions } from './train.js';
 import type { DataCounts } from './data/loader.js';
 
 /** How long a rank may take to end after SIGTERM before SIGKILL. */

@@ -1,7 +1,7 @@
 // A one-line progress bar on stderr (redrawn on a terminal; every ~5% of the run otherwise), and
 // the line a training step shows in it.
 
-import type { EvalMetrics, StepMetrics } from './train.js';
+import type { EvalMetrics, StepMetrics } from './metrics.js';
 
 export interface Progress {
   update(step: number, text: string): void;

@@ -51,6 +51,7 @@ import {
   type NativeStepResult,
   type NativeParamInit,
 } from './native.js';
+import type { EvalMetrics, StepMetrics } from './metrics.js';
 import { readPlan } from './plan-io.js';
 import { readSafetensors, serializeSafetensors, writeFileAtomic } from './safetensors.js';
 import { lrAt, type LrSchedule } from './schedule.js';
@@ -119,42 +120,7 @@ export interface DataOptions {
   readonly strict?: boolean;
 }
 
-export interface StepMetrics {
-  readonly step: number;
-  readonly loss: number;
-  readonly ceLoss: number;
-  readonly auxLoss: number;
-  readonly captionLoss: number | null;
-  readonly gradNorm: number;
-  readonly lr: number;
-  readonly tokens: number;
-  readonly lossTokens: number;
-  readonly stepMs: number;
-  readonly tokensPerSecond: number;
-  /** this process's peak resident memory so far */
-  readonly peakRssBytes: number;
-  /** the most device bytes the native runtime held in the step: its regions, allocated whole,
-   * and each stream's scratch high-water (runtime/native.ts NativeStepMemory) */
-  readonly deviceHighBytes: number;
-  /** of which scratch: Σ over streams of the most one instruction held */
-  readonly scratchHighBytes: number;
-  /** --use-vit-dp-balance: images of the step encoded on another rank than their own */
-  readonly vitImagesMoved?: number;
-  /** a run on datasets: the data position after this step (the next step's first sample) */
-  readonly dataPosition?: number;
-}
-
-/** An evaluation on the validation split: means over its global batches of each one's loss. */
-export interface EvalMetrics {
-  /** after this training step */
-  readonly step: number;
-  readonly loss: number;
-  readonly ceLoss: number;
-  readonly captionLoss: number | null;
-  /** global batches read */
-  readonly batches: number;
-  readonly lossTokens: number;
-}
+export type { EvalMetrics, StepMetrics } from './metrics.js';
 
 export interface TrainResult {
   readonly steps: StepMetrics[];

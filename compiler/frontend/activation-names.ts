@@ -18,6 +18,13 @@
 //                                              all_to_all_v combine], moe_unpermute
 //   (residual add)
 
+/** --recompute-granularity / --recompute-modules of a compile (CompileOptions.recompute). */
+export interface RecomputeOptions {
+  readonly granularity: 'full' | 'selective';
+  /** with selective: names of RECOMPUTE_MODULES */
+  readonly modules?: readonly string[];
+}
+
 /** --recompute-modules (with --recompute-granularity selective): what is recomputed in backward. */
 export const RECOMPUTE_MODULES = {
   core_attn:

@@ -25,6 +25,20 @@ import type { EncoderLevel, EncoderPlacement } from '../../passes/parallel/place
 export type { EncoderLevel, EncoderPlacement } from '../../passes/parallel/placement.js';
 export { isEncoderScope } from '../../passes/parallel/placement.js';
 
+/** The encoder flags of a compile (CompileOptions.encoder). */
+export interface EncoderOptions {
+  /** --enable-encoder-hetero-dp (level 2) */
+  readonly heteroDp?: boolean;
+  /** --enable-full-hetero-dp (level 3) */
+  readonly fullHeteroDp?: boolean;
+  /** --full-hetero-dp-cpu-offload: level 3's encoder outputs wait on the host */
+  readonly cpuOffload?: boolean;
+  /** --full-hetero-dp-encoder-recompute: level 3 drops encoder activations, recomputes them */
+  readonly recompute?: boolean;
+  /** --use-vit-dp-balance */
+  readonly vitDpBalance?: boolean;
+}
+
 export interface PlacementInput {
   readonly tp: number;
   readonly pp: number;

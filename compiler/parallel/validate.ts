@@ -8,13 +8,24 @@
 
 import { UserError } from '../errors.js';
 import type { ModelConfig } from '../frontend/config.js';
-import { nearestName, OFFLOAD_TENSORS, RECOMPUTE_MODULES } from '../frontend/activation-names.js';
-import type { CompileOptions, EncoderOptions } from '../pipeline.js';
+import {
+  nearestName,
+  OFFLOAD_TENSORS,
+  RECOMPUTE_MODULES,
+  type RecomputeOptions,
+} from '../frontend/activation-names.js';
+import type { EncoderOptions } from './encoder.js';
 import { resolveSizes, SIZE_FLAGS, type ParallelSizes } from './sizes.js';
 
 /** What the rules that read only the parallel sizes see. */
 export interface SizesContext {
   readonly sizes: ParallelSizes;
+}
+
+/** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute of a compile (CompileOptions.moeOverlap). */
+export interface MoeOverlapOptions {
+  readonly overlap?: boolean;
+  readonly delayWgrad?: boolean;
 }
 
 export interface LayoutContext extends SizesContext {
@@ -39,9 +50,9 @@ export interface LayoutContext extends SizesContext {
   /** encoder levels: --enable-encoder-hetero-dp, --enable-full-hetero-dp and their options */
   readonly encoder?: EncoderOptions;
   /** --overlap-moe-expert-parallel-comm / --delay-wgrad-compute */
-  readonly moeOverlap?: CompileOptions['moeOverlap'];
+  readonly moeOverlap?: MoeOverlapOptions;
   /** --recompute-granularity / --recompute-modules */
-  readonly recompute?: CompileOptions['recompute'];
+  readonly recompute?: RecomputeOptions;
   /** --offload-tensors (with --fine-grained-activation-offloading) */
   readonly offloadTensors?: readonly string[];
 }
