@@ -13,6 +13,7 @@ import { spawnWorker } from '../compiler/threads.js';
 import type { Estimate } from '../compiler/tune/estimate.js';
 import type {
   EstimateOutcome,
+  PriceMode,
   PriceOutcome,
   Pricer,
   PricingRequest,
@@ -63,8 +64,7 @@ export type PoolRequest =
       readonly kind: 'price';
       readonly layout: Layout;
       readonly estimate: Estimate;
-      readonly verify: boolean;
-      readonly sketch: boolean;
+      readonly mode: PriceMode;
     };
 
 export type PoolReply =
@@ -141,8 +141,7 @@ export class TunePool implements Pricer {
 
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
-    verify: boolean,
-    sketch = false,
+    mode: PriceMode,
   ): Promise<PriceOutcome[]> {
     return Promise.all(
       items.map((x) =>
@@ -151,8 +150,7 @@ export class TunePool implements Pricer {
           kind: 'price',
           layout: x.layout,
           estimate: x.estimate,
-          verify,
-          sketch,
+          mode,
         })).then((r): PriceOutcome => (r.kind === 'price' ? r.outcome : { error: 'no reply' })),
       ),
     );

@@ -23,7 +23,7 @@ port.on('message', (q: PoolRequest) => {
         : {
             id: q.id,
             kind: 'price',
-            outcome: pricer.priceOne(q.layout, q.estimate, q.verify, q.sketch),
+            outcome: pricer.priceOne(q.layout, q.estimate, q.mode),
             graphs: pricer.graphs,
           };
   } catch (e) {

@@ -289,6 +289,7 @@ function jsonOf(r: TuneResult, line: (p: PricedLayout) => string) {
     enumerated: r.enumerated,
     estimated: r.estimated,
     priced: r.priced,
+    pastDevice: r.pastDevice,
     fitting: r.fitting,
     cannotFit: r.cannotFit,
     estimatedPastDevice: r.estimatedPastDevice,
@@ -311,7 +312,7 @@ function describe(
   const out = [
     `tuned ${c.model} for ${c.world} ranks on ${c.hardware} (memory at the ${c.fit === 'bound' ? 'bounds' : 'expected sizes'}) in ${r.seconds.toFixed(1)} s: ${r.enumerated} layouts`,
     `  ${r.cannotFit} skipped (their weights and optimizer state alone are past the device), ${r.refused} refused by the layout rules, ${r.estimated} estimated (${r.estimateGraphs} reduced models)`,
-    `  ${r.estimatedPastDevice} estimated past the device by over ${Math.round(100 * (ESTIMATE_MEMORY_MARGIN - 1))}%, ${r.cannotWin} estimated over ${Math.round(100 * ESTIMATE_SLACK)}% below the ${kthBest(c.top)}; ${r.priced} compiled and simulated, ${r.fitting} fit`,
+    `  ${r.estimatedPastDevice} estimated past the device by over ${Math.round(100 * (ESTIMATE_MEMORY_MARGIN - 1))}%, ${r.cannotWin} estimated over ${Math.round(100 * ESTIMATE_SLACK)}% below the ${kthBest(c.top)}; ${r.priced} compiled, ${r.fitting} fit${r.pastDevice ? ` (the ${r.pastDevice} past the device not simulated)` : ''}`,
   ];
   if (r.unpriced.length)
     out.push(`  not priced within --time-budget: ${r.unpriced.length} layouts (--json lists them)`);

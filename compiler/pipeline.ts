@@ -153,6 +153,13 @@ export function describePasses(): string {
 // the option types CompileOptions is made of, defined where the rules that read them are
 export type { EncoderOptions, MoeOverlapOptions, RecomputeOptions };
 
+/** What compile() throws where CompileOptions.stopAfter holds for a program just emitted. */
+export class CompileStopped extends Error {
+  constructor(readonly program: ProgramFile) {
+    super(`compile stopped after program ${program.id}`);
+  }
+}
+
 export interface CompileOptions {
   readonly model: string;
   readonly overrides?: readonly string[];
@@ -229,6 +236,12 @@ export interface CompileOptions {
    * (compiler/emit/alike-programs.ts): the test that compares the two
    */
   readonly emitEveryProgram?: boolean;
+  /**
+   * a search's early exit (lfc tune: a plan past the device need not be finished): called with
+   * each distinct program once emitted, stage 0's first; where it holds, compile() stops there
+   * and throws CompileStopped with that program
+   */
+  readonly stopAfter?: (program: ProgramFile) => boolean;
 }
 
 export interface CompileResult {
@@ -794,6 +807,7 @@ function emitPrograms(
     programs.push(program);
     if (programs.length === 1)
       checkPlanFitsHeap(program, slots.length, heapAtStart, l.numMicrobatches);
+    if (o.stopAfter?.(program)) throw new CompileStopped(program);
   }
   if (o.dumpProgram !== undefined && !programs.some((p) => p.id === o.dumpProgram))
     throw new UserError(

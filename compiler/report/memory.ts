@@ -74,14 +74,7 @@ export function memoryByProgram(
     .map((p) => {
       const r = p.regions;
       const ranks = ranksOf.get(p.id) ?? [];
-      const batch = r.data + r.scalar;
-      // a GPU runtime has none of the CPU runtime's staging and tiles (its workspaces are in the
-      // device's reserve)
-      const scratch = device?.runtime === 'gpu' ? 0 : r.scratch;
-      const fixed = r.param + r.grad + r.optim + scratch;
-      const total = fixed + batch + r.arena;
-      const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
-      const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
+      const { batch, scratch, fixed, total, activations, expectedBatch } = programBytes(p, device);
       return {
         program: p.id,
         ranks: ranks.length,
@@ -105,6 +98,29 @@ export function memoryByProgram(
     })
     .map((m) => (device ? { ...m, fits: fitsOn(m.bound.deviceBytes, device) } : m))
     .sort((a, b) => b.device - a.device || a.program.localeCompare(b.program));
+}
+
+/** One program's figures of ProgramMemory (see there), from its regions. */
+function programBytes(p: ProgramFile, device?: DeviceMemory) {
+  const r = p.regions;
+  const batch = r.data + r.scalar;
+  // a GPU runtime has none of the CPU runtime's staging and tiles (its workspaces are in the
+  // device's reserve)
+  const scratch = device?.runtime === 'gpu' ? 0 : r.scratch;
+  const fixed = r.param + r.grad + r.optim + scratch;
+  const total = fixed + batch + r.arena;
+  const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
+  const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
+  return { batch, scratch, fixed, total, activations, expectedBatch };
+}
+
+/** A program's device bytes per rank, at the bounds and at expected sizes (ProgramMemory's). */
+export function programDeviceBytes(
+  p: ProgramFile,
+  device?: DeviceMemory,
+): { readonly bound: number; readonly expected: number } {
+  const b = programBytes(p, device);
+  return { bound: b.total, expected: b.fixed + b.expectedBatch + b.activations };
 }
 
 /** what a hardware profile's device offers a plan */

@@ -11,14 +11,15 @@
 //      the estimate's error (ESTIMATE_SLACK) cannot win, nor can any after it: the search stops.
 //      Candidates go in rounds of PRICE_ROUND, each decided from the rounds before it, so the
 //      result is the same whatever the number of worker threads (Pricer: this thread, or
-//      cli/tune-pool.ts). The figures the tuner prints are the priced ones, so a printed line
-//      compiles to them.
+//      cli/tune-pool.ts). A candidate whose compiled plan is past the device is not simulated:
+//      its step cannot rank it (PastDeviceLayout). The figures the tuner prints are the priced
+//      ones, so a printed line compiles to them.
 //
 // A layout's compile options are the request's with its flags applied (space.ts layoutOptions,
 // held equal to the parse of its `lfc compile` line by a test); the compiler itself prices it:
 // memory off the plan (compiler/report/memory.ts), the step off the simulator (compiler/sim). One
-// that fails is named with its error, never dropped. The ranking is by tokens/s, then by the
-// layout's name; `exhaustive` prices every layout the rules allow (the test of search quality
+// that fails is named with its error, never dropped. When none fits, the closest (by memory) are
+// simulated after the search, to be printed. The ranking is by tokens/s, then by the layout's name; `exhaustive` prices every layout the rules allow (the test of search quality
 // does). A layout left when the time budget runs out is reported as such. With `verify`, the best
 // k are compiled once more with the plan verifier.
 
@@ -27,10 +28,12 @@ import type { Precision } from '../frontend/precision.js';
 import { layerParams, staticBytesLowerBound } from './bounds.js';
 import { UserError } from '../errors.js';
 import type { CompileOptions, CompileResult } from '../pipeline.js';
-import { checkLayout, compile } from '../pipeline.js';
+import { checkLayout, compile, CompileStopped } from '../pipeline.js';
+import type { ProgramFile } from '../plan/format.js';
 import {
   fitsOn,
   memoryByProgram,
+  programDeviceBytes,
   type DeviceMemory,
   type ProgramMemory,
 } from '../report/memory.js';
@@ -103,9 +106,40 @@ export interface PricingRequest {
   readonly fit: 'bound' | 'expected';
 }
 
+/**
+ * A candidate compiled and found past the device (at the search's --fit): its memory, without a
+ * simulated step (PriceMode.simulatePastDevice false), which would not rank it.
+ */
+export interface PastDeviceLayout {
+  readonly pastDevice: true;
+  readonly layout: Layout;
+  readonly name: string;
+  /** the plan's largest program at the bounds and at expected sizes; where the compile stopped
+   * early (`stoppedAt`), that program's: lower bounds of the plan's */
+  readonly peakBound: number;
+  readonly peakExpected: number;
+  readonly estimate: Estimate;
+  /** the program past the device after which the compile stopped (CompileOptions.stopAfter) */
+  readonly stoppedAt?: string;
+  /** its memory extrapolated from two compiles at a fraction of the batch (sketchSizes) */
+  readonly sketched?: boolean;
+}
+
 export type EstimateOutcome =
   { readonly estimate: Estimate } | { readonly refused: string } | { readonly error: string };
-export type PriceOutcome = PricedLayout | { readonly refused: string } | { readonly error: string };
+export type PriceOutcome =
+  PricedLayout | PastDeviceLayout | { readonly refused: string } | { readonly error: string };
+
+/** How a candidate is priced. */
+export interface PriceMode {
+  /** with the plan verifier (the top k, with TuneRequest.verify) */
+  readonly verify?: boolean;
+  /** from two compiles at a fraction of the batch where the layout has many microbatches
+   * (sketchSizes) */
+  readonly sketch?: boolean;
+  /** simulate a plan past the device too (default true); false: a PastDeviceLayout */
+  readonly simulatePastDevice?: boolean;
+}
 
 /**
  * Where layouts are estimated and priced: this thread (LocalPricer) or a pool of worker threads
@@ -116,14 +150,10 @@ export interface Pricer {
   readonly threads: number;
   /** part i on thread i (its cached graphs are that thread's): outcomes per part, in order */
   estimate(parts: readonly (readonly Layout[])[]): Promise<EstimateOutcome[][]>;
-  /**
-   * compile and simulate; `verify`: with the plan verifier; `sketch`: from two compiles at a
-   * fraction of the batch where the layout has many microbatches (sketchSizes)
-   */
+  /** compile and simulate, as `mode` says */
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
-    verify: boolean,
-    sketch?: boolean,
+    mode: PriceMode,
   ): Promise<PriceOutcome[]>;
   /** graph-pass runs of the cheaper model so far (reduced models), over all threads */
   readonly graphs: number;
@@ -161,8 +191,10 @@ export interface TuneResult {
   readonly enumerated: number;
   /** estimated by the cheaper model */
   readonly estimated: number;
-  /** compiled and simulated */
+  /** compiled (and simulated, but for those past the device) */
   readonly priced: number;
+  /** of those, past the device once compiled: not simulated */
+  readonly pastDevice: number;
   readonly fitting: number;
   /** skipped without compiling: their static memory alone is past the device (bounds.ts) */
   readonly cannotFit: number;
@@ -289,6 +321,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   const estimatedPastDevice = estimated.length - candidates.length;
   const priced: PricedLayout[] = [];
   const fitting: PricedLayout[] = [];
+  const pastDevice: PastDeviceLayout[] = [];
   let cannotWin = 0;
   for (let k = 0; k < candidates.length;) {
     r.onProgress?.({
@@ -316,10 +349,11 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
       cannotWin = candidates.length - k;
       break;
     }
-    const got = await pricer.price(round, false, true);
+    const got = await pricer.price(round, { sketch: true, simulatePastDevice: false });
     got.forEach((outcome, j) => {
       if ('refused' in outcome) refuse(outcome.refused);
       else if ('error' in outcome) failed.push({ name: round[j].name, error: outcome.error });
+      else if ('pastDevice' in outcome) pastDevice.push(outcome);
       else {
         priced.push(outcome);
         if (outcome.fits) fitting.push(outcome);
@@ -332,12 +366,10 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   let layouts = await topWhole(fitting, r.top, whole);
   // the best k, once more with the plan verifier when asked: a plan it refuses is a bug
   if (r.verify && layouts.length) {
-    const again = await pricer.price(layouts, true);
+    const again = await pricer.price(layouts, { verify: true });
     layouts = again.map((a, j) => {
       if (!('forecast' in a))
-        throw new Error(
-          `${layouts[j].name}: the verified compile failed: ${'error' in a ? a.error : a.refused}`,
-        );
+        throw new Error(`${layouts[j].name}: the verified compile failed: ${whyNotPriced(a)}`);
       return a;
     });
   }
@@ -346,13 +378,14 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   const byNeed = (a: PricedLayout, b: PricedLayout) => need(a) - need(b) || (better(a, b) ? -1 : 1);
   const closest = layouts.length
     ? []
-    : (await whole([...priced].sort(byNeed).slice(0, r.top))).sort(byNeed);
+    : (await whole(await nearestOf([...priced, ...pastDevice], r.top, need, pricer))).sort(byNeed);
   return {
     layouts,
     closest,
     enumerated: all.length,
     estimated: estimated.length,
-    priced: priced.length,
+    priced: priced.length + pastDevice.length,
+    pastDevice: pastDevice.length,
     fitting: fitting.length,
     cannotFit,
     estimatedPastDevice,
@@ -370,20 +403,50 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
 }
 
 /**
- * `list` with each sketched layout priced again whole; one that then fails is named in `failed`.
+ * The k nearest the device of `list` by `need`. A compile that stopped early knows a lower bound
+ * of its need: such layouts are compiled whole until the k nearest are all exact (each round
+ * makes one at least exact, so it ends); one that then fails to compile is left out.
+ */
+async function nearestOf(
+  list: readonly (PricedLayout | PastDeviceLayout)[],
+  k: number,
+  need: (x: { peakBound: number; peakExpected: number }) => number,
+  pricer: Pricer,
+): Promise<(PricedLayout | PastDeviceLayout)[]> {
+  const nearest = (a: PricedLayout | PastDeviceLayout, b: PricedLayout | PastDeviceLayout) =>
+    need(a) - need(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+  let pool = [...list];
+  for (;;) {
+    pool.sort(nearest);
+    const head = pool.slice(0, k);
+    const inexact = head.filter((x) => 'stoppedAt' in x && x.stoppedAt !== undefined);
+    if (!inexact.length) return head;
+    const got = await pricer.price(inexact, {});
+    pool = pool.flatMap((x) => {
+      const j = inexact.indexOf(x);
+      if (j < 0) return [x];
+      const w = got[j];
+      return 'forecast' in w || 'pastDevice' in w ? [w] : [];
+    });
+  }
+}
+
+/**
+ * `list` with each sketched layout priced again whole, and each not simulated (past the device)
+ * priced with its simulation; one that then fails is named in `failed`.
  */
 function wholeOf(
   pricer: Pricer,
   failed: { name: string; error: string }[],
-): (list: readonly PricedLayout[]) => Promise<PricedLayout[]> {
+): (list: readonly (PricedLayout | PastDeviceLayout)[]) => Promise<PricedLayout[]> {
   return async (list) => {
-    const sketched = list.filter((x) => x.sketched);
-    const got = sketched.length ? await pricer.price(sketched, false) : [];
+    const again = list.filter((x) => x.sketched || 'pastDevice' in x);
+    const got = again.length ? await pricer.price(again, {}) : [];
     const out: PricedLayout[] = [];
     for (const x of list) {
-      const w = x.sketched ? got[sketched.indexOf(x)] : x;
+      const w = again.includes(x) ? got[again.indexOf(x)] : x;
       if ('forecast' in w) out.push(w);
-      else failed.push({ name: x.name, error: 'error' in w ? w.error : w.refused });
+      else failed.push({ name: x.name, error: whyNotPriced(w) });
     }
     return out;
   };
@@ -441,11 +504,12 @@ export class LocalPricer implements Pricer {
     }
   }
 
-  priceOne(layout: Layout, estimate: Estimate, verify: boolean, sketch = false): PriceOutcome {
-    const sizes = sketch && !verify ? sketchSizes(this.r, layout) : undefined;
+  priceOne(layout: Layout, estimate: Estimate, mode: PriceMode): PriceOutcome {
+    const sizes = mode.sketch && !mode.verify ? sketchSizes(this.r, layout) : undefined;
+    const simulatePastDevice = mode.simulatePastDevice ?? true;
     return sizes
-      ? sketchOf(this.r, layout, estimate, sizes)
-      : price(this.r, layout, estimate, !verify);
+      ? sketchOf(this.r, layout, estimate, sizes, simulatePastDevice)
+      : price(this.r, layout, estimate, { skipVerify: !mode.verify, simulatePastDevice });
   }
 
   readonly threads = 1;
@@ -456,10 +520,9 @@ export class LocalPricer implements Pricer {
 
   price(
     items: readonly { readonly layout: Layout; readonly estimate: Estimate }[],
-    verify: boolean,
-    sketch = false,
+    mode: PriceMode,
   ): Promise<PriceOutcome[]> {
-    return Promise.resolve(items.map((x) => this.priceOne(x.layout, x.estimate, verify, sketch)));
+    return Promise.resolve(items.map((x) => this.priceOne(x.layout, x.estimate, mode)));
   }
 }
 
@@ -516,24 +579,36 @@ function sketchSizes(r: PricingRequest, l: Layout): SketchSizes | undefined {
   return { m, m1, m2 };
 }
 
-/** A layout priced from compiles at m1 and m2 microbatches per pipeline (sketchSizes). */
+/**
+ * A layout priced from compiles at m1 and m2 microbatches per pipeline (sketchSizes); without
+ * `simulatePastDevice`, one whose extrapolated memory is past the device is not simulated.
+ */
 function sketchOf(
   r: PricingRequest,
   layout: Layout,
   estimate: Estimate,
   { m, m1, m2 }: SketchSizes,
+  simulatePastDevice: boolean,
 ): PriceOutcome {
   const batch = (k: number) => (r.space.globalBatchSize * k) / m;
-  const a = price(r, layout, estimate, true, batch(m1));
-  if (!('forecast' in a)) return a;
-  const b = price(r, layout, estimate, true, batch(m2));
-  if (!('forecast' in b)) return b;
+  // not stopped early: the extrapolation needs both plans' peaks
+  const ca = compiled(r, layout, true, batch(m1));
+  if ('stoppedAt' in ca || !('result' in ca)) return asFailure(ca);
+  const cb = compiled(r, layout, true, batch(m2));
+  if ('stoppedAt' in cb || !('result' in cb)) return asFailure(cb);
   const at = (x1: number, x2: number) => x2 + ((x2 - x1) * (m - m2)) / (m2 - m1);
+  const peakBound = at(ca.peakBound, cb.peakBound);
+  const peakExpected = at(ca.peakExpected, cb.peakExpected);
+  const fits = fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device);
+  if (!fits && !simulatePastDevice)
+    return pastDeviceOf(layout, estimate, { peakBound, peakExpected, sketched: true });
+  const a = simulated(r, layout, estimate, ca, true);
+  if (!('forecast' in a)) return a;
+  const b = simulated(r, layout, estimate, cb, true);
+  if (!('forecast' in b)) return b;
   const f = b.forecast;
   const stepSeconds = at(a.forecast.stepSeconds, f.stepSeconds);
   const scale = m / m2;
-  const peakBound = at(a.peakBound, b.peakBound);
-  const peakExpected = at(a.peakExpected, b.peakExpected);
   return {
     ...b,
     forecast: {
@@ -546,20 +621,48 @@ function sketchOf(
     },
     peakBound,
     peakExpected,
-    fits: fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device),
+    fits,
     sketched: true,
   };
 }
 
-function price(
+/** why an outcome holds no simulated step */
+const whyNotPriced = (o: Exclude<PriceOutcome, PricedLayout>): string =>
+  'error' in o ? o.error : 'refused' in o ? o.refused : 'past the device, not simulated';
+
+/** A compile stopped after a program past the device: that program's need. */
+interface StoppedCompile {
+  readonly stoppedAt: string;
+  readonly peakBound: number;
+  readonly peakExpected: number;
+}
+
+/** A layout compiled: its plan and its memory against the device. */
+interface Compiled {
+  readonly result: CompileResult;
+  readonly memory: readonly ProgramMemory[];
+  readonly peakBound: number;
+  readonly peakExpected: number;
+  readonly fits: boolean;
+}
+
+/**
+ * A layout compiled (at `globalBatchSize`, else the request's); with `stopPastDevice`, the compile
+ * stops after the first program past the device (at the search's --fit), and what is known of it
+ * is its need: a StoppedCompile.
+ */
+function compiled(
   r: PricingRequest,
   layout: Layout,
-  estimate: Estimate,
   skipVerify: boolean,
   globalBatchSize?: number,
-): PricedLayout | { refused: string } | { error: string } {
+  stopPastDevice = false,
+): Compiled | StoppedCompile | { refused: string } | { error: string } {
   const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
-  const flags = flagsOf(layout, presetEncoderTp);
+  const past = (p: ProgramFile) => {
+    const bytes = programDeviceBytes(p, r.device);
+    return !fitsOn(r.fit === 'bound' ? bytes.bound : bytes.expected, r.device);
+  };
   let result: CompileResult;
   try {
     const options = layoutOptions(r.baseOptions, layout, presetEncoderTp);
@@ -567,18 +670,35 @@ function price(
       ...options,
       ...(globalBatchSize !== undefined ? { globalBatchSize } : {}),
       skipVerify,
+      ...(stopPastDevice ? { stopAfter: past } : {}),
     });
   } catch (e) {
+    if (e instanceof CompileStopped) {
+      const bytes = programDeviceBytes(e.program, r.device);
+      return { stoppedAt: e.program.id, peakBound: bytes.bound, peakExpected: bytes.expected };
+    }
     if (e instanceof UserError) return { refused: e.message };
     return { error: e instanceof Error ? e.message : String(e) };
   }
   const memory = memoryByProgram(result, r.device);
   const peakBound = Math.max(...memory.map((m) => m.bound.deviceBytes));
   const peakExpected = Math.max(...memory.map((m) => m.expected.deviceBytes));
-  const programs = new Map(result.programs.map((p) => [p.id, p]));
+  const fits = fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device);
+  return { result, memory, peakBound, peakExpected, fits };
+}
+
+/** A compiled layout with its simulated step. */
+function simulated(
+  r: PricingRequest,
+  layout: Layout,
+  estimate: Estimate,
+  c: Compiled,
+  skipVerify: boolean,
+): PricedLayout | { error: string } {
+  const programs = new Map(c.result.programs.map((p) => [p.id, p]));
   let forecast: PricedLayout['forecast'];
   try {
-    ({ forecast } = forecastStep(result.modelForwardFlops, result.plan, programs, r.hardware));
+    ({ forecast } = forecastStep(c.result.modelForwardFlops, c.result.plan, programs, r.hardware));
   } catch (e) {
     // a plan the simulator cannot replay (unverified: a compiler bug): named, not fatal
     return { error: e instanceof Error ? e.message : String(e) };
@@ -586,13 +706,48 @@ function price(
   return {
     layout,
     name: layoutName(layout),
-    flags,
+    flags: flagsOf(layout, r.space.config.model.image_encoder.tensor_model_parallel_size),
     forecast,
-    memory,
-    peakBound,
-    peakExpected,
-    fits: fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device),
+    memory: c.memory,
+    peakBound: c.peakBound,
+    peakExpected: c.peakExpected,
+    fits: c.fits,
     verified: !skipVerify,
     estimate,
   };
+}
+
+const pastDeviceOf = (
+  layout: Layout,
+  estimate: Estimate,
+  x: { peakBound: number; peakExpected: number; stoppedAt?: string; sketched?: boolean },
+): PastDeviceLayout => ({
+  pastDevice: true,
+  layout,
+  name: layoutName(layout),
+  peakBound: x.peakBound,
+  peakExpected: x.peakExpected,
+  estimate,
+  ...(x.stoppedAt !== undefined ? { stoppedAt: x.stoppedAt } : {}),
+  ...(x.sketched ? { sketched: true } : {}),
+});
+
+/** a compile that stopped where none was asked to: a bug, named */
+const asFailure = (
+  c: StoppedCompile | { refused: string } | { error: string },
+): { refused: string } | { error: string } =>
+  'stoppedAt' in c ? { error: `the compile stopped after ${c.stoppedAt} unasked` } : c;
+
+/** A layout compiled whole and simulated (but for a plan past the device, unless asked). */
+function price(
+  r: PricingRequest,
+  layout: Layout,
+  estimate: Estimate,
+  how: { readonly skipVerify: boolean; readonly simulatePastDevice: boolean },
+): PriceOutcome {
+  const c = compiled(r, layout, how.skipVerify, undefined, !how.simulatePastDevice);
+  if ('stoppedAt' in c) return pastDeviceOf(layout, estimate, c);
+  if (!('result' in c)) return c;
+  if (!c.fits && !how.simulatePastDevice) return pastDeviceOf(layout, estimate, c);
+  return simulated(r, layout, estimate, c, how.skipVerify);
 }

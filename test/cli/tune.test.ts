@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parseCompileArgs } from '../../cli/compile.js';
-import { compile } from '../../compiler/pipeline.js';
+import { compile, CompileStopped } from '../../compiler/pipeline.js';
 import { UserError } from '../../compiler/errors.js';
 import { deviceMemoryOf, fitsOn, memoryByProgram } from '../../compiler/report/memory.js';
 import { loadHardware } from '../../compiler/sim/hardware.js';
@@ -56,6 +56,8 @@ interface TuneJson {
   enumerated: number;
   estimated: number;
   priced: number;
+  pastDevice: number;
+  fitting: number;
   cannotFit: number;
   estimatedPastDevice: number;
   cannotWin: number;
@@ -187,6 +189,8 @@ describe('lfc tune', () => {
     // every layout is accounted for once: skipped, refused, failed, estimated out, or priced
     expect(accounted(j)).toBe(j.enumerated);
     expect(j.estimated).toBe(j.priced + j.estimatedPastDevice + j.cannotWin);
+    // what was compiled either fits or is past the device, and then it was not simulated
+    expect(j.pastDevice + j.fitting).toBe(j.priced);
     expect(j.failed).toEqual([]);
     expect(j.layouts).toHaveLength(3);
     const speeds = j.layouts.map((l) => l.forecast.tokensPerSecond);
@@ -331,12 +335,75 @@ describe('lfc tune', () => {
         ...['--exclude', 'recompute', 'offload'],
       );
       expect(r.code, r.err).toBe(0);
+      // none was simulated in the search; the closest were, after it
+      const compiled = /(\d+) compiled, 0 fit \(the (\d+) past the device not simulated\)/.exec(
+        r.out,
+      );
+      expect(compiled, r.out).not.toBeNull();
+      expect(compiled![2]).toBe(compiled![1]);
       expect(r.out).toMatch(/no layout priced fits; the smallest at the bounds:\n/);
+      // each with its simulated step
+      const rows = r.out.split('\n').filter((l) => /^\s+[12]\s+\d+\s+\d+\s+[\d.]+ m?s\s/.test(l));
+      expect(rows, r.out).toHaveLength(2);
       expect(r.out).toMatch(/--fit expected ranks by the memory of a typical step/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
   }, 300_000);
+
+  it('a candidate past the device is not simulated, its compile stopped after the first program past it', () => {
+    // h800 with 11 MiB past its 6 GiB reserve: tiny-vlm-moe's stage 0 is past it
+    const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-'));
+    try {
+      const profile = readFileSync(join(projectRoot(), 'configs/hardware/h800.yaml'), 'utf8')
+        .replace(/^memory_gib: .*$/m, 'memory_gib: 6.011')
+        .replace(/^name: .*$/m, 'name: h800-small');
+      writeFileSync(join(dir, 'small.yaml'), profile);
+      const spec = {
+        model: 'tiny-vlm-moe',
+        overrides: [],
+        base: [
+          ...['tiny-vlm-moe', '--nnodes', '1', '--nproc-per-node', '4'],
+          ...['--hardware', join(dir, 'small.yaml'), '--global-batch-size', '8'],
+        ],
+        bf16: false,
+        nnodes: 1,
+        nprocPerNode: 4,
+        globalBatchSize: 8,
+        fit: 'bound' as const,
+      };
+      const pricer = new LocalPricer(pricingRequestOf(spec));
+      const layout: Layout = {
+        ...{ tp: 1, pp: 2, vpp: 1, ep: 2, etp: 1, mbs: 1, level: 1, encoderTp: 1 },
+        ...{ overlap: false, recompute: 'none', offload: false, distopt: false },
+      };
+      const e = pricer.estimateOne(layout);
+      if (!('estimate' in e)) throw new Error(JSON.stringify(e));
+      const past = pricer.priceOne(layout, e.estimate, { simulatePastDevice: false });
+      const whole = pricer.priceOne(layout, e.estimate, {});
+      if (!('pastDevice' in past) || !('forecast' in whole)) throw new Error('not priced so');
+      expect(past.stoppedAt).toBe('p0');
+      expect(whole.fits).toBe(false);
+      // the stopped compile's need is its first program's: at most the plan's largest
+      const p0 = whole.memory.find((m) => m.program === 'p0')!;
+      expect(past.peakBound).toBe(p0.bound.deviceBytes);
+      expect(past.peakBound).toBeLessThanOrEqual(whole.peakBound);
+      expect(whole.forecast.stepSeconds).toBeGreaterThan(0);
+
+      // the compiler's early exit itself: it throws with the program it stopped after
+      const { options } = parseCompileArgs([...spec.base, '--pp', '2', '--ep', '2']);
+      let stopped: unknown;
+      try {
+        compile({ ...options, skipVerify: true, stopAfter: (p) => p.id === 'p0' });
+      } catch (x) {
+        stopped = x;
+      }
+      expect(stopped).toBeInstanceOf(CompileStopped);
+      expect((stopped as CompileStopped).program.id).toBe('p0');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 
   it('a layout of many microbatches is sketched from two smaller batches; what tune prints is compiled whole', async () => {
     // 4 ranks, tp 1: 64 or more microbatches per pipeline, so the search sketches (search.ts)
@@ -363,8 +430,8 @@ describe('lfc tune', () => {
     for (const layout of layouts) {
       const e = pricer.estimateOne(layout);
       if (!('estimate' in e)) throw new Error(JSON.stringify(e));
-      const sketch = pricer.priceOne(layout, e.estimate, false, true);
-      const whole = pricer.priceOne(layout, e.estimate, false);
+      const sketch = pricer.priceOne(layout, e.estimate, { sketch: true });
+      const whole = pricer.priceOne(layout, e.estimate, {});
       if (!('forecast' in sketch) || !('forecast' in whole)) throw new Error('not priced');
       expect(sketch.sketched).toBe(true);
       expect(whole.sketched).toBeUndefined();
