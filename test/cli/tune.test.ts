@@ -66,6 +66,14 @@ interface TuneJson {
   unpriced: string[];
 }
 
+/** DIR/small.yaml: h800 with 11 MiB past its 6 GiB reserve, where the tiny presets do not fit */
+function smallH800(dir: string): void {
+  const profile = readFileSync(join(projectRoot(), 'configs/hardware/h800.yaml'), 'utf8')
+    .replace(/^memory_gib: .*$/m, 'memory_gib: 6.011')
+    .replace(/^name: .*$/m, 'name: h800-small');
+  writeFileSync(join(dir, 'small.yaml'), profile);
+}
+
 const accounted = (j: TuneJson) =>
   j.cannotFit + j.refused + j.failed.length + j.estimatedPastDevice + j.cannotWin + j.priced;
 
@@ -324,10 +332,7 @@ describe('lfc tune', () => {
     // h800 with 11 MiB past its 6 GiB reserve: some layouts compile, none fits at the bounds
     const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-'));
     try {
-      const profile = readFileSync(join(projectRoot(), 'configs/hardware/h800.yaml'), 'utf8')
-        .replace(/^memory_gib: .*$/m, 'memory_gib: 6.011')
-        .replace(/^name: .*$/m, 'name: h800-small');
-      writeFileSync(join(dir, 'small.yaml'), profile);
+      smallH800(dir);
       const r = await cli(
         'tune',
         ...BASE,
@@ -355,10 +360,7 @@ describe('lfc tune', () => {
     // h800 with 11 MiB past its 6 GiB reserve: tiny-vlm-moe's stage 0 is past it
     const dir = mkdtempSync(join(tmpdir(), 'lfc-tune-'));
     try {
-      const profile = readFileSync(join(projectRoot(), 'configs/hardware/h800.yaml'), 'utf8')
-        .replace(/^memory_gib: .*$/m, 'memory_gib: 6.011')
-        .replace(/^name: .*$/m, 'name: h800-small');
-      writeFileSync(join(dir, 'small.yaml'), profile);
+      smallH800(dir);
       const spec = {
         model: 'tiny-vlm-moe',
         overrides: [],
