@@ -557,8 +557,12 @@ function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peak
   let peakExpected = 0;
   for (let s = 0; s < pp; s++) {
     const p = stageParams(c, st, s);
+    // the encoder's gradients are summed, and its distributed optimizer state sharded, over the
+    // ranks that encode: dp at levels 0–1, stage 0's tp·dp at level 2, every rank at level 3
+    // (compiler/parallel/encoder.ts)
+    const encoderGroup = level === 3 ? c.world : level === 2 ? tp * dp : dp;
     const fixed =
-      staticBytes(p.dense, dp) + staticBytes(p.expert, edp) + staticBytes(p.encoder, dp);
+      staticBytes(p.dense, dp) + staticBytes(p.expert, edp) + staticBytes(p.encoder, encoderGroup);
     const mostInFlight = Math.max(...inflight[s].values(), 0);
     const at = (k: keyof Bytes) => {
       // the most a stage's chunks keep at once, over the schedule
@@ -576,7 +580,8 @@ function memoryOf(c: LayoutContext, st: StagedPasses): { peakBound: number; peak
             : level === 3
               ? rounds * encoder.kept[k]
               : 0;
-      const slots = level === 3 ? rounds : m;
+      // the slots whose encoder inputs a rank holds: the ones it encodes from level 2 on
+      const slots = level === 3 ? rounds : level === 2 ? Math.ceil(m / tp) : m;
       const batch =
         (s === 0 ? decoder.batch.first[k] * m : 0) +
         (s === pp - 1 ? decoder.batch.last[k] * m : 0) +
