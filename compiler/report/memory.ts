@@ -74,7 +74,10 @@ export function memoryByProgram(
     .map((p) => {
       const r = p.regions;
       const ranks = ranksOf.get(p.id) ?? [];
-      const { batch, scratch, fixed, total, activations, expectedBatch } = programBytes(p, device);
+      const { batch, scratch, total, activations, expectedBatch, expectedTotal } = programBytes(
+        p,
+        device,
+      );
       return {
         program: p.id,
         ranks: ranks.length,
@@ -89,7 +92,7 @@ export function memoryByProgram(
         host: r.host,
         bound: { deviceBytes: total },
         expected: {
-          deviceBytes: fixed + expectedBatch + activations,
+          deviceBytes: expectedTotal,
           activations,
           batch: expectedBatch,
         },
@@ -111,7 +114,8 @@ function programBytes(p: ProgramFile, device?: DeviceMemory) {
   const total = fixed + batch + r.arena;
   const activations = p.expectedBytes?.arena ?? p.arenaLowerBoundBytes;
   const expectedBatch = (p.expectedBytes?.data ?? r.data) + r.scalar;
-  return { batch, scratch, fixed, total, activations, expectedBatch };
+  const expectedTotal = fixed + expectedBatch + activations;
+  return { batch, scratch, fixed, total, activations, expectedBatch, expectedTotal };
 }
 
 /** A program's device bytes per rank, at the bounds and at expected sizes (ProgramMemory's). */
@@ -120,7 +124,7 @@ export function programDeviceBytes(
   device?: DeviceMemory,
 ): { readonly bound: number; readonly expected: number } {
   const b = programBytes(p, device);
-  return { bound: b.total, expected: b.fixed + b.expectedBatch + b.activations };
+  return { bound: b.total, expected: b.expectedTotal };
 }
 
 /** what a hardware profile's device offers a plan */

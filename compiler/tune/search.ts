@@ -19,9 +19,10 @@
 // held equal to the parse of its `lfc compile` line by a test); the compiler itself prices it:
 // memory off the plan (compiler/report/memory.ts), the step off the simulator (compiler/sim). One
 // that fails is named with its error, never dropped. When none fits, the closest (by memory) are
-// simulated after the search, to be printed. The ranking is by tokens/s, then by the layout's name; `exhaustive` prices every layout the rules allow (the test of search quality
-// does). A layout left when the time budget runs out is reported as such. With `verify`, the best
-// k are compiled once more with the plan verifier.
+// simulated after the search, to be printed. The ranking is by tokens/s, then by the layout's
+// name; `exhaustive` prices every layout the rules allow (the test of search quality does). A
+// layout left when the time budget runs out is reported as such. With `verify`, the best k are
+// compiled once more with the plan verifier.
 
 import { loadModelConfig, type ModelConfig } from '../frontend/config.js';
 import type { Precision } from '../frontend/precision.js';
@@ -308,8 +309,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   });
 
   // 2. the candidates compiled and simulated, best estimate first, in rounds
-  const need = (x: { peakBound: number; peakExpected: number }) =>
-    r.fit === 'bound' ? x.peakBound : x.peakExpected;
+  const need = (x: Peaks) => needAt(r.fit, x);
   const tryable = (e: Estimate) => fitsOn(need(e) / ESTIMATE_MEMORY_MARGIN, r.device);
   const candidates = estimated
     .filter((x) => r.exhaustive || tryable(x.estimate))
@@ -319,7 +319,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
         (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
     );
   const estimatedPastDevice = estimated.length - candidates.length;
-  const priced: PricedLayout[] = [];
+  // a candidate compiled either fits (and was simulated) or is past the device (and was not)
   const fitting: PricedLayout[] = [];
   const pastDevice: PastDeviceLayout[] = [];
   let cannotWin = 0;
@@ -354,10 +354,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
       if ('refused' in outcome) refuse(outcome.refused);
       else if ('error' in outcome) failed.push({ name: round[j].name, error: outcome.error });
       else if ('pastDevice' in outcome) pastDevice.push(outcome);
-      else {
-        priced.push(outcome);
-        if (outcome.fits) fitting.push(outcome);
-      }
+      else fitting.push(outcome);
     });
     fitting.sort((a, b) => (better(a, b) ? -1 : 1));
   }
@@ -378,13 +375,13 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
   const byNeed = (a: PricedLayout, b: PricedLayout) => need(a) - need(b) || (better(a, b) ? -1 : 1);
   const closest = layouts.length
     ? []
-    : (await whole(await nearestOf([...priced, ...pastDevice], r.top, need, pricer))).sort(byNeed);
+    : (await whole(await nearestOf([...fitting, ...pastDevice], r.top, need, pricer))).sort(byNeed);
   return {
     layouts,
     closest,
     enumerated: all.length,
     estimated: estimated.length,
-    priced: priced.length + pastDevice.length,
+    priced: fitting.length + pastDevice.length,
     pastDevice: pastDevice.length,
     fitting: fitting.length,
     cannotFit,
@@ -410,7 +407,7 @@ export async function tune(r: TuneRequest): Promise<TuneResult> {
 async function nearestOf(
   list: readonly (PricedLayout | PastDeviceLayout)[],
   k: number,
-  need: (x: { peakBound: number; peakExpected: number }) => number,
+  need: (x: Peaks) => number,
   pricer: Pricer,
 ): Promise<(PricedLayout | PastDeviceLayout)[]> {
   const nearest = (a: PricedLayout | PastDeviceLayout, b: PricedLayout | PastDeviceLayout) =>
@@ -419,7 +416,7 @@ async function nearestOf(
   for (;;) {
     pool.sort(nearest);
     const head = pool.slice(0, k);
-    const inexact = head.filter((x) => 'stoppedAt' in x && x.stoppedAt !== undefined);
+    const inexact = head.filter((x) => 'stoppedAt' in x);
     if (!inexact.length) return head;
     const got = await pricer.price(inexact, {});
     pool = pool.flatMap((x) => {
@@ -591,15 +588,15 @@ function sketchOf(
   simulatePastDevice: boolean,
 ): PriceOutcome {
   const batch = (k: number) => (r.space.globalBatchSize * k) / m;
-  // not stopped early: the extrapolation needs both plans' peaks
+  // compiled whole (not stopped early): the extrapolation needs both plans' peaks
   const ca = compiled(r, layout, true, batch(m1));
-  if ('stoppedAt' in ca || !('result' in ca)) return asFailure(ca);
+  if (!('result' in ca)) return ca;
   const cb = compiled(r, layout, true, batch(m2));
-  if ('stoppedAt' in cb || !('result' in cb)) return asFailure(cb);
+  if (!('result' in cb)) return cb;
   const at = (x1: number, x2: number) => x2 + ((x2 - x1) * (m - m2)) / (m2 - m1);
   const peakBound = at(ca.peakBound, cb.peakBound);
   const peakExpected = at(ca.peakExpected, cb.peakExpected);
-  const fits = fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device);
+  const fits = fitsOn(needAt(r.fit, { peakBound, peakExpected }), r.device);
   if (!fits && !simulatePastDevice)
     return pastDeviceOf(layout, estimate, { peakBound, peakExpected, sketched: true });
   const a = simulated(r, layout, estimate, ca, true);
@@ -630,12 +627,15 @@ function sketchOf(
 const whyNotPriced = (o: Exclude<PriceOutcome, PricedLayout>): string =>
   'error' in o ? o.error : 'refused' in o ? o.refused : 'past the device, not simulated';
 
-/** A compile stopped after a program past the device: that program's need. */
-interface StoppedCompile {
-  readonly stoppedAt: string;
+/** a plan's (or a program's) device bytes per rank, at the bounds and at expected sizes */
+interface Peaks {
   readonly peakBound: number;
   readonly peakExpected: number;
 }
+
+/** what a search's --fit weighs a plan by */
+const needAt = (fit: PricingRequest['fit'], x: Peaks) =>
+  fit === 'bound' ? x.peakBound : x.peakExpected;
 
 /** A layout compiled: its plan and its memory against the device. */
 interface Compiled {
@@ -647,22 +647,17 @@ interface Compiled {
 }
 
 /**
- * A layout compiled (at `globalBatchSize`, else the request's); with `stopPastDevice`, the compile
- * stops after the first program past the device (at the search's --fit), and what is known of it
- * is its need: a StoppedCompile.
+ * A layout compiled (at `globalBatchSize`, else the request's). `stopAfter` goes to the compiler:
+ * the CompileStopped it throws passes through.
  */
 function compiled(
   r: PricingRequest,
   layout: Layout,
   skipVerify: boolean,
   globalBatchSize?: number,
-  stopPastDevice = false,
-): Compiled | StoppedCompile | { refused: string } | { error: string } {
+  stopAfter?: CompileOptions['stopAfter'],
+): Compiled | { refused: string } | { error: string } {
   const presetEncoderTp = r.space.config.model.image_encoder.tensor_model_parallel_size;
-  const past = (p: ProgramFile) => {
-    const bytes = programDeviceBytes(p, r.device);
-    return !fitsOn(r.fit === 'bound' ? bytes.bound : bytes.expected, r.device);
-  };
   let result: CompileResult;
   try {
     const options = layoutOptions(r.baseOptions, layout, presetEncoderTp);
@@ -670,20 +665,17 @@ function compiled(
       ...options,
       ...(globalBatchSize !== undefined ? { globalBatchSize } : {}),
       skipVerify,
-      ...(stopPastDevice ? { stopAfter: past } : {}),
+      ...(stopAfter ? { stopAfter } : {}),
     });
   } catch (e) {
-    if (e instanceof CompileStopped) {
-      const bytes = programDeviceBytes(e.program, r.device);
-      return { stoppedAt: e.program.id, peakBound: bytes.bound, peakExpected: bytes.expected };
-    }
+    if (e instanceof CompileStopped) throw e;
     if (e instanceof UserError) return { refused: e.message };
     return { error: e instanceof Error ? e.message : String(e) };
   }
   const memory = memoryByProgram(result, r.device);
   const peakBound = Math.max(...memory.map((m) => m.bound.deviceBytes));
   const peakExpected = Math.max(...memory.map((m) => m.expected.deviceBytes));
-  const fits = fitsOn(r.fit === 'bound' ? peakBound : peakExpected, r.device);
+  const fits = fitsOn(needAt(r.fit, { peakBound, peakExpected }), r.device);
   return { result, memory, peakBound, peakExpected, fits };
 }
 
@@ -720,7 +712,7 @@ function simulated(
 const pastDeviceOf = (
   layout: Layout,
   estimate: Estimate,
-  x: { peakBound: number; peakExpected: number; stoppedAt?: string; sketched?: boolean },
+  x: Peaks & { readonly stoppedAt?: string; readonly sketched?: boolean },
 ): PastDeviceLayout => ({
   pastDevice: true,
   layout,
@@ -732,22 +724,37 @@ const pastDeviceOf = (
   ...(x.sketched ? { sketched: true } : {}),
 });
 
-/** a compile that stopped where none was asked to: a bug, named */
-const asFailure = (
-  c: StoppedCompile | { refused: string } | { error: string },
-): { refused: string } | { error: string } =>
-  'stoppedAt' in c ? { error: `the compile stopped after ${c.stoppedAt} unasked` } : c;
-
-/** A layout compiled whole and simulated (but for a plan past the device, unless asked). */
+/**
+ * A layout compiled whole and simulated; without `simulatePastDevice`, the compile stops after the
+ * first program past the device (so a compile that finishes fits), and that program's need is
+ * what is known of the plan's.
+ */
 function price(
   r: PricingRequest,
   layout: Layout,
   estimate: Estimate,
   how: { readonly skipVerify: boolean; readonly simulatePastDevice: boolean },
 ): PriceOutcome {
-  const c = compiled(r, layout, how.skipVerify, undefined, !how.simulatePastDevice);
-  if ('stoppedAt' in c) return pastDeviceOf(layout, estimate, c);
+  const past = (p: ProgramFile) => {
+    const bytes = programDeviceBytes(p, r.device);
+    return !fitsOn(
+      needAt(r.fit, { peakBound: bytes.bound, peakExpected: bytes.expected }),
+      r.device,
+    );
+  };
+  let c: ReturnType<typeof compiled>;
+  try {
+    c = compiled(r, layout, how.skipVerify, undefined, how.simulatePastDevice ? undefined : past);
+  } catch (e) {
+    if (!(e instanceof CompileStopped)) throw e;
+    const bytes = programDeviceBytes(e.program, r.device);
+    const stoppedAt = e.program.id;
+    return pastDeviceOf(layout, estimate, {
+      peakBound: bytes.bound,
+      peakExpected: bytes.expected,
+      stoppedAt,
+    });
+  }
   if (!('result' in c)) return c;
-  if (!c.fits && !how.simulatePastDevice) return pastDeviceOf(layout, estimate, c);
   return simulated(r, layout, estimate, c, how.skipVerify);
 }
